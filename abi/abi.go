@@ -1,0 +1,208 @@
+// Package abi is Paddock's versioned turn contract: the messages a host sends
+// to a worker (TurnRequest) and the reply it expects (TurnResult), shared by
+// wasm guests, plugin workers and remote workers.
+//
+// The wire form is JSON (see abi/README.md and abi/v1.schema.json); these Go
+// types are the reference encoding. The package imports nothing outside the
+// standard library so that it compiles for GOOS=wasip1 guests.
+package abi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Version is the major version of the turn contract. A module, plugin or
+// remote worker that speaks another major version is refused when it is
+// uploaded or registered (DESIGN "Workers").
+const Version = 1
+
+// Size limits of the v1 contract, in bytes. Hosts may configure lower ones.
+const (
+	// MaxRequestBytes bounds an encoded TurnRequest.
+	MaxRequestBytes = 4 << 20
+	// MaxResultBytes bounds an encoded TurnResult.
+	MaxResultBytes = 4 << 20
+	// MaxStateBytes bounds the session state blob.
+	MaxStateBytes = 1 << 20
+	// MaxMessages bounds the number of messages in one TurnResult.
+	MaxMessages = 256
+)
+
+// TurnRef is the fence tuple of one delivery. A worker must echo it unchanged
+// in its TurnResult; the store commits the reply only if every field equals
+// the database rows (DESIGN invariant 3).
+type TurnRef struct {
+	DeliveryID    string `json:"delivery_id"`
+	ActivationUID string `json:"activation_uid"`
+	ActorEpoch    int64  `json:"actor_epoch"`
+	ActorEventID  int64  `json:"actor_event_id"`
+	Revision      int64  `json:"revision"`
+	AgentUID      string `json:"agent_uid"`
+	SessionID     string `json:"session_id"`
+}
+
+// String renders the ref compactly for logs: session/epoch/event/delivery.
+func (r TurnRef) String() string {
+	return fmt.Sprintf("%s/%s@e%d/ev%d/r%d/%s", r.AgentUID, r.SessionID, r.ActorEpoch, r.ActorEventID, r.Revision, r.DeliveryID)
+}
+
+// Event kinds carried in TurnRequest.Event.Kind.
+const (
+	// EventMessage is a client message to the session.
+	EventMessage = "message"
+)
+
+// Event is the actor event a turn handles.
+type Event struct {
+	// ID is the actor event id (unique per host database, increasing per session).
+	ID int64 `json:"id"`
+	// Kind is the event kind, e.g. "message".
+	Kind string `json:"kind"`
+	// Message is the text of a message signal.
+	Message string `json:"message,omitempty"`
+	// Data is optional structured JSON sent with the signal.
+	Data json.RawMessage `json:"data,omitempty"`
+	// AcceptedAt is when the host accepted the signal (database clock).
+	AcceptedAt time.Time `json:"accepted_at"`
+}
+
+// Message roles.
+const (
+	RoleUser      = "user"
+	RoleAssistant = "assistant"
+	RoleSystem    = "system"
+	RoleTool      = "tool"
+)
+
+// Message is one transcript entry.
+type Message struct {
+	// Role is one of user, assistant, system, tool.
+	Role string `json:"role"`
+	// Content is the message text.
+	Content string `json:"content"`
+}
+
+// Session describes the session a turn belongs to.
+type Session struct {
+	AgentName string `json:"agent_name"`
+	SessionID string `json:"session_id"`
+	// Key is the client-chosen session key, if any.
+	Key string `json:"key,omitempty"`
+	// Input is the opaque input given at session creation.
+	Input []byte `json:"input,omitempty"`
+}
+
+// TurnRequest is what a worker receives for one turn.
+type TurnRequest struct {
+	// ABIVersion is Version of the host that sent the request.
+	ABIVersion int `json:"abi_version"`
+	// TurnRef must be echoed in the TurnResult.
+	TurnRef TurnRef `json:"turn_ref"`
+	Session Session `json:"session"`
+	Event   Event   `json:"event"`
+	// State is the session state committed by the previous turn (nil for a
+	// new session). Encoded as base64 in JSON.
+	State []byte `json:"state"`
+	// Transcript is the most recent transcript messages, oldest first.
+	Transcript []Message `json:"transcript"`
+	// Attempt is 1 for the first attempt of this event, 2 for the first retry...
+	Attempt int `json:"attempt"`
+}
+
+// Outcome says how a turn ended.
+type Outcome string
+
+// Turn outcomes. ok, sleep and finish commit the turn; error fails the attempt
+// (it is retried with backoff like a crash, and nothing of it is committed).
+const (
+	OutcomeOK     Outcome = "ok"
+	OutcomeSleep  Outcome = "sleep"
+	OutcomeFinish Outcome = "finish"
+	OutcomeError  Outcome = "error"
+)
+
+// Valid reports whether o is one of the four outcomes.
+func (o Outcome) Valid() bool {
+	switch o {
+	case OutcomeOK, OutcomeSleep, OutcomeFinish, OutcomeError:
+		return true
+	}
+	return false
+}
+
+// TurnResult is a worker's reply to one TurnRequest.
+type TurnResult struct {
+	// TurnRef echoes TurnRequest.TurnRef.
+	TurnRef TurnRef `json:"turn_ref"`
+	// Messages are appended to the transcript after the event's own message.
+	Messages []Message `json:"messages"`
+	// State replaces the session state. JSON null (or absent) keeps the
+	// previous state; "" clears it.
+	State []byte `json:"state"`
+	// Outcome is ok, sleep, finish or error.
+	Outcome Outcome `json:"outcome"`
+	// Error explains an error outcome.
+	Error string `json:"error,omitempty"`
+}
+
+// ErrInvalidResult is wrapped by Validate's errors.
+var ErrInvalidResult = errors.New("invalid turn result")
+
+// Validate checks a result against the v1 contract and the request it
+// answers: outcome, roles, message count and state size. It does not check
+// the fences; the store does that.
+func (r *TurnResult) Validate() error {
+	if !r.Outcome.Valid() {
+		return fmt.Errorf("%w: outcome %q is not one of ok, sleep, finish, error", ErrInvalidResult, r.Outcome)
+	}
+	if len(r.Messages) > MaxMessages {
+		return fmt.Errorf("%w: %d messages, limit %d", ErrInvalidResult, len(r.Messages), MaxMessages)
+	}
+	for i, m := range r.Messages {
+		switch m.Role {
+		case RoleUser, RoleAssistant, RoleSystem, RoleTool:
+		default:
+			return fmt.Errorf("%w: messages[%d].role %q is not one of user, assistant, system, tool", ErrInvalidResult, i, m.Role)
+		}
+	}
+	if len(r.State) > MaxStateBytes {
+		return fmt.Errorf("%w: state is %d bytes, limit %d", ErrInvalidResult, len(r.State), MaxStateBytes)
+	}
+	if r.Outcome == OutcomeError && r.Error == "" {
+		return fmt.Errorf("%w: outcome error without an error message", ErrInvalidResult)
+	}
+	return nil
+}
+
+// TurnFunc is the one function an agent author implements, whatever kind of
+// worker runs it (wasm guest, plugin, remote worker). The SDKs echo the
+// TurnRef and keep the state when the returned result leaves State nil.
+// Returning an error is the same as an OutcomeError result.
+type TurnFunc func(ctx context.Context, req *TurnRequest) (*TurnResult, error)
+
+// Run calls f and normalises its result: a nil result or an error becomes an
+// OutcomeError result, the TurnRef is echoed, and an empty Outcome means ok.
+// SDKs call it so that every worker kind behaves the same.
+func Run(ctx context.Context, f TurnFunc, req *TurnRequest) (res *TurnResult) {
+	defer func() {
+		if p := recover(); p != nil {
+			res = &TurnResult{Outcome: OutcomeError, Error: fmt.Sprintf("agent panic: %v", p)}
+		}
+		res.TurnRef = req.TurnRef
+	}()
+	res, err := f(ctx, req)
+	if err != nil {
+		return &TurnResult{Outcome: OutcomeError, Error: err.Error()}
+	}
+	if res == nil {
+		return &TurnResult{Outcome: OutcomeError, Error: "agent returned no result"}
+	}
+	if res.Outcome == "" {
+		res.Outcome = OutcomeOK
+	}
+	return res
+}

@@ -1,0 +1,75 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors callers branch on.
+var (
+	// ErrNotFound: the named row does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict: a unique name or key is already taken.
+	ErrConflict = errors.New("conflict")
+	// ErrSessionDestroyed: the session is destroyed; it accepts nothing.
+	ErrSessionDestroyed = errors.New("session destroyed")
+	// ErrActivationLive: a live activation already holds the actor key.
+	ErrActivationLive = errors.New("a live activation already exists for this actor key")
+	// ErrNotLive: the activation is no longer live under the given ref.
+	ErrNotLive = errors.New("activation is not live under this ref")
+)
+
+// FenceReason says why a reply was rejected (DESIGN invariant 3).
+type FenceReason string
+
+// Fence rejection reasons, one per check.
+const (
+	FenceUnknownDelivery    FenceReason = "unknown_delivery"
+	FenceWrongActorKey      FenceReason = "wrong_actor_key"
+	FenceSupersededDelivery FenceReason = "superseded_delivery"
+	FenceStaleEpoch         FenceReason = "stale_epoch"
+	FenceStaleRevision      FenceReason = "stale_revision"
+	FenceExpiredLease       FenceReason = "expired_lease"
+)
+
+// FenceReasons lists every reason, for metrics.
+var FenceReasons = []FenceReason{
+	FenceUnknownDelivery, FenceWrongActorKey, FenceSupersededDelivery,
+	FenceStaleEpoch, FenceStaleRevision, FenceExpiredLease,
+}
+
+// FenceError is returned when a reply's turn_ref does not match the database
+// rows. Nothing was written.
+type FenceError struct {
+	Reason FenceReason
+	// Detail names the mismatching field and values, for logs.
+	Detail string
+}
+
+func (e *FenceError) Error() string {
+	if e.Detail == "" {
+		return fmt.Sprintf("fence rejected reply: %s", e.Reason)
+	}
+	return fmt.Sprintf("fence rejected reply: %s: %s", e.Reason, e.Detail)
+}
+
+// Is makes errors.Is(err, ErrFence) true for every *FenceError.
+func (e *FenceError) Is(target error) bool { return target == ErrFence }
+
+// ErrFence matches any *FenceError with errors.Is.
+var ErrFence = errors.New("fence rejected reply")
+
+// NoDueEventError is returned by NextDelivery when no open event is due.
+type NoDueEventError struct {
+	// NextDueAt is when the oldest open event becomes due; zero when the
+	// session has no open event.
+	NextDueAt time.Time
+}
+
+func (e *NoDueEventError) Error() string {
+	if e.NextDueAt.IsZero() {
+		return "no open event"
+	}
+	return "no due event before " + e.NextDueAt.UTC().Format(time.RFC3339Nano)
+}

@@ -1,0 +1,463 @@
+// Package store is Paddock's durable truth: the interface the host needs and
+// the types it speaks, implemented by the postgres and sqlite drivers.
+//
+// Every fence decision lives here and is made in SQL: a turn commits only if
+// the echoed turn_ref equals the delivery and activation rows inside the
+// commit transaction (DESIGN invariant 3). Nothing in this package trusts a
+// value the caller read earlier. Every time comparison that decides
+// correctness uses the database's clock (DESIGN invariant 8).
+//
+// The conformance suite in store/storetest runs against every driver.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/paddock-dev/paddock/abi"
+)
+
+// ActorKey identifies a session: {agent_uid, session_id}.
+type ActorKey struct {
+	AgentUID  string `json:"agent_uid"`
+	SessionID string `json:"session_id"`
+}
+
+// String renders the key as agent_uid/session_id.
+func (k ActorKey) String() string { return k.AgentUID + "/" + k.SessionID }
+
+// KeyOf returns the actor key a turn_ref names.
+func KeyOf(ref abi.TurnRef) ActorKey {
+	return ActorKey{AgentUID: ref.AgentUID, SessionID: ref.SessionID}
+}
+
+// CrashPolicy is what happens to a session after a failed attempt
+// (DESIGN "Failure, retry and crash policy").
+type CrashPolicy string
+
+// Crash policies.
+const (
+	CrashRestart CrashPolicy = "restart"
+	CrashSleep   CrashPolicy = "sleep"
+	CrashDestroy CrashPolicy = "destroy"
+)
+
+// Valid reports whether p is restart, sleep or destroy.
+func (p CrashPolicy) Valid() bool {
+	return p == CrashRestart || p == CrashSleep || p == CrashDestroy
+}
+
+// SessionStatus is the session state machine (DESIGN "State machines").
+type SessionStatus string
+
+// Session statuses.
+const (
+	SessionActive    SessionStatus = "active"
+	SessionSleeping  SessionStatus = "sleeping"
+	SessionDestroyed SessionStatus = "destroyed"
+)
+
+// ActivationState is the activation state machine.
+type ActivationState string
+
+// Activation states; starting, active and draining are live.
+const (
+	ActivationStarting ActivationState = "starting"
+	ActivationActive   ActivationState = "active"
+	ActivationDraining ActivationState = "draining"
+	ActivationStopped  ActivationState = "stopped"
+	ActivationFailed   ActivationState = "failed"
+)
+
+// DeliveryState is the delivery state machine.
+type DeliveryState string
+
+// Delivery states.
+const (
+	DeliveryCreated    DeliveryState = "created"
+	DeliverySent       DeliveryState = "sent"
+	DeliveryAccepted   DeliveryState = "accepted"
+	DeliverySendFailed DeliveryState = "send_failed"
+	DeliverySuperseded DeliveryState = "superseded"
+)
+
+// EventStatus is the actor event state machine.
+type EventStatus string
+
+// Event statuses; open is the only non-terminal one.
+const (
+	EventOpen       EventStatus = "open"
+	EventDone       EventStatus = "done"
+	EventCancelled  EventStatus = "cancelled"
+	EventDeadLetter EventStatus = "dead_letter"
+	EventDiscarded  EventStatus = "discarded"
+)
+
+// Module is an uploaded wasm agent module, content-addressed by sha256.
+type Module struct {
+	// Digest is "sha256:" + lowercase hex of the module bytes.
+	Digest     string    `json:"digest"`
+	Size       int64     `json:"size"`
+	ABIVersion int       `json:"abi_version"`
+	CreatedAt  time.Time `json:"created_at"`
+	// Bytes is the module binary; empty in list results.
+	Bytes []byte `json:"-"`
+}
+
+// Agent is a registered agent definition.
+type Agent struct {
+	UID  string `json:"uid"`
+	Name string `json:"name"`
+	// ModuleDigest is the wasm module the agent runs (its binding).
+	ModuleDigest string `json:"module_digest"`
+	// CrashPolicy is the default for sessions created without one.
+	CrashPolicy CrashPolicy `json:"crash_policy"`
+	CreatedAt   time.Time   `json:"created_at"`
+	UpdatedAt   time.Time   `json:"updated_at"`
+}
+
+// Session is a session row with its counters.
+type Session struct {
+	ActorKey
+	// Key is the optional client-chosen key, unique per agent.
+	Key         string        `json:"key,omitempty"`
+	Input       []byte        `json:"input,omitempty"`
+	Status      SessionStatus `json:"status"`
+	CrashPolicy CrashPolicy   `json:"crash_policy"`
+	// ActorEpoch is the highest epoch issued for this actor key.
+	ActorEpoch int64      `json:"actor_epoch"`
+	CreatedAt  time.Time  `json:"created_at"`
+	SleepTS    *time.Time `json:"sleep_ts,omitempty"`
+	DestroyTS  *time.Time `json:"destroy_ts,omitempty"`
+	// TurnCount is the number of committed turns.
+	TurnCount int64 `json:"turn_count"`
+	// EventCount is the number of accepted events.
+	EventCount int64 `json:"event_count"`
+	// OpenEvents is the number of events still open.
+	OpenEvents int64 `json:"open_events"`
+}
+
+// Event is an actor event row.
+type Event struct {
+	ID int64 `json:"id"`
+	ActorKey
+	// Seq is the acceptance order within the session, from 1.
+	Seq  int64  `json:"seq"`
+	Kind string `json:"kind"`
+	// Payload is the signal body as JSON: {"message": "...", "data": {...}}.
+	Payload        json.RawMessage `json:"payload"`
+	IdempotencyKey string          `json:"idempotency_key,omitempty"`
+	Status         EventStatus     `json:"status"`
+	// Attempts counts failed attempts that a worker had accepted.
+	Attempts      int       `json:"attempts"`
+	NextAttemptAt time.Time `json:"next_attempt_at"`
+	LastError     string    `json:"last_error,omitempty"`
+	// Binding is the module digest recorded at the first attempt
+	// (DESIGN invariant 10); empty before it.
+	Binding    string     `json:"binding,omitempty"`
+	AcceptedAt time.Time  `json:"accepted_at"`
+	ClosedAt   *time.Time `json:"closed_at,omitempty"`
+}
+
+// Activation is the runtime lease projection of a live session.
+type Activation struct {
+	UID string `json:"activation_uid"`
+	ActorKey
+	ActorEpoch     int64           `json:"actor_epoch"`
+	LeaseID        string          `json:"lease_id"`
+	LeaseExpiresAt time.Time       `json:"lease_expires_at"`
+	CurrentEventID int64           `json:"current_event_id,omitempty"` // 0 = none
+	Revision       int64           `json:"revision"`
+	State          ActivationState `json:"state"`
+	HostID         string          `json:"host_id"`
+}
+
+// Ref returns the activation's compare-and-set identity.
+func (a Activation) Ref() ActivationRef {
+	return ActivationRef{UID: a.UID, ActorKey: a.ActorKey, ActorEpoch: a.ActorEpoch, LeaseID: a.LeaseID}
+}
+
+// ActivationRef is what maintenance writes compare-and-set on: actor key,
+// activation uid, epoch and lease id.
+type ActivationRef struct {
+	UID string
+	ActorKey
+	ActorEpoch int64
+	LeaseID    string
+}
+
+// Delivery is a delivery row: the fence tuple copied from the activation.
+type Delivery struct {
+	ID string `json:"delivery_id"`
+	ActorKey
+	ActivationUID string        `json:"activation_uid"`
+	ActorEpoch    int64         `json:"actor_epoch"`
+	EventID       int64         `json:"actor_event_id"`
+	Revision      int64         `json:"revision"`
+	State         DeliveryState `json:"state"`
+	Binding       string        `json:"binding"`
+}
+
+// TurnRef returns the fence tuple a worker must echo.
+func (d Delivery) TurnRef() abi.TurnRef {
+	return abi.TurnRef{
+		DeliveryID: d.ID, ActivationUID: d.ActivationUID, ActorEpoch: d.ActorEpoch,
+		ActorEventID: d.EventID, Revision: d.Revision, AgentUID: d.AgentUID, SessionID: d.SessionID,
+	}
+}
+
+// TranscriptMessage is one message of a committed turn.
+type TranscriptMessage struct {
+	// Index is the message's position within its turn, from 0.
+	Index   int    `json:"index"`
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// Turn is one committed turn with its messages.
+type Turn struct {
+	ActorKey
+	// TurnNo is the turn's position in the transcript, from 1.
+	TurnNo      int64               `json:"turn_no"`
+	EventID     int64               `json:"actor_event_id"`
+	DeliveryID  string              `json:"delivery_id"`
+	ActorEpoch  int64               `json:"actor_epoch"`
+	Outcome     abi.Outcome         `json:"outcome"`
+	CommittedAt time.Time           `json:"committed_at"`
+	Messages    []TranscriptMessage `json:"messages"`
+}
+
+// Dispatch is everything a controller needs to run one turn: the delivery
+// (with its fence tuple), the event, and the session's inputs.
+type Dispatch struct {
+	Delivery Delivery
+	Event    Event
+	Session  Session
+	// State is the committed session state (nil for none).
+	State []byte
+	// Tail is the most recent transcript messages, oldest first.
+	Tail []abi.Message
+	// Attempt is Event.Attempts + 1.
+	Attempt int
+}
+
+// Store is the interface the host needs. Methods take a context (drivers
+// put a deadline on every call) and return the typed errors of errors.go.
+type Store interface {
+	// Driver is "sqlite" or "postgres".
+	Driver() string
+	// Close releases connections.
+	Close() error
+
+	// PutModule stores a module by digest; created is false when it existed.
+	PutModule(ctx context.Context, p PutModuleParams) (m Module, created bool, err error)
+	// GetModule returns the module with its bytes, or ErrNotFound.
+	GetModule(ctx context.Context, digest string) (Module, error)
+	// ListModules returns every module without bytes, newest first.
+	ListModules(ctx context.Context) ([]Module, error)
+
+	// CreateAgent registers an agent. A name already taken returns
+	// ErrConflict unless p.Upsert, which updates binding and policy instead.
+	// An unknown module digest returns ErrNotFound.
+	CreateAgent(ctx context.Context, p CreateAgentParams) (Agent, error)
+	// GetAgent finds an agent by name or uid, or returns ErrNotFound.
+	GetAgent(ctx context.Context, nameOrUID string) (Agent, error)
+	// ListAgents returns every agent by name.
+	ListAgents(ctx context.Context) ([]Agent, error)
+
+	// CreateSession creates a session. With a Key that exists it returns
+	// ErrConflict, or the existing session and created=false when
+	// p.GetOrCreate. An unknown agent returns ErrNotFound.
+	CreateSession(ctx context.Context, p CreateSessionParams) (s Session, created bool, err error)
+	// GetSession returns the session with its counters, or ErrNotFound.
+	GetSession(ctx context.Context, key ActorKey) (Session, error)
+	// ListSessions pages an agent's sessions by session id.
+	ListSessions(ctx context.Context, p ListSessionsParams) ([]Session, error)
+
+	// AppendEvent persists a signal as an actor event (next seq of the
+	// session). An idempotency key already used in this session returns the
+	// first event and created=false (invariant 7). Unknown session:
+	// ErrNotFound; destroyed session: ErrSessionDestroyed.
+	AppendEvent(ctx context.Context, p AppendEventParams) (e Event, created bool, err error)
+	// ListEvents pages a session's events by id, optionally by status.
+	ListEvents(ctx context.Context, p ListEventsParams) ([]Event, error)
+
+	// ClaimActivation starts a new activation for the key: epoch =
+	// session epoch + 1, a fresh lease id and lease. With a live activation
+	// present it returns ErrActivationLive (invariant 1, decided by the
+	// partial unique index). Unknown session: ErrNotFound; destroyed:
+	// ErrSessionDestroyed.
+	ClaimActivation(ctx context.Context, p ClaimActivationParams) (Activation, error)
+	// RenewLeases extends, in one statement, the leases of the given live,
+	// unexpired activations held by p.HostID (compare-and-set on uid, key,
+	// epoch and lease id). It returns the refs it renewed; the others are lost.
+	RenewLeases(ctx context.Context, p RenewLeasesParams) ([]ActivationRef, error)
+	// StopActivation ends a live activation with no current event
+	// (compare-and-set). It returns ErrNotLive when the activation is no
+	// longer live, or has a current event, under that ref.
+	StopActivation(ctx context.Context, ref ActivationRef) error
+	// NextDelivery takes the session's oldest open event if it is due (DB
+	// clock), makes it the activation's current event and creates its
+	// delivery. It returns *NoDueEventError when nothing is due, and
+	// ErrNotLive when the activation is not live under ref.
+	NextDelivery(ctx context.Context, p NextDeliveryParams) (Dispatch, error)
+	// MarkDeliverySent moves a delivery created → sent (invariant 9).
+	MarkDeliverySent(ctx context.Context, ref abi.TurnRef) error
+	// CommitTurn checks the fences and, in the same transaction, appends the
+	// turn (the event's message first, then p.Messages), replaces the state,
+	// closes the event done, accepts the delivery and clears the current
+	// event. A mismatch writes nothing and returns *FenceError.
+	CommitTurn(ctx context.Context, p CommitTurnParams) (Turn, error)
+	// FailAttempt records a failed attempt under the same fences as a commit
+	// (lease expiry aside): activation failed, delivery superseded (or
+	// send_failed when !p.Counted), event attempts+1 when p.Counted,
+	// next_attempt_at = DB now + p.Backoff, dead letter once attempts reach
+	// p.MaxAttempts. A mismatch writes nothing and returns *FenceError.
+	FailAttempt(ctx context.Context, p FailAttemptParams) (FailResult, error)
+	// ExpiredActivations lists live activations whose lease expired (DB clock).
+	ExpiredActivations(ctx context.Context, limit int) ([]ActivationRef, error)
+	// ExpireActivation is the watchdog's write: compare-and-set on ref with
+	// the lease expired, it fails the activation; a current event whose
+	// delivery was sent counts an attempt (the worker had it), one only
+	// created does not. Returns ErrNotLive when ref no longer matches.
+	ExpireActivation(ctx context.Context, p ExpireActivationParams) (FailResult, error)
+	// RunnableSessions lists sessions with a due open event and no live
+	// activation, oldest due first.
+	RunnableSessions(ctx context.Context, limit int) ([]ActorKey, error)
+	// Transcript pages committed turns with their messages, by turn number.
+	Transcript(ctx context.Context, p TranscriptParams) ([]Turn, error)
+	// Subscribe returns a channel of actor keys that received events
+	// (postgres: LISTEN/NOTIFY from every host; sqlite: this process). It is
+	// a wake-up hint only; it closes when ctx ends.
+	Subscribe(ctx context.Context) (<-chan ActorKey, error)
+}
+
+// PutModuleParams are PutModule's inputs.
+type PutModuleParams struct {
+	Digest     string
+	ABIVersion int
+	Bytes      []byte
+}
+
+// CreateAgentParams are CreateAgent's inputs.
+type CreateAgentParams struct {
+	// UID is generated by the caller (a UUID).
+	UID          string
+	Name         string
+	ModuleDigest string
+	CrashPolicy  CrashPolicy
+	Upsert       bool
+}
+
+// CreateSessionParams are CreateSession's inputs.
+type CreateSessionParams struct {
+	AgentUID string
+	// SessionID is generated by the caller (a UUID).
+	SessionID   string
+	Key         string
+	Input       []byte
+	CrashPolicy CrashPolicy
+	GetOrCreate bool
+}
+
+// ListSessionsParams page an agent's sessions.
+type ListSessionsParams struct {
+	AgentUID string
+	// After is the last session id of the previous page ("" = start).
+	After string
+	Limit int
+}
+
+// AppendEventParams are AppendEvent's inputs.
+type AppendEventParams struct {
+	Key            ActorKey
+	Kind           string
+	Payload        json.RawMessage
+	IdempotencyKey string
+}
+
+// ListEventsParams page a session's events.
+type ListEventsParams struct {
+	Key    ActorKey
+	Status EventStatus // "" = all
+	After  int64
+	Limit  int
+}
+
+// ClaimActivationParams are ClaimActivation's inputs.
+type ClaimActivationParams struct {
+	Key ActorKey
+	// UID and LeaseID are generated by the caller (UUIDs).
+	UID      string
+	LeaseID  string
+	HostID   string
+	LeaseTTL time.Duration
+}
+
+// RenewLeasesParams are RenewLeases' inputs.
+type RenewLeasesParams struct {
+	HostID   string
+	LeaseTTL time.Duration
+	Refs     []ActivationRef
+}
+
+// NextDeliveryParams are NextDelivery's inputs.
+type NextDeliveryParams struct {
+	Activation ActivationRef
+	// DeliveryID is generated by the caller (a UUID).
+	DeliveryID string
+	// Binding is the agent's current module digest, recorded on the event at
+	// its first attempt; retries keep the recorded one (invariant 10).
+	Binding string
+	// MarkSent creates the delivery directly as sent, for in-process workers
+	// whose bytes leave the host in the same step (invariant 9).
+	MarkSent bool
+	// TailMessages is how many recent transcript messages to return.
+	TailMessages int
+}
+
+// CommitTurnParams are CommitTurn's inputs.
+type CommitTurnParams struct {
+	Ref      abi.TurnRef
+	Messages []abi.Message
+	// State replaces the session state unless KeepState.
+	State     []byte
+	KeepState bool
+	Outcome   abi.Outcome
+}
+
+// FailAttemptParams are FailAttempt's inputs.
+type FailAttemptParams struct {
+	Ref abi.TurnRef
+	// Error is recorded as the event's last_error.
+	Error string
+	// Counted: the worker had accepted the turn, so the attempt counts
+	// toward MaxAttempts (DESIGN "What counts as an attempt").
+	Counted     bool
+	Backoff     time.Duration
+	MaxAttempts int
+}
+
+// ExpireActivationParams are ExpireActivation's inputs.
+type ExpireActivationParams struct {
+	Ref         ActivationRef
+	Backoff     time.Duration
+	MaxAttempts int
+}
+
+// FailResult reports what a failed attempt did to its event.
+type FailResult struct {
+	EventID       int64
+	Attempts      int
+	DeadLettered  bool
+	NextAttemptAt time.Time
+}
+
+// TranscriptParams page a session's transcript.
+type TranscriptParams struct {
+	Key ActorKey
+	// AfterTurn is the last turn number already seen (0 = start).
+	AfterTurn int64
+	Limit     int
+}
