@@ -1,0 +1,49 @@
+# Paddock — run `make help` for the targets.
+SHELL := /bin/bash
+GO ?= go
+EXAMPLES := notes faulty
+WASM := $(foreach e,$(EXAMPLES),examples/$(e)/$(e).wasm)
+# Test packages need no external server: PostgreSQL tests start a throwaway
+# cluster from the installed server binaries unless DATABASE_URL is set.
+TEST_TIMEOUT ?= 20m
+
+.PHONY: help build examples run test vet fmt-check bench clean
+
+help: ## list targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+build: ## build bin/paddock
+	$(GO) build -o bin/paddock ./cmd/paddock
+
+examples: $(WASM) ## build the example wasm agents (GOOS=wasip1)
+
+examples/%.wasm: FORCE
+	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -o $@ ./$(dir $@)cmd
+
+FORCE:
+
+run: build examples ## start `paddock serve` on SQLite under ./data with the example agents registered
+	@echo
+	@echo "Paddock is starting on http://127.0.0.1:8080 (SQLite under ./data). In another terminal try:"
+	@echo "  S=\$$(bin/paddock session create notes)"
+	@echo "  bin/paddock signal send notes \$$S 'note buy milk'"
+	@echo "  bin/paddock signal send notes \$$S 'note call mum'"
+	@echo "  bin/paddock signal send notes \$$S list"
+	@echo "  bin/paddock transcript notes \$$S"
+	@echo
+	bin/paddock serve --config examples/paddock.yaml
+
+vet: ## go vet
+	$(GO) vet ./...
+
+fmt-check: ## fail if gofmt would change a file
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+
+test: fmt-check vet examples ## vet + race tests on both store drivers + examples (what CI runs)
+	$(GO) test -race -timeout $(TEST_TIMEOUT) ./...
+
+bench: examples ## benchmarks (store commit path, wasm instances)
+	$(GO) test -run '^$$' -bench . -benchmem ./store/... ./wasm/...
+
+clean: ## remove build outputs and ./data
+	rm -rf bin data $(WASM)

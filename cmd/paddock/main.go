@@ -1,0 +1,59 @@
+// Command paddock is the Paddock host (`paddock serve`) and its client.
+//
+//	paddock serve [--config paddock.yaml]
+//	paddock module upload agent.wasm
+//	paddock agent create notes --module sha256:…
+//	paddock session create notes
+//	paddock signal send notes <session> "hello"
+//	paddock transcript notes <session> --follow
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRoot().ExecuteContext(ctx); err != nil {
+		var ae *apiError
+		if errors.As(err, &ae) {
+			fmt.Fprintf(os.Stderr, "paddock: %s\n", ae.Error())
+		} else {
+			fmt.Fprintf(os.Stderr, "paddock: %v\n", err)
+		}
+		os.Exit(1)
+	}
+}
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "paddock",
+		Short:         "Paddock hosts long-lived AI-agent sessions",
+		Long:          "Paddock hosts long-lived AI-agent sessions: a signal wakes a session, one turn of its agent runs\nin a wasm sandbox, and the turn commits durably behind epoch/lease fences.",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	cl := &client{}
+	pf := root.PersistentFlags()
+	pf.StringVar(&cl.server, "server", envOr("PADDOCK_SERVER", "http://127.0.0.1:8080"), "API address (env PADDOCK_SERVER)")
+	pf.StringVar(&cl.token, "token", os.Getenv("PADDOCK_TOKEN"), "bearer token (env PADDOCK_TOKEN)")
+	pf.StringVarP(&cl.output, "output", "o", "text", "output format of client commands: text or json")
+	root.AddCommand(newServe(), newModuleCmd(cl), newAgentCmd(cl), newSessionCmd(cl), newSignalCmd(cl),
+		newTranscriptCmd(cl), newEventsCmd(cl))
+	return root
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,685 @@
+// Package api is Paddock's HTTP JSON API under /v1 (DESIGN "API shape"):
+// modules, agents, an agent's sessions, a session's signals, events and
+// transcript. Errors are {"error": {"code", "message", "field"}} with stable
+// codes; unknown JSON fields are refused; bodies are size-limited. The
+// routes are described in openapi.yaml, which a test keeps in sync.
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/host"
+	"github.com/paddock-dev/paddock/store"
+)
+
+// OpenAPI is the OpenAPI 3 description of the routes, served at
+// /v1/openapi.yaml.
+//
+//go:embed openapi.yaml
+var OpenAPI []byte
+
+// Modules validates uploaded wasm modules. Errors it returns for a bad
+// module must name what is wrong; they are answered with 400.
+type Modules interface {
+	// Inspect checks that b is a wasm module exporting Paddock's guest ABI
+	// and returns its digest ("sha256:<hex>") and ABI version.
+	Inspect(ctx context.Context, b []byte) (digest string, abiVersion int, err error)
+}
+
+// Options configure the API.
+type Options struct {
+	Host    *host.Host
+	Modules Modules
+	// AuthToken, when set, is required as "Authorization: Bearer <token>"
+	// on every /v1 route.
+	AuthToken string
+	// MaxBodyBytes caps JSON bodies; MaxModuleBytes caps module uploads.
+	MaxBodyBytes, MaxModuleBytes int64
+	// DefaultCrashPolicy is the one configured default (DESIGN "Crash policy").
+	DefaultCrashPolicy store.CrashPolicy
+	Logger             *slog.Logger
+}
+
+// Server serves the API.
+type Server struct {
+	o   Options
+	st  store.Store
+	log *slog.Logger
+	mux *http.ServeMux
+}
+
+// Route is one API route: method and net/http pattern path.
+type Route struct {
+	Method, Path string
+	handle       func(*Server, http.ResponseWriter, *http.Request) error
+}
+
+// Routes lists the API's routes (the OpenAPI test compares them).
+func Routes() []Route {
+	return []Route{
+		{"GET", "/healthz", (*Server).health},
+		{"GET", "/metrics", nil},
+		{"GET", "/v1/openapi.yaml", (*Server).openapi},
+		{"POST", "/v1/modules", (*Server).uploadModule},
+		{"GET", "/v1/modules", (*Server).listModules},
+		{"GET", "/v1/modules/{digest}", (*Server).getModule},
+		{"POST", "/v1/agents", (*Server).createAgent},
+		{"GET", "/v1/agents", (*Server).listAgents},
+		{"GET", "/v1/agents/{agent}", (*Server).getAgent},
+		{"POST", "/v1/agents/{agent}/sessions", (*Server).createSession},
+		{"PUT", "/v1/agents/{agent}/sessions", (*Server).getOrCreateSession},
+		{"GET", "/v1/agents/{agent}/sessions", (*Server).listSessions},
+		{"GET", "/v1/agents/{agent}/sessions/{session}", (*Server).getSession},
+		{"POST", "/v1/agents/{agent}/sessions/{session}/signals", (*Server).sendSignal},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/events", (*Server).listEvents},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/transcript", (*Server).transcript},
+	}
+}
+
+// New builds the API handler.
+func New(o Options) *Server {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.DefaultCrashPolicy == "" {
+		o.DefaultCrashPolicy = store.CrashRestart
+	}
+	s := &Server{o: o, st: o.Host.Store(), log: o.Logger, mux: http.NewServeMux()}
+	for _, r := range Routes() {
+		if r.handle == nil {
+			s.mux.Handle(r.Method+" "+r.Path, promhttp.HandlerFor(o.Host.Metrics().Registry, promhttp.HandlerOpts{}))
+			continue
+		}
+		h := r.handle
+		s.mux.HandleFunc(r.Method+" "+r.Path, func(w http.ResponseWriter, req *http.Request) {
+			if err := h(s, w, req); err != nil {
+				s.writeError(w, req, err)
+			}
+		})
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		s.writeError(w, req, &Error{Status: http.StatusNotFound, Code: "route_not_found",
+			Message: fmt.Sprintf("no route for %s %s", req.Method, req.URL.Path)})
+	})
+	return s
+}
+
+// ServeHTTP authenticates /v1 requests and routes them.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.o.AuthToken != "" && strings.HasPrefix(r.URL.Path, "/v1/") {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.o.AuthToken)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="paddock"`)
+			s.writeError(w, r, &Error{Status: http.StatusUnauthorized, Code: "unauthenticated",
+				Message: "missing or wrong bearer token (Authorization: Bearer <token>)"})
+			return
+		}
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// Error is an API error: HTTP status, stable code, message naming the
+// problem, and the offending field if any.
+type Error struct {
+	Status  int    `json:"-"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+func badRequest(code, field, format string, args ...any) *Error {
+	return &Error{Status: http.StatusBadRequest, Code: code, Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	var e *Error
+	switch {
+	case errors.As(err, &e):
+	case errors.Is(err, store.ErrSessionDestroyed):
+		e = &Error{Status: http.StatusGone, Code: "session_destroyed", Message: "the session is destroyed and accepts no signals"}
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		e = &Error{Status: http.StatusServiceUnavailable, Code: "timeout", Message: "the store did not answer in time"}
+	default:
+		s.log.Error("api: internal error", "method", r.Method, "path", r.URL.Path, "err", err)
+		e = &Error{Status: http.StatusInternalServerError, Code: "internal", Message: "internal error"}
+	}
+	writeJSON(w, e.Status, map[string]*Error{"error": e})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	return json.NewEncoder(w).Encode(v)
+}
+
+// decode reads a JSON body strictly: size-limited, unknown fields refused,
+// one value only.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
+	r.Body = http.MaxBytesReader(w, r.Body, s.o.MaxBodyBytes)
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return jsonError(err, s.o.MaxBodyBytes)
+	}
+	if dec.More() {
+		return badRequest("malformed_json", "", "the body holds more than one JSON value")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return badRequest("malformed_json", "", "unexpected data after the JSON value")
+	}
+	return nil
+}
+
+func jsonError(err error, limit int64) error {
+	var (
+		maxErr    *http.MaxBytesError
+		syntaxErr *json.SyntaxError
+		typeErr   *json.UnmarshalTypeError
+	)
+	switch {
+	case errors.As(err, &maxErr):
+		return &Error{Status: http.StatusRequestEntityTooLarge, Code: "body_too_large",
+			Message: fmt.Sprintf("the body exceeds the limit of %d bytes", limit)}
+	case errors.Is(err, io.EOF):
+		return badRequest("malformed_json", "", "the body is empty; a JSON object is required")
+	case errors.As(err, &syntaxErr):
+		return badRequest("malformed_json", "", "malformed JSON at byte %d: %s", syntaxErr.Offset, syntaxErr.Error())
+	case errors.As(err, &typeErr):
+		return badRequest("invalid_field", typeErr.Field, "field %q must be %s, not JSON %s", typeErr.Field, typeErr.Type, typeErr.Value)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return badRequest("malformed_json", "", "malformed JSON: unexpected end of the body")
+	}
+	if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		f = strings.Trim(f, `"`)
+		return badRequest("unknown_field", f, "unknown field %q", f)
+	}
+	return badRequest("malformed_json", "", "malformed JSON: %s", err.Error())
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+
+// keyRE bounds session keys and idempotency keys: printable, 1–200 bytes.
+var keyRE = regexp.MustCompile(`^[\x21-\x7e]{1,200}$`)
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
+	return writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "store": s.st.Driver(), "host_id": s.o.Host.ID()})
+}
+
+func (s *Server) openapi(w http.ResponseWriter, r *http.Request) error {
+	w.Header().Set("Content-Type", "application/yaml")
+	_, err := w.Write(OpenAPI)
+	return err
+}
+
+// ---- modules
+
+type moduleJSON struct {
+	Digest     string    `json:"digest"`
+	Size       int64     `json:"size"`
+	ABIVersion int       `json:"abi_version"`
+	CreatedAt  time.Time `json:"created_at"`
+	Created    *bool     `json:"created,omitempty"`
+}
+
+func toModuleJSON(m store.Module) moduleJSON {
+	return moduleJSON{Digest: m.Digest, Size: m.Size, ABIVersion: m.ABIVersion, CreatedAt: m.CreatedAt}
+}
+
+func (s *Server) uploadModule(w http.ResponseWriter, r *http.Request) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.MaxModuleBytes))
+	if err != nil {
+		var maxErr *http.MaxBytesError
+		if errors.As(err, &maxErr) {
+			return &Error{Status: http.StatusRequestEntityTooLarge, Code: "body_too_large",
+				Message: fmt.Sprintf("the module exceeds the limit of %d bytes (api.max_module_bytes)", s.o.MaxModuleBytes)}
+		}
+		return badRequest("unreadable_body", "", "reading the body: %v", err)
+	}
+	if len(body) == 0 {
+		return badRequest("invalid_module", "", "the body is empty; send the raw .wasm bytes (Content-Type: application/wasm)")
+	}
+	digest, version, err := s.o.Modules.Inspect(r.Context(), body)
+	if err != nil {
+		return badRequest("invalid_module", "", "%s", err.Error())
+	}
+	m, created, err := s.st.PutModule(r.Context(), store.PutModuleParams{Digest: digest, ABIVersion: version, Bytes: body})
+	if err != nil {
+		return err
+	}
+	out := toModuleJSON(m)
+	out.Created = &created
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	w.Header().Set("Location", "/v1/modules/"+m.Digest)
+	return writeJSON(w, status, out)
+}
+
+func (s *Server) listModules(w http.ResponseWriter, r *http.Request) error {
+	ms, err := s.st.ListModules(r.Context())
+	if err != nil {
+		return err
+	}
+	out := make([]moduleJSON, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, toModuleJSON(m))
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"modules": out})
+}
+
+func (s *Server) getModule(w http.ResponseWriter, r *http.Request) error {
+	m, err := s.st.GetModule(r.Context(), r.PathValue("digest"))
+	if errors.Is(err, store.ErrNotFound) {
+		return &Error{Status: http.StatusNotFound, Code: "module_not_found", Field: "digest",
+			Message: fmt.Sprintf("no module with digest %q", r.PathValue("digest"))}
+	}
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, toModuleJSON(m))
+}
+
+// ---- agents
+
+type agentJSON struct {
+	UID          string            `json:"uid"`
+	Name         string            `json:"name"`
+	Module       string            `json:"module"`
+	CrashPolicy  store.CrashPolicy `json:"crash_policy"`
+	CreatedAt    time.Time         `json:"created_at"`
+	UpdatedAt    time.Time         `json:"updated_at"`
+}
+
+func toAgentJSON(a store.Agent) agentJSON {
+	return agentJSON{UID: a.UID, Name: a.Name, Module: a.ModuleDigest, CrashPolicy: a.CrashPolicy, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt}
+}
+
+func (s *Server) createAgent(w http.ResponseWriter, r *http.Request) error {
+	var in struct {
+		Name        string `json:"name"`
+		Module      string `json:"module"`
+		CrashPolicy string `json:"crash_policy"`
+	}
+	if err := s.decode(w, r, &in); err != nil {
+		return err
+	}
+	if !nameRE.MatchString(in.Name) {
+		return badRequest("invalid_field", "name", "name %q must match %s", in.Name, nameRE)
+	}
+	if in.Module == "" {
+		return badRequest("missing_field", "module", "module (a module digest, sha256:<hex>) is required")
+	}
+	policy, err := s.policy(in.CrashPolicy, s.o.DefaultCrashPolicy)
+	if err != nil {
+		return err
+	}
+	a, err := s.st.CreateAgent(r.Context(), store.CreateAgentParams{
+		UID: uuid.NewString(), Name: in.Name, ModuleDigest: in.Module, CrashPolicy: policy,
+	})
+	switch {
+	case errors.Is(err, store.ErrConflict):
+		return &Error{Status: http.StatusConflict, Code: "agent_exists", Field: "name", Message: fmt.Sprintf("an agent named %q already exists", in.Name)}
+	case errors.Is(err, store.ErrNotFound):
+		return badRequest("unknown_module", "module", "no module with digest %q; upload it first (POST /v1/modules)", in.Module)
+	case err != nil:
+		return err
+	}
+	w.Header().Set("Location", "/v1/agents/"+a.Name)
+	return writeJSON(w, http.StatusCreated, toAgentJSON(a))
+}
+
+func (s *Server) policy(in string, def store.CrashPolicy) (store.CrashPolicy, error) {
+	if in == "" {
+		return def, nil
+	}
+	p := store.CrashPolicy(in)
+	if !p.Valid() {
+		return "", badRequest("invalid_field", "crash_policy", "crash_policy %q must be restart, sleep or destroy", in)
+	}
+	return p, nil
+}
+
+func (s *Server) listAgents(w http.ResponseWriter, r *http.Request) error {
+	as, err := s.st.ListAgents(r.Context())
+	if err != nil {
+		return err
+	}
+	out := make([]agentJSON, 0, len(as))
+	for _, a := range as {
+		out = append(out, toAgentJSON(a))
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"agents": out})
+}
+
+func (s *Server) agent(r *http.Request) (store.Agent, error) {
+	name := r.PathValue("agent")
+	a, err := s.st.GetAgent(r.Context(), name)
+	if errors.Is(err, store.ErrNotFound) {
+		return a, &Error{Status: http.StatusNotFound, Code: "agent_not_found", Field: "agent", Message: fmt.Sprintf("no agent named %q", name)}
+	}
+	return a, err
+}
+
+func (s *Server) getAgent(w http.ResponseWriter, r *http.Request) error {
+	a, err := s.agent(r)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, toAgentJSON(a))
+}
+
+// ---- sessions
+
+type sessionJSON struct {
+	Agent       string              `json:"agent"`
+	AgentUID    string              `json:"agent_uid"`
+	SessionID   string              `json:"session_id"`
+	Key         string              `json:"key,omitempty"`
+	Input       []byte              `json:"input,omitempty"`
+	Status      store.SessionStatus `json:"status"`
+	CrashPolicy store.CrashPolicy   `json:"crash_policy"`
+	ActorEpoch  int64               `json:"actor_epoch"`
+	TurnCount   int64               `json:"turn_count"`
+	EventCount  int64               `json:"event_count"`
+	OpenEvents  int64               `json:"open_events"`
+	CreatedAt   time.Time           `json:"created_at"`
+	SleepTS     *time.Time          `json:"sleep_ts,omitempty"`
+	DestroyTS   *time.Time          `json:"destroy_ts,omitempty"`
+	Created     *bool               `json:"created,omitempty"`
+}
+
+func toSessionJSON(a store.Agent, x store.Session) sessionJSON {
+	return sessionJSON{
+		Agent: a.Name, AgentUID: x.AgentUID, SessionID: x.SessionID, Key: x.Key, Input: x.Input, Status: x.Status,
+		CrashPolicy: x.CrashPolicy, ActorEpoch: x.ActorEpoch, TurnCount: x.TurnCount, EventCount: x.EventCount,
+		OpenEvents: x.OpenEvents, CreatedAt: x.CreatedAt, SleepTS: x.SleepTS, DestroyTS: x.DestroyTS,
+	}
+}
+
+type sessionIn struct {
+	Key         string `json:"key"`
+	Input       []byte `json:"input"` // base64 in JSON
+	CrashPolicy string `json:"crash_policy"`
+}
+
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
+	return s.putSession(w, r, false)
+}
+
+func (s *Server) getOrCreateSession(w http.ResponseWriter, r *http.Request) error {
+	return s.putSession(w, r, true)
+}
+
+func (s *Server) putSession(w http.ResponseWriter, r *http.Request, getOrCreate bool) error {
+	a, err := s.agent(r)
+	if err != nil {
+		return err
+	}
+	var in sessionIn
+	if err := s.decode(w, r, &in); err != nil {
+		return err
+	}
+	if in.Key != "" && !keyRE.MatchString(in.Key) {
+		return badRequest("invalid_field", "key", "key must be 1–200 printable ASCII characters without spaces")
+	}
+	if getOrCreate && in.Key == "" {
+		return badRequest("missing_field", "key", "get-or-create (PUT) needs a key")
+	}
+	if len(in.Input) > abi.MaxStateBytes {
+		return badRequest("invalid_field", "input", "input is %d bytes, limit %d", len(in.Input), abi.MaxStateBytes)
+	}
+	policy, err := s.policy(in.CrashPolicy, a.CrashPolicy)
+	if err != nil {
+		return err
+	}
+	x, created, err := s.st.CreateSession(r.Context(), store.CreateSessionParams{
+		AgentUID: a.UID, SessionID: uuid.NewString(), Key: in.Key, Input: in.Input, CrashPolicy: policy, GetOrCreate: getOrCreate,
+	})
+	if errors.Is(err, store.ErrConflict) {
+		return &Error{Status: http.StatusConflict, Code: "session_exists", Field: "key",
+			Message: fmt.Sprintf("agent %q already has a session with key %q (PUT gets it)", a.Name, in.Key)}
+	}
+	if err != nil {
+		return err
+	}
+	out := toSessionJSON(a, x)
+	out.Created = &created
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	w.Header().Set("Location", "/v1/agents/"+a.Name+"/sessions/"+x.SessionID)
+	return writeJSON(w, status, out)
+}
+
+func (s *Server) session(r *http.Request) (store.Agent, store.Session, error) {
+	a, err := s.agent(r)
+	if err != nil {
+		return a, store.Session{}, err
+	}
+	id := r.PathValue("session")
+	x, err := s.st.GetSession(r.Context(), store.ActorKey{AgentUID: a.UID, SessionID: id})
+	if errors.Is(err, store.ErrNotFound) {
+		return a, x, &Error{Status: http.StatusNotFound, Code: "session_not_found", Field: "session",
+			Message: fmt.Sprintf("agent %q has no session %q", a.Name, id)}
+	}
+	return a, x, err
+}
+
+func (s *Server) getSession(w http.ResponseWriter, r *http.Request) error {
+	a, x, err := s.session(r)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, toSessionJSON(a, x))
+}
+
+func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) error {
+	a, err := s.agent(r)
+	if err != nil {
+		return err
+	}
+	limit, err := intParam(r, "limit", 50, 1, 500)
+	if err != nil {
+		return err
+	}
+	xs, err := s.st.ListSessions(r.Context(), store.ListSessionsParams{AgentUID: a.UID, After: r.URL.Query().Get("cursor"), Limit: limit})
+	if err != nil {
+		return err
+	}
+	out := make([]sessionJSON, 0, len(xs))
+	for _, x := range xs {
+		out = append(out, toSessionJSON(a, x))
+	}
+	resp := map[string]any{"sessions": out}
+	if len(xs) == limit {
+		resp["next_cursor"] = xs[len(xs)-1].SessionID
+	}
+	return writeJSON(w, http.StatusOK, resp)
+}
+
+func intParam(r *http.Request, name string, def, lo, hi int) (int, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		return 0, badRequest("invalid_parameter", name, "%s=%q must be an integer between %d and %d", name, v, lo, hi)
+	}
+	return n, nil
+}
+
+// ---- signals and events
+
+type eventJSON struct {
+	ID             int64             `json:"event_id"`
+	Seq            int64             `json:"seq"`
+	Kind           string            `json:"kind"`
+	Payload        json.RawMessage   `json:"payload"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+	Status         store.EventStatus `json:"status"`
+	Attempts       int               `json:"attempts"`
+	NextAttemptAt  time.Time         `json:"next_attempt_at"`
+	LastError      string            `json:"last_error,omitempty"`
+	Binding        string            `json:"binding,omitempty"`
+	AcceptedAt     time.Time         `json:"accepted_at"`
+	ClosedAt       *time.Time        `json:"closed_at,omitempty"`
+}
+
+func toEventJSON(e store.Event) eventJSON {
+	return eventJSON{ID: e.ID, Seq: e.Seq, Kind: e.Kind, Payload: e.Payload, IdempotencyKey: e.IdempotencyKey,
+		Status: e.Status, Attempts: e.Attempts, NextAttemptAt: e.NextAttemptAt, LastError: e.LastError,
+		Binding: e.Binding, AcceptedAt: e.AcceptedAt, ClosedAt: e.ClosedAt}
+}
+
+func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
+	a, err := s.agent(r)
+	if err != nil {
+		return err
+	}
+	var in struct {
+		Kind           string          `json:"kind"`
+		Message        string          `json:"message"`
+		Data           json.RawMessage `json:"data"`
+		IdempotencyKey string          `json:"idempotency_key"`
+	}
+	if err := s.decode(w, r, &in); err != nil {
+		return err
+	}
+	if in.Kind == "" {
+		in.Kind = abi.EventMessage
+	}
+	if in.Kind != abi.EventMessage {
+		return badRequest("invalid_field", "kind", "kind %q is not supported; use \"message\"", in.Kind)
+	}
+	if in.Message == "" && len(in.Data) == 0 {
+		return badRequest("missing_field", "message", "a message signal needs a message (or data)")
+	}
+	if in.IdempotencyKey != "" && !keyRE.MatchString(in.IdempotencyKey) {
+		return badRequest("invalid_field", "idempotency_key", "idempotency_key must be 1–200 printable ASCII characters without spaces")
+	}
+	payload, err := json.Marshal(struct {
+		Message string          `json:"message,omitempty"`
+		Data    json.RawMessage `json:"data,omitempty"`
+	}{in.Message, in.Data})
+	if err != nil {
+		return err
+	}
+	key := store.ActorKey{AgentUID: a.UID, SessionID: r.PathValue("session")}
+	e, created, err := s.st.AppendEvent(r.Context(), store.AppendEventParams{
+		Key: key, Kind: in.Kind, Payload: payload, IdempotencyKey: in.IdempotencyKey,
+	})
+	if errors.Is(err, store.ErrNotFound) {
+		return &Error{Status: http.StatusNotFound, Code: "session_not_found", Field: "session",
+			Message: fmt.Sprintf("agent %q has no session %q", a.Name, key.SessionID)}
+	}
+	if err != nil {
+		return err
+	}
+	if created {
+		s.o.Host.Ensure(key)
+	}
+	return writeJSON(w, http.StatusAccepted, map[string]any{
+		"event_id": e.ID, "seq": e.Seq, "status": e.Status, "created": created,
+	})
+}
+
+func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
+	_, x, err := s.session(r)
+	if err != nil {
+		return err
+	}
+	status := store.EventStatus(r.URL.Query().Get("status"))
+	switch status {
+	case "", store.EventOpen, store.EventDone, store.EventCancelled, store.EventDeadLetter, store.EventDiscarded:
+	default:
+		return badRequest("invalid_parameter", "status", "status %q must be open, done, cancelled, dead_letter or discarded", status)
+	}
+	limit, err := intParam(r, "limit", 100, 1, 1000)
+	if err != nil {
+		return err
+	}
+	after, err := intParam(r, "after", 0, 0, int(^uint(0)>>1))
+	if err != nil {
+		return err
+	}
+	es, err := s.st.ListEvents(r.Context(), store.ListEventsParams{Key: x.ActorKey, Status: status, After: int64(after), Limit: limit})
+	if err != nil {
+		return err
+	}
+	out := make([]eventJSON, 0, len(es))
+	for _, e := range es {
+		out = append(out, toEventJSON(e))
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"events": out})
+}
+
+// transcript pages committed turns after ?after=N. With ?wait=<duration>
+// (at most 60s) it long-polls until a turn past N commits.
+func (s *Server) transcript(w http.ResponseWriter, r *http.Request) error {
+	_, x, err := s.session(r)
+	if err != nil {
+		return err
+	}
+	limit, err := intParam(r, "limit", 100, 1, 1000)
+	if err != nil {
+		return err
+	}
+	after, err := intParam(r, "after", 0, 0, int(^uint(0)>>1))
+	if err != nil {
+		return err
+	}
+	var wait time.Duration
+	if v := r.URL.Query().Get("wait"); v != "" {
+		wait, err = time.ParseDuration(v)
+		if err != nil || wait < 0 || wait > time.Minute {
+			return badRequest("invalid_parameter", "wait", "wait=%q must be a duration between 0s and 60s", v)
+		}
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		signal := s.o.Host.CommitSignal()
+		turns, err := s.st.Transcript(r.Context(), store.TranscriptParams{Key: x.ActorKey, AfterTurn: int64(after), Limit: limit})
+		if err != nil {
+			return err
+		}
+		left := time.Until(deadline)
+		if len(turns) > 0 || left <= 0 {
+			next := int64(after)
+			if len(turns) > 0 {
+				next = turns[len(turns)-1].TurnNo
+			}
+			if turns == nil {
+				turns = []store.Turn{}
+			}
+			return writeJSON(w, http.StatusOK, map[string]any{"turns": turns, "next_after": next})
+		}
+		// Wake on a local commit, or poll (another host may commit).
+		select {
+		case <-signal:
+		case <-time.After(min(left, time.Second)):
+		case <-r.Context().Done():
+			return r.Context().Err()
+		}
+	}
+}

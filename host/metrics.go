@@ -1,0 +1,68 @@
+package host
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/paddock-dev/paddock/store"
+)
+
+// Metrics are one host's Prometheus metrics, registered on their own
+// registry (no global state).
+type Metrics struct {
+	Registry *prometheus.Registry
+	// FenceRejections counts replies the fences dropped, by reason
+	// (DESIGN invariant 3).
+	FenceRejections *prometheus.CounterVec
+	// Turns counts committed turns by outcome.
+	Turns *prometheus.CounterVec
+	// FailedAttempts counts failed attempts by cause.
+	FailedAttempts *prometheus.CounterVec
+	// DeadLetters counts events moved to dead_letter.
+	DeadLetters prometheus.Counter
+	// TurnSeconds is the worker time of a turn, in seconds.
+	TurnSeconds prometheus.Histogram
+	// Controllers is the number of live controllers on this host.
+	Controllers prometheus.Gauge
+	// ControllerPanics counts recovered controller panics.
+	ControllerPanics prometheus.Counter
+	// LeasesExpired counts activations the watchdog failed.
+	LeasesExpired prometheus.Counter
+}
+
+// NewMetrics creates and registers the metrics.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		FenceRejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paddock_fence_rejections_total", Help: "Worker replies rejected by the fences, by reason.",
+		}, []string{"reason"}),
+		Turns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paddock_turns_committed_total", Help: "Committed turns by outcome.",
+		}, []string{"outcome"}),
+		FailedAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paddock_failed_attempts_total", Help: "Failed turn attempts by cause.",
+		}, []string{"cause"}),
+		DeadLetters: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paddock_dead_letters_total", Help: "Events moved to dead_letter.",
+		}),
+		TurnSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "paddock_turn_seconds", Help: "Worker time of one turn.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		Controllers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paddock_controllers", Help: "Live session controllers on this host.",
+		}),
+		ControllerPanics: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paddock_controller_panics_total", Help: "Recovered controller panics.",
+		}),
+		LeasesExpired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paddock_leases_expired_total", Help: "Activations failed by the lease watchdog.",
+		}),
+	}
+	for _, r := range store.FenceReasons {
+		m.FenceRejections.WithLabelValues(string(r))
+	}
+	m.Registry.MustRegister(m.FenceRejections, m.Turns, m.FailedAttempts, m.DeadLetters,
+		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired)
+	return m
+}

@@ -1,0 +1,27 @@
+package host
+
+import (
+	"context"
+
+	"github.com/paddock-dev/paddock/abi"
+)
+
+// Runner makes worker instances for a binding. The binding is what an
+// agent runs (a wasm module digest today; a plugin or pool name later). It
+// is the seam between the host, which decides turns, and the worker kinds,
+// which only run them (DESIGN "Layout").
+type Runner interface {
+	// Instantiate returns a fresh instance for binding. Errors mean the
+	// binding cannot run at all (e.g. the module is missing or does not
+	// instantiate).
+	Instantiate(ctx context.Context, binding string) (Instance, error)
+}
+
+// Instance runs turns one at a time for one activation. After Turn returns
+// an error the instance is discarded (closed) and a new one is made.
+type Instance interface {
+	// Turn runs one turn under ctx (which carries the wall-time cap).
+	Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error)
+	// Close releases the instance.
+	Close(ctx context.Context) error
+}
