@@ -217,12 +217,36 @@ func Load(src Sources) (Config, error) {
 		},
 	})
 	if err != nil {
-		return Config{}, fmt.Errorf("config: %w", err)
+		return Config{}, decodeErrors(k, err)
 	}
 	if err := cfg.Validate(); err != nil {
 		return Config{}, err
 	}
 	return cfg, nil
+}
+
+// decodeErrors turns mapstructure's errors into KeyErrors that also show
+// the offending value.
+func decodeErrors(k *koanf.Koanf, err error) error {
+	var out []error
+	var walk func(error)
+	walk = func(e error) {
+		var de *mapstructure.DecodeError
+		if errors.As(e, &de) {
+			reason := de.Unwrap().Error()
+			out = append(out, &KeyError{Key: de.Name(), Value: k.Get(de.Name()), Reason: reason})
+			return
+		}
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, x := range j.Unwrap() {
+				walk(x)
+			}
+			return
+		}
+		out = append(out, fmt.Errorf("config: %w", e))
+	}
+	walk(err)
+	return errors.Join(out...)
 }
 
 // envKey maps PADDOCK_STORE__DSN to store.dsn; single underscores stay.

@@ -1,0 +1,308 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/paddock-dev/paddock/store/pgtest"
+	"github.com/paddock-dev/paddock/wasm/wasmtest"
+)
+
+// These tests run the real `paddock` binary as a separate process, kill it
+// with SIGKILL between and in the middle of turns, restart it, and check
+// through the API and the CLI that no accepted signal is lost, none is
+// committed twice, and the transcript order is intact — on both drivers.
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// paddockBin builds the paddock binary once per test binary.
+func paddockBin(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "paddock-e2e-bin")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "paddock")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// server is one `paddock serve` process.
+type server struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	addr string
+	log  *bytes.Buffer
+	mu   *sync.Mutex
+}
+
+type syncBuffer struct {
+	mu  *sync.Mutex
+	buf *bytes.Buffer
+}
+
+func (s syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+// startServer starts `paddock serve --config cfg` and waits for /healthz.
+func startServer(t *testing.T, cfg, addr string) *server {
+	t.Helper()
+	s := &server{t: t, addr: addr, log: &bytes.Buffer{}, mu: &sync.Mutex{}}
+	s.cmd = exec.Command(paddockBin(t), "serve", "--config", cfg)
+	s.cmd.Stderr = syncBuffer{s.mu, s.log}
+	s.cmd.Stdout = syncBuffer{s.mu, s.log}
+	s.cmd.Env = append(os.Environ(), "PADDOCK_LOG__LEVEL=info")
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if s.cmd.ProcessState == nil {
+			_ = s.cmd.Process.Signal(syscall.SIGTERM)
+			_ = s.cmd.Wait()
+		}
+		if t.Failed() {
+			s.mu.Lock()
+			t.Logf("paddock serve log:\n%s", s.log.String())
+			s.mu.Unlock()
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return s
+			}
+		}
+		if time.Now().After(deadline) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			t.Fatalf("paddock serve did not become healthy: %v\n%s", err, s.log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// kill9 kills the server with SIGKILL: no shutdown code runs.
+func (s *server) kill9() {
+	s.t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		s.t.Fatal(err)
+	}
+	_ = s.cmd.Wait()
+}
+
+// cli runs a paddock client command against the server and returns stdout.
+func (s *server) cli(args ...string) string {
+	s.t.Helper()
+	cmd := exec.Command(paddockBin(s.t), append([]string{"--server", "http://" + s.addr}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		s.t.Fatalf("paddock %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errb.String())
+	}
+	return strings.TrimSpace(out.String())
+}
+
+func (s *server) getJSON(path string, out any) {
+	s.t.Helper()
+	resp, err := http.Get("http://" + s.addr + path)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		s.t.Fatalf("GET %s: %s", path, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+type e2eTurn struct {
+	TurnNo   int64 `json:"turn_no"`
+	EventID  int64 `json:"actor_event_id"`
+	Messages []struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	} `json:"messages"`
+}
+
+func (s *server) transcript(agent, sess string) []e2eTurn {
+	var out struct {
+		Turns []e2eTurn `json:"turns"`
+	}
+	s.getJSON(fmt.Sprintf("/v1/agents/%s/sessions/%s/transcript?limit=1000", agent, sess), &out)
+	return out.Turns
+}
+
+type e2eEvent struct {
+	ID       int64  `json:"event_id"`
+	Status   string `json:"status"`
+	Attempts int    `json:"attempts"`
+	Binding  string `json:"binding"`
+}
+
+func (s *server) events(agent, sess string) []e2eEvent {
+	var out struct {
+		Events []e2eEvent `json:"events"`
+	}
+	s.getJSON(fmt.Sprintf("/v1/agents/%s/sessions/%s/events?limit=1000", agent, sess), &out)
+	return out.Events
+}
+
+func waitUntil(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// writeConfig writes a serve config for driver into a temp dir.
+func writeConfig(t *testing.T, driver, addr string) string {
+	t.Helper()
+	notes, _ := wasmtest.BuildExample(t, wasmtest.Notes)
+	faulty, _ := wasmtest.BuildExample(t, wasmtest.Faulty)
+	dir := t.TempDir()
+	storeCfg := "store:\n  driver: sqlite\n"
+	if driver == "postgres" {
+		storeCfg = fmt.Sprintf("store:\n  driver: postgres\n  dsn: %q\n", pgtest.DSN(t))
+	}
+	cfg := fmt.Sprintf(`listen: %s
+data_dir: %s
+%sruntime:
+  lease_ttl: 2s
+  idle_timeout: 5s
+  scan_interval: 200ms
+retry:
+  backoff_min: 100ms
+  backoff_max: 500ms
+  max_attempts: 5
+agents:
+  - name: notes
+    module_file: %s
+  - name: faulty
+    module_file: %s
+`, addr, filepath.Join(dir, "data"), storeCfg, notes, faulty)
+	p := filepath.Join(dir, "paddock.yaml")
+	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestKillDashNineLosesNoSignalAndCommitsNothingTwice(t *testing.T) {
+	t.Parallel()
+	for _, driver := range []string{"sqlite", "postgres"} {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			addr := freePort(t)
+			cfg := writeConfig(t, driver, addr)
+			srv := startServer(t, cfg, addr)
+
+			// The README walkthrough, with the CLI: three signals, three turns
+			// in order, the notes carried across them…
+			notes := srv.cli("session", "create", "notes")
+			srv.cli("signal", "send", "notes", notes, "note buy milk")
+			srv.cli("signal", "send", "notes", notes, "note call mum")
+			waitUntil(t, "two notes turns", 30*time.Second, func() bool { return len(srv.transcript("notes", notes)) == 2 })
+
+			// …with a kill -9 between signals.
+			srv.kill9()
+			srv = startServer(t, cfg, addr)
+			srv.cli("signal", "send", "notes", notes, "list")
+			waitUntil(t, "the third notes turn", 30*time.Second, func() bool { return len(srv.transcript("notes", notes)) == 3 })
+			text := srv.cli("transcript", "notes", notes)
+			for _, want := range []string{"note buy milk", "note call mum", "buy milk", "call mum"} {
+				if !strings.Contains(text, want) {
+					t.Errorf("transcript lacks %q:\n%s", want, text)
+				}
+			}
+			last := srv.transcript("notes", notes)[2]
+			reply := last.Messages[len(last.Messages)-1].Content
+			if !strings.Contains(reply, "buy milk") || !strings.Contains(reply, "call mum") {
+				t.Errorf("list after restart = %q: the state did not survive kill -9", reply)
+			}
+
+			// A kill -9 in the middle of a turn: the slow turn and the one
+			// queued behind it are both committed exactly once, in order.
+			f := srv.cli("session", "create", "faulty")
+			srv.cli("signal", "send", "faulty", f, "sleep 1500")
+			srv.cli("signal", "send", "faulty", f, "after", "--idempotency-key", "after-1")
+			waitUntil(t, "the slow turn to start", 30*time.Second, func() bool { return srv.events("faulty", f)[0].Binding != "" })
+			time.Sleep(200 * time.Millisecond) // well inside the 1.5 s turn
+			srv.kill9()
+			srv = startServer(t, cfg, addr)
+			// The client retries its signal after the crash: the idempotency
+			// key returns the first event.
+			out := srv.cli("signal", "send", "faulty", f, "after", "--idempotency-key", "after-1")
+			if !strings.Contains(out, "already accepted") {
+				t.Errorf("re-sent signal: %q, want the first event back", out)
+			}
+			waitUntil(t, "both faulty turns after the restart", 60*time.Second, func() bool { return len(srv.transcript("faulty", f)) == 2 })
+			turns := srv.transcript("faulty", f)
+			evs := srv.events("faulty", f)
+			if len(evs) != 2 {
+				t.Fatalf("%d events, want 2", len(evs))
+			}
+			if turns[0].EventID != evs[0].ID || turns[1].EventID != evs[1].ID {
+				t.Errorf("turns handle events %d, %d; want %d, %d in acceptance order", turns[0].EventID, turns[1].EventID, evs[0].ID, evs[1].ID)
+			}
+			for _, e := range evs {
+				if e.Status != "done" {
+					t.Errorf("event %d is %s, want done", e.ID, e.Status)
+				}
+			}
+			if evs[0].Attempts != 1 {
+				t.Errorf("the interrupted event counts %d failed attempts, want 1 (its lease expired mid-turn)", evs[0].Attempts)
+			}
+			if got := turns[0].Messages[len(turns[0].Messages)-1].Content; !strings.Contains(got, "slept") && !strings.Contains(got, "1500") {
+				t.Logf("slow turn reply: %q", got)
+			}
+		})
+	}
+}

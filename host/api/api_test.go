@@ -1,0 +1,285 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/paddock-dev/paddock/host"
+	"github.com/paddock-dev/paddock/host/api"
+	"github.com/paddock-dev/paddock/host/runner"
+	"github.com/paddock-dev/paddock/store"
+	"github.com/paddock-dev/paddock/store/pgtest"
+	"github.com/paddock-dev/paddock/store/postgres"
+	"github.com/paddock-dev/paddock/store/sqlite"
+	"github.com/paddock-dev/paddock/wasm"
+	"github.com/paddock-dev/paddock/wasm/wasmtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var (
+	rtOnce sync.Once
+	rt     *wasm.Runtime
+	rtErr  error
+)
+
+// runtime returns one wasm runtime shared by the tests of this binary.
+func runtime(t *testing.T) *wasm.Runtime {
+	rtOnce.Do(func() {
+		rt, rtErr = wasm.New(context.Background(), wasm.Config{
+			CacheDir: filepath.Join(os.TempDir(), "paddock-api-test-cache"), MemoryLimitPages: 1024, TurnTimeout: 10 * time.Second,
+		}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	})
+	if rtErr != nil {
+		t.Fatal(rtErr)
+	}
+	return rt
+}
+
+type env struct {
+	t   *testing.T
+	st  store.Store
+	url string
+}
+
+func newEnv(t *testing.T, driver, token string) *env {
+	t.Helper()
+	var st store.Store
+	var err error
+	if driver == "postgres" {
+		st, err = postgres.Open(context.Background(), pgtest.DSN(t))
+	} else {
+		st, err = sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "p.db"))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	wr := runner.NewWasm(runtime(t), st)
+	pol := host.DefaultPolicy()
+	pol.IdleTimeout, pol.ScanInterval, pol.LeaseTTL = time.Second, 100*time.Millisecond, 3*time.Second
+	h, err := host.New(host.Options{Store: st, Runner: wr, Policy: pol, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = h.Run(ctx); close(done) }()
+	srv := httptest.NewServer(api.New(api.Options{
+		Host: h, Modules: wr, AuthToken: token, MaxBodyBytes: 4096, MaxModuleBytes: 32 << 20,
+		DefaultCrashPolicy: store.CrashRestart, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}))
+	t.Cleanup(func() { srv.Close(); cancel(); <-done })
+	return &env{t: t, st: st, url: srv.URL}
+}
+
+// do sends a request and returns the status and decoded JSON body.
+func (e *env) do(method, path, contentType string, body []byte, hdr ...string) (int, map[string]any) {
+	e.t.Helper()
+	req, err := http.NewRequest(method, e.url+path, bytes.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	raw, _ := io.ReadAll(resp.Body)
+	if len(raw) > 0 && strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		if err := json.Unmarshal(raw, &out); err != nil {
+			e.t.Fatalf("%s %s: response is not JSON: %s", method, path, raw)
+		}
+	}
+	return resp.StatusCode, out
+}
+
+func (e *env) json(method, path, body string) (int, map[string]any) {
+	return e.do(method, path, "application/json", []byte(body))
+}
+
+// errorOf returns the error object of a response.
+func errorOf(body map[string]any) (code, field, msg string) {
+	eo, _ := body["error"].(map[string]any)
+	code, _ = eo["code"].(string)
+	field, _ = eo["field"].(string)
+	msg, _ = eo["message"].(string)
+	return
+}
+
+// setup uploads the notes example and registers agent "notes".
+func (e *env) setup() {
+	e.t.Helper()
+	_, b := wasmtest.BuildExample(e.t, wasmtest.Notes)
+	code, m := e.do("POST", "/v1/modules", "application/wasm", b)
+	if code != 201 {
+		e.t.Fatalf("upload: %d %v", code, m)
+	}
+	code, m = e.json("POST", "/v1/agents", fmt.Sprintf(`{"name":"notes","module":%q}`, m["digest"]))
+	if code != 201 {
+		e.t.Fatalf("create agent: %d %v", code, m)
+	}
+}
+
+func eachDriver(t *testing.T, f func(t *testing.T, driver string)) {
+	t.Parallel()
+	for _, d := range []string{"sqlite", "postgres"} {
+		t.Run(d, func(t *testing.T) {
+			t.Parallel()
+			f(t, d)
+		})
+	}
+}
+
+func TestWalkthroughThreeSignalsGiveThreeTurnsInOrder(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver, "")
+		e.setup()
+		code, s := e.json("POST", "/v1/agents/notes/sessions", `{}`)
+		if code != 201 || s["crash_policy"] != "restart" || s["status"] != "active" {
+			t.Fatalf("create session: %d %v", code, s)
+		}
+		id := s["session_id"].(string)
+		base := "/v1/agents/notes/sessions/" + id
+		for _, m := range []string{"note buy milk", "note call mum", "list"} {
+			if code, r := e.json("POST", base+"/signals", fmt.Sprintf(`{"message":%q}`, m)); code != 202 || r["created"] != true {
+				t.Fatalf("signal %q: %d %v", m, code, r)
+			}
+		}
+		var turns []any
+		deadline := time.Now().Add(30 * time.Second)
+		after := 0
+		for len(turns) < 3 && time.Now().Before(deadline) {
+			_, tr := e.json("GET", fmt.Sprintf("%s/transcript?after=%d&wait=5s", base, after), "")
+			got, _ := tr["turns"].([]any)
+			turns = append(turns, got...)
+			after = int(tr["next_after"].(float64))
+		}
+		if len(turns) != 3 {
+			t.Fatalf("got %d turns, want 3", len(turns))
+		}
+		last := turns[2].(map[string]any)["messages"].([]any)
+		reply := last[len(last)-1].(map[string]any)["content"].(string)
+		if !strings.Contains(reply, "buy milk") || !strings.Contains(reply, "call mum") {
+			t.Errorf("list reply %q does not carry both notes across turns", reply)
+		}
+		_, s = e.json("GET", base, "")
+		if s["turn_count"] != float64(3) || s["event_count"] != float64(3) || s["open_events"] != float64(0) {
+			t.Errorf("session counters: %v", s)
+		}
+	})
+}
+
+func TestBadInputGetsA4xxNamingTheProblemAndWritesNothing(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver, "")
+		e.setup()
+		_, s := e.json("POST", "/v1/agents/notes/sessions", `{}`)
+		sig := "/v1/agents/notes/sessions/" + s["session_id"].(string) + "/signals"
+
+		cases := []struct {
+			name              string
+			method, path, ct  string
+			body              []byte
+			status            int
+			code, field, text string
+		}{
+			{"non-wasm upload", "POST", "/v1/modules", "application/wasm", []byte("#!/bin/sh\necho hi\n"), 400, "invalid_module", "", "wasm"},
+			{"wasm without our exports", "POST", "/v1/modules", "application/wasm", []byte("\x00asm\x01\x00\x00\x00"), 400, "invalid_module", "", "paddock_turn"},
+			{"signal to an unknown session", "POST", "/v1/agents/notes/sessions/nope/signals", "application/json", []byte(`{"message":"hi"}`), 404, "session_not_found", "session", "nope"},
+			{"signal to an unknown agent", "POST", "/v1/agents/nobody/sessions/x/signals", "application/json", []byte(`{"message":"hi"}`), 404, "agent_not_found", "agent", "nobody"},
+			{"malformed JSON", "POST", sig, "application/json", []byte(`{"message": "hi"`), 400, "malformed_json", "", "JSON"},
+			{"unknown field", "POST", sig, "application/json", []byte(`{"message":"hi","mesage":"typo"}`), 400, "unknown_field", "mesage", "mesage"},
+			{"wrong type", "POST", sig, "application/json", []byte(`{"message":42}`), 400, "invalid_field", "message", "message"},
+			{"oversized body", "POST", sig, "application/json", []byte(`{"message":"` + strings.Repeat("x", 5000) + `"}`), 413, "body_too_large", "", "4096"},
+			{"empty message", "POST", sig, "application/json", []byte(`{}`), 400, "missing_field", "message", "message"},
+			{"two JSON values", "POST", sig, "application/json", []byte(`{"message":"a"}{"message":"b"}`), 400, "malformed_json", "", "more than one"},
+			{"unknown module digest", "POST", "/v1/agents", "application/json", []byte(`{"name":"x","module":"sha256:00"}`), 400, "unknown_module", "module", "sha256:00"},
+			{"bad agent name", "POST", "/v1/agents", "application/json", []byte(`{"name":"Bad Name","module":"sha256:00"}`), 400, "invalid_field", "name", "Bad Name"},
+			{"bad crash policy", "POST", "/v1/agents/notes/sessions", "application/json", []byte(`{"crash_policy":"reboot"}`), 400, "invalid_field", "crash_policy", "reboot"},
+			{"get-or-create without key", "PUT", "/v1/agents/notes/sessions", "application/json", []byte(`{}`), 400, "missing_field", "key", "key"},
+			{"bad limit", "GET", "/v1/agents/notes/sessions?limit=0", "", nil, 400, "invalid_parameter", "limit", "limit"},
+			{"unknown route", "GET", "/v1/nothing", "", nil, 404, "route_not_found", "", "/v1/nothing"},
+		}
+		for _, c := range cases {
+			status, body := e.do(c.method, c.path, c.ct, c.body)
+			code, field, msg := errorOf(body)
+			if status != c.status || code != c.code || field != c.field || !strings.Contains(msg, c.text) {
+				t.Errorf("%s: got %d %s field=%q %q; want %d %s field=%q mentioning %q", c.name, status, code, field, msg, c.status, c.code, c.field, c.text)
+			}
+		}
+		// Nothing was written by any of them.
+		mods, _ := e.st.ListModules(context.Background())
+		if len(mods) != 1 {
+			t.Errorf("%d modules stored, want only the notes example", len(mods))
+		}
+		_, got := e.json("GET", "/v1/agents/notes/sessions/"+s["session_id"].(string), "")
+		if got["event_count"] != float64(0) {
+			t.Errorf("event_count = %v after rejected signals, want 0", got["event_count"])
+		}
+		_, list := e.json("GET", "/v1/agents/notes/sessions", "")
+		if n := len(list["sessions"].([]any)); n != 1 {
+			t.Errorf("%d sessions, want 1", n)
+		}
+	})
+}
+
+func TestGetOrCreateAndIdempotentSignals(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver, "")
+		e.setup()
+		c1, s1 := e.json("PUT", "/v1/agents/notes/sessions", `{"key":"user-42","crash_policy":"sleep"}`)
+		c2, s2 := e.json("PUT", "/v1/agents/notes/sessions", `{"key":"user-42"}`)
+		if c1 != 201 || c2 != 200 || s1["session_id"] != s2["session_id"] || s1["created"] != true || s2["created"] != false {
+			t.Fatalf("get-or-create: %d %v / %d %v", c1, s1, c2, s2)
+		}
+		if s2["crash_policy"] != "sleep" {
+			t.Errorf("effective crash policy echoed = %v, want the stored sleep", s2["crash_policy"])
+		}
+		if c, b := e.json("POST", "/v1/agents/notes/sessions", `{"key":"user-42"}`); c != 409 {
+			t.Errorf("POST with a taken key: %d %v, want 409", c, b)
+		}
+		sig := "/v1/agents/notes/sessions/" + s1["session_id"].(string) + "/signals"
+		_, a := e.json("POST", sig, `{"message":"note x","idempotency_key":"k1"}`)
+		_, b := e.json("POST", sig, `{"message":"note x","idempotency_key":"k1"}`)
+		if a["event_id"] != b["event_id"] || b["created"] != false {
+			t.Errorf("re-sent signal: %v then %v; want the first event back", a, b)
+		}
+	})
+}
+
+func TestNonLoopbackAPIRequiresTheBearerToken(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "sqlite", "s3cret")
+	if c, b := e.do("GET", "/v1/agents", "", nil); c != 401 {
+		t.Errorf("no token: %d %v, want 401", c, b)
+	}
+	if c, b := e.do("GET", "/v1/agents", "", nil, "Authorization", "Bearer wrong"); c != 401 {
+		t.Errorf("wrong token: %d %v, want 401", c, b)
+	}
+	if c, b := e.do("GET", "/v1/agents", "", nil, "Authorization", "Bearer s3cret"); c != 200 {
+		t.Errorf("right token: %d %v, want 200", c, b)
+	}
+	if c, _ := e.do("GET", "/healthz", "", nil); c != 200 {
+		t.Errorf("healthz needs no token: %d", c)
+	}
+}
