@@ -1,0 +1,282 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paddock-dev/paddock/store"
+)
+
+// Last errors the watchdog records on an event whose activation's lease
+// expired.
+const (
+	errLeaseLostSent    = "lease expired: host lost while the turn ran"
+	errLeaseLostCreated = "lease expired: host lost before the turn was sent"
+)
+
+// ClaimActivation starts a new activation for the key (epoch = session epoch
+// + 1); a live one present returns ErrActivationLive. See store.Store.
+//
+// Invariant 1 is decided by the partial unique index activations_live: the
+// INSERT names it as its ON CONFLICT arbiter, so a concurrent claim that
+// lost waits for the winner's commit and then inserts nothing; the
+// transaction, epoch bump included, is rolled back. The first SELECT is only
+// a fast path (and keeps a claim from queueing on the session row behind a
+// commit of the live activation): it takes no lock.
+func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationParams) (store.Activation, error) {
+	key := p.Key
+	a := store.Activation{UID: p.UID, ActorKey: key, LeaseID: p.LeaseID, State: store.ActivationActive, HostID: p.HostID}
+	err := s.tx(ctx, "claim activation", func(ctx context.Context, tx pgx.Tx) error {
+		var status store.SessionStatus
+		var live bool
+		err := tx.QueryRow(ctx, `
+			SELECT s.status, EXISTS (SELECT 1 FROM activations a
+				WHERE a.agent_uid = s.agent_uid AND a.session_id = s.session_id AND a.state IN `+liveStates+`)
+			FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`,
+			key.AgentUID, key.SessionID).Scan(&status, &live)
+		switch {
+		case err != nil:
+			return fmt.Errorf("session %s: %w", key, notFound(err))
+		case status == store.SessionDestroyed:
+			return fmt.Errorf("session %s: %w", key, store.ErrSessionDestroyed)
+		case live:
+			return fmt.Errorf("session %s: %w", key, store.ErrActivationLive)
+		}
+		err = tx.QueryRow(ctx, `
+			UPDATE sessions SET actor_epoch = actor_epoch + 1
+			WHERE agent_uid = $1 AND session_id = $2 AND status <> 'destroyed'
+			RETURNING actor_epoch`, key.AgentUID, key.SessionID).Scan(&a.ActorEpoch)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("session %s: %w", key, store.ErrSessionDestroyed)
+		}
+		if err != nil {
+			return err
+		}
+		err = tx.QueryRow(ctx, `
+			INSERT INTO activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id,
+				lease_expires_at, revision, state, host_id)
+			VALUES ($1, $2, $3, $4, $5, clock_timestamp() + $6 * interval '1 microsecond', 0, 'active', $7)
+			ON CONFLICT (agent_uid, session_id) WHERE state IN `+liveStates+` DO NOTHING
+			RETURNING lease_expires_at`,
+			p.UID, key.AgentUID, key.SessionID, a.ActorEpoch, p.LeaseID, micros(p.LeaseTTL), p.HostID,
+		).Scan(&a.LeaseExpiresAt)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return fmt.Errorf("session %s: %w", key, store.ErrActivationLive)
+		case pgCode(err) == codeUniqueViolation:
+			return fmt.Errorf("activation %s: %w", p.UID, store.ErrConflict)
+		case err != nil:
+			return err
+		}
+		a.LeaseExpiresAt = utc(a.LeaseExpiresAt)
+		return nil
+	})
+	if err != nil {
+		return store.Activation{}, err
+	}
+	return a, nil
+}
+
+// RenewLeases extends, in one statement, the leases of the given live,
+// unexpired activations held by p.HostID; see store.Store.
+func (s *Store) RenewLeases(ctx context.Context, p store.RenewLeasesParams) ([]store.ActivationRef, error) {
+	if len(p.Refs) == 0 {
+		return nil, nil
+	}
+	n := len(p.Refs)
+	uids, agents, sessions, leases := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	epochs := make([]int64, n)
+	for i, r := range p.Refs {
+		uids[i], agents[i], sessions[i], epochs[i], leases[i] = r.UID, r.AgentUID, r.SessionID, r.ActorEpoch, r.LeaseID
+	}
+	var out []store.ActivationRef
+	// One statement, autocommit. It locks only the rows it renews; the
+	// turn paths lock one activation row each, so there is no lock cycle
+	// with them.
+	err := s.call(ctx, "renew leases", func(ctx context.Context) error {
+		rows, err := s.pool.Query(ctx, `
+			UPDATE activations a SET lease_expires_at = clock_timestamp() + $6 * interval '1 microsecond'
+			FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[])
+				AS r(activation_uid, agent_uid, session_id, actor_epoch, lease_id)
+			WHERE a.activation_uid = r.activation_uid AND a.agent_uid = r.agent_uid
+			  AND a.session_id = r.session_id AND a.actor_epoch = r.actor_epoch AND a.lease_id = r.lease_id
+			  AND a.host_id = $7 AND a.state IN `+liveStates+` AND a.lease_expires_at > clock_timestamp()
+			RETURNING a.activation_uid, a.agent_uid, a.session_id, a.actor_epoch, a.lease_id`,
+			uids, agents, sessions, epochs, leases, micros(p.LeaseTTL), p.HostID)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, scanRef)
+		return err
+	})
+	return out, err
+}
+
+func scanRef(r pgx.CollectableRow) (store.ActivationRef, error) {
+	var ref store.ActivationRef
+	err := r.Scan(&ref.UID, &ref.AgentUID, &ref.SessionID, &ref.ActorEpoch, &ref.LeaseID)
+	return ref, err
+}
+
+// StopActivation ends a live activation that has no current event
+// (compare-and-set), or returns ErrNotLive.
+func (s *Store) StopActivation(ctx context.Context, ref store.ActivationRef) error {
+	return s.call(ctx, "stop activation", func(ctx context.Context) error {
+		tag, err := s.pool.Exec(ctx, `
+			UPDATE activations SET state = 'stopped', ended_at = clock_timestamp(), end_reason = 'stopped'
+			WHERE activation_uid = $1 AND agent_uid = $2 AND session_id = $3 AND actor_epoch = $4
+			  AND lease_id = $5 AND state IN `+liveStates+` AND current_event_id IS NULL`,
+			ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("activation %s of %s at epoch %d: %w", ref.UID, ref.ActorKey, ref.ActorEpoch, store.ErrNotLive)
+		}
+		return nil
+	})
+}
+
+// ExpiredActivations lists live activations whose lease expired by the
+// database clock, longest expired first.
+func (s *Store) ExpiredActivations(ctx context.Context, limit int) ([]store.ActivationRef, error) {
+	var out []store.ActivationRef
+	err := s.call(ctx, "expired activations", func(ctx context.Context) error {
+		rows, err := s.pool.Query(ctx, `
+			SELECT activation_uid, agent_uid, session_id, actor_epoch, lease_id FROM activations
+			WHERE state IN `+liveStates+` AND lease_expires_at <= clock_timestamp()
+			ORDER BY lease_expires_at LIMIT $1`, pageLimit(limit))
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, scanRef)
+		return err
+	})
+	return out, err
+}
+
+// ExpireActivation is the watchdog's write: compare-and-set on ref with the
+// lease expired; see store.Store. The UPDATE takes the activation's row
+// lock, so it serialises with a commit of the same activation: whichever
+// comes second sees the other's outcome.
+func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationParams) (store.FailResult, error) {
+	ref := p.Ref
+	var fr store.FailResult
+	err := s.tx(ctx, "expire activation", func(ctx context.Context, tx pgx.Tx) error {
+		fr = store.FailResult{}
+		var current *int64
+		err := tx.QueryRow(ctx, `
+			UPDATE activations a SET state = 'failed', ended_at = clock_timestamp(), end_reason = 'lease expired',
+				current_event_id = NULL
+			FROM (SELECT activation_uid, current_event_id FROM activations
+				WHERE activation_uid = $1 AND agent_uid = $2 AND session_id = $3 AND actor_epoch = $4
+				  AND lease_id = $5 AND state IN `+liveStates+` AND lease_expires_at <= clock_timestamp()
+				FOR UPDATE) old
+			WHERE a.activation_uid = old.activation_uid
+			RETURNING old.current_event_id`,
+			ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID).Scan(&current)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("activation %s of %s at epoch %d: %w", ref.UID, ref.ActorKey, ref.ActorEpoch, store.ErrNotLive)
+		}
+		if err != nil || current == nil {
+			return err
+		}
+		fr.EventID = *current
+		// The current event's delivery: sent means a worker had the turn.
+		var state store.DeliveryState
+		err = tx.QueryRow(ctx, `
+			UPDATE deliveries
+			SET state = CASE state WHEN 'sent' THEN 'superseded' ELSE 'send_failed' END,
+			    closed_at = clock_timestamp(), error = 'lease expired'
+			WHERE activation_uid = $1 AND agent_uid = $2 AND session_id = $3 AND event_id = $4
+			  AND state IN ('created', 'sent')
+			RETURNING state`, ref.UID, ref.AgentUID, ref.SessionID, *current).Scan(&state)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // no delivery in flight: nothing to count
+		}
+		if err != nil {
+			return err
+		}
+		counted := state == store.DeliverySuperseded
+		backoff, msg := p.Backoff, errLeaseLostSent
+		if !counted {
+			backoff, msg = 0, errLeaseLostCreated
+		}
+		fr, err = failEvent(ctx, tx, ref.ActorKey, *current, counted, msg, backoff, p.MaxAttempts)
+		return err
+	})
+	if err != nil {
+		return store.FailResult{}, err
+	}
+	return fr, nil
+}
+
+// failEvent records a failed attempt on an open event: attempts+1 when
+// counted, last_error, next_attempt_at = DB now + backoff, and dead_letter
+// (closed) once a counted attempt reaches maxAttempts (> 0). An event no
+// longer open is left alone.
+func failEvent(ctx context.Context, tx pgx.Tx, key store.ActorKey, eventID int64, counted bool, msg string,
+	backoff time.Duration, maxAttempts int) (store.FailResult, error) {
+	fr := store.FailResult{EventID: eventID}
+	inc := 0
+	if counted {
+		inc = 1
+	}
+	var status store.EventStatus
+	err := tx.QueryRow(ctx, `
+		WITH now AS (SELECT clock_timestamp() AS t)
+		UPDATE actor_events e
+		SET attempts = e.attempts + $1,
+		    last_error = $2,
+		    next_attempt_at = now.t + $3 * interval '1 microsecond',
+		    status = CASE WHEN $1 = 1 AND $4 > 0 AND e.attempts + 1 >= $4 THEN 'dead_letter' ELSE e.status END,
+		    closed_at = CASE WHEN $1 = 1 AND $4 > 0 AND e.attempts + 1 >= $4 THEN now.t ELSE e.closed_at END
+		FROM now
+		WHERE e.event_id = $5 AND e.agent_uid = $6 AND e.session_id = $7 AND e.status = 'open'
+		RETURNING e.attempts, e.status, e.next_attempt_at`,
+		inc, msg, micros(backoff), maxAttempts, eventID, key.AgentUID, key.SessionID,
+	).Scan(&fr.Attempts, &status, &fr.NextAttemptAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.FailResult{EventID: eventID}, nil
+	}
+	if err != nil {
+		return fr, err
+	}
+	fr.DeadLettered = status == store.EventDeadLetter
+	fr.NextAttemptAt = utc(fr.NextAttemptAt)
+	return fr, nil
+}
+
+// RunnableSessions lists active sessions whose oldest open event is due (DB
+// clock) and that have no live activation, oldest due first. It walks the
+// open-events index, so idle sessions cost nothing.
+func (s *Store) RunnableSessions(ctx context.Context, limit int) ([]store.ActorKey, error) {
+	var out []store.ActorKey
+	err := s.call(ctx, "runnable sessions", func(ctx context.Context) error {
+		rows, err := s.pool.Query(ctx, `
+			SELECT o.agent_uid, o.session_id
+			FROM (SELECT DISTINCT ON (agent_uid, session_id) agent_uid, session_id, event_id, next_attempt_at
+				FROM actor_events WHERE status = 'open'
+				ORDER BY agent_uid, session_id, seq) o
+			JOIN sessions s ON s.agent_uid = o.agent_uid AND s.session_id = o.session_id
+			WHERE s.status = 'active' AND o.next_attempt_at <= clock_timestamp()
+			  AND NOT EXISTS (SELECT 1 FROM activations a
+				WHERE a.agent_uid = o.agent_uid AND a.session_id = o.session_id AND a.state IN `+liveStates+`)
+			ORDER BY o.next_attempt_at, o.event_id
+			LIMIT $1`, pageLimit(limit))
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.ActorKey, error) {
+			var k store.ActorKey
+			err := r.Scan(&k.AgentUID, &k.SessionID)
+			return k, err
+		})
+		return err
+	})
+	return out, err
+}

@@ -1,0 +1,263 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paddock-dev/paddock/store"
+)
+
+// querier is a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// PutModule stores a module by digest; created is false when it existed.
+func (s *Store) PutModule(ctx context.Context, p store.PutModuleParams) (store.Module, bool, error) {
+	m := store.Module{Digest: p.Digest, ABIVersion: p.ABIVersion, Size: int64(len(p.Bytes)), Bytes: p.Bytes}
+	created := false
+	err := s.call(ctx, "put module", func(ctx context.Context) error {
+		err := s.pool.QueryRow(ctx, `
+			INSERT INTO modules (digest, abi_version, size, bytes) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (digest) DO NOTHING
+			RETURNING created_at`, p.Digest, p.ABIVersion, m.Size, p.Bytes).Scan(&m.CreatedAt)
+		if err == nil {
+			created = true
+			m.CreatedAt = utc(m.CreatedAt)
+			return nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		// The digest exists: content-addressed, so the bytes are the same.
+		err = s.pool.QueryRow(ctx, `SELECT abi_version, size, created_at FROM modules WHERE digest = $1`,
+			p.Digest).Scan(&m.ABIVersion, &m.Size, &m.CreatedAt)
+		m.CreatedAt = utc(m.CreatedAt)
+		return err
+	})
+	if err != nil {
+		return store.Module{}, false, err
+	}
+	return m, created, nil
+}
+
+// GetModule returns the module with its bytes, or ErrNotFound.
+func (s *Store) GetModule(ctx context.Context, digest string) (store.Module, error) {
+	var m store.Module
+	err := s.call(ctx, "get module", func(ctx context.Context) error {
+		err := s.pool.QueryRow(ctx, `
+			SELECT digest, abi_version, size, bytes, created_at FROM modules WHERE digest = $1`, digest).Scan(
+			&m.Digest, &m.ABIVersion, &m.Size, &m.Bytes, &m.CreatedAt)
+		if err != nil {
+			return fmt.Errorf("module %s: %w", digest, notFound(err))
+		}
+		m.CreatedAt = utc(m.CreatedAt)
+		return nil
+	})
+	return m, err
+}
+
+// ListModules returns every module without bytes, newest first.
+func (s *Store) ListModules(ctx context.Context) ([]store.Module, error) {
+	var out []store.Module
+	err := s.call(ctx, "list modules", func(ctx context.Context) error {
+		rows, err := s.pool.Query(ctx, `
+			SELECT digest, abi_version, size, created_at FROM modules ORDER BY created_at DESC, digest`)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Module, error) {
+			var m store.Module
+			err := r.Scan(&m.Digest, &m.ABIVersion, &m.Size, &m.CreatedAt)
+			m.CreatedAt = utc(m.CreatedAt)
+			return m, err
+		})
+		return err
+	})
+	return out, err
+}
+
+const agentCols = `agent_uid, name, module_digest, crash_policy, created_at, updated_at`
+
+func scanAgent(row pgx.Row) (store.Agent, error) {
+	var a store.Agent
+	err := row.Scan(&a.UID, &a.Name, &a.ModuleDigest, &a.CrashPolicy, &a.CreatedAt, &a.UpdatedAt)
+	a.CreatedAt, a.UpdatedAt = utc(a.CreatedAt), utc(a.UpdatedAt)
+	return a, err
+}
+
+// CreateAgent registers an agent; a taken name returns ErrConflict unless
+// p.Upsert (then binding and policy are updated), an unknown module
+// ErrNotFound.
+func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (store.Agent, error) {
+	if !p.CrashPolicy.Valid() {
+		return store.Agent{}, fmt.Errorf("store/postgres: create agent: invalid crash policy %q", p.CrashPolicy)
+	}
+	var a store.Agent
+	err := s.call(ctx, "create agent", func(ctx context.Context) error {
+		conflict := `DO NOTHING`
+		if p.Upsert {
+			conflict = `DO UPDATE SET module_digest = excluded.module_digest, crash_policy = excluded.crash_policy,
+				updated_at = clock_timestamp()`
+		}
+		var err error
+		a, err = scanAgent(s.pool.QueryRow(ctx, `
+			INSERT INTO agents (agent_uid, name, module_digest, crash_policy) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (name) `+conflict+`
+			RETURNING `+agentCols, p.UID, p.Name, p.ModuleDigest, p.CrashPolicy))
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, pgx.ErrNoRows):
+			return fmt.Errorf("agent name %q: %w", p.Name, store.ErrConflict)
+		case pgCode(err) == codeForeignKeyViolation:
+			return fmt.Errorf("module %s: %w", p.ModuleDigest, store.ErrNotFound)
+		case pgCode(err) == codeUniqueViolation:
+			return fmt.Errorf("agent uid %s: %w", p.UID, store.ErrConflict)
+		}
+		return err
+	})
+	return a, err
+}
+
+// GetAgent finds an agent by uid or name (a uid match wins), or returns
+// ErrNotFound.
+func (s *Store) GetAgent(ctx context.Context, nameOrUID string) (store.Agent, error) {
+	var a store.Agent
+	err := s.call(ctx, "get agent", func(ctx context.Context) error {
+		var err error
+		a, err = scanAgent(s.pool.QueryRow(ctx, `
+			SELECT `+agentCols+` FROM agents WHERE agent_uid = $1 OR name = $1
+			ORDER BY agent_uid = $1 DESC LIMIT 1`, nameOrUID))
+		if err != nil {
+			return fmt.Errorf("agent %q: %w", nameOrUID, notFound(err))
+		}
+		return nil
+	})
+	return a, err
+}
+
+// ListAgents returns every agent by name.
+func (s *Store) ListAgents(ctx context.Context) ([]store.Agent, error) {
+	var out []store.Agent
+	err := s.call(ctx, "list agents", func(ctx context.Context) error {
+		rows, err := s.pool.Query(ctx, `SELECT `+agentCols+` FROM agents ORDER BY name`)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Agent, error) { return scanAgent(r) })
+		return err
+	})
+	return out, err
+}
+
+// sessionCols selects a session with its counters; the table alias is s.
+const sessionCols = `s.agent_uid, s.session_id, coalesce(s.key, ''), s.input, s.status, s.crash_policy,
+	s.actor_epoch, s.created_at, s.sleep_ts, s.destroy_ts, s.turn_count, s.last_event_seq,
+	(SELECT count(*) FROM actor_events e
+	  WHERE e.agent_uid = s.agent_uid AND e.session_id = s.session_id AND e.status = 'open')`
+
+func scanSession(row pgx.Row) (store.Session, error) {
+	var ss store.Session
+	var sleepTS, destroyTS *time.Time
+	err := row.Scan(&ss.AgentUID, &ss.SessionID, &ss.Key, &ss.Input, &ss.Status, &ss.CrashPolicy,
+		&ss.ActorEpoch, &ss.CreatedAt, &sleepTS, &destroyTS, &ss.TurnCount, &ss.EventCount, &ss.OpenEvents)
+	ss.CreatedAt = utc(ss.CreatedAt)
+	ss.SleepTS, ss.DestroyTS = utcPtr(sleepTS), utcPtr(destroyTS)
+	ss.Input = nilIfEmpty(ss.Input)
+	return ss, err
+}
+
+func getSession(ctx context.Context, q querier, key store.ActorKey) (store.Session, error) {
+	ss, err := scanSession(q.QueryRow(ctx, `SELECT `+sessionCols+` FROM sessions s
+		WHERE s.agent_uid = $1 AND s.session_id = $2`, key.AgentUID, key.SessionID))
+	if err != nil {
+		return ss, fmt.Errorf("session %s: %w", key, notFound(err))
+	}
+	return ss, nil
+}
+
+// CreateSession creates a session; see store.Store. An empty CrashPolicy
+// takes the agent's. A taken key is decided by the partial unique index
+// sessions_key (ON CONFLICT ... WHERE key IS NOT NULL DO NOTHING), which
+// makes get-or-create race-safe: the loser waits for the winner's commit and
+// then reads its row.
+func (s *Store) CreateSession(ctx context.Context, p store.CreateSessionParams) (store.Session, bool, error) {
+	if p.CrashPolicy != "" && !p.CrashPolicy.Valid() {
+		return store.Session{}, false, fmt.Errorf("store/postgres: create session: invalid crash policy %q", p.CrashPolicy)
+	}
+	key := store.ActorKey{AgentUID: p.AgentUID, SessionID: p.SessionID}
+	var ss store.Session
+	var created bool
+	err := s.call(ctx, "create session", func(ctx context.Context) error {
+		// Each statement runs on its own (no transaction): an INSERT that
+		// fails must not abort what follows.
+		var err error
+		ss, err = scanSession(s.pool.QueryRow(ctx, `
+			WITH ins AS (
+				INSERT INTO sessions (agent_uid, session_id, key, input, crash_policy)
+				SELECT a.agent_uid, $2, $3, $4, coalesce(nullif($5, ''), a.crash_policy)
+				FROM agents a WHERE a.agent_uid = $1
+				ON CONFLICT (agent_uid, key) WHERE key IS NOT NULL DO NOTHING
+				RETURNING *)
+			SELECT s.agent_uid, s.session_id, coalesce(s.key, ''), s.input, s.status, s.crash_policy,
+				s.actor_epoch, s.created_at, s.sleep_ts, s.destroy_ts, s.turn_count, s.last_event_seq, 0::bigint
+			FROM ins s`,
+			p.AgentUID, p.SessionID, nullString(p.Key), nilIfEmpty(p.Input), string(p.CrashPolicy)))
+		switch {
+		case err == nil:
+			created = true
+			return nil
+		case pgCode(err) == codeUniqueViolation:
+			return fmt.Errorf("session %s: %w", key, store.ErrConflict)
+		case !errors.Is(err, pgx.ErrNoRows):
+			return err
+		}
+		// Nothing inserted: an unknown agent, or the key is taken.
+		var one int
+		if err := s.pool.QueryRow(ctx, `SELECT 1 FROM agents WHERE agent_uid = $1`, p.AgentUID).Scan(&one); err != nil {
+			return fmt.Errorf("agent %s: %w", p.AgentUID, notFound(err))
+		}
+		if !p.GetOrCreate {
+			return fmt.Errorf("session key %q: %w", p.Key, store.ErrConflict)
+		}
+		ss, err = scanSession(s.pool.QueryRow(ctx, `SELECT `+sessionCols+` FROM sessions s
+			WHERE s.agent_uid = $1 AND s.key = $2`, p.AgentUID, p.Key))
+		return err
+	})
+	if err != nil {
+		return store.Session{}, false, err
+	}
+	return ss, created, nil
+}
+
+// GetSession returns the session with its counters, or ErrNotFound.
+func (s *Store) GetSession(ctx context.Context, key store.ActorKey) (store.Session, error) {
+	var ss store.Session
+	err := s.call(ctx, "get session", func(ctx context.Context) (err error) {
+		ss, err = getSession(ctx, s.pool, key)
+		return err
+	})
+	return ss, err
+}
+
+// ListSessions pages an agent's sessions by session id.
+func (s *Store) ListSessions(ctx context.Context, p store.ListSessionsParams) ([]store.Session, error) {
+	var out []store.Session
+	err := s.call(ctx, "list sessions", func(ctx context.Context) error {
+		rows, err := s.pool.Query(ctx, `SELECT `+sessionCols+` FROM sessions s
+			WHERE s.agent_uid = $1 AND s.session_id > $2
+			ORDER BY s.session_id LIMIT $3`, p.AgentUID, p.After, pageLimit(p.Limit))
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Session, error) { return scanSession(r) })
+		return err
+	})
+	return out, err
+}

@@ -1,0 +1,455 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/store"
+)
+
+// NextDelivery takes the session's oldest open event if it is due and
+// creates its delivery; see store.Store.
+func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (store.Dispatch, error) {
+	ref := p.Activation
+	var d store.Dispatch
+	err := s.tx(ctx, "next delivery", func(ctx context.Context, tx pgx.Tx) error {
+		d = store.Dispatch{}
+		// Lock the activation under its ref (live, idle, lease unexpired)
+		// and, in the same statement, find the session's oldest open event.
+		// Invariant 5: only that one may run; if it is not due, nothing is.
+		var epoch, revision int64
+		var eventID *int64
+		var nextAt *time.Time
+		var due *bool
+		err := tx.QueryRow(ctx, `
+			SELECT a.actor_epoch, a.revision, e.event_id, e.next_attempt_at, e.next_attempt_at <= clock_timestamp()
+			FROM activations a
+			LEFT JOIN LATERAL (SELECT event_id, next_attempt_at FROM actor_events
+				WHERE agent_uid = a.agent_uid AND session_id = a.session_id AND status = 'open'
+				ORDER BY seq LIMIT 1) e ON true
+			WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3 AND a.actor_epoch = $4
+			  AND a.lease_id = $5 AND a.state IN `+liveStates+` AND a.current_event_id IS NULL
+			  AND a.lease_expires_at > clock_timestamp()
+			FOR UPDATE OF a`, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID).Scan(
+			&epoch, &revision, &eventID, &nextAt, &due)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("activation %s of %s at epoch %d (or it has a current event, or its lease expired): %w",
+				ref.UID, ref.ActorKey, ref.ActorEpoch, store.ErrNotLive)
+		}
+		if err != nil {
+			return err
+		}
+		if eventID == nil {
+			return &store.NoDueEventError{}
+		}
+		if !*due {
+			return &store.NoDueEventError{NextDueAt: utc(*nextAt)}
+		}
+		state := store.DeliveryCreated
+		if p.MarkSent {
+			state = store.DeliverySent
+		}
+		// The rest in one round trip. Invariant 10: the binding is recorded
+		// at the first attempt only.
+		b := &pgx.Batch{}
+		b.Queue(`
+			UPDATE actor_events SET binding = CASE WHEN coalesce(binding, '') = '' THEN nullif($1, '') ELSE binding END
+			WHERE event_id = $2 AND status = 'open'
+			RETURNING `+eventCols, p.Binding, *eventID).QueryRow(func(row pgx.Row) (err error) {
+			d.Event, err = scanEvent(row)
+			if errors.Is(err, pgx.ErrNoRows) {
+				// Closed since the lock statement read it (only a path
+				// that bypasses the activation lock could do that).
+				return fmt.Errorf("event %d closed concurrently", *eventID)
+			}
+			return err
+		})
+		b.Queue(`
+			INSERT INTO deliveries (delivery_id, agent_uid, session_id, activation_uid, actor_epoch, event_id,
+				revision, state, binding, sent_at)
+			SELECT $1, $2, $3, $4, $5, $6, $7, $8, coalesce(e.binding, ''),
+				CASE WHEN $8 = 'sent' THEN clock_timestamp() END
+			FROM actor_events e WHERE e.event_id = $6`,
+			p.DeliveryID, ref.AgentUID, ref.SessionID, ref.UID, epoch, *eventID, revision, string(state))
+		b.Queue(`UPDATE activations SET current_event_id = $1 WHERE activation_uid = $2`, *eventID, ref.UID)
+		b.Queue(`SELECT `+sessionCols+` FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`,
+			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) (err error) {
+			d.Session, err = scanSession(row)
+			return err
+		})
+		b.Queue(`SELECT state FROM session_state WHERE agent_uid = $1 AND session_id = $2`,
+			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&d.State)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			return err
+		})
+		if p.TailMessages > 0 {
+			b.Queue(`
+				SELECT role, content FROM (
+					SELECT turn_no, idx, role, content FROM messages
+					WHERE agent_uid = $1 AND session_id = $2
+					ORDER BY turn_no DESC, idx DESC LIMIT $3) m
+				ORDER BY turn_no, idx`, ref.AgentUID, ref.SessionID, p.TailMessages).Query(func(rows pgx.Rows) (err error) {
+				d.Tail, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (abi.Message, error) {
+					var m abi.Message
+					err := r.Scan(&m.Role, &m.Content)
+					return m, err
+				})
+				return err
+			})
+		}
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			if pgCode(err) == codeUniqueViolation {
+				return fmt.Errorf("delivery %s: %w", p.DeliveryID, store.ErrConflict)
+			}
+			return err
+		}
+		d.State = nilIfEmpty(d.State)
+		d.Delivery = store.Delivery{
+			ID: p.DeliveryID, ActorKey: ref.ActorKey, ActivationUID: ref.UID, ActorEpoch: epoch,
+			EventID: *eventID, Revision: revision, State: state, Binding: d.Event.Binding,
+		}
+		d.Attempt = d.Event.Attempts + 1
+		return nil
+	})
+	if err != nil {
+		return store.Dispatch{}, err
+	}
+	return d, nil
+}
+
+// deliveryWhere guards a write on the delivery a turn_ref names: every field
+// of the ref by equality (parameters $1-$7, see refArgs).
+const deliveryWhere = `delivery_id = $1 AND agent_uid = $2 AND session_id = $3 AND activation_uid = $4
+	AND actor_epoch = $5 AND event_id = $6 AND revision = $7`
+
+// refArgs are the parameters of deliveryWhere, then extra ones from $8.
+func refArgs(r abi.TurnRef, extra ...any) []any {
+	return append([]any{r.DeliveryID, r.AgentUID, r.SessionID, r.ActivationUID, r.ActorEpoch, r.ActorEventID,
+		r.Revision}, extra...)
+}
+
+// activationWhere guards a write on the activation a turn_ref names: same
+// key, epoch, revision and current event, and live (parameters: refArgs).
+// The lease is checked separately where it applies.
+const activationWhere = `activation_uid = $4 AND agent_uid = $2 AND session_id = $3 AND actor_epoch = $5
+	AND revision = $7 AND current_event_id = $6 AND state IN ` + liveStates
+
+// The fence statements run both guarded UPDATEs of a turn_ref in one
+// statement: the delivery's, then the activation's, the latter only when the
+// former matched (EXISTS (SELECT 1 FROM d)), so that a refused delivery
+// leaves both rows untouched for classify. They return whether each matched.
+// Parameters: refArgs.
+const (
+	fenceHead = `
+		WITH d AS (
+			UPDATE deliveries SET `
+	fenceMid = `
+			RETURNING 1),
+		a AS (
+			UPDATE activations SET `
+	fenceTail = ` AND EXISTS (SELECT 1 FROM d)
+			RETURNING 1)
+		SELECT EXISTS (SELECT 1 FROM d), EXISTS (SELECT 1 FROM a)`
+
+	// commitFence: the delivery sent → accepted; the activation's current
+	// event cleared, its lease unexpired by the database clock.
+	commitFence = fenceHead + `state = 'accepted', closed_at = clock_timestamp()
+			WHERE ` + deliveryWhere + ` AND state = 'sent'` + fenceMid + `current_event_id = NULL
+			WHERE ` + activationWhere + ` AND lease_expires_at > clock_timestamp()` + fenceTail
+
+	// failFence: the delivery (created or sent) superseded or send_failed
+	// ($8) with the error ($9); the activation failed. No lease check.
+	failFence = fenceHead + `state = $8, closed_at = clock_timestamp(), error = $9
+			WHERE ` + deliveryWhere + ` AND state IN ('created', 'sent')` + fenceMid + `state = 'failed',
+				ended_at = clock_timestamp(), end_reason = $9, current_event_id = NULL
+			WHERE ` + activationWhere + fenceTail
+)
+
+// fence sends the batch lock (which locks the activation row) with the
+// fence statement queued after it, so that the lock is taken first and both
+// cost one round trip, and classifies a refusal.
+func fence(ctx context.Context, tx pgx.Tx, ref abi.TurnRef, op fenceOp, lock *pgx.Batch, fenceStmt string, args []any) error {
+	var dOK, aOK bool
+	lock.Queue(fenceStmt, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&dOK, &aOK) })
+	if err := tx.SendBatch(ctx, lock).Close(); err != nil {
+		return err
+	}
+	switch {
+	case !dOK:
+		return classify(ctx, tx, ref, op, false)
+	case !aOK:
+		return classify(ctx, tx, ref, op, true)
+	}
+	return nil
+}
+
+// MarkDeliverySent moves a delivery created → sent (invariant 9); a ref
+// that does not match a created delivery returns *store.FenceError.
+//
+// It is one statement, outside a transaction; on a refusal the reads that
+// explain it follow (nothing was written).
+func (s *Store) MarkDeliverySent(ctx context.Context, ref abi.TurnRef) error {
+	return s.call(ctx, "mark delivery sent", func(ctx context.Context) error {
+		tag, err := s.pool.Exec(ctx, `
+			UPDATE deliveries SET state = 'sent', sent_at = clock_timestamp()
+			WHERE `+deliveryWhere+` AND state = 'created'`, refArgs(ref)...)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 1 {
+			return nil
+		}
+		return classify(ctx, s.pool, ref, fenceMarkSent, false)
+	})
+}
+
+// CommitTurn checks every fence by equality inside one transaction and
+// appends the turn; see store.Store. A mismatch writes nothing and returns
+// *store.FenceError (DESIGN invariant 3).
+//
+// Order: lock the activation row (FOR UPDATE, so that the watchdog and this
+// commit serialise; the same statement reads the event's payload), then the
+// guarded UPDATE of the delivery, then the guarded UPDATE of the activation
+// with the lease against clock_timestamp(). Either matching no row rolls
+// back; the delivery goes first so that a failed guard is explained from
+// rows this transaction has not written (the delivery's guard covers every
+// delivery check of classify; when the activation's fails, classify is told
+// the delivery matched).
+func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store.Turn, error) {
+	ref := p.Ref
+	outcome := p.Outcome
+	if outcome == "" {
+		outcome = abi.OutcomeOK
+	}
+	var t store.Turn
+	err := s.tx(ctx, "commit turn", func(ctx context.Context, tx pgx.Tx) error {
+		t = store.Turn{}
+		// Lock the activation row first (and read the event's payload);
+		// then the guarded UPDATEs. One round trip.
+		var payload *string
+		b := &pgx.Batch{}
+		b.Queue(`
+			SELECT e.payload FROM activations a
+			LEFT JOIN actor_events e ON e.event_id = $2 AND e.agent_uid = a.agent_uid AND e.session_id = a.session_id
+			WHERE a.activation_uid = $1
+			FOR UPDATE OF a`, ref.ActivationUID, ref.ActorEventID).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&payload)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil // no such activation: the fence refuses
+			}
+			return err
+		})
+		if err := fence(ctx, tx, ref, fenceCommit, b, commitFence, refArgs(ref)); err != nil {
+			return err
+		}
+		if payload == nil { // unreachable: the delivery's event exists (foreign key)
+			return fmt.Errorf("event %d of %s not found", ref.ActorEventID, store.KeyOf(ref))
+		}
+		t = store.Turn{ActorKey: store.KeyOf(ref), EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
+			ActorEpoch: ref.ActorEpoch, Outcome: outcome, Messages: turnMessages(*payload, p.Messages)}
+		n := len(t.Messages)
+		idx, roles, contents := make([]int32, n), make([]string, n), make([]string, n)
+		for i, m := range t.Messages {
+			idx[i], roles[i], contents[i] = int32(m.Index), m.Role, m.Content
+		}
+		// The writes of an accepted reply, in one round trip.
+		b = &pgx.Batch{}
+		// Invariant 4: the event closes once (and turns.event_id is UNIQUE).
+		b.Queue(`
+			UPDATE actor_events SET status = 'done', closed_at = clock_timestamp()
+			WHERE event_id = $1 AND agent_uid = $2 AND session_id = $3 AND status = 'open'`,
+			ref.ActorEventID, ref.AgentUID, ref.SessionID).Exec(func(tag pgconn.CommandTag) error {
+			if tag.RowsAffected() == 0 {
+				return &store.FenceError{Reason: store.FenceSupersededDelivery,
+					Detail: fmt.Sprintf("event %d is no longer open", ref.ActorEventID)}
+			}
+			return nil
+		})
+		b.Queue(`
+			WITH turn AS (
+				UPDATE sessions SET turn_count = turn_count + 1 WHERE agent_uid = $1 AND session_id = $2
+				RETURNING turn_count)
+			INSERT INTO turns (agent_uid, session_id, turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at)
+			SELECT $1, $2, turn.turn_count, $3, $4, $5, $6, clock_timestamp() FROM turn
+			RETURNING turn_no, committed_at`,
+			ref.AgentUID, ref.SessionID, ref.ActorEventID, ref.DeliveryID, ref.ActorEpoch, string(outcome),
+		).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&t.TurnNo, &t.CommittedAt)
+		})
+		if n > 0 {
+			b.Queue(`
+				INSERT INTO messages (agent_uid, session_id, turn_no, idx, role, content)
+				SELECT $1, $2, s.turn_count, m.idx, m.role, m.content
+				FROM sessions s, unnest($3::int[], $4::text[], $5::text[]) AS m(idx, role, content)
+				WHERE s.agent_uid = $1 AND s.session_id = $2`,
+				ref.AgentUID, ref.SessionID, idx, roles, contents)
+		}
+		if !p.KeepState {
+			b.Queue(`
+				INSERT INTO session_state (agent_uid, session_id, state, updated_at)
+				VALUES ($1, $2, $3, clock_timestamp())
+				ON CONFLICT (agent_uid, session_id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at`,
+				ref.AgentUID, ref.SessionID, nilIfEmpty(p.State))
+		}
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		t.CommittedAt = utc(t.CommittedAt)
+		return nil
+	})
+	if err != nil {
+		return store.Turn{}, err
+	}
+	return t, nil
+}
+
+// turnMessages is a turn's transcript: the event's own message (role user,
+// from the payload's "message" string; none when absent or empty), then the
+// worker's messages.
+func turnMessages(payload string, msgs []abi.Message) []store.TranscriptMessage {
+	out := make([]store.TranscriptMessage, 0, len(msgs)+1)
+	var pl struct {
+		Message *string `json:"message"`
+	}
+	if json.Unmarshal([]byte(payload), &pl) == nil && pl.Message != nil && *pl.Message != "" {
+		out = append(out, store.TranscriptMessage{Index: 0, Role: abi.RoleUser, Content: *pl.Message})
+	}
+	for _, m := range msgs {
+		out = append(out, store.TranscriptMessage{Index: len(out), Role: m.Role, Content: m.Content})
+	}
+	return out
+}
+
+// FailAttempt records a failed attempt under the same fences as a commit,
+// the lease aside (an expired lease may still be failed by its holder); see
+// store.Store.
+func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (store.FailResult, error) {
+	ref := p.Ref
+	var fr store.FailResult
+	err := s.tx(ctx, "fail attempt", func(ctx context.Context, tx pgx.Tx) error {
+		fr = store.FailResult{}
+		// A delivery still created (never sent: no route, no capacity) may
+		// be failed too.
+		newState := store.DeliverySendFailed
+		if p.Counted {
+			newState = store.DeliverySuperseded
+		}
+		b := &pgx.Batch{}
+		b.Queue(`SELECT 1 FROM activations WHERE activation_uid = $1 FOR UPDATE`, ref.ActivationUID)
+		if err := fence(ctx, tx, ref, fenceFail, b, failFence, refArgs(ref, string(newState), p.Error)); err != nil {
+			return err
+		}
+		var err error
+		fr, err = failEvent(ctx, tx, store.KeyOf(ref), ref.ActorEventID, p.Counted, p.Error, p.Backoff, p.MaxAttempts)
+		return err
+	})
+	if err != nil {
+		return store.FailResult{}, err
+	}
+	return fr, nil
+}
+
+// fenceOp says which write a classification explains.
+type fenceOp int
+
+const (
+	fenceCommit   fenceOp = iota // delivery must be sent; lease must be unexpired
+	fenceFail                    // delivery created or sent; lease not checked
+	fenceMarkSent                // delivery must be created; activation not checked
+)
+
+// classify explains, with reads in the same transaction (the activation row
+// is locked by the caller; MarkDeliverySent, which wrote nothing, reads
+// outside one), why a guarded UPDATE matched no row, as a
+// *store.FenceError. It decides nothing: the guarded UPDATE already refused
+// and the caller rolls back. deliveryMatched says the delivery's guard
+// passed (and this transaction has since written the delivery), so its
+// checks are skipped. Order (store/storetest/README.md): unknown_delivery,
+// wrong_actor_key, the delivery's copied epoch (stale_epoch), revision
+// (stale_revision), activation or event (superseded_delivery); then the
+// activation: gone, not live or another epoch (stale_epoch), revision
+// (stale_revision), current event (superseded_delivery); then the delivery's
+// state (superseded_delivery); then the lease (expired_lease).
+func classify(ctx context.Context, tx querier, ref abi.TurnRef, op fenceOp, deliveryMatched bool) error {
+	fe := func(r store.FenceReason, format string, args ...any) error {
+		return &store.FenceError{Reason: r, Detail: fmt.Sprintf(format, args...)}
+	}
+	var d store.Delivery
+	if !deliveryMatched {
+		err := tx.QueryRow(ctx, `
+			SELECT agent_uid, session_id, activation_uid, actor_epoch, event_id, revision, state
+			FROM deliveries WHERE delivery_id = $1`, ref.DeliveryID).Scan(
+			&d.AgentUID, &d.SessionID, &d.ActivationUID, &d.ActorEpoch, &d.EventID, &d.Revision, &d.State)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return fe(store.FenceUnknownDelivery, "delivery %s does not exist", ref.DeliveryID)
+		case err != nil:
+			return err
+		case d.AgentUID != ref.AgentUID || d.SessionID != ref.SessionID:
+			return fe(store.FenceWrongActorKey, "delivery %s belongs to %s, ref names %s", ref.DeliveryID, d.ActorKey, store.KeyOf(ref))
+		case d.ActorEpoch != ref.ActorEpoch:
+			return fe(store.FenceStaleEpoch, "delivery epoch %d, ref epoch %d", d.ActorEpoch, ref.ActorEpoch)
+		case d.Revision != ref.Revision:
+			return fe(store.FenceStaleRevision, "delivery revision %d, ref revision %d", d.Revision, ref.Revision)
+		case d.ActivationUID != ref.ActivationUID:
+			return fe(store.FenceSupersededDelivery, "delivery activation %s, ref activation %s", d.ActivationUID, ref.ActivationUID)
+		case d.EventID != ref.ActorEventID:
+			return fe(store.FenceSupersededDelivery, "delivery event %d, ref event %d", d.EventID, ref.ActorEventID)
+		}
+		if op == fenceMarkSent {
+			return fe(store.FenceSupersededDelivery, "delivery %s is %s, not created", ref.DeliveryID, d.State)
+		}
+	}
+	var a store.Activation
+	var current *int64
+	var expired bool
+	err := tx.QueryRow(ctx, `
+		SELECT actor_epoch, revision, current_event_id, state, lease_expires_at <= clock_timestamp()
+		FROM activations WHERE activation_uid = $1`, ref.ActivationUID).Scan(
+		&a.ActorEpoch, &a.Revision, &current, &a.State, &expired)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fe(store.FenceStaleEpoch, "activation %s does not exist", ref.ActivationUID)
+	case err != nil:
+		return err
+	case !live(a.State):
+		return fe(store.FenceStaleEpoch, "activation %s is %s", ref.ActivationUID, a.State)
+	case a.ActorEpoch != ref.ActorEpoch:
+		return fe(store.FenceStaleEpoch, "activation epoch %d, ref epoch %d", a.ActorEpoch, ref.ActorEpoch)
+	case a.Revision != ref.Revision:
+		return fe(store.FenceStaleRevision, "activation revision %d, ref revision %d", a.Revision, ref.Revision)
+	case current == nil || *current != ref.ActorEventID:
+		cur := int64(0)
+		if current != nil {
+			cur = *current
+		}
+		return fe(store.FenceSupersededDelivery, "activation current event %d, ref event %d", cur, ref.ActorEventID)
+	}
+	if !deliveryMatched {
+		switch {
+		case op == fenceCommit && d.State != store.DeliverySent:
+			return fe(store.FenceSupersededDelivery, "delivery %s is %s, not sent", ref.DeliveryID, d.State)
+		case op == fenceFail && d.State != store.DeliveryCreated && d.State != store.DeliverySent:
+			return fe(store.FenceSupersededDelivery, "delivery %s is %s", ref.DeliveryID, d.State)
+		}
+	}
+	if op == fenceCommit && expired {
+		return fe(store.FenceExpiredLease, "activation %s lease expired", ref.ActivationUID)
+	}
+	// Unreachable while the guards and this order agree; refuse anyway.
+	return fe(store.FenceSupersededDelivery, "turn_ref %s does not match", ref)
+}
+
+func live(s store.ActivationState) bool {
+	return s == store.ActivationStarting || s == store.ActivationActive || s == store.ActivationDraining
+}

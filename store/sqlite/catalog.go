@@ -1,0 +1,291 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/paddock-dev/paddock/store"
+)
+
+// PutModule stores a module by digest; created is false when it existed.
+func (s *Store) PutModule(ctx context.Context, p store.PutModuleParams) (store.Module, bool, error) {
+	if p.Digest == "" {
+		return store.Module{}, false, errors.New("store/sqlite: put module: empty digest")
+	}
+	var m store.Module
+	var created bool
+	err := s.write(ctx, "put module", func(tx *txn) error {
+		var at int64
+		err := tx.queryRow(`
+			INSERT INTO modules (digest, abi_version, size, bytes, created_at)
+			VALUES (?, ?, ?, ?, `+nowMS+`)
+			ON CONFLICT (digest) DO NOTHING
+			RETURNING created_at`,
+			p.Digest, p.ABIVersion, len(p.Bytes), p.Bytes).Scan(&at)
+		switch {
+		case err == nil:
+			created = true
+			m = store.Module{Digest: p.Digest, Size: int64(len(p.Bytes)), ABIVersion: p.ABIVersion, CreatedAt: msTime(at), Bytes: p.Bytes}
+			return nil
+		case errors.Is(err, sql.ErrNoRows):
+			m, err = getModule(tx, p.Digest, true)
+			return err
+		default:
+			return err
+		}
+	})
+	return m, created, err
+}
+
+// GetModule returns the module with its bytes, or ErrNotFound.
+func (s *Store) GetModule(ctx context.Context, digest string) (store.Module, error) {
+	var m store.Module
+	err := s.read(ctx, "get module", func(tx *txn) (err error) {
+		m, err = getModule(tx, digest, true)
+		return err
+	})
+	return m, err
+}
+
+func getModule(tx *txn, digest string, withBytes bool) (store.Module, error) {
+	var m store.Module
+	var at int64
+	cols := "digest, abi_version, size, created_at"
+	dest := []any{&m.Digest, &m.ABIVersion, &m.Size, &at}
+	if withBytes {
+		cols += ", bytes"
+		dest = append(dest, &m.Bytes)
+	}
+	err := tx.queryRow(`SELECT `+cols+` FROM modules WHERE digest = ?`, digest).Scan(dest...)
+	if err != nil {
+		return m, notFound(err)
+	}
+	m.CreatedAt = msTime(at)
+	return m, nil
+}
+
+// ListModules returns every module without bytes, newest first.
+func (s *Store) ListModules(ctx context.Context) ([]store.Module, error) {
+	var out []store.Module
+	err := s.read(ctx, "list modules", func(tx *txn) error {
+		rows, err := tx.query(`
+			SELECT digest, abi_version, size, created_at FROM modules
+			ORDER BY created_at DESC, rowid DESC`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var m store.Module
+			var at int64
+			if err := rows.Scan(&m.Digest, &m.ABIVersion, &m.Size, &at); err != nil {
+				return err
+			}
+			m.CreatedAt = msTime(at)
+			out = append(out, m)
+		}
+		return rows.Err()
+	})
+	return out, err
+}
+
+const agentCols = "agent_uid, name, module_digest, crash_policy, created_at, updated_at"
+
+func scanAgent(sc scanner) (store.Agent, error) {
+	var a store.Agent
+	var created, updated int64
+	if err := sc.Scan(&a.UID, &a.Name, &a.ModuleDigest, &a.CrashPolicy, &created, &updated); err != nil {
+		return a, err
+	}
+	a.CreatedAt, a.UpdatedAt = msTime(created), msTime(updated)
+	return a, nil
+}
+
+// CreateAgent registers an agent; see store.Store.
+func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (store.Agent, error) {
+	if !p.CrashPolicy.Valid() {
+		return store.Agent{}, fmt.Errorf("store/sqlite: create agent: invalid crash policy %q", p.CrashPolicy)
+	}
+	var a store.Agent
+	err := s.write(ctx, "create agent", func(tx *txn) error {
+		var one int
+		if err := tx.queryRow(`SELECT 1 FROM modules WHERE digest = ?`, p.ModuleDigest).Scan(&one); err != nil {
+			return fmt.Errorf("module %s: %w", p.ModuleDigest, notFound(err))
+		}
+		var err error
+		a, err = scanAgent(tx.queryRow(`
+			INSERT INTO agents (agent_uid, name, module_digest, crash_policy, created_at, updated_at)
+			VALUES (?, ?, ?, ?, `+nowMS+`, `+nowMS+`)
+			ON CONFLICT (name) DO NOTHING
+			RETURNING `+agentCols,
+			p.UID, p.Name, p.ModuleDigest, p.CrashPolicy))
+		switch {
+		case err == nil:
+			return nil
+		case isConstraint(err):
+			return fmt.Errorf("agent uid %s: %w", p.UID, store.ErrConflict)
+		case !errors.Is(err, sql.ErrNoRows):
+			return err
+		case !p.Upsert:
+			return fmt.Errorf("agent name %q: %w", p.Name, store.ErrConflict)
+		}
+		a, err = scanAgent(tx.queryRow(`
+			UPDATE agents SET module_digest = ?, crash_policy = ?, updated_at = `+nowMS+`
+			WHERE name = ?
+			RETURNING `+agentCols,
+			p.ModuleDigest, p.CrashPolicy, p.Name))
+		return err
+	})
+	return a, err
+}
+
+// GetAgent finds an agent by uid or name (a uid match wins), or returns
+// ErrNotFound.
+func (s *Store) GetAgent(ctx context.Context, nameOrUID string) (store.Agent, error) {
+	var a store.Agent
+	err := s.read(ctx, "get agent", func(tx *txn) (err error) {
+		a, err = scanAgent(tx.queryRow(`
+			SELECT `+agentCols+` FROM agents WHERE agent_uid = ?1 OR name = ?1
+			ORDER BY agent_uid = ?1 DESC LIMIT 1`, nameOrUID))
+		return notFound(err)
+	})
+	return a, err
+}
+
+// ListAgents returns every agent by name.
+func (s *Store) ListAgents(ctx context.Context) ([]store.Agent, error) {
+	var out []store.Agent
+	err := s.read(ctx, "list agents", func(tx *txn) error {
+		rows, err := tx.query(`SELECT ` + agentCols + ` FROM agents ORDER BY name`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			a, err := scanAgent(rows)
+			if err != nil {
+				return err
+			}
+			out = append(out, a)
+		}
+		return rows.Err()
+	})
+	return out, err
+}
+
+// sessionCols selects a session with its counters; the table alias is s.
+const sessionCols = `s.agent_uid, s.session_id, s.key, s.input, s.status, s.crash_policy, s.actor_epoch,
+	s.created_at, s.sleep_ts, s.destroy_ts, s.turn_count, s.last_event_seq,
+	(SELECT count(*) FROM actor_events e
+	  WHERE e.agent_uid = s.agent_uid AND e.session_id = s.session_id AND e.status = 'open')`
+
+func scanSession(sc scanner) (store.Session, error) {
+	var ss store.Session
+	var key sql.NullString
+	var created int64
+	var sleepTS, destroyTS sql.NullInt64
+	err := sc.Scan(&ss.AgentUID, &ss.SessionID, &key, &ss.Input, &ss.Status, &ss.CrashPolicy, &ss.ActorEpoch,
+		&created, &sleepTS, &destroyTS, &ss.TurnCount, &ss.EventCount, &ss.OpenEvents)
+	if err != nil {
+		return ss, err
+	}
+	ss.Key = key.String
+	ss.CreatedAt = msTime(created)
+	ss.SleepTS, ss.DestroyTS = msPtr(sleepTS), msPtr(destroyTS)
+	if len(ss.Input) == 0 {
+		ss.Input = nil
+	}
+	return ss, nil
+}
+
+func getSession(tx *txn, key store.ActorKey) (store.Session, error) {
+	ss, err := scanSession(tx.queryRow(`
+		SELECT `+sessionCols+` FROM sessions s WHERE s.agent_uid = ? AND s.session_id = ?`,
+		key.AgentUID, key.SessionID))
+	if err != nil {
+		return ss, fmt.Errorf("session %s: %w", key, notFound(err))
+	}
+	return ss, nil
+}
+
+// CreateSession creates a session; see store.Store. An empty CrashPolicy
+// takes the agent's.
+func (s *Store) CreateSession(ctx context.Context, p store.CreateSessionParams) (store.Session, bool, error) {
+	if p.CrashPolicy != "" && !p.CrashPolicy.Valid() {
+		return store.Session{}, false, fmt.Errorf("store/sqlite: create session: invalid crash policy %q", p.CrashPolicy)
+	}
+	key := store.ActorKey{AgentUID: p.AgentUID, SessionID: p.SessionID}
+	var ss store.Session
+	var created bool
+	err := s.write(ctx, "create session", func(tx *txn) error {
+		res, err := tx.exec(`
+			INSERT INTO sessions (agent_uid, session_id, key, input, status, crash_policy, created_at)
+			SELECT a.agent_uid, ?, ?, ?, 'active', coalesce(nullif(?, ''), a.crash_policy), `+nowMS+`
+			FROM agents a WHERE a.agent_uid = ?
+			ON CONFLICT (agent_uid, key) WHERE key IS NOT NULL DO NOTHING`,
+			p.SessionID, nullString(p.Key), nullBytes(p.Input), p.CrashPolicy, p.AgentUID)
+		if isConstraint(err) {
+			return fmt.Errorf("session %s: %w", key, store.ErrConflict)
+		}
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		if n == 1 {
+			created = true
+			ss, err = getSession(tx, key)
+			return err
+		}
+		// Nothing inserted: an unknown agent, or the key is taken.
+		var one int
+		if err := tx.queryRow(`SELECT 1 FROM agents WHERE agent_uid = ?`, p.AgentUID).Scan(&one); err != nil {
+			return fmt.Errorf("agent %s: %w", p.AgentUID, notFound(err))
+		}
+		if !p.GetOrCreate {
+			return fmt.Errorf("session key %q: %w", p.Key, store.ErrConflict)
+		}
+		ss, err = scanSession(tx.queryRow(`
+			SELECT `+sessionCols+` FROM sessions s WHERE s.agent_uid = ? AND s.key = ?`, p.AgentUID, p.Key))
+		return err
+	})
+	return ss, created, err
+}
+
+// GetSession returns the session with its counters, or ErrNotFound.
+func (s *Store) GetSession(ctx context.Context, key store.ActorKey) (store.Session, error) {
+	var ss store.Session
+	err := s.read(ctx, "get session", func(tx *txn) (err error) {
+		ss, err = getSession(tx, key)
+		return err
+	})
+	return ss, err
+}
+
+// ListSessions pages an agent's sessions by session id.
+func (s *Store) ListSessions(ctx context.Context, p store.ListSessionsParams) ([]store.Session, error) {
+	var out []store.Session
+	err := s.read(ctx, "list sessions", func(tx *txn) error {
+		rows, err := tx.query(`
+			SELECT `+sessionCols+` FROM sessions s
+			WHERE s.agent_uid = ? AND s.session_id > ?
+			ORDER BY s.session_id LIMIT ?`, p.AgentUID, p.After, pageLimit(p.Limit))
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			ss, err := scanSession(rows)
+			if err != nil {
+				return err
+			}
+			out = append(out, ss)
+		}
+		return rows.Err()
+	})
+	return out, err
+}

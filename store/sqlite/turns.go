@@ -1,0 +1,375 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/store"
+)
+
+// activationLiveWhere guards a write on the activation named by an
+// ActivationRef (parameters: uid, agent_uid, session_id, epoch, lease_id)
+// being live, idle and unexpired by the database clock.
+const activationLiveWhere = `activation_uid = ? AND agent_uid = ? AND session_id = ? AND actor_epoch = ? AND lease_id = ?
+	AND state IN ` + liveStates + ` AND current_event_id IS NULL AND lease_expires_at > ` + nowMS
+
+// NextDelivery takes the session's oldest open event if it is due and
+// creates its delivery; see store.Store.
+func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (store.Dispatch, error) {
+	ref := p.Activation
+	refArgs := []any{ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID}
+	var d store.Dispatch
+	err := s.write(ctx, "next delivery", func(tx *txn) error {
+		var one int
+		err := tx.queryRow(`SELECT 1 FROM activations WHERE `+activationLiveWhere, refArgs...).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("activation %s of %s at epoch %d (or it has a current event, or its lease expired): %w",
+				ref.UID, ref.ActorKey, ref.ActorEpoch, store.ErrNotLive)
+		}
+		if err != nil {
+			return err
+		}
+		// Invariant 5: only the oldest open event may run; if it is not due,
+		// nothing is.
+		var eventID, nextAt int64
+		var due bool
+		err = tx.queryRow(`
+			SELECT event_id, next_attempt_at, next_attempt_at <= `+nowMS+` FROM actor_events
+			WHERE agent_uid = ? AND session_id = ? AND status = 'open'
+			ORDER BY seq LIMIT 1`, ref.AgentUID, ref.SessionID).Scan(&eventID, &nextAt, &due)
+		if errors.Is(err, sql.ErrNoRows) {
+			return &store.NoDueEventError{}
+		}
+		if err != nil {
+			return err
+		}
+		if !due {
+			return &store.NoDueEventError{NextDueAt: msTime(nextAt)}
+		}
+		// Invariant 10: the binding is recorded at the first attempt only.
+		d.Event, err = scanEvent(tx.queryRow(`
+			UPDATE actor_events SET binding = CASE WHEN coalesce(binding, '') = '' THEN nullif(?, '') ELSE binding END
+			WHERE event_id = ? AND status = 'open' AND next_attempt_at <= `+nowMS+`
+			RETURNING `+eventReturning, p.Binding, eventID))
+		if errors.Is(err, sql.ErrNoRows) {
+			return &store.NoDueEventError{NextDueAt: msTime(nextAt)}
+		}
+		if err != nil {
+			return err
+		}
+		var epoch, revision int64
+		err = tx.queryRow(`
+			UPDATE activations SET current_event_id = ?
+			WHERE `+activationLiveWhere+`
+			RETURNING actor_epoch, revision`, append([]any{eventID}, refArgs...)...).Scan(&epoch, &revision)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("activation %s: %w", ref.UID, store.ErrNotLive)
+		}
+		if err != nil {
+			return err
+		}
+		state := store.DeliveryCreated
+		if p.MarkSent {
+			state = store.DeliverySent
+		}
+		d.Delivery = store.Delivery{
+			ID: p.DeliveryID, ActorKey: ref.ActorKey, ActivationUID: ref.UID, ActorEpoch: epoch,
+			EventID: eventID, Revision: revision, State: state, Binding: d.Event.Binding,
+		}
+		if _, err := tx.exec(`
+			INSERT INTO deliveries (delivery_id, agent_uid, session_id, activation_uid, actor_epoch, event_id,
+				revision, state, binding, created_at, sent_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, `+nowMS+`, CASE WHEN ? THEN `+nowMS+` END)`,
+			p.DeliveryID, ref.AgentUID, ref.SessionID, ref.UID, epoch, eventID, revision, state,
+			d.Event.Binding, p.MarkSent); err != nil {
+			if isConstraint(err) {
+				return fmt.Errorf("delivery %s: %w", p.DeliveryID, store.ErrConflict)
+			}
+			return err
+		}
+		if d.Session, err = getSession(tx, ref.ActorKey); err != nil {
+			return err
+		}
+		err = tx.queryRow(`SELECT state FROM session_state WHERE agent_uid = ? AND session_id = ?`,
+			ref.AgentUID, ref.SessionID).Scan(&d.State)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		if len(d.State) == 0 {
+			d.State = nil
+		}
+		if d.Tail, err = tail(tx, ref.ActorKey, p.TailMessages); err != nil {
+			return err
+		}
+		d.Attempt = d.Event.Attempts + 1
+		return nil
+	})
+	return d, err
+}
+
+// deliveryWhere guards a write on the delivery named by a turn_ref: every
+// field of the ref by equality (parameters: see refArgs).
+const deliveryWhere = `delivery_id = ? AND agent_uid = ? AND session_id = ? AND activation_uid = ?
+	AND actor_epoch = ? AND event_id = ? AND revision = ?`
+
+func deliveryArgs(r abi.TurnRef) []any {
+	return []any{r.DeliveryID, r.AgentUID, r.SessionID, r.ActivationUID, r.ActorEpoch, r.ActorEventID, r.Revision}
+}
+
+// activationTurnWhere guards a write on the activation a turn_ref names:
+// live, same key, epoch, revision and current event (parameters: see
+// activationArgs). The lease is checked separately where it applies.
+const activationTurnWhere = `activation_uid = ? AND agent_uid = ? AND session_id = ? AND actor_epoch = ?
+	AND revision = ? AND current_event_id = ? AND state IN ` + liveStates
+
+func activationArgs(r abi.TurnRef) []any {
+	return []any{r.ActivationUID, r.AgentUID, r.SessionID, r.ActorEpoch, r.Revision, r.ActorEventID}
+}
+
+// MarkDeliverySent moves a delivery created → sent (invariant 9); a ref
+// that does not match a created delivery returns *store.FenceError.
+func (s *Store) MarkDeliverySent(ctx context.Context, ref abi.TurnRef) error {
+	return s.write(ctx, "mark delivery sent", func(tx *txn) error {
+		res, err := tx.exec(`
+			UPDATE deliveries SET state = 'sent', sent_at = `+nowMS+`
+			WHERE `+deliveryWhere+` AND state = 'created'`, deliveryArgs(ref)...)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 1 {
+			return err
+		}
+		return classify(tx, ref, fenceMarkSent)
+	})
+}
+
+// CommitTurn checks every fence by equality inside one transaction and
+// appends the turn; see store.Store. A mismatch writes nothing and returns
+// *store.FenceError (DESIGN invariant 3).
+func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store.Turn, error) {
+	ref := p.Ref
+	key := store.KeyOf(ref)
+	outcome := p.Outcome
+	if outcome == "" {
+		outcome = abi.OutcomeOK
+	}
+	var t store.Turn
+	err := s.write(ctx, "commit turn", func(tx *txn) error {
+		// BEGIN IMMEDIATE already holds the write lock: the activation row
+		// cannot change under us (the watchdog serialises behind this).
+		res, err := tx.exec(`
+			UPDATE activations SET current_event_id = NULL
+			WHERE `+activationTurnWhere+` AND lease_expires_at > `+nowMS, activationArgs(ref)...)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return classify(tx, ref, fenceCommit)
+		}
+		res, err = tx.exec(`
+			UPDATE deliveries SET state = 'accepted', closed_at = `+nowMS+`
+			WHERE `+deliveryWhere+` AND state = 'sent'`, deliveryArgs(ref)...)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return classify(tx, ref, fenceCommit)
+		}
+		// Invariant 4: the event closes once; turns.event_id is UNIQUE too.
+		var payload string
+		var closedAt int64
+		err = tx.queryRow(`
+			UPDATE actor_events SET status = 'done', closed_at = `+nowMS+`
+			WHERE event_id = ? AND agent_uid = ? AND session_id = ? AND status = 'open'
+			RETURNING payload, closed_at`, ref.ActorEventID, ref.AgentUID, ref.SessionID).Scan(&payload, &closedAt)
+		if errors.Is(err, sql.ErrNoRows) {
+			return &store.FenceError{Reason: store.FenceSupersededDelivery,
+				Detail: fmt.Sprintf("event %d is no longer open", ref.ActorEventID)}
+		}
+		if err != nil {
+			return err
+		}
+		var turnNo int64
+		if err := tx.queryRow(`
+			UPDATE sessions SET turn_count = turn_count + 1 WHERE agent_uid = ? AND session_id = ?
+			RETURNING turn_count`, ref.AgentUID, ref.SessionID).Scan(&turnNo); err != nil {
+			return err
+		}
+		t = store.Turn{ActorKey: key, TurnNo: turnNo, EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
+			ActorEpoch: ref.ActorEpoch, Outcome: outcome, CommittedAt: msTime(closedAt)}
+		if _, err := tx.exec(`
+			INSERT INTO turns (agent_uid, session_id, turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+			ref.AgentUID, ref.SessionID, turnNo, ref.ActorEventID, ref.DeliveryID, ref.ActorEpoch, outcome,
+			closedAt); err != nil {
+			return err
+		}
+		t.Messages = turnMessages(payload, p.Messages)
+		for _, m := range t.Messages {
+			if _, err := tx.exec(`
+				INSERT INTO messages (agent_uid, session_id, turn_no, idx, role, content) VALUES (?, ?, ?, ?, ?, ?)`,
+				ref.AgentUID, ref.SessionID, turnNo, m.Index, m.Role, m.Content); err != nil {
+				return err
+			}
+		}
+		if !p.KeepState {
+			if _, err := tx.exec(`
+				INSERT INTO session_state (agent_uid, session_id, state, updated_at) VALUES (?, ?, ?, `+nowMS+`)
+				ON CONFLICT (agent_uid, session_id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at`,
+				ref.AgentUID, ref.SessionID, nullBytes(p.State)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return t, err
+}
+
+// turnMessages is a turn's transcript: the event's own message (role user,
+// from the payload's "message" string; none when absent or empty), then the
+// worker's messages.
+func turnMessages(payload string, msgs []abi.Message) []store.TranscriptMessage {
+	out := make([]store.TranscriptMessage, 0, len(msgs)+1)
+	var pl struct {
+		Message *string `json:"message"`
+	}
+	if json.Unmarshal([]byte(payload), &pl) == nil && pl.Message != nil && *pl.Message != "" {
+		out = append(out, store.TranscriptMessage{Index: 0, Role: abi.RoleUser, Content: *pl.Message})
+	}
+	for _, m := range msgs {
+		out = append(out, store.TranscriptMessage{Index: len(out), Role: m.Role, Content: m.Content})
+	}
+	return out
+}
+
+// FailAttempt records a failed attempt under the same fences as a commit,
+// the lease aside; see store.Store.
+func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (store.FailResult, error) {
+	ref := p.Ref
+	var fr store.FailResult
+	err := s.write(ctx, "fail attempt", func(tx *txn) error {
+		res, err := tx.exec(`
+			UPDATE activations SET state = 'failed', ended_at = `+nowMS+`, end_reason = ?, current_event_id = NULL
+			WHERE `+activationTurnWhere, append([]any{p.Error}, activationArgs(ref)...)...)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return classify(tx, ref, fenceFail)
+		}
+		// A delivery still created (never sent: no route, no capacity) may
+		// be failed too; it can only be uncounted.
+		newState := store.DeliverySendFailed
+		if p.Counted {
+			newState = store.DeliverySuperseded
+		}
+		res, err = tx.exec(`
+			UPDATE deliveries SET state = ?, closed_at = `+nowMS+`, error = ?
+			WHERE `+deliveryWhere+` AND state IN ('created', 'sent')`,
+			append([]any{newState, p.Error}, deliveryArgs(ref)...)...)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return classify(tx, ref, fenceFail)
+		}
+		fr, err = failEvent(tx, store.KeyOf(ref), ref.ActorEventID, p.Counted, p.Error, p.Backoff, p.MaxAttempts)
+		return err
+	})
+	return fr, err
+}
+
+// fenceOp says which write a classification explains.
+type fenceOp int
+
+const (
+	fenceCommit   fenceOp = iota // delivery must be sent; lease must be unexpired
+	fenceFail                    // delivery created or sent; lease not checked
+	fenceMarkSent                // delivery must be created; activation not checked
+)
+
+// classify explains, with reads in the same transaction, why a guarded
+// write matched no row, as a *store.FenceError. It decides nothing: the
+// guarded UPDATE already refused. Order (store/storetest/README.md):
+// unknown_delivery, wrong_actor_key, the delivery's copied epoch
+// (stale_epoch), revision (stale_revision), activation or event
+// (superseded_delivery); then the activation: gone, not live or another
+// epoch (stale_epoch), revision (stale_revision), current event
+// (superseded_delivery); then the delivery's state (superseded_delivery);
+// then the lease (expired_lease).
+func classify(tx *txn, ref abi.TurnRef, op fenceOp) error {
+	fe := func(r store.FenceReason, format string, args ...any) error {
+		return &store.FenceError{Reason: r, Detail: fmt.Sprintf(format, args...)}
+	}
+	var d store.Delivery
+	err := tx.queryRow(`
+		SELECT agent_uid, session_id, activation_uid, actor_epoch, event_id, revision, state
+		FROM deliveries WHERE delivery_id = ?`, ref.DeliveryID).Scan(
+		&d.AgentUID, &d.SessionID, &d.ActivationUID, &d.ActorEpoch, &d.EventID, &d.Revision, &d.State)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return fe(store.FenceUnknownDelivery, "delivery %s does not exist", ref.DeliveryID)
+	case err != nil:
+		return err
+	case d.AgentUID != ref.AgentUID || d.SessionID != ref.SessionID:
+		return fe(store.FenceWrongActorKey, "delivery %s belongs to %s, ref names %s", ref.DeliveryID, d.ActorKey, store.KeyOf(ref))
+	case d.ActorEpoch != ref.ActorEpoch:
+		return fe(store.FenceStaleEpoch, "delivery epoch %d, ref epoch %d", d.ActorEpoch, ref.ActorEpoch)
+	case d.Revision != ref.Revision:
+		return fe(store.FenceStaleRevision, "delivery revision %d, ref revision %d", d.Revision, ref.Revision)
+	case d.ActivationUID != ref.ActivationUID:
+		return fe(store.FenceSupersededDelivery, "delivery activation %s, ref activation %s", d.ActivationUID, ref.ActivationUID)
+	case d.EventID != ref.ActorEventID:
+		return fe(store.FenceSupersededDelivery, "delivery event %d, ref event %d", d.EventID, ref.ActorEventID)
+	}
+	if op == fenceMarkSent {
+		return fe(store.FenceSupersededDelivery, "delivery %s is %s, not created", ref.DeliveryID, d.State)
+	}
+	var a store.Activation
+	var current sql.NullInt64
+	var expired bool
+	err = tx.queryRow(`
+		SELECT actor_epoch, revision, current_event_id, state, lease_expires_at <= `+nowMS+`
+		FROM activations WHERE activation_uid = ?`, ref.ActivationUID).Scan(
+		&a.ActorEpoch, &a.Revision, &current, &a.State, &expired)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return fe(store.FenceStaleEpoch, "activation %s does not exist", ref.ActivationUID)
+	case err != nil:
+		return err
+	case !live(a.State):
+		return fe(store.FenceStaleEpoch, "activation %s is %s", ref.ActivationUID, a.State)
+	case a.ActorEpoch != ref.ActorEpoch:
+		return fe(store.FenceStaleEpoch, "activation epoch %d, ref epoch %d", a.ActorEpoch, ref.ActorEpoch)
+	case a.Revision != ref.Revision:
+		return fe(store.FenceStaleRevision, "activation revision %d, ref revision %d", a.Revision, ref.Revision)
+	case current.Int64 != ref.ActorEventID:
+		return fe(store.FenceSupersededDelivery, "activation current event %d, ref event %d", current.Int64, ref.ActorEventID)
+	}
+	switch {
+	case op == fenceCommit && d.State != store.DeliverySent:
+		return fe(store.FenceSupersededDelivery, "delivery %s is %s, not sent", ref.DeliveryID, d.State)
+	case op == fenceFail && d.State != store.DeliveryCreated && d.State != store.DeliverySent:
+		return fe(store.FenceSupersededDelivery, "delivery %s is %s", ref.DeliveryID, d.State)
+	case op == fenceCommit && expired:
+		return fe(store.FenceExpiredLease, "activation %s lease expired", ref.ActivationUID)
+	}
+	// Unreachable while the guards and this order agree; refuse anyway.
+	return fe(store.FenceSupersededDelivery, "turn_ref %s does not match", ref)
+}
+
+func live(s store.ActivationState) bool {
+	return s == store.ActivationStarting || s == store.ActivationActive || s == store.ActivationDraining
+}

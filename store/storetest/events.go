@@ -1,0 +1,195 @@
+package storetest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/paddock-dev/paddock/store"
+)
+
+func eventCases() []testCase {
+	return []testCase{
+		{"Events/AppendAssignsSeqStoresPayloadVerbatimListPages", testAppendEvent},
+		{"Events/UnknownSessionNotFound", testAppendUnknownSession},
+		{"Invariant7/IdempotencyKeyReturnsFirstEvent", testIdempotency},
+		{"Invariant7/IdempotencyKeyRaceCreatesOne", testIdempotencyRace},
+		{"Subscribe/WakesOnAppendClosesWithContext", testSubscribe},
+	}
+}
+
+func testAppendEvent(t *testing.T, b *bundle) {
+	key := b.session()
+	payload := json.RawMessage(`{"message": "hello", "data": {"n": 1, "tags": ["a", "b"]}}`)
+	var evs []store.Event
+	for i := range 3 {
+		ev, created, err := b.s.AppendEvent(b.ctx, store.AppendEventParams{Key: key, Kind: "message", Payload: payload})
+		noErr(t, err, "AppendEvent")
+		wantEq(t, created, true, "created")
+		wantEq(t, ev.Seq, int64(i+1), "Seq")
+		wantEq(t, ev.ActorKey, key, "ActorKey")
+		wantEq(t, ev.Kind, "message", "Kind")
+		wantEq(t, ev.Status, store.EventOpen, "Status")
+		wantEq(t, ev.Attempts, 0, "Attempts")
+		wantEq(t, ev.Binding, "", "Binding before the first attempt")
+		if ev.AcceptedAt.IsZero() || ev.NextAttemptAt.Before(ev.AcceptedAt.Add(-time.Millisecond)) ||
+			ev.NextAttemptAt.After(ev.AcceptedAt.Add(time.Second)) {
+			t.Fatalf("a new event is due when accepted: accepted %v, next attempt %v", ev.AcceptedAt, ev.NextAttemptAt)
+		}
+		if ev.ClosedAt != nil {
+			t.Fatalf("a new event has ClosedAt %v", ev.ClosedAt)
+		}
+		if !jsonEqual(ev.Payload, payload) {
+			t.Fatalf("Payload = %s, want %s", ev.Payload, payload)
+		}
+		if i > 0 && ev.ID <= evs[i-1].ID {
+			t.Fatalf("event ids do not increase: %d after %d", ev.ID, evs[i-1].ID)
+		}
+		evs = append(evs, ev)
+	}
+
+	all := b.events(key)
+	wantEq(t, len(all), 3, "ListEvents")
+	for i, ev := range all {
+		wantEq(t, ev.ID, evs[i].ID, fmt.Sprintf("ListEvents[%d].ID", i))
+		if !jsonEqual(ev.Payload, payload) {
+			t.Fatalf("listed Payload = %s, want %s", ev.Payload, payload)
+		}
+	}
+	page, err := b.s.ListEvents(b.ctx, store.ListEventsParams{Key: key, After: evs[0].ID, Limit: 1})
+	noErr(t, err, "ListEvents page")
+	if len(page) != 1 || page[0].ID != evs[1].ID {
+		t.Fatalf("ListEvents after %d limit 1 = %+v, want event %d", evs[0].ID, page, evs[1].ID)
+	}
+
+	// Commit the first to check the status filter.
+	act := b.claim(key, LongTTL)
+	b.commit(b.next(act).Delivery.TurnRef(), "ok", "")
+	open, err := b.s.ListEvents(b.ctx, store.ListEventsParams{Key: key, Status: store.EventOpen})
+	noErr(t, err, "ListEvents open")
+	wantEq(t, len(open), 2, "open events")
+	done, err := b.s.ListEvents(b.ctx, store.ListEventsParams{Key: key, Status: store.EventDone})
+	noErr(t, err, "ListEvents done")
+	if len(done) != 1 || done[0].ID != evs[0].ID || done[0].ClosedAt == nil {
+		t.Fatalf("done events = %+v, want event %d closed", done, evs[0].ID)
+	}
+	other := b.session()
+	if got := b.events(other); len(got) != 0 {
+		t.Fatalf("another session lists %d events", len(got))
+	}
+}
+
+func testAppendUnknownSession(t *testing.T, b *bundle) {
+	_, _, err := b.s.AppendEvent(b.ctx, store.AppendEventParams{
+		Key: store.ActorKey{AgentUID: b.agent.UID, SessionID: "missing"}, Kind: "message", Payload: json.RawMessage(`{}`),
+	})
+	wantIs(t, err, store.ErrNotFound, "AppendEvent to an unknown session")
+}
+
+func testIdempotency(t *testing.T, b *bundle) {
+	key := b.session()
+	p := store.AppendEventParams{Key: key, Kind: "message", Payload: json.RawMessage(`{"message":"once"}`), IdempotencyKey: "req-1"}
+	first, created, err := b.s.AppendEvent(b.ctx, p)
+	noErr(t, err, "first AppendEvent")
+	wantEq(t, created, true, "first created")
+	wantEq(t, first.IdempotencyKey, "req-1", "IdempotencyKey")
+
+	p.Payload = json.RawMessage(`{"message":"twice"}`) // a re-send never replaces the first
+	again, created, err := b.s.AppendEvent(b.ctx, p)
+	noErr(t, err, "repeated AppendEvent")
+	wantEq(t, created, false, "repeat created")
+	wantEq(t, again.ID, first.ID, "repeat returns the first event")
+	wantEq(t, again.Seq, first.Seq, "repeat Seq")
+	if !jsonEqual(again.Payload, []byte(`{"message":"once"}`)) {
+		t.Fatalf("repeat payload = %s, want the first one", again.Payload)
+	}
+
+	// Still the first after it was processed.
+	act := b.claim(key, LongTTL)
+	b.commit(b.next(act).Delivery.TurnRef(), "ok", "")
+	done, created, err := b.s.AppendEvent(b.ctx, p)
+	noErr(t, err, "AppendEvent after commit")
+	wantEq(t, created, false, "repeat after commit created")
+	wantEq(t, done.ID, first.ID, "repeat after commit returns the first event")
+	wantEq(t, done.Status, store.EventDone, "first event status")
+
+	p.IdempotencyKey = "req-2"
+	second, created, err := b.s.AppendEvent(b.ctx, p)
+	noErr(t, err, "AppendEvent new key")
+	wantEq(t, created, true, "new key created")
+	wantEq(t, second.Seq, first.Seq+1, "new key Seq")
+
+	// Keys are scoped to the session.
+	otherKey := b.session()
+	p.Key, p.IdempotencyKey = otherKey, "req-1"
+	other, created, err := b.s.AppendEvent(b.ctx, p)
+	noErr(t, err, "same key in another session")
+	wantEq(t, created, true, "same key in another session created")
+	wantEq(t, other.Seq, int64(1), "other session Seq")
+	wantEq(t, b.getSession(key).EventCount, int64(2), "EventCount")
+}
+
+func testIdempotencyRace(t *testing.T, b *bundle) {
+	key := b.session()
+	const n = 16
+	evs := make([]store.Event, n)
+	created := make([]bool, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			evs[i], created[i], errs[i] = b.s.AppendEvent(b.ctx, store.AppendEventParams{
+				Key: key, Kind: "message", Payload: json.RawMessage(`{"message":"race"}`), IdempotencyKey: "same",
+			})
+		})
+	}
+	close(start)
+	wg.Wait()
+	creators := 0
+	for i := range n {
+		noErr(t, errs[i], fmt.Sprintf("racer %d", i))
+		if created[i] {
+			creators++
+		}
+		wantEq(t, evs[i].ID, evs[0].ID, fmt.Sprintf("racer %d event", i))
+	}
+	wantEq(t, creators, 1, "racers that created")
+	wantEq(t, len(b.events(key)), 1, "events after the race")
+	wantEq(t, b.getSession(key).EventCount, int64(1), "EventCount after the race")
+}
+
+func testSubscribe(t *testing.T, b *bundle) {
+	ctx, cancel := context.WithCancel(b.ctx)
+	ch, err := b.s.Subscribe(ctx)
+	noErr(t, err, "Subscribe")
+	key := b.session()
+	b.message(key, "wake up")
+	timeout := time.After(10 * time.Second)
+	for got := false; !got; {
+		select {
+		case k, ok := <-ch:
+			if !ok {
+				t.Fatalf("subscription closed before the wake-up")
+			}
+			got = k == key
+		case <-timeout:
+			t.Fatalf("no wake-up for %s within 10 s", key)
+		}
+	}
+	cancel()
+	for {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("subscription still open 10 s after its context ended")
+		}
+	}
+}

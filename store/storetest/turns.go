@@ -1,0 +1,411 @@
+package storetest
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/store"
+)
+
+func turnCases() []testCase {
+	return []testCase{
+		{"Invariant3/CommitAppendsTurnReplacesStateClosesEventClearsCurrent", testCommit},
+		{"Commit/EventWithoutMessageAddsNoUserMessage", testCommitNoMessage},
+		{"Invariant4/ReplayedCommitIsRejected", testCommitOnce},
+		{"Invariant4/EveryEventEndsInExactlyOneTerminalStatus", testTerminalStatus},
+		{"Invariant5/NextDeliveryYieldsOldestOpenEvent", testOldestFirst},
+		{"Invariant5/NotDueOldestEventBlocksLaterOnes", testNotDueBlocks},
+		{"Invariant9/MarkDeliverySentGuardsCreatedToSent", testMarkSent},
+		{"Invariant10/RetriesKeepTheFirstAttemptsBinding", testBinding},
+		{"FailAttempt/DeadLetterAtMaxAttemptsThenNextEvent", testDeadLetter},
+		{"FailAttempt/UncountedFailureKeepsAttempts", testUncounted},
+		{"Transcript/PagesTurnsWithMessagesInOrder", testTranscriptPaging},
+	}
+}
+
+func testCommit(t *testing.T, b *bundle) {
+	key := b.session()
+	ev := b.message(key, "hello")
+	act := b.claim(key, LongTTL)
+	d := b.next(act)
+	ref := d.Delivery.TurnRef()
+	turn, err := b.s.CommitTurn(b.ctx, store.CommitTurnParams{
+		Ref: ref,
+		Messages: []abi.Message{
+			{Role: abi.RoleAssistant, Content: "hi there"},
+			{Role: abi.RoleTool, Content: `{"ok":true}`},
+		},
+		State:   []byte("state-1"),
+		Outcome: abi.OutcomeSleep,
+	})
+	noErr(t, err, "CommitTurn")
+	wantEq(t, turn.ActorKey, key, "Turn key")
+	wantEq(t, turn.TurnNo, int64(1), "TurnNo")
+	wantEq(t, turn.EventID, ev.ID, "EventID")
+	wantEq(t, turn.DeliveryID, ref.DeliveryID, "DeliveryID")
+	wantEq(t, turn.ActorEpoch, act.ActorEpoch, "ActorEpoch")
+	wantEq(t, turn.Outcome, abi.OutcomeSleep, "Outcome")
+	if turn.CommittedAt.IsZero() {
+		t.Fatalf("CommittedAt is zero")
+	}
+	wantMessages(t, turn.Messages, abi.RoleUser, "hello", abi.RoleAssistant, "hi there", abi.RoleTool, `{"ok":true}`)
+
+	turns := b.transcript(key)
+	if len(turns) != 1 {
+		t.Fatalf("transcript has %d turns, want 1", len(turns))
+	}
+	got := turns[0]
+	wantEq(t, got.TurnNo, turn.TurnNo, "transcript TurnNo")
+	wantEq(t, got.EventID, turn.EventID, "transcript EventID")
+	wantEq(t, got.DeliveryID, turn.DeliveryID, "transcript DeliveryID")
+	wantEq(t, got.Outcome, turn.Outcome, "transcript Outcome")
+	wantEq(t, got.ActorEpoch, turn.ActorEpoch, "transcript ActorEpoch")
+	wantEq(t, got.ActorKey, key, "transcript key")
+	wantMessages(t, got.Messages, abi.RoleUser, "hello", abi.RoleAssistant, "hi there", abi.RoleTool, `{"ok":true}`)
+
+	closed := b.event(key, ev.ID)
+	wantEq(t, closed.Status, store.EventDone, "event status")
+	if closed.ClosedAt == nil {
+		t.Fatalf("done event has no ClosedAt")
+	}
+	s := b.getSession(key)
+	wantEq(t, s.TurnCount, int64(1), "TurnCount")
+	wantEq(t, s.OpenEvents, int64(0), "OpenEvents")
+	wantEq(t, s.EventCount, int64(1), "EventCount")
+
+	// The current event is cleared: the activation takes the next one (or
+	// reports none) and can stop.
+	_, err = b.tryNext(act, true, "")
+	nd := wantNoDue(t, err, "NextDelivery after the commit")
+	if !nd.NextDueAt.IsZero() {
+		t.Fatalf("NextDueAt = %v with no open event", nd.NextDueAt)
+	}
+	b.message(key, "again")
+	d2 := b.next(act)
+	wantBytes(t, d2.State, []byte("state-1"), "state after the commit")
+	if len(d2.Tail) != 3 || d2.Tail[0] != (abi.Message{Role: abi.RoleUser, Content: "hello"}) ||
+		d2.Tail[2] != (abi.Message{Role: abi.RoleTool, Content: `{"ok":true}`}) {
+		t.Fatalf("Tail = %+v", d2.Tail)
+	}
+	b.commit(d2.Delivery.TurnRef(), "again and again", "state-2")
+	noErr(t, b.s.StopActivation(b.ctx, act.Ref()), "StopActivation after the commits")
+
+	// The tail is the last N messages, oldest first.
+	act = b.claim(key, LongTTL)
+	b.message(key, "three")
+	d3, err := b.s.NextDelivery(b.ctx, store.NextDeliveryParams{Activation: act.Ref(), DeliveryID: uuid.NewString(), MarkSent: true, TailMessages: 2})
+	noErr(t, err, "NextDelivery")
+	want := []abi.Message{{Role: abi.RoleUser, Content: "again"}, {Role: abi.RoleAssistant, Content: "again and again"}}
+	if fmt.Sprint(d3.Tail) != fmt.Sprint(want) {
+		t.Fatalf("Tail(2) = %+v, want %+v", d3.Tail, want)
+	}
+	wantBytes(t, d3.State, []byte("state-2"), "state after the second commit")
+	// KeepState keeps it.
+	_, err = b.s.CommitTurn(b.ctx, store.CommitTurnParams{Ref: d3.Delivery.TurnRef(), KeepState: true, State: []byte("ignored"), Outcome: abi.OutcomeOK})
+	noErr(t, err, "CommitTurn KeepState")
+	b.message(key, "four")
+	wantBytes(t, b.next(act).State, []byte("state-2"), "state after a KeepState commit")
+}
+
+func testCommitNoMessage(t *testing.T, b *bundle) {
+	key := b.session()
+	_, _, err := b.s.AppendEvent(b.ctx, store.AppendEventParams{Key: key, Kind: "wake", Payload: json.RawMessage(`{"data":{"why":"alarm"}}`)})
+	noErr(t, err, "AppendEvent")
+	act := b.claim(key, LongTTL)
+	d := b.next(act)
+	wantEq(t, d.Event.Kind, "wake", "Kind")
+	turn := b.commit(d.Delivery.TurnRef(), "woke", "")
+	wantMessages(t, turn.Messages, abi.RoleAssistant, "woke")
+	wantMessages(t, b.transcript(key)[0].Messages, abi.RoleAssistant, "woke")
+}
+
+func testCommitOnce(t *testing.T, b *bundle) {
+	key := b.session()
+	b.message(key, "once")
+	act := b.claim(key, LongTTL)
+	ref := b.next(act).Delivery.TurnRef()
+	params := store.CommitTurnParams{Ref: ref, Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "only once"}}, State: []byte("s"), Outcome: abi.OutcomeOK}
+	_, err := b.s.CommitTurn(b.ctx, params)
+	noErr(t, err, "first CommitTurn")
+	before := b.snapshot(key)
+	for i := range 3 {
+		_, err = b.s.CommitTurn(b.ctx, params)
+		wantFence(t, err, store.FenceSupersededDelivery, fmt.Sprintf("replay %d of a committed turn", i+1))
+		b.sameSnapshot(key, before, "replayed commit")
+	}
+	// Even with the next event current, the old reply cannot commit it.
+	b.message(key, "next")
+	b.next(act)
+	before = b.snapshot(key)
+	_, err = b.s.CommitTurn(b.ctx, params)
+	wantFence(t, err, store.FenceSupersededDelivery, "replay while the next event is in flight")
+	b.sameSnapshot(key, before, "replay while the next event is in flight")
+	wantEq(t, len(b.transcript(key)), 1, "turns")
+}
+
+func testTerminalStatus(t *testing.T, b *bundle) {
+	key := b.session()
+	done := b.message(key, "will be done")
+	dead := b.message(key, "will be dead lettered")
+	open := b.message(key, "stays open")
+
+	act := b.claim(key, LongTTL)
+	b.commit(b.next(act).Delivery.TurnRef(), "ok", "")
+	fr := b.fail(b.next(act).Delivery.TurnRef(), true, 0, 1)
+	wantEq(t, fr.DeadLettered, true, "dead lettered at MaxAttempts 1")
+
+	want := map[int64]store.EventStatus{done.ID: store.EventDone, dead.ID: store.EventDeadLetter, open.ID: store.EventOpen}
+	seen := map[int64]store.EventStatus{}
+	for _, st := range []store.EventStatus{store.EventOpen, store.EventDone, store.EventCancelled, store.EventDeadLetter, store.EventDiscarded} {
+		evs, err := b.s.ListEvents(b.ctx, store.ListEventsParams{Key: key, Status: st})
+		noErr(t, err, "ListEvents "+string(st))
+		for _, ev := range evs {
+			if prev, dup := seen[ev.ID]; dup {
+				t.Fatalf("event %d listed as both %s and %s", ev.ID, prev, st)
+			}
+			wantEq(t, ev.Status, st, "listed status")
+			if (ev.ClosedAt == nil) != (st == store.EventOpen) {
+				t.Fatalf("event %d is %s with ClosedAt %v", ev.ID, st, ev.ClosedAt)
+			}
+			seen[ev.ID] = st
+		}
+	}
+	if fmt.Sprint(seen) != fmt.Sprint(want) {
+		t.Fatalf("statuses = %v, want %v", seen, want)
+	}
+
+	a2 := b.claim(key, LongTTL)
+	d := b.next(a2)
+	wantEq(t, d.Event.ID, open.ID, "the open event runs after the dead letter")
+	b.commit(d.Delivery.TurnRef(), "ok", "")
+	for _, ev := range b.events(key) {
+		if ev.Status == store.EventOpen {
+			t.Fatalf("event %d still open", ev.ID)
+		}
+	}
+	wantEq(t, b.getSession(key).OpenEvents, int64(0), "OpenEvents")
+	wantEq(t, b.getSession(key).TurnCount, int64(2), "TurnCount")
+}
+
+func testOldestFirst(t *testing.T, b *bundle) {
+	key := b.session()
+	var evs []store.Event
+	for i := range 3 {
+		evs = append(evs, b.message(key, fmt.Sprintf("m%d", i)))
+	}
+	act := b.claim(key, LongTTL)
+	for i := range 5 {
+		d := b.next(act)
+		wantEq(t, d.Event.ID, evs[i].ID, fmt.Sprintf("delivery %d event", i))
+		wantEq(t, d.Event.Seq, int64(i+1), fmt.Sprintf("delivery %d seq", i))
+		if i == 1 { // accepted while a turn runs: still after the older ones
+			evs = append(evs, b.message(key, "m3"), b.message(key, "m4"))
+		}
+		turn := b.commit(d.Delivery.TurnRef(), "ok", "")
+		wantEq(t, turn.TurnNo, int64(i+1), "TurnNo follows acceptance order")
+	}
+	_, err := b.tryNext(act, true, "")
+	wantNoDue(t, err, "after every event")
+	for i, turn := range b.transcript(key) {
+		wantEq(t, turn.EventID, evs[i].ID, fmt.Sprintf("turn %d event", i+1))
+	}
+}
+
+func testNotDueBlocks(t *testing.T, b *bundle) {
+	key := b.session()
+	first := b.message(key, "failing")
+	later := b.message(key, "waiting")
+	act := b.claim(key, LongTTL)
+	d := b.next(act)
+	wantEq(t, d.Event.ID, first.ID, "first delivery")
+	fr := b.fail(d.Delivery.TurnRef(), true, time.Hour, 5)
+	wantEq(t, fr.EventID, first.ID, "FailResult.EventID")
+	wantEq(t, fr.Attempts, 1, "FailResult.Attempts")
+	wantEq(t, fr.DeadLettered, false, "FailResult.DeadLettered")
+	ev := b.event(key, first.ID)
+	if d := ev.NextAttemptAt.Sub(ev.AcceptedAt); d < 59*time.Minute || d > 61*time.Minute {
+		t.Fatalf("NextAttemptAt is %v after acceptance, want about the 1 h backoff", d)
+	}
+	wantEq(t, ev.NextAttemptAt.Sub(fr.NextAttemptAt).Abs() <= time.Millisecond, true, "FailResult.NextAttemptAt matches the event")
+	wantEq(t, ev.Attempts, 1, "Attempts")
+	wantEq(t, ev.LastError, "worker crashed", "LastError")
+	wantEq(t, ev.Status, store.EventOpen, "Status")
+
+	runnable, err := b.s.RunnableSessions(b.ctx, 100)
+	noErr(t, err, "RunnableSessions")
+	for _, k := range runnable {
+		if k == key {
+			t.Fatalf("a session whose oldest event is not due is runnable")
+		}
+	}
+
+	a2 := b.claim(key, LongTTL)
+	_, err = b.tryNext(a2, true, "")
+	nd := wantNoDue(t, err, "NextDelivery with the oldest event backing off")
+	if nd.NextDueAt.Sub(ev.NextAttemptAt).Abs() > time.Millisecond {
+		t.Fatalf("NextDueAt = %v, want the oldest event's %v", nd.NextDueAt, ev.NextAttemptAt)
+	}
+	wantEq(t, b.event(key, later.ID).Status, store.EventOpen, "the later event waits")
+	wantEq(t, b.event(key, later.ID).Binding, "", "the later event was never attempted")
+}
+
+func testMarkSent(t *testing.T, b *bundle) {
+	key := b.session()
+	b.message(key, "send me")
+	act := b.claim(key, LongTTL)
+	d, err := b.tryNext(act, false, b.agent.ModuleDigest)
+	noErr(t, err, "NextDelivery without MarkSent")
+	wantEq(t, d.Delivery.State, store.DeliveryCreated, "Delivery.State")
+	ref := d.Delivery.TurnRef()
+
+	before := b.snapshot(key)
+	_, err = b.s.CommitTurn(b.ctx, store.CommitTurnParams{Ref: ref, Outcome: abi.OutcomeOK})
+	wantFence(t, err, store.FenceSupersededDelivery, "commit of a delivery never marked sent")
+	b.sameSnapshot(key, before, "commit of a created delivery")
+
+	bad := ref
+	bad.DeliveryID = uuid.NewString()
+	wantFence(t, b.s.MarkDeliverySent(b.ctx, bad), store.FenceUnknownDelivery, "MarkDeliverySent unknown")
+	bad = ref
+	bad.ActorEpoch++
+	wantFence(t, b.s.MarkDeliverySent(b.ctx, bad), store.FenceStaleEpoch, "MarkDeliverySent other epoch")
+	bad = ref
+	bad.SessionID = b.session().SessionID
+	wantFence(t, b.s.MarkDeliverySent(b.ctx, bad), store.FenceWrongActorKey, "MarkDeliverySent other session")
+
+	noErr(t, b.s.MarkDeliverySent(b.ctx, ref), "MarkDeliverySent")
+	wantFence(t, b.s.MarkDeliverySent(b.ctx, ref), store.FenceSupersededDelivery, "second MarkDeliverySent")
+	b.commit(ref, "sent and done", "")
+}
+
+func testBinding(t *testing.T, b *bundle) {
+	key := b.session()
+	ev := b.message(key, "bound")
+	a1 := b.claim(key, LongTTL)
+	d1, err := b.tryNext(a1, true, "sha256:v1")
+	noErr(t, err, "first NextDelivery")
+	wantEq(t, d1.Delivery.Binding, "sha256:v1", "first attempt's binding")
+	wantEq(t, d1.Event.Binding, "sha256:v1", "event binding recorded at the first attempt")
+	b.fail(d1.Delivery.TurnRef(), true, 0, 5)
+
+	a2 := b.claim(key, LongTTL)
+	d2, err := b.tryNext(a2, true, "sha256:v2")
+	noErr(t, err, "retry NextDelivery")
+	wantEq(t, d2.Event.ID, ev.ID, "retry event")
+	wantEq(t, d2.Delivery.Binding, "sha256:v1", "a retry keeps the first attempt's binding")
+	wantEq(t, b.event(key, ev.ID).Binding, "sha256:v1", "event binding after the retry")
+	b.commit(d2.Delivery.TurnRef(), "ok", "")
+
+	b.message(key, "new module")
+	d3, err := b.tryNext(a2, true, "sha256:v2")
+	noErr(t, err, "next event's NextDelivery")
+	wantEq(t, d3.Delivery.Binding, "sha256:v2", "a new event takes the current binding")
+}
+
+func testDeadLetter(t *testing.T, b *bundle) {
+	key := b.session()
+	poison := b.message(key, "poison")
+	after := b.message(key, "after")
+	const maxAttempts = 3
+	for i := 1; i <= maxAttempts; i++ {
+		act := b.claim(key, LongTTL)
+		d := b.next(act)
+		wantEq(t, d.Event.ID, poison.ID, fmt.Sprintf("attempt %d event", i))
+		wantEq(t, d.Attempt, i, "Attempt")
+		wantEq(t, d.Event.Attempts, i-1, "Event.Attempts")
+		fr, err := b.s.FailAttempt(b.ctx, store.FailAttemptParams{
+			Ref: d.Delivery.TurnRef(), Error: fmt.Sprintf("crash %d", i), Counted: true, MaxAttempts: maxAttempts,
+		})
+		noErr(t, err, "FailAttempt")
+		wantEq(t, fr.Attempts, i, "FailResult.Attempts")
+		wantEq(t, fr.DeadLettered, i == maxAttempts, fmt.Sprintf("dead lettered after attempt %d", i))
+	}
+	ev := b.event(key, poison.ID)
+	wantEq(t, ev.Status, store.EventDeadLetter, "Status")
+	wantEq(t, ev.Attempts, maxAttempts, "Attempts")
+	wantEq(t, ev.LastError, "crash 3", "LastError")
+	if ev.ClosedAt == nil {
+		t.Fatalf("a dead letter has no ClosedAt")
+	}
+	wantEq(t, b.getSession(key).OpenEvents, int64(1), "OpenEvents")
+	wantEq(t, len(b.transcript(key)), 0, "a dead letter commits no turn")
+
+	act := b.claim(key, LongTTL)
+	d := b.next(act)
+	wantEq(t, d.Event.ID, after.ID, "the session moves on to its next event")
+	wantEq(t, d.Attempt, 1, "next event's attempt")
+}
+
+func testUncounted(t *testing.T, b *bundle) {
+	key := b.session()
+	ev := b.message(key, "unlucky transport")
+	for range 3 {
+		act := b.claim(key, LongTTL)
+		d := b.next(act)
+		wantEq(t, d.Attempt, 1, "Attempt after uncounted failures")
+		fr, err := b.s.FailAttempt(b.ctx, store.FailAttemptParams{
+			Ref: d.Delivery.TurnRef(), Error: "no route", Counted: false, MaxAttempts: 1,
+		})
+		noErr(t, err, "FailAttempt uncounted")
+		wantEq(t, fr.Attempts, 0, "FailResult.Attempts")
+		wantEq(t, fr.DeadLettered, false, "uncounted failures never dead letter")
+	}
+	got := b.event(key, ev.ID)
+	wantEq(t, got.Attempts, 0, "Attempts")
+	wantEq(t, got.Status, store.EventOpen, "Status")
+	wantEq(t, got.LastError, "no route", "LastError")
+
+	// A delivery that was never sent can be failed, uncounted.
+	act := b.claim(key, LongTTL)
+	d, err := b.tryNext(act, false, "")
+	noErr(t, err, "NextDelivery without MarkSent")
+	fr := b.fail(d.Delivery.TurnRef(), false, 0, 1)
+	wantEq(t, fr.Attempts, 0, "attempts after failing a created delivery")
+	act = b.claim(key, LongTTL)
+	wantEq(t, b.next(act).Attempt, 1, "attempt after failing a created delivery")
+}
+
+func testTranscriptPaging(t *testing.T, b *bundle) {
+	key := b.session()
+	act := b.claim(key, LongTTL)
+	for i := 1; i <= 5; i++ {
+		b.message(key, fmt.Sprintf("q%d", i))
+		d := b.next(act)
+		_, err := b.s.CommitTurn(b.ctx, store.CommitTurnParams{
+			Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK,
+			Messages: []abi.Message{{Role: abi.RoleAssistant, Content: fmt.Sprintf("a%d", i)}, {Role: abi.RoleAssistant, Content: fmt.Sprintf("b%d", i)}},
+		})
+		noErr(t, err, "CommitTurn")
+	}
+	var got []string
+	after := int64(0)
+	pages := 0
+	for {
+		page, err := b.s.Transcript(b.ctx, store.TranscriptParams{Key: key, AfterTurn: after, Limit: 2})
+		noErr(t, err, "Transcript")
+		if len(page) == 0 {
+			break
+		}
+		if len(page) > 2 {
+			t.Fatalf("page of %d turns with limit 2", len(page))
+		}
+		pages++
+		for _, turn := range page {
+			wantEq(t, turn.TurnNo, after+1, "TurnNo")
+			after = turn.TurnNo
+			wantMessages(t, turn.Messages, abi.RoleUser, fmt.Sprintf("q%d", turn.TurnNo),
+				abi.RoleAssistant, fmt.Sprintf("a%d", turn.TurnNo), abi.RoleAssistant, fmt.Sprintf("b%d", turn.TurnNo))
+			got = append(got, fmt.Sprint(turn.TurnNo))
+		}
+	}
+	wantEq(t, pages, 3, "pages")
+	wantEq(t, fmt.Sprint(got), "[1 2 3 4 5]", "turns")
+	other, err := b.s.Transcript(b.ctx, store.TranscriptParams{Key: b.session()})
+	noErr(t, err, "Transcript of another session")
+	wantEq(t, len(other), 0, "turns of another session")
+}
