@@ -1,0 +1,352 @@
+package abi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"os"
+	"reflect"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/paddock-dev/paddock/abi"
+)
+
+const schemaFile = "v1.schema.json"
+
+// schemaDoc is the schema decoded as plain JSON, for structural checks.
+type schemaDoc struct {
+	Defs map[string]struct {
+		Required   []string                   `json:"required"`
+		Properties map[string]json.RawMessage `json:"properties"`
+	} `json:"$defs"`
+}
+
+func readSchemaDoc(t *testing.T) schemaDoc {
+	t.Helper()
+	b, err := os.ReadFile(schemaFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d schemaDoc
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("%s: %v", schemaFile, err)
+	}
+	return d
+}
+
+// compileSchema compiles the schema (which checks it against the draft
+// 2020-12 meta-schema) and returns the validator of one $defs entry.
+func compileSchema(t *testing.T, def string) *jsonschema.Schema {
+	t.Helper()
+	f, err := os.Open(schemaFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	doc, err := jsonschema.UnmarshalJSON(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	c.AssertContent()
+	if err := c.AddResource(schemaFile, doc); err != nil {
+		t.Fatal(err)
+	}
+	loc := schemaFile
+	if def != "" {
+		loc += "#/$defs/" + def
+	}
+	s, err := c.Compile(loc)
+	if err != nil {
+		t.Fatalf("compile %s: %v", loc, err)
+	}
+	return s
+}
+
+func validate(t *testing.T, s *jsonschema.Schema, encoded []byte) error {
+	t.Helper()
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(encoded))
+	if err != nil {
+		t.Fatalf("decode %s: %v", encoded, err)
+	}
+	return s.Validate(v)
+}
+
+// jsonFields returns the JSON names of a struct type's fields and which of
+// them carry omitempty.
+func jsonFields(t reflect.Type) (names []string, optional map[string]bool) {
+	optional = map[string]bool{}
+	for f := range t.Fields() {
+		tag := f.Tag.Get("json")
+		if tag == "-" || !f.IsExported() {
+			continue
+		}
+		name, opts, _ := strings.Cut(tag, ",")
+		if name == "" {
+			name = f.Name
+		}
+		names = append(names, name)
+		if slices.Contains(strings.Split(opts, ","), "omitempty") {
+			optional[name] = true
+		}
+	}
+	sort.Strings(names)
+	return names, optional
+}
+
+// TestSchemaMatchesGoTypes: every JSON field of the Go contract types is a
+// property of the matching $defs entry and vice versa; what Go always
+// encodes in a request is required, what Go may omit is not.
+func TestSchemaMatchesGoTypes(t *testing.T) {
+	doc := readSchemaDoc(t)
+	types := map[string]reflect.Type{
+		"TurnRequest": reflect.TypeFor[abi.TurnRequest](),
+		"TurnResult":  reflect.TypeFor[abi.TurnResult](),
+		"TurnRef":     reflect.TypeFor[abi.TurnRef](),
+		"Session":     reflect.TypeFor[abi.Session](),
+		"Event":       reflect.TypeFor[abi.Event](),
+		"Message":     reflect.TypeFor[abi.Message](),
+	}
+	var defs []string
+	for name := range doc.Defs {
+		defs = append(defs, name)
+	}
+	sort.Strings(defs)
+	var want []string
+	for name := range types {
+		want = append(want, name)
+	}
+	sort.Strings(want)
+	if !slices.Equal(defs, want) {
+		t.Fatalf("$defs are %v, Go contract types are %v", defs, want)
+	}
+	for name, typ := range types {
+		def := doc.Defs[name]
+		goNames, optional := jsonFields(typ)
+		var props []string
+		for p := range def.Properties {
+			props = append(props, p)
+		}
+		sort.Strings(props)
+		if !slices.Equal(goNames, props) {
+			t.Errorf("%s: Go JSON fields %v, schema properties %v", name, goNames, props)
+		}
+		for _, r := range def.Required {
+			if optional[r] {
+				t.Errorf("%s: %q is required by the schema but omitempty in Go", name, r)
+			}
+			if !slices.Contains(goNames, r) {
+				t.Errorf("%s: required %q is not a Go field", name, r)
+			}
+		}
+		// Results may come from any language and may omit what null
+		// means anyway (messages, state); everything else Go always
+		// writes is required.
+		if name == "TurnResult" {
+			continue
+		}
+		for _, f := range goNames {
+			if !optional[f] && !slices.Contains(def.Required, f) {
+				t.Errorf("%s: %q is always encoded by Go but not required by the schema", name, f)
+			}
+		}
+	}
+}
+
+// TestSchemaMatchesGoConstants: enums, the version and the limits in the
+// schema are the Go constants.
+func TestSchemaMatchesGoConstants(t *testing.T) {
+	doc := readSchemaDoc(t)
+	prop := func(def, p string) map[string]any {
+		var m map[string]any
+		if err := json.Unmarshal(doc.Defs[def].Properties[p], &m); err != nil {
+			t.Fatalf("%s.%s: %v", def, p, err)
+		}
+		return m
+	}
+	enum := func(m map[string]any) []string {
+		var out []string
+		for _, v := range m["enum"].([]any) {
+			out = append(out, v.(string))
+		}
+		sort.Strings(out)
+		return out
+	}
+	outcomes := []string{string(abi.OutcomeError), string(abi.OutcomeFinish), string(abi.OutcomeOK), string(abi.OutcomeSleep)}
+	if got := enum(prop("TurnResult", "outcome")); !slices.Equal(got, outcomes) {
+		t.Errorf("outcome enum %v, Go outcomes %v", got, outcomes)
+	}
+	for _, o := range outcomes {
+		if !abi.Outcome(o).Valid() {
+			t.Errorf("Outcome(%q).Valid() = false", o)
+		}
+	}
+	roles := []string{abi.RoleAssistant, abi.RoleSystem, abi.RoleTool, abi.RoleUser}
+	if got := enum(prop("Message", "role")); !slices.Equal(got, roles) {
+		t.Errorf("role enum %v, Go roles %v", got, roles)
+	}
+	if got := prop("TurnRequest", "abi_version")["const"]; got != float64(abi.Version) {
+		t.Errorf("abi_version const %v, abi.Version %d", got, abi.Version)
+	}
+	if got := prop("TurnResult", "messages")["maxItems"]; got != float64(abi.MaxMessages) {
+		t.Errorf("messages maxItems %v, abi.MaxMessages %d", got, abi.MaxMessages)
+	}
+	stateLen := float64(base64.StdEncoding.EncodedLen(abi.MaxStateBytes))
+	for _, def := range []string{"TurnRequest", "TurnResult"} {
+		if got := prop(def, "state")["maxLength"]; got != stateLen {
+			t.Errorf("%s.state maxLength %v, base64 of abi.MaxStateBytes is %v", def, got, stateLen)
+		}
+	}
+}
+
+func sampleRef() abi.TurnRef {
+	return abi.TurnRef{DeliveryID: "dlv_1", ActivationUID: "act_1", ActorEpoch: 3, ActorEventID: 41,
+		Revision: 1, AgentUID: "agt_1", SessionID: "ses_1"}
+}
+
+// TestSchemaValidatesGoEncodings: what the Go types encode validates, for
+// every shape the host and the SDKs produce.
+func TestSchemaValidatesGoEncodings(t *testing.T) {
+	reqSchema := compileSchema(t, "TurnRequest")
+	resSchema := compileSchema(t, "TurnResult")
+	root := compileSchema(t, "")
+	at := time.Date(2026, 11, 30, 3, 0, 0, 123456789, time.UTC)
+	requests := map[string]*abi.TurnRequest{
+		"new session": {ABIVersion: abi.Version, TurnRef: sampleRef(),
+			Session: abi.Session{AgentName: "notes", SessionID: "ses_1"},
+			Event:   abi.Event{ID: 41, Kind: abi.EventMessage, AcceptedAt: at}, Attempt: 1},
+		"full": {ABIVersion: abi.Version, TurnRef: sampleRef(),
+			Session:    abi.Session{AgentName: "notes", SessionID: "ses_1", Key: "k", Input: []byte{0, 1, 2}},
+			Event:      abi.Event{ID: 41, Kind: abi.EventMessage, Message: "hi", Data: json.RawMessage(`{"a":[1,2]}`), AcceptedAt: at},
+			State:      []byte(`{"notes":[]}`),
+			Transcript: []abi.Message{{Role: abi.RoleUser, Content: "hi"}, {Role: abi.RoleAssistant, Content: "hello"}},
+			Attempt:    2},
+		"empty state": {ABIVersion: abi.Version, TurnRef: sampleRef(),
+			Session: abi.Session{AgentName: "notes", SessionID: "ses_1"},
+			Event:   abi.Event{ID: 41, Kind: abi.EventMessage, AcceptedAt: at}, State: []byte{}, Transcript: []abi.Message{}, Attempt: 1},
+	}
+	for name, req := range requests {
+		b, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := validate(t, reqSchema, b); err != nil {
+			t.Errorf("request %q %s: %v", name, b, err)
+		}
+		if err := validate(t, root, b); err != nil {
+			t.Errorf("request %q against the root schema: %v", name, err)
+		}
+	}
+	results := map[string]*abi.TurnResult{
+		"ok":     {TurnRef: sampleRef(), Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "hi"}}, State: []byte("s"), Outcome: abi.OutcomeOK},
+		"keep":   {TurnRef: sampleRef(), Outcome: abi.OutcomeSleep},
+		"clear":  {TurnRef: sampleRef(), State: []byte{}, Outcome: abi.OutcomeFinish},
+		"error":  {TurnRef: sampleRef(), Outcome: abi.OutcomeError, Error: "boom"},
+		"normal": abi.Run(t.Context(), func(context.Context, *abi.TurnRequest) (*abi.TurnResult, error) { return &abi.TurnResult{}, nil }, requests["full"]),
+	}
+	for name, res := range results {
+		if err := res.Validate(); err != nil {
+			t.Fatalf("result %q is not a valid Go result: %v", name, err)
+		}
+		b, err := json.Marshal(res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := validate(t, resSchema, b); err != nil {
+			t.Errorf("result %q %s: %v", name, b, err)
+		}
+		if err := validate(t, root, b); err != nil {
+			t.Errorf("result %q against the root schema: %v", name, err)
+		}
+	}
+}
+
+// TestSchemaRejectsInvalid: the schema is not vacuous; each sample breaks
+// one rule.
+func TestSchemaRejectsInvalid(t *testing.T) {
+	reqSchema := compileSchema(t, "TurnRequest")
+	resSchema := compileSchema(t, "TurnResult")
+	ref := `{"delivery_id":"d","activation_uid":"a","actor_epoch":1,"actor_event_id":2,"revision":0,"agent_uid":"g","session_id":"s"}`
+	event := `{"id":2,"kind":"message","accepted_at":"2026-11-30T03:00:00Z"}`
+	session := `{"agent_name":"n","session_id":"s"}`
+	request := func(abiVersion, state, attempt string) string {
+		return `{"abi_version":` + abiVersion + `,"turn_ref":` + ref + `,"session":` + session + `,"event":` + event +
+			`,"state":` + state + `,"transcript":null,"attempt":` + attempt + `}`
+	}
+	if err := validate(t, reqSchema, []byte(request("1", "null", "1"))); err != nil {
+		t.Fatalf("baseline request: %v", err)
+	}
+	for name, body := range map[string]string{
+		"abi_version 2":   request("2", "null", "1"),
+		"attempt 0":       request("1", "null", "0"),
+		"state not b64":   request("1", `"%%%"`, "1"),
+		"state a number":  request("1", "7", "1"),
+		"missing session": `{"abi_version":1,"turn_ref":` + ref + `,"event":` + event + `,"state":null,"transcript":null,"attempt":1}`,
+		"bad accepted_at": strings.Replace(request("1", "null", "1"), "2026-11-30T03:00:00Z", "yesterday", 1),
+	} {
+		if err := validate(t, reqSchema, []byte(body)); err == nil {
+			t.Errorf("request %q validated: %s", name, body)
+		}
+	}
+	if err := validate(t, resSchema, []byte(`{"turn_ref":`+ref+`,"outcome":"ok"}`)); err != nil {
+		t.Fatalf("baseline result: %v", err)
+	}
+	for name, body := range map[string]string{
+		"no turn_ref":        `{"outcome":"ok"}`,
+		"no outcome":         `{"turn_ref":` + ref + `}`,
+		"unknown outcome":    `{"turn_ref":` + ref + `,"outcome":"done"}`,
+		"error without text": `{"turn_ref":` + ref + `,"outcome":"error"}`,
+		"error empty text":   `{"turn_ref":` + ref + `,"outcome":"error","error":""}`,
+		"bad role":           `{"turn_ref":` + ref + `,"outcome":"ok","messages":[{"role":"bot","content":"x"}]}`,
+		"ref epoch a string": `{"turn_ref":` + strings.Replace(ref, `"actor_epoch":1`, `"actor_epoch":"1"`, 1) + `,"outcome":"ok"}`,
+	} {
+		if err := validate(t, resSchema, []byte(body)); err == nil {
+			t.Errorf("result %q validated: %s", name, body)
+		}
+	}
+}
+
+// TestReadmeExamples: every JSON example in README.md validates against the
+// schema and decodes into the Go types with the meaning the text gives it.
+func TestReadmeExamples(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := regexp.MustCompile("(?s)```json\n(.*?)```").FindAllSubmatch(readme, -1)
+	if len(blocks) < 3 {
+		t.Fatalf("README.md has %d json examples, want at least 3", len(blocks))
+	}
+	root := compileSchema(t, "")
+	for i, m := range blocks {
+		body := m[1]
+		if err := validate(t, root, body); err != nil {
+			t.Errorf("README example %d: %v\n%s", i+1, err, body)
+			continue
+		}
+		if bytes.Contains(body, []byte(`"abi_version"`)) {
+			var req abi.TurnRequest
+			if err := json.Unmarshal(body, &req); err != nil {
+				t.Errorf("README example %d as TurnRequest: %v", i+1, err)
+			}
+			continue
+		}
+		var res abi.TurnResult
+		if err := json.Unmarshal(body, &res); err != nil {
+			t.Errorf("README example %d as TurnResult: %v", i+1, err)
+			continue
+		}
+		if err := res.Validate(); err != nil {
+			t.Errorf("README example %d: %v", i+1, err)
+		}
+	}
+}

@@ -1,0 +1,151 @@
+// Package faulty is the logic of the faulty example agent, which misbehaves
+// on request so that hosts can test how they survive failed turns. Each
+// message is one command:
+//
+//	trap          a real wasm trap (an out-of-bounds memory access)
+//	crash         an unrecovered panic in a goroutine (the Go runtime exits with code 2)
+//	exit [code]   os.Exit(code), code 3 by default
+//	panic         a panic in the turn function, recovered by the SDK: an error outcome
+//	loop          an infinite loop (the host's turn timeout ends it)
+//	error         an error outcome
+//	oom           allocates until the memory cap is hit
+//	big [bytes]   a reply of that many bytes (default abi.MaxResultBytes+1)
+//	bigstate      a state over abi.MaxStateBytes (an invalid result)
+//	sleep <ms>    busy-waits ms milliseconds of wall time, then answers
+//	nap <ms>      time.Sleep(ms), then answers
+//	flaky <n>     an error outcome on attempts < n, success from attempt n on
+//	log <text>    logs text through the host import and prints it to stdout and stderr
+//	anything else answers "ok: <message>"
+//
+// Successful replies are one "assistant" message; the state is never changed
+// (nil: keep). The misbehaviours that end the module are injected through
+// Agent so that the logic tests on the host.
+package faulty
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/wasm/guest"
+)
+
+// Agent is the faulty agent. The function fields perform the misbehaviours
+// that end the module; New fills them with the real ones.
+type Agent struct {
+	// Trap executes a wasm trap (on other platforms it panics).
+	Trap func()
+	// Crash panics in a new goroutine and never returns.
+	Crash func()
+	// Exit ends the process with code.
+	Exit func(code int)
+	// Loop never returns.
+	Loop func()
+	// OOM allocates until the process dies.
+	OOM func()
+}
+
+// New returns the agent with the real misbehaviours.
+func New() *Agent {
+	return &Agent{Trap: trap, Crash: crash, Exit: os.Exit, Loop: spin, OOM: hog}
+}
+
+// ErrRequested is the error of the "error" and "flaky" commands.
+var ErrRequested = errors.New("faulty: error requested")
+
+// Turn is the agent's abi.TurnFunc.
+func (a *Agent) Turn(_ context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+	msg := strings.TrimSpace(req.Event.Message)
+	verb, arg, _ := strings.Cut(msg, " ")
+	arg = strings.TrimSpace(arg)
+	reply := "ok: " + msg
+	switch verb {
+	case "trap":
+		a.Trap()
+	case "crash":
+		a.Crash()
+	case "exit":
+		a.Exit(intArg(arg, 3))
+	case "panic":
+		panic("faulty: panic requested")
+	case "loop":
+		a.Loop()
+	case "oom":
+		a.OOM()
+	case "error":
+		return nil, ErrRequested
+	case "big":
+		n := intArg(arg, abi.MaxResultBytes+1)
+		return reply1(strings.Repeat("x", n)), nil
+	case "bigstate":
+		res := reply1(reply)
+		res.State = make([]byte, abi.MaxStateBytes+1)
+		return res, nil
+	case "sleep":
+		d := time.Duration(intArg(arg, 0)) * time.Millisecond
+		for start := time.Now(); time.Since(start) < d; {
+		}
+		reply = fmt.Sprintf("slept %d ms", d.Milliseconds())
+	case "nap":
+		d := time.Duration(intArg(arg, 0)) * time.Millisecond
+		time.Sleep(d)
+		reply = fmt.Sprintf("napped %d ms", d.Milliseconds())
+	case "flaky":
+		if n := intArg(arg, 1); req.Attempt < n {
+			return nil, fmt.Errorf("%w: attempt %d < %d", ErrRequested, req.Attempt, n)
+		}
+		reply = fmt.Sprintf("ok on attempt %d", req.Attempt)
+	case "log":
+		guest.Log(guest.LevelInfo, arg)
+		fmt.Fprintln(os.Stdout, "stdout: "+arg)
+		fmt.Fprintln(os.Stderr, "stderr: "+arg)
+	}
+	return reply1(reply), nil
+}
+
+func reply1(content string) *abi.TurnResult {
+	return &abi.TurnResult{
+		Messages: []abi.Message{{Role: abi.RoleAssistant, Content: content}},
+		Outcome:  abi.OutcomeOK,
+	}
+}
+
+// intArg parses s as an int, or returns def.
+func intArg(s string, def int) int {
+	if n, err := strconv.Atoi(s); err == nil {
+		return n
+	}
+	return def
+}
+
+// crash panics in a goroutine, which no recover in the turn can catch: the
+// Go runtime prints the panic to stderr and exits with code 2.
+func crash() {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		panic("faulty: crash requested")
+	}()
+	<-done
+}
+
+// spin loops forever.
+func spin() {
+	for {
+	}
+}
+
+// hog allocates 1 MiB blocks and keeps them until the allocator fails.
+func hog() {
+	var kept [][]byte
+	for i := 0; ; i++ {
+		b := make([]byte, 1<<20)
+		b[i%len(b)] = 1
+		kept = append(kept, b)
+	}
+}

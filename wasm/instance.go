@@ -1,0 +1,330 @@
+package wasm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/sys"
+
+	"github.com/paddock-dev/paddock/abi"
+)
+
+// Kinds of a TurnError.
+const (
+	// KindTrap: the guest executed a wasm trap (unreachable, out-of-bounds
+	// memory access, ...).
+	KindTrap = "trap"
+	// KindExit: the guest exited (WASI proc_exit), e.g. os.Exit or an
+	// unrecovered Go panic (exit code 2). ExitCode says which.
+	KindExit = "exit"
+	// KindOOM: the guest ran out of memory under Config.MemoryLimitPages.
+	KindOOM = "oom"
+	// KindTimeout: the turn ran past Config.TurnTimeout or the caller's
+	// deadline.
+	KindTimeout = "timeout"
+	// KindCanceled: the caller's context was cancelled or the Instance was
+	// closed during the turn.
+	KindCanceled = "canceled"
+	// KindOversized: the encoded result exceeds Config.MaxResultBytes.
+	KindOversized = "oversized"
+	// KindInvalidResult: the result is not valid v1 JSON, fails
+	// abi.TurnResult.Validate, does not echo the request's turn_ref, or the
+	// guest broke the memory ABI (a null or out-of-bounds buffer).
+	KindInvalidResult = "invalid_result"
+)
+
+// TurnError is a failed turn: the attempt fails (DESIGN "Failure, retry and
+// crash policy") and the Instance that ran it is closed. The host never
+// crashes or hangs on a guest's behalf; every guest failure ends here.
+type TurnError struct {
+	// Kind is one of the Kind constants.
+	Kind string
+	// Op is what failed: "instantiate", "turn", or the ABI function called.
+	Op string
+	// Digest is the module's content address.
+	Digest string
+	// TurnRef is the request's turn_ref rendered by abi.TurnRef.String
+	// (empty for instantiation).
+	TurnRef string
+	// ExitCode is the guest's exit code (KindExit, KindOOM via exit).
+	ExitCode uint32
+	// Output is the beginning of what the guest wrote to stderr during the
+	// turn (at most 1 KiB), e.g. a Go panic or fatal error message.
+	Output string
+	// Err is the underlying error.
+	Err error
+}
+
+// Error reads like "wasm turn sha256:…/agent/s1@e3/ev7/r0/d9: exit: guest
+// exited with code 2: module closed with exit_code(2); stderr: panic: …".
+func (e *TurnError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "wasm %s %s", e.Op, e.Digest)
+	if e.TurnRef != "" {
+		b.WriteString(" " + e.TurnRef)
+	}
+	fmt.Fprintf(&b, ": %s: %s", e.Kind, firstLines(fmt.Sprint(e.Err), 8))
+	if e.Output != "" {
+		b.WriteString("; stderr: " + firstLines(e.Output, 4))
+	}
+	return b.String()
+}
+
+// firstLines cuts s after n lines (wasm stack traces and goroutine dumps
+// are long; the first lines say what happened and where).
+func firstLines(s string, n int) string {
+	at := 0
+	for range n {
+		nl := strings.IndexByte(s[at:], '\n')
+		if nl < 0 {
+			return s
+		}
+		at += nl + 1
+	}
+	if strings.TrimSpace(s[at:]) == "" {
+		return strings.TrimRight(s, "\n")
+	}
+	return strings.TrimRight(s[:at], "\n") + "\n\t…"
+}
+
+// Unwrap returns the underlying error.
+func (e *TurnError) Unwrap() error { return e.Err }
+
+// ErrInstanceClosed is returned by Turn on an Instance that was closed, by
+// Close or by an earlier failed turn.
+var ErrInstanceClosed = errors.New("wasm: instance closed")
+
+// ErrRequestTooLarge is returned (wrapped) by Turn when the encoded request
+// exceeds abi.MaxRequestBytes. Nothing ran; the Instance stays usable.
+var ErrRequestTooLarge = errors.New("wasm: turn request too large")
+
+// Instance is one instance of a module: its own linear memory, Go runtime
+// and globals. It serves turns one at a time (Turn serialises callers) and
+// is meant to serve the turns of one activation; see the package doc for
+// when to recycle it.
+type Instance struct {
+	rt     *Runtime
+	digest string
+	mod    api.Module
+	alloc  api.Function
+	free   api.Function
+	turn   api.Function
+	glog   *guestLog
+
+	mu     sync.Mutex // serialises Turn, guards turns and mod's memory
+	turns  int
+	closed atomic.Bool
+}
+
+// instantiate makes an instance of compiled in the sandbox, running its
+// _initialize within TurnTimeout.
+func (r *Runtime) instantiate(ctx context.Context, digest string, compiled wazero.CompiledModule) (*Instance, error) {
+	inst := &Instance{rt: r, digest: digest, glog: newGuestLog(r.log, digest, r.cfg.MaxLogBytesPerTurn)}
+	cfg := r.modCfg.WithStdout(inst.glog.stdout()).WithStderr(inst.glog.stderr())
+	ictx, cancel := context.WithTimeout(ctx, r.cfg.TurnTimeout)
+	defer cancel()
+	inst.glog.startTurn("")
+	defer inst.glog.endTurn(ictx)
+	mod, err := r.wz.InstantiateModule(withGuestLog(ictx, inst.glog), compiled, cfg)
+	if err != nil {
+		if r.isClosed() {
+			return nil, ErrClosed
+		}
+		return nil, inst.classify(ictx, "instantiate", err)
+	}
+	inst.mod = mod
+	inst.alloc = mod.ExportedFunction(ExportAlloc)
+	inst.free = mod.ExportedFunction(ExportFree)
+	inst.turn = mod.ExportedFunction(ExportTurn)
+	if inst.alloc == nil || inst.free == nil || inst.turn == nil || mod.Memory() == nil {
+		_ = mod.Close(ctx)
+		return nil, fmt.Errorf("wasm: module %s lacks ABI exports after validation", digest)
+	}
+	return inst, nil
+}
+
+// Digest returns the content address of the instance's module.
+func (i *Instance) Digest() string { return i.digest }
+
+// Turn runs one turn: it encodes req, hands it to the guest's paddock_turn
+// within Config.TurnTimeout (or ctx's earlier deadline), and returns the
+// guest's result after checking it: size, JSON, abi.TurnResult.Validate and
+// the echoed turn_ref. An "error" outcome is a valid result, not an error.
+//
+// Errors: a *TurnError for any guest failure (the Instance is then closed;
+// make a new one for the next attempt), ErrInstanceClosed, ErrRequestTooLarge
+// (wrapped; the Instance stays usable), or a JSON encoding error of req.
+func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.closed.Load() {
+		return nil, ErrInstanceClosed
+	}
+	in, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("wasm: encode turn request: %w", err)
+	}
+	if len(in) > abi.MaxRequestBytes {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrRequestTooLarge, len(in), abi.MaxRequestBytes)
+	}
+	ctx, cancel := context.WithTimeout(ctx, i.rt.cfg.TurnTimeout)
+	defer cancel()
+	ref := req.TurnRef.String()
+	i.glog.startTurn(ref)
+	defer i.glog.endTurn(ctx)
+	res, err := i.runTurn(withGuestLog(ctx, i.glog), req, in)
+	if err != nil {
+		var te *TurnError
+		if !errors.As(err, &te) {
+			te = i.classify(ctx, "turn", err)
+		}
+		te.TurnRef = ref
+		i.closed.Store(true)
+		_ = i.mod.Close(context.WithoutCancel(ctx))
+		i.rt.log.LogAttrs(ctx, logLevelTurnError, "wasm turn failed",
+			logAttrs(i.digest, ref, "kind", te.Kind, "error", te.Error())...)
+		return nil, te
+	}
+	i.turns++
+	return res, nil
+}
+
+// runTurn is the ABI exchange of one turn.
+func (i *Instance) runTurn(ctx context.Context, req *abi.TurnRequest, in []byte) (*abi.TurnResult, error) {
+	mem := i.mod.Memory()
+	out, err := i.alloc.Call(ctx, uint64(len(in)))
+	if err != nil {
+		return nil, i.classify(ctx, ExportAlloc, err)
+	}
+	ptr := api.DecodeU32(out[0])
+	if ptr == 0 || !mem.Write(ptr, in) {
+		return nil, i.invalid(ExportAlloc, "returned buffer %#x of %d bytes, outside the %d-byte memory", ptr, len(in), mem.Size())
+	}
+	out, err = i.turn.Call(ctx, uint64(ptr), uint64(len(in)))
+	if err != nil {
+		return nil, i.classify(ctx, ExportTurn, err)
+	}
+	rptr, rlen := uint32(out[0]>>32), uint32(out[0])
+	if _, err := i.free.Call(ctx, uint64(ptr)); err != nil {
+		return nil, i.classify(ctx, ExportFree, err)
+	}
+	if int64(rlen) > int64(i.rt.cfg.MaxResultBytes) {
+		return nil, &TurnError{Kind: KindOversized, Op: ExportTurn, Digest: i.digest,
+			Err: fmt.Errorf("result is %d bytes, limit %d", rlen, i.rt.cfg.MaxResultBytes)}
+	}
+	view, ok := mem.Read(rptr, rlen)
+	if !ok {
+		return nil, i.invalid(ExportTurn, "result buffer %#x of %d bytes is outside the %d-byte memory", rptr, rlen, mem.Size())
+	}
+	// Decoding copies every field out of guest memory, so the view may be
+	// released right after.
+	res := new(abi.TurnResult)
+	decErr := json.Unmarshal(view, res)
+	if _, err := i.free.Call(ctx, uint64(rptr)); err != nil {
+		return nil, i.classify(ctx, ExportFree, err)
+	}
+	if decErr != nil {
+		return nil, i.invalid(ExportTurn, "malformed result JSON: %v", decErr)
+	}
+	if err := res.Validate(); err != nil {
+		return nil, &TurnError{Kind: KindInvalidResult, Op: ExportTurn, Digest: i.digest, Err: err}
+	}
+	if res.TurnRef != req.TurnRef {
+		msg := fmt.Sprintf("result turn_ref %s does not echo the request's %s", res.TurnRef, req.TurnRef)
+		if res.Error != "" {
+			msg += " (guest error: " + res.Error + ")"
+		}
+		return nil, i.invalid(ExportTurn, "%s", msg)
+	}
+	return res, nil
+}
+
+func (i *Instance) invalid(op, format string, args ...any) *TurnError {
+	return &TurnError{Kind: KindInvalidResult, Op: op, Digest: i.digest, Err: fmt.Errorf(format, args...)}
+}
+
+// classify turns an error of a guest call into a TurnError.
+func (i *Instance) classify(ctx context.Context, op string, err error) *TurnError {
+	te := &TurnError{Op: op, Digest: i.digest, Err: err, Output: i.glog.stderrHead()}
+	var exit *sys.ExitError
+	switch {
+	case errors.As(err, &exit) && exit.ExitCode() == sys.ExitCodeDeadlineExceeded,
+		!errors.As(err, &exit) && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		te.Kind = KindTimeout
+		if dl, ok := ctx.Deadline(); ok {
+			te.Err = fmt.Errorf("turn exceeded its deadline (turn timeout %s, deadline %s): %w",
+				i.rt.cfg.TurnTimeout, dl.Format("15:04:05.000"), err)
+		}
+	case errors.As(err, &exit) && exit.ExitCode() == sys.ExitCodeContextCanceled,
+		!errors.As(err, &exit) && ctx.Err() != nil,
+		i.closed.Load():
+		te.Kind = KindCanceled
+	case errors.As(err, &exit):
+		te.Kind, te.ExitCode = KindExit, exit.ExitCode()
+		te.Err = fmt.Errorf("guest exited with code %d: %w", te.ExitCode, err)
+	default:
+		te.Kind = KindTrap
+	}
+	if (te.Kind == KindExit || te.Kind == KindTrap) && i.glog.outOfMemory() {
+		te.Kind = KindOOM
+		te.Err = fmt.Errorf("guest ran out of memory (cap %d MiB): %w", i.rt.cfg.MemoryLimitPages/16, te.Err)
+	}
+	return te
+}
+
+// MemoryBytes returns the size of the instance's linear memory in bytes
+// (0 once closed). Wasm memory never shrinks, so this is the instance's
+// high-water mark; it blocks while a turn runs.
+func (i *Instance) MemoryBytes() uint64 {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.closed.Load() {
+		return 0
+	}
+	return uint64(i.mod.Memory().Size())
+}
+
+// Turns returns the number of turns the instance completed.
+func (i *Instance) Turns() int {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.turns
+}
+
+// ShouldRecycle reports whether the host should close the instance and use
+// a fresh one for the next turn: it is closed (after a failed turn), its
+// memory passed Config.RecycleMemoryBytes, or it served
+// Config.RecycleAfterTurns turns. It blocks while a turn runs.
+func (i *Instance) ShouldRecycle() bool {
+	if i.closed.Load() {
+		return true
+	}
+	cfg := i.rt.cfg
+	if cfg.RecycleAfterTurns > 0 && i.Turns() >= cfg.RecycleAfterTurns {
+		return true
+	}
+	return i.MemoryBytes() >= cfg.RecycleMemoryBytes
+}
+
+// Closed reports whether the instance is closed.
+func (i *Instance) Closed() bool { return i.closed.Load() }
+
+// Close closes the instance and releases its memory. It may be called from
+// another goroutine during a Turn, which then fails with KindCanceled.
+// Calling Close again returns nil.
+func (i *Instance) Close(ctx context.Context) error {
+	if i.closed.Swap(true) {
+		return nil
+	}
+	if err := i.mod.Close(ctx); err != nil {
+		return fmt.Errorf("wasm: close instance of %s: %w", i.digest, err)
+	}
+	return nil
+}
