@@ -269,6 +269,15 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 		}
 		log.Debug("turn committed", "turn", turn.TurnNo, "event", turn.EventID, "outcome", turn.Outcome)
 		idleSince = time.Now()
+		if turn.Outcome == abi.OutcomeSleep || turn.Outcome == abi.OutcomeFinish {
+			// The agent has nothing more to do until someone speaks: run what
+			// is already due, then stop without the idle wait.
+			idleSince = time.Now().Add(-h.pol.IdleTimeout)
+		}
+		if r, ok := inst.(Recycler); ok && r.ShouldRecycle() {
+			_ = inst.Close(context.Background())
+			inst = nil
+		}
 	}
 }
 

@@ -25,3 +25,10 @@ type Instance interface {
 	// Close releases the instance.
 	Close(ctx context.Context) error
 }
+
+// Recycler is implemented by instances that should be replaced by a fresh
+// one after some use (e.g. a wasm instance whose linear memory, which never
+// shrinks, passed a high-water mark). The controller asks after each turn.
+type Recycler interface {
+	ShouldRecycle() bool
+}

@@ -301,12 +301,12 @@ func (s *Server) getModule(w http.ResponseWriter, r *http.Request) error {
 // ---- agents
 
 type agentJSON struct {
-	UID          string            `json:"uid"`
-	Name         string            `json:"name"`
-	Module       string            `json:"module"`
-	CrashPolicy  store.CrashPolicy `json:"crash_policy"`
-	CreatedAt    time.Time         `json:"created_at"`
-	UpdatedAt    time.Time         `json:"updated_at"`
+	UID         string            `json:"uid"`
+	Name        string            `json:"name"`
+	Module      string            `json:"module"`
+	CrashPolicy store.CrashPolicy `json:"crash_policy"`
+	CreatedAt   time.Time         `json:"created_at"`
+	UpdatedAt   time.Time         `json:"updated_at"`
 }
 
 func toAgentJSON(a store.Agent) agentJSON {

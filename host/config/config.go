@@ -39,13 +39,13 @@ type Config struct {
 	// is not a loopback address.
 	AuthToken string `koanf:"auth_token"`
 	// DataDir holds the SQLite database and the wasm compilation cache.
-	DataDir string   `koanf:"data_dir"`
-	Log     Log      `koanf:"log"`
-	Store   Store    `koanf:"store"`
-	Wasm    Wasm     `koanf:"wasm"`
-	Runtime Runtime  `koanf:"runtime"`
-	Retry   Retry    `koanf:"retry"`
-	API     API      `koanf:"api"`
+	DataDir string  `koanf:"data_dir"`
+	Log     Log     `koanf:"log"`
+	Store   Store   `koanf:"store"`
+	Wasm    Wasm    `koanf:"wasm"`
+	Runtime Runtime `koanf:"runtime"`
+	Retry   Retry   `koanf:"retry"`
+	API     API     `koanf:"api"`
 	// CrashPolicy is THE default crash policy (restart, sleep or destroy)
 	// for agents registered without one (DESIGN "Crash policy").
 	CrashPolicy string `koanf:"crash_policy"`
@@ -337,7 +337,9 @@ func toMap(c Config) map[string]any {
 // Validate checks ranges and cross-field rules.
 func (c Config) Validate() error {
 	var errs []error
-	bad := func(key string, val any, why string) { errs = append(errs, &KeyError{Key: key, Value: val, Reason: why}) }
+	bad := func(key string, val any, why string) {
+		errs = append(errs, &KeyError{Key: key, Value: val, Reason: why})
+	}
 	host, _, err := net.SplitHostPort(c.Listen)
 	if err != nil {
 		bad("listen", c.Listen, "must be host:port ("+err.Error()+")")
