@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -39,7 +38,7 @@ var (
 func runtime(t *testing.T) *wasm.Runtime {
 	rtOnce.Do(func() {
 		rt, rtErr = wasm.New(context.Background(), wasm.Config{
-			CacheDir: filepath.Join(os.TempDir(), "paddock-api-test-cache"), MemoryLimitPages: 1024, TurnTimeout: 10 * time.Second,
+			CacheDir: wasmtest.CacheDir(t), MemoryLimitPages: 1024, TurnTimeout: 10 * time.Second,
 		}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	})
 	if rtErr != nil {

@@ -1,0 +1,226 @@
+// Package examples_test runs the example agents as real wasm modules
+// through a real host (SQLite store, wazero runtime, controllers), the way
+// `make run` does.
+package examples_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/host"
+	"github.com/paddock-dev/paddock/host/runner"
+	"github.com/paddock-dev/paddock/store"
+	"github.com/paddock-dev/paddock/store/sqlite"
+	"github.com/paddock-dev/paddock/wasm"
+	"github.com/paddock-dev/paddock/wasm/wasmtest"
+)
+
+type world struct {
+	t      *testing.T
+	st     store.Store
+	h      *host.Host
+	stop   func()
+	agents map[string]store.Agent
+}
+
+// startHost runs a host over the SQLite database at path with both example
+// agents registered (idempotently, as `paddock serve` does at start).
+func startHost(t *testing.T, path string) *world {
+	t.Helper()
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	rt, err := wasm.New(ctx, wasm.Config{CacheDir: wasmtest.CacheDir(t), MemoryLimitPages: 512, TurnTimeout: 2 * time.Second, MaxResultBytes: 64 << 10}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{t: t, st: st, agents: map[string]store.Agent{}}
+	wr := runner.NewWasm(rt, st)
+	for name, pkg := range map[string]string{"notes": wasmtest.Notes, "faulty": wasmtest.Faulty} {
+		_, b := wasmtest.BuildExample(t, pkg)
+		digest, version, err := wr.Inspect(ctx, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := st.PutModule(ctx, store.PutModuleParams{Digest: digest, ABIVersion: version, Bytes: b}); err != nil {
+			t.Fatal(err)
+		}
+		a, err := st.CreateAgent(ctx, store.CreateAgentParams{UID: uuid.NewString(), Name: name, ModuleDigest: digest, CrashPolicy: store.CrashRestart, Upsert: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.agents[name] = a
+	}
+	pol := host.DefaultPolicy()
+	pol.LeaseTTL, pol.IdleTimeout, pol.ScanInterval = 3*time.Second, time.Second, 50*time.Millisecond
+	pol.TurnTimeout, pol.MaxAttempts = 2*time.Second, 3
+	pol.BackoffMin, pol.BackoffMax = 20*time.Millisecond, 100*time.Millisecond
+	w.h, err = host.New(host.Options{Store: st, Runner: wr, Policy: pol, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = w.h.Run(runCtx); close(done) }()
+	stopped := false
+	w.stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		<-done
+		_ = rt.Close(ctx)
+		_ = st.Close()
+	}
+	t.Cleanup(w.stop)
+	return w
+}
+
+func (w *world) session(agent string) store.ActorKey {
+	w.t.Helper()
+	s, _, err := w.st.CreateSession(context.Background(), store.CreateSessionParams{AgentUID: w.agents[agent].UID, SessionID: uuid.NewString()})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return s.ActorKey
+}
+
+func (w *world) send(key store.ActorKey, msg string) {
+	w.t.Helper()
+	payload, _ := json.Marshal(map[string]string{"message": msg})
+	if _, _, err := w.st.AppendEvent(context.Background(), store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload}); err != nil {
+		w.t.Fatal(err)
+	}
+	w.h.Ensure(key)
+}
+
+// settle waits until the session has no open event and returns its events.
+func (w *world) settle(key store.ActorKey) []store.Event {
+	w.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		s, err := w.st.GetSession(context.Background(), key)
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		if s.OpenEvents == 0 {
+			es, err := w.st.ListEvents(context.Background(), store.ListEventsParams{Key: key, Limit: 100})
+			if err != nil {
+				w.t.Fatal(err)
+			}
+			return es
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("session %s still has %d open events", key, s.OpenEvents)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// replies returns the last assistant message of each turn.
+func (w *world) replies(key store.ActorKey) []string {
+	w.t.Helper()
+	turns, err := w.st.Transcript(context.Background(), store.TranscriptParams{Key: key, Limit: 100})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var out []string
+	for _, tr := range turns {
+		out = append(out, tr.Messages[len(tr.Messages)-1].Content)
+	}
+	return out
+}
+
+func TestNotesStateSurvivesAHostRestart(t *testing.T) {
+	t.Parallel()
+	db := filepath.Join(t.TempDir(), "paddock.db")
+	w := startHost(t, db)
+	key := w.session("notes")
+	w.send(key, "note buy milk")
+	w.send(key, "note call mum")
+	w.settle(key)
+	w.stop()
+
+	w = startHost(t, db)
+	w.send(key, "list")
+	w.send(key, "count")
+	w.settle(key)
+	got := w.replies(key)
+	if len(got) != 4 {
+		t.Fatalf("replies %q, want 4", got)
+	}
+	if !strings.Contains(got[2], "1. buy milk") || !strings.Contains(got[2], "2. call mum") {
+		t.Errorf("list after restart = %q", got[2])
+	}
+	if !strings.Contains(got[3], "2 notes") || !strings.Contains(got[3], "4 turns") {
+		t.Errorf("count after restart = %q, want 2 notes and 4 turns", got[3])
+	}
+}
+
+func TestFaultyMisbehavioursFailAttemptsAndTheHostServesOn(t *testing.T) {
+	t.Parallel()
+	w := startHost(t, filepath.Join(t.TempDir(), "paddock.db"))
+	notes := w.session("notes")
+	cases := []struct {
+		msg        string
+		wantStatus store.EventStatus
+		wantErr    string
+	}{
+		{"trap", store.EventDeadLetter, "trap"},
+		{"crash", store.EventDeadLetter, "trap"},
+		{"exit 3", store.EventDeadLetter, "exit"},
+		{"loop", store.EventDeadLetter, "timeout"},
+		{"oom", store.EventDeadLetter, "memory"},
+		{"big 100000", store.EventDeadLetter, "result"}, // over the 64 KiB result cap
+		{"error", store.EventDeadLetter, "error"},
+		{"flaky 2", store.EventDone, ""},
+		{"hello", store.EventDone, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.msg, func(t *testing.T) {
+			t.Parallel()
+			f := w.session("faulty")
+			w.send(f, c.msg)
+			w.send(notes, "note "+c.msg) // other sessions keep working meanwhile
+			es := w.settle(f)
+			e := es[0]
+			if e.Status != c.wantStatus {
+				t.Fatalf("%q ended %s (attempts %d, %q), want %s", c.msg, e.Status, e.Attempts, e.LastError, c.wantStatus)
+			}
+			if c.wantStatus == store.EventDeadLetter && (e.Attempts != 3 || !strings.Contains(strings.ToLower(e.LastError), c.wantErr)) {
+				t.Errorf("%q: attempts %d last_error %q, want 3 attempts and an error mentioning %q", c.msg, e.Attempts, e.LastError, c.wantErr)
+			}
+			if c.msg == "flaky 2" && e.Attempts != 1 {
+				t.Errorf("flaky 2 took %d failed attempts, want 1", e.Attempts)
+			}
+		})
+	}
+	t.Cleanup(func() {
+		es := w.settle(notes)
+		if len(es) != len(cases) {
+			t.Errorf("notes session: %d events, want %d", len(es), len(cases))
+		}
+		for _, e := range es {
+			if e.Status != store.EventDone {
+				t.Errorf("notes event %d ended %s while faulty sessions failed: %s", e.ID, e.Status, e.LastError)
+			}
+		}
+		if got := w.replies(notes); !strings.Contains(got[len(got)-1], fmt.Sprint(len(cases))) {
+			t.Errorf("last notes reply %q does not count %d notes", got[len(got)-1], len(cases))
+		}
+	})
+}
