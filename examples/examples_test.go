@@ -36,6 +36,13 @@ type world struct {
 // startHost runs a host over the SQLite database at path with both example
 // agents registered (idempotently, as `paddock serve` does at start).
 func startHost(t *testing.T, path string) *world {
+	return startHostWith(t, path, 30*time.Second)
+}
+
+// startHostWith is startHost with a given turn timeout. Tests never rely on
+// a turn finishing within a short time, except for the loop case, which is
+// what the timeout is for.
+func startHostWith(t *testing.T, path string, turnTimeout time.Duration) *world {
 	t.Helper()
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, path)
@@ -43,7 +50,7 @@ func startHost(t *testing.T, path string) *world {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	rt, err := wasm.New(ctx, wasm.Config{CacheDir: wasmtest.CacheDir(t), MemoryLimitPages: 512, TurnTimeout: 2 * time.Second, MaxResultBytes: 64 << 10}, log)
+	rt, err := wasm.New(ctx, wasm.Config{CacheDir: wasmtest.CacheDir(t), MemoryLimitPages: 512, TurnTimeout: turnTimeout, MaxResultBytes: 64 << 10}, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +73,7 @@ func startHost(t *testing.T, path string) *world {
 	}
 	pol := host.DefaultPolicy()
 	pol.LeaseTTL, pol.IdleTimeout, pol.ScanInterval = 3*time.Second, time.Second, 50*time.Millisecond
-	pol.TurnTimeout, pol.MaxAttempts = 2*time.Second, 3
+	pol.TurnTimeout, pol.MaxAttempts = turnTimeout, 3
 	pol.BackoffMin, pol.BackoffMax = 20*time.Millisecond, 100*time.Millisecond
 	w.h, err = host.New(host.Options{Store: st, Runner: wr, Policy: pol, Logger: log})
 	if err != nil {
@@ -171,6 +178,17 @@ func TestNotesStateSurvivesAHostRestart(t *testing.T) {
 	}
 }
 
+func TestALoopingTurnTimesOutAndIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	w := startHostWith(t, filepath.Join(t.TempDir(), "paddock.db"), time.Second)
+	f := w.session("faulty")
+	w.send(f, "loop")
+	e := w.settle(f)[0]
+	if e.Status != store.EventDeadLetter || e.Attempts != 3 || !strings.Contains(e.LastError, "timeout") {
+		t.Errorf("loop: %s after %d attempts (%q), want dead_letter after 3 timeouts", e.Status, e.Attempts, e.LastError)
+	}
+}
+
 func TestFaultyMisbehavioursFailAttemptsAndTheHostServesOn(t *testing.T) {
 	t.Parallel()
 	w := startHost(t, filepath.Join(t.TempDir(), "paddock.db"))
@@ -183,7 +201,6 @@ func TestFaultyMisbehavioursFailAttemptsAndTheHostServesOn(t *testing.T) {
 		{"trap", store.EventDeadLetter, "trap"},
 		{"crash", store.EventDeadLetter, "trap"},
 		{"exit 3", store.EventDeadLetter, "exit"},
-		{"loop", store.EventDeadLetter, "timeout"},
 		{"oom", store.EventDeadLetter, "memory"},
 		{"big 100000", store.EventDeadLetter, "result"}, // over the 64 KiB result cap
 		{"error", store.EventDeadLetter, "error"},

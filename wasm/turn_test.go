@@ -70,7 +70,10 @@ func TestNotesRoundTripsState(t *testing.T) {
 // serving other instances.
 func TestFaultyModesFailTheTurn(t *testing.T) {
 	t.Parallel()
-	b := setup(t, wasm.Config{TurnTimeout: 3 * time.Second, MaxResultBytes: 2 << 20})
+	// The timeout cases get a short turn timeout of their own; the others a
+	// long one, so that a loaded machine cannot turn them into timeouts.
+	short := setup(t, wasm.Config{TurnTimeout: time.Second, MaxResultBytes: 2 << 20})
+	b := setup(t, wasm.Config{TurnTimeout: time.Minute, MaxResultBytes: 2 << 20})
 	cases := []struct {
 		msg, kind string
 		check     func(t *testing.T, te *wasm.TurnError)
@@ -109,6 +112,10 @@ func TestFaultyModesFailTheTurn(t *testing.T) {
 		t.Run(strings.ReplaceAll(c.msg, " ", "_"), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
+			b := b
+			if c.kind == wasm.KindTimeout {
+				b = short
+			}
 			inst := b.instance(t, b.faulty(t))
 			req := request(c.msg, nil, 1)
 			start := time.Now()
