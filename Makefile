@@ -28,7 +28,7 @@ run: build examples ## start `paddock serve` on SQLite under ./data with the exa
 	@echo "  S=\$$(bin/paddock session create notes)"
 	@echo "  bin/paddock signal send notes \$$S 'note buy milk'"
 	@echo "  bin/paddock signal send notes \$$S 'note call mum'"
-	@echo "  bin/paddock signal send notes \$$S list"
+	@echo "  bin/paddock signal send notes \$$S list --wait"
 	@echo "  bin/paddock transcript notes \$$S"
 	@echo
 	bin/paddock serve --config examples/paddock.yaml
@@ -39,11 +39,13 @@ vet: ## go vet
 fmt-check: ## fail if gofmt would change a file
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 
-test: fmt-check vet examples ## vet + race tests on both store drivers + examples (what CI runs)
-	$(GO) test -race -timeout $(TEST_TIMEOUT) ./...
+test: fmt-check vet examples ## gofmt check, vet, race tests on both store drivers and the examples (what CI runs)
+	@mkdir -p bin && rm -f bin/figures.txt
+	PADDOCK_FIGURES=$(CURDIR)/bin/figures.txt $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
+	@echo "Figures measured by the tests:"; cat bin/figures.txt 2>/dev/null || echo "  (none)"
 
 bench: examples ## benchmarks (store commit path, wasm instances)
-	$(GO) test -run '^$$' -bench . -benchmem ./store/... ./wasm/...
+	$(GO) test -run '^$$' -bench . -benchmem ./store/... ./wasm/... ./examples/
 
 clean: ## remove build outputs and ./data
 	rm -rf bin data $(WASM)

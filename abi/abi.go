@@ -54,6 +54,12 @@ func (r TurnRef) String() string {
 const (
 	// EventMessage is a client message to the session.
 	EventMessage = "message"
+	// EventSteer is a steer that arrived while no turn was in flight; it is
+	// queued and handled like a message. Steers that arrive during a turn
+	// reach it through TurnRequest.Steers and the guest's steer poll.
+	EventSteer = "steer"
+	// EventAlarm is the firing of an alarm the agent set (Event.Alarm).
+	EventAlarm = "alarm"
 )
 
 // Event is the actor event a turn handles.
@@ -68,6 +74,29 @@ type Event struct {
 	Data json.RawMessage `json:"data,omitempty"`
 	// AcceptedAt is when the host accepted the signal (database clock).
 	AcceptedAt time.Time `json:"accepted_at"`
+	// Alarm is set on alarm events: which alarm fired and when it was due.
+	Alarm *AlarmFired `json:"alarm,omitempty"`
+}
+
+// AlarmFired describes an alarm event.
+type AlarmFired struct {
+	Name  string    `json:"name"`
+	DueAt time.Time `json:"due_at"`
+	// Data is what the agent attached when it set the alarm.
+	Data json.RawMessage `json:"data,omitempty"`
+}
+
+// Steer is client input that arrived for the turn in flight. A worker that
+// takes it in must answer with TurnRef (the newer revision); a reply echoing
+// the older ref is rejected by the fences (stale_revision) and the host runs
+// the turn again with the steer in TurnRequest.Steers.
+type Steer struct {
+	// TurnRef is the ref the worker must echo from now on.
+	TurnRef TurnRef `json:"turn_ref"`
+	// EventID is the steer's own actor event id.
+	EventID int64           `json:"event_id"`
+	Message string          `json:"message,omitempty"`
+	Data    json.RawMessage `json:"data,omitempty"`
 }
 
 // Message roles.
@@ -111,7 +140,37 @@ type TurnRequest struct {
 	Transcript []Message `json:"transcript"`
 	// Attempt is 1 for the first attempt of this event, 2 for the first retry...
 	Attempt int `json:"attempt"`
+	// Steers are steers already attached to this turn (in acceptance order)
+	// when it was dispatched; their messages follow the event's in the
+	// transcript. Steers arriving later come through the guest's poll.
+	Steers []Steer `json:"steers,omitempty"`
 }
+
+// AlarmOp sets, replaces or clears one named alarm of the session, a
+// durable timer that fires as an EventAlarm event (DESIGN "Alarms").
+// Exactly one of InMs, At or Clear is given.
+type AlarmOp struct {
+	// Name identifies the alarm within the session (1–100 bytes).
+	Name string `json:"name"`
+	// InMs sets the alarm to fire this many milliseconds after the commit
+	// (by the database's clock).
+	InMs int64 `json:"in_ms,omitempty"`
+	// At sets the alarm to fire at this absolute time.
+	At *time.Time `json:"at,omitempty"`
+	// EveryMs, with InMs or At, repeats the alarm at this period. Firings
+	// missed while no host ran coalesce into one.
+	EveryMs int64 `json:"every_ms,omitempty"`
+	// Clear removes the alarm.
+	Clear bool `json:"clear,omitempty"`
+	// Data is given back in the alarm event (at most 64 KiB).
+	Data json.RawMessage `json:"data,omitempty"`
+}
+
+// MaxAlarmOps bounds the alarm operations of one TurnResult.
+const MaxAlarmOps = 32
+
+// MinAlarmPeriodMs is the shortest repeat period of an alarm.
+const MinAlarmPeriodMs = 1000
 
 // Outcome says how a turn ended.
 type Outcome string
@@ -147,6 +206,8 @@ type TurnResult struct {
 	Outcome Outcome `json:"outcome"`
 	// Error explains an error outcome.
 	Error string `json:"error,omitempty"`
+	// Alarms sets, replaces or clears alarms, committed with the turn.
+	Alarms []AlarmOp `json:"alarms,omitempty"`
 }
 
 // ErrInvalidResult is wrapped by Validate's errors.
@@ -174,6 +235,43 @@ func (r *TurnResult) Validate() error {
 	}
 	if r.Outcome == OutcomeError && r.Error == "" {
 		return fmt.Errorf("%w: outcome error without an error message", ErrInvalidResult)
+	}
+	if len(r.Alarms) > MaxAlarmOps {
+		return fmt.Errorf("%w: %d alarm operations, limit %d", ErrInvalidResult, len(r.Alarms), MaxAlarmOps)
+	}
+	for i, a := range r.Alarms {
+		if err := a.validate(); err != nil {
+			return fmt.Errorf("%w: alarms[%d]: %v", ErrInvalidResult, i, err)
+		}
+	}
+	return nil
+}
+
+func (a AlarmOp) validate() error {
+	if a.Name == "" || len(a.Name) > 100 {
+		return fmt.Errorf("name must be 1–100 bytes")
+	}
+	set := 0
+	if a.InMs != 0 {
+		set++
+		if a.InMs < 0 {
+			return fmt.Errorf("in_ms %d is negative", a.InMs)
+		}
+	}
+	if a.At != nil {
+		set++
+	}
+	if a.Clear {
+		set++
+	}
+	if set != 1 {
+		return fmt.Errorf("alarm %q needs exactly one of in_ms, at or clear", a.Name)
+	}
+	if a.EveryMs != 0 && (a.Clear || a.EveryMs < MinAlarmPeriodMs) {
+		return fmt.Errorf("alarm %q: every_ms must be at least %d and not used with clear", a.Name, MinAlarmPeriodMs)
+	}
+	if len(a.Data) > 64<<10 {
+		return fmt.Errorf("alarm %q: data is %d bytes, limit 65536", a.Name, len(a.Data))
 	}
 	return nil
 }

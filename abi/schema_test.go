@@ -115,6 +115,9 @@ func TestSchemaMatchesGoTypes(t *testing.T) {
 		"Session":     reflect.TypeFor[abi.Session](),
 		"Event":       reflect.TypeFor[abi.Event](),
 		"Message":     reflect.TypeFor[abi.Message](),
+		"Steer":       reflect.TypeFor[abi.Steer](),
+		"AlarmOp":     reflect.TypeFor[abi.AlarmOp](),
+		"AlarmFired":  reflect.TypeFor[abi.AlarmFired](),
 	}
 	var defs []string
 	for name := range doc.Defs {
@@ -200,6 +203,12 @@ func TestSchemaMatchesGoConstants(t *testing.T) {
 	if got := prop("TurnResult", "messages")["maxItems"]; got != float64(abi.MaxMessages) {
 		t.Errorf("messages maxItems %v, abi.MaxMessages %d", got, abi.MaxMessages)
 	}
+	if got := prop("TurnResult", "alarms")["maxItems"]; got != float64(abi.MaxAlarmOps) {
+		t.Errorf("alarms maxItems %v, abi.MaxAlarmOps %d", got, abi.MaxAlarmOps)
+	}
+	if got := prop("AlarmOp", "every_ms")["minimum"]; got != float64(abi.MinAlarmPeriodMs) {
+		t.Errorf("every_ms minimum %v, abi.MinAlarmPeriodMs %d", got, abi.MinAlarmPeriodMs)
+	}
 	stateLen := float64(base64.StdEncoding.EncodedLen(abi.MaxStateBytes))
 	for _, def := range []string{"TurnRequest", "TurnResult"} {
 		if got := prop(def, "state")["maxLength"]; got != stateLen {
@@ -211,6 +220,14 @@ func TestSchemaMatchesGoConstants(t *testing.T) {
 func sampleRef() abi.TurnRef {
 	return abi.TurnRef{DeliveryID: "dlv_1", ActivationUID: "act_1", ActorEpoch: 3, ActorEventID: 41,
 		Revision: 1, AgentUID: "agt_1", SessionID: "ses_1"}
+}
+
+// steeredRef is sampleRef superseded by a steer: a new delivery, the next
+// revision.
+func steeredRef() abi.TurnRef {
+	r := sampleRef()
+	r.DeliveryID, r.Revision = "dlv_2", 2
+	return r
 }
 
 // TestSchemaValidatesGoEncodings: what the Go types encode validates, for
@@ -230,6 +247,12 @@ func TestSchemaValidatesGoEncodings(t *testing.T) {
 			State:      []byte(`{"notes":[]}`),
 			Transcript: []abi.Message{{Role: abi.RoleUser, Content: "hi"}, {Role: abi.RoleAssistant, Content: "hello"}},
 			Attempt:    2},
+		"alarm event with steers": {ABIVersion: abi.Version, TurnRef: steeredRef(),
+			Session: abi.Session{AgentName: "notes", SessionID: "ses_1"},
+			Event: abi.Event{ID: 41, Kind: abi.EventAlarm, AcceptedAt: at,
+				Alarm: &abi.AlarmFired{Name: "remind-1", DueAt: at, Data: json.RawMessage(`{"text":"tea"}`)}},
+			Attempt: 1,
+			Steers:  []abi.Steer{{TurnRef: steeredRef(), EventID: 42, Message: "louder", Data: json.RawMessage(`[1]`)}}},
 		"empty state": {ABIVersion: abi.Version, TurnRef: sampleRef(),
 			Session: abi.Session{AgentName: "notes", SessionID: "ses_1"},
 			Event:   abi.Event{ID: 41, Kind: abi.EventMessage, AcceptedAt: at}, State: []byte{}, Transcript: []abi.Message{}, Attempt: 1},
@@ -247,10 +270,16 @@ func TestSchemaValidatesGoEncodings(t *testing.T) {
 		}
 	}
 	results := map[string]*abi.TurnResult{
-		"ok":     {TurnRef: sampleRef(), Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "hi"}}, State: []byte("s"), Outcome: abi.OutcomeOK},
-		"keep":   {TurnRef: sampleRef(), Outcome: abi.OutcomeSleep},
-		"clear":  {TurnRef: sampleRef(), State: []byte{}, Outcome: abi.OutcomeFinish},
-		"error":  {TurnRef: sampleRef(), Outcome: abi.OutcomeError, Error: "boom"},
+		"ok":    {TurnRef: sampleRef(), Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "hi"}}, State: []byte("s"), Outcome: abi.OutcomeOK},
+		"keep":  {TurnRef: sampleRef(), Outcome: abi.OutcomeSleep},
+		"clear": {TurnRef: sampleRef(), State: []byte{}, Outcome: abi.OutcomeFinish},
+		"error": {TurnRef: sampleRef(), Outcome: abi.OutcomeError, Error: "boom"},
+		"alarms": {TurnRef: sampleRef(), Outcome: abi.OutcomeOK, Alarms: []abi.AlarmOp{
+			{Name: "once", InMs: 1500, Data: json.RawMessage(`{"text":"tea"}`)},
+			{Name: "daily", At: &at, EveryMs: 86_400_000},
+			{Name: "tick", InMs: 1000, EveryMs: abi.MinAlarmPeriodMs},
+			{Name: "old", Clear: true},
+		}},
 		"normal": abi.Run(t.Context(), func(context.Context, *abi.TurnRequest) (*abi.TurnResult, error) { return &abi.TurnResult{}, nil }, requests["full"]),
 	}
 	for name, res := range results {
@@ -286,12 +315,14 @@ func TestSchemaRejectsInvalid(t *testing.T) {
 		t.Fatalf("baseline request: %v", err)
 	}
 	for name, body := range map[string]string{
-		"abi_version 2":   request("2", "null", "1"),
-		"attempt 0":       request("1", "null", "0"),
-		"state not b64":   request("1", `"%%%"`, "1"),
-		"state a number":  request("1", "7", "1"),
-		"missing session": `{"abi_version":1,"turn_ref":` + ref + `,"event":` + event + `,"state":null,"transcript":null,"attempt":1}`,
-		"bad accepted_at": strings.Replace(request("1", "null", "1"), "2026-11-30T03:00:00Z", "yesterday", 1),
+		"abi_version 2":             request("2", "null", "1"),
+		"attempt 0":                 request("1", "null", "0"),
+		"state not b64":             request("1", `"%%%"`, "1"),
+		"state a number":            request("1", "7", "1"),
+		"missing session":           `{"abi_version":1,"turn_ref":` + ref + `,"event":` + event + `,"state":null,"transcript":null,"attempt":1}`,
+		"bad accepted_at":           strings.Replace(request("1", "null", "1"), "2026-11-30T03:00:00Z", "yesterday", 1),
+		"alarm event without alarm": strings.Replace(request("1", "null", "1"), `"kind":"message"`, `"kind":"alarm"`, 1),
+		"steer without ref":         strings.Replace(request("1", "null", "1"), `"attempt":1`, `"attempt":1,"steers":[{"event_id":3}]`, 1),
 	} {
 		if err := validate(t, reqSchema, []byte(body)); err == nil {
 			t.Errorf("request %q validated: %s", name, body)
@@ -300,14 +331,37 @@ func TestSchemaRejectsInvalid(t *testing.T) {
 	if err := validate(t, resSchema, []byte(`{"turn_ref":`+ref+`,"outcome":"ok"}`)); err != nil {
 		t.Fatalf("baseline result: %v", err)
 	}
+	alarms := func(ops string) string {
+		return `{"turn_ref":` + ref + `,"outcome":"ok","alarms":[` + ops + `]}`
+	}
+	for _, ok := range []string{`{"name":"a","in_ms":5,"clear":false}`, `{"name":"a","clear":true}`, `{"name":"a","at":"2026-11-30T03:00:00Z","every_ms":1000,"data":null}`} {
+		body := alarms(ok)
+		if err := validate(t, resSchema, []byte(body)); err != nil {
+			t.Errorf("alarm %s: %v", ok, err)
+		}
+		var res abi.TurnResult
+		if err := json.Unmarshal([]byte(body), &res); err != nil || res.Validate() != nil {
+			t.Errorf("alarm %s is not a valid Go result: %v, %v", ok, err, res.Validate())
+		}
+	}
 	for name, body := range map[string]string{
-		"no turn_ref":        `{"outcome":"ok"}`,
-		"no outcome":         `{"turn_ref":` + ref + `}`,
-		"unknown outcome":    `{"turn_ref":` + ref + `,"outcome":"done"}`,
-		"error without text": `{"turn_ref":` + ref + `,"outcome":"error"}`,
-		"error empty text":   `{"turn_ref":` + ref + `,"outcome":"error","error":""}`,
-		"bad role":           `{"turn_ref":` + ref + `,"outcome":"ok","messages":[{"role":"bot","content":"x"}]}`,
-		"ref epoch a string": `{"turn_ref":` + strings.Replace(ref, `"actor_epoch":1`, `"actor_epoch":"1"`, 1) + `,"outcome":"ok"}`,
+		"no turn_ref":         `{"outcome":"ok"}`,
+		"no outcome":          `{"turn_ref":` + ref + `}`,
+		"unknown outcome":     `{"turn_ref":` + ref + `,"outcome":"done"}`,
+		"error without text":  `{"turn_ref":` + ref + `,"outcome":"error"}`,
+		"error empty text":    `{"turn_ref":` + ref + `,"outcome":"error","error":""}`,
+		"bad role":            `{"turn_ref":` + ref + `,"outcome":"ok","messages":[{"role":"bot","content":"x"}]}`,
+		"ref epoch a string":  `{"turn_ref":` + strings.Replace(ref, `"actor_epoch":1`, `"actor_epoch":"1"`, 1) + `,"outcome":"ok"}`,
+		"alarm without when":  alarms(`{"name":"a"}`),
+		"alarm in_ms and at":  alarms(`{"name":"a","in_ms":5,"at":"2026-11-30T03:00:00Z"}`),
+		"alarm in_ms 0":       alarms(`{"name":"a","in_ms":0}`),
+		"alarm clear false":   alarms(`{"name":"a","clear":false}`),
+		"alarm set and clear": alarms(`{"name":"a","in_ms":5,"clear":true}`),
+		"alarm clear every":   alarms(`{"name":"a","clear":true,"every_ms":1000}`),
+		"alarm short period":  alarms(`{"name":"a","in_ms":5,"every_ms":999}`),
+		"alarm no name":       alarms(`{"name":"","in_ms":5}`),
+		"alarm bad at":        alarms(`{"name":"a","at":"tomorrow"}`),
+		"33 alarms":           alarms(strings.Repeat(`{"name":"a","clear":true},`, 32) + `{"name":"a","clear":true}`),
 	} {
 		if err := validate(t, resSchema, []byte(body)); err == nil {
 			t.Errorf("result %q validated: %s", name, body)

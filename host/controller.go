@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -28,6 +30,10 @@ type controller struct {
 	panics []time.Time
 	// inflight is the turn being run, for cleanup after a panic.
 	inflight *abi.TurnRef
+	// forced: a caller forced allocation (see Host.EnsureForced).
+	forced atomic.Bool
+	// pol is the agent policy of the current activation.
+	pol AgentPolicy
 }
 
 func newController(h *Host, key store.ActorKey) *controller {
@@ -84,18 +90,18 @@ func (c *controller) runSafely(runCtx, turnCtx context.Context) (retryIn time.Du
 		now := time.Now()
 		recent := c.panics[:0]
 		for _, t := range c.panics {
-			if now.Sub(t) < c.h.pol.RestartPeriod {
+			if now.Sub(t) < c.h.set.RestartPeriod {
 				recent = append(recent, t)
 			}
 		}
 		c.panics = append(recent, now)
-		crash := len(c.panics) > c.h.pol.RestartIntensity
+		crash := len(c.panics) > c.h.set.RestartIntensity
 		c.log.Error("controller panic recovered", "panic", fmt.Sprint(p), "crash", crash, "stack", string(debug.Stack()))
 		if ref := c.inflight; ref != nil {
 			c.inflight = nil
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			c.fail(ctx, *ref, 1, fmt.Errorf("controller panic: %v", p), crash, "panic")
+			c.fail(ctx, *ref, 1, c.pol, fmt.Errorf("controller panic: %v", p), crash, "panic")
 		}
 		retryIn = 100 * time.Millisecond
 	}()
@@ -109,22 +115,42 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	h := c.h
 	ctx, cancel := context.WithTimeout(runCtx, 10*time.Second)
 	agent, err := h.st.GetAgent(ctx, c.key.AgentUID)
+	var sess store.Session
+	if err == nil {
+		sess, err = h.st.GetSession(ctx, c.key)
+	}
 	cancel()
 	if err != nil {
 		if !errors.Is(err, store.ErrNotFound) && runCtx.Err() == nil {
-			c.log.Warn("load agent", "err", err)
+			c.log.Warn("load agent and session", "err", err)
 			return time.Second
 		}
 		return 0
 	}
+	if sess.Status != store.SessionActive {
+		return 0 // sleeping or destroyed: a signal, a wake or a redrive resumes it
+	}
+	pol := h.Policy().For(agent.Name)
+	c.pol = pol
+
+	// Capacity (DESIGN "Capacity"): a slot of the agent's pool on this host.
+	slots := h.pool(pol.Pool)
+	if !slots.tryAcquire() {
+		if retry, ok := c.waitForCapacity(runCtx, slots, pol, sess); !ok {
+			return retry
+		}
+	}
+	defer slots.release()
+
 	ctx, cancel = context.WithTimeout(runCtx, 10*time.Second)
 	act, err := h.st.ClaimActivation(ctx, store.ClaimActivationParams{
-		Key: c.key, UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: h.id, LeaseTTL: h.pol.LeaseTTL,
+		Key: c.key, UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: h.id, LeaseTTL: h.set.LeaseTTL,
 	})
 	cancel()
 	switch {
 	case err == nil:
-	case errors.Is(err, store.ErrActivationLive), errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrSessionDestroyed):
+	case errors.Is(err, store.ErrActivationLive), errors.Is(err, store.ErrNotFound),
+		errors.Is(err, store.ErrSessionDestroyed), errors.Is(err, store.ErrSessionSleeping):
 		// Another controller (here or on another host) owns the session, or
 		// there is nothing to run. The watchdog frees expired leases.
 		return 0
@@ -142,42 +168,109 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	h.holdLease(act.Ref(), leaseLost)
 	defer h.dropLease(act.UID)
 
-	var inst Instance
-	var instBinding string
-	defer func() {
-		if inst != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_ = inst.Close(ctx)
-			cancel()
-		}
-	}()
-	stop := func() time.Duration {
+	a := &activationRun{c: c, h: h, act: act, agent: agent, pol: pol, log: log, runCtx: runCtx, leaseCtx: leaseCtx}
+	defer a.closeInstance()
+	return a.loop(runCtx)
+}
+
+// waitForCapacity handles a full pool: a sleep-policy session sleeps at
+// once unless allocation is forced; the others wait FIFO, recorded as
+// pending, and a restart-policy session sleeps after RestartPendingTimeout.
+// ok is true when a slot was acquired.
+func (c *controller) waitForCapacity(runCtx context.Context, slots *pool, pol AgentPolicy, sess store.Session) (retry time.Duration, ok bool) {
+	h := c.h
+	sleep := func(reason string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := h.st.StopActivation(ctx, act.Ref()); err != nil && !errors.Is(err, store.ErrNotLive) {
-			log.Warn("stop activation", "err", err)
+		if _, err := h.st.SleepSession(ctx, store.SleepSessionParams{Key: c.key, Reason: reason}); err != nil && !errors.Is(err, store.ErrActivationLive) {
+			c.log.Warn("sleep session for capacity", "err", err)
 		}
-		return 0
+		c.log.Info("no capacity: session sleeps", "pool", pol.Pool, "reason", reason)
 	}
+	if sess.CrashPolicy == store.CrashSleep && !c.forced.Load() {
+		sleep("capacity")
+		return 0, false
+	}
+	setPending := func(on bool) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := h.st.SetPending(ctx, c.key, on); err != nil {
+			c.log.Warn("record pending", "err", err)
+		}
+	}
+	setPending(true)
+	h.metrics.PendingSessions.Inc()
+	defer h.metrics.PendingSessions.Dec()
+	wctx, cancel := context.WithCancel(runCtx)
+	if sess.CrashPolicy == store.CrashRestart {
+		wctx, cancel = context.WithTimeout(runCtx, pol.RestartPendingTimeout)
+	}
+	defer cancel()
+	err := slots.acquire(wctx)
+	setPending(false)
+	if err == nil {
+		return 0, true
+	}
+	if runCtx.Err() == nil {
+		sleep("pending_timeout")
+	}
+	return 0, false
+}
 
+// activationRun is one claimed activation and its turns.
+type activationRun struct {
+	c        *controller
+	h        *Host
+	act      store.Activation
+	agent    store.Agent
+	pol      AgentPolicy
+	log      *slog.Logger
+	runCtx   context.Context // ends when the host begins to stop
+	leaseCtx context.Context // ends when the lease is lost or turns must abort
+
+	inst        Instance
+	instBinding string
+}
+
+func (a *activationRun) closeInstance() {
+	if a.inst != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = a.inst.Close(ctx)
+		cancel()
+		a.inst = nil
+	}
+}
+
+func (a *activationRun) stop() time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.h.st.StopActivation(ctx, a.act.Ref()); err != nil && !errors.Is(err, store.ErrNotLive) {
+		a.log.Warn("stop activation", "err", err)
+	}
+	return 0
+}
+
+// loop takes due events one at a time until idle, lease loss or shutdown.
+func (a *activationRun) loop(runCtx context.Context) time.Duration {
+	h, c := a.h, a.c
 	idleSince := time.Now()
 	for {
-		if runCtx.Err() != nil || leaseCtx.Err() != nil {
-			return stop()
+		if runCtx.Err() != nil || a.leaseCtx.Err() != nil {
+			return a.stop()
 		}
-		ctx, cancel := context.WithTimeout(leaseCtx, 10*time.Second)
+		ctx, cancel := context.WithTimeout(a.leaseCtx, 10*time.Second)
 		d, err := h.st.NextDelivery(ctx, store.NextDeliveryParams{
-			Activation: act.Ref(), DeliveryID: uuid.NewString(), Binding: agent.ModuleDigest,
-			MarkSent: true, TailMessages: h.pol.TranscriptTail,
+			Activation: a.act.Ref(), DeliveryID: uuid.NewString(), Binding: a.agent.ModuleDigest,
+			BlockOnDeadLetter: a.pol.BlockOnDeadLetter, MarkSent: true, TailMessages: h.set.TranscriptTail,
 		})
 		cancel()
 		var noDue *store.NoDueEventError
 		switch {
 		case errors.As(err, &noDue):
-			wait := h.pol.IdleTimeout - time.Since(idleSince)
+			wait := a.pol.IdleTimeout - time.Since(idleSince)
 			if wait <= 0 {
-				log.Debug("activation idle, stopping")
-				return stop()
+				a.log.Debug("activation idle, stopping")
+				return a.stop()
 			}
 			due := false
 			if !noDue.NextDueAt.IsZero() {
@@ -191,94 +284,204 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 			case <-c.wake:
 			case <-time.After(wait):
 				if !due {
-					log.Debug("activation idle, stopping")
-					return stop()
+					a.log.Debug("activation idle, stopping")
+					return a.stop()
 				}
 			case <-runCtx.Done():
-			case <-leaseCtx.Done():
+			case <-a.leaseCtx.Done():
 			}
 			continue
 		case errors.Is(err, store.ErrNotLive):
-			log.Info("activation no longer live")
+			a.log.Info("activation no longer live")
 			return 0
 		case err != nil:
-			if leaseCtx.Err() == nil {
-				log.Warn("next delivery", "err", err)
+			if a.leaseCtx.Err() == nil {
+				a.log.Warn("next delivery", "err", err)
 			}
-			stop()
+			a.stop()
 			return time.Second
 		}
 
-		// One turn.
-		ref := d.Delivery.TurnRef()
-		if inst == nil || instBinding != d.Delivery.Binding {
-			if inst != nil {
-				_ = inst.Close(leaseCtx)
-				inst = nil
-			}
-			inst, err = h.runner.Instantiate(leaseCtx, d.Delivery.Binding)
-			if err != nil {
-				inst = nil
-				return c.fail(context.Background(), ref, d.Attempt, fmt.Errorf("instantiate %s: %w", d.Delivery.Binding, err), true, "instantiate")
-			}
-			instBinding = d.Delivery.Binding
+		outcome, retry, done := a.turn(d)
+		if done {
+			return retry
 		}
-		req := c.request(agent, d)
-		c.inflight = &ref
-		tctx, tcancel := context.WithTimeout(leaseCtx, h.pol.TurnTimeout)
-		start := time.Now()
-		res, err := inst.Turn(tctx, req)
-		tcancel()
-		h.metrics.TurnSeconds.Observe(time.Since(start).Seconds())
-		if err != nil {
-			_ = inst.Close(context.Background())
-			inst = nil
-			c.inflight = nil
-			cause := "worker"
-			if leaseCtx.Err() != nil {
-				cause = "aborted"
-			}
-			return c.fail(context.Background(), ref, d.Attempt, err, true, cause)
-		}
-		if res.Outcome == abi.OutcomeError {
-			c.inflight = nil
-			return c.fail(context.Background(), ref, d.Attempt, fmt.Errorf("agent error: %s", res.Error), true, "agent_error")
-		}
-		if err := res.Validate(); err != nil {
-			c.inflight = nil
-			return c.fail(context.Background(), ref, d.Attempt, err, true, "invalid_result")
-		}
-		ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
-		turn, err := h.Commit(ctx, res)
-		cancel()
-		c.inflight = nil
-		var fe *store.FenceError
-		switch {
-		case errors.As(err, &fe):
-			if res.TurnRef != ref {
-				// The worker echoed a ref it was not given: fail the attempt
-				// under the real one (which may itself be fenced off by now).
-				return c.fail(context.Background(), ref, d.Attempt, fmt.Errorf("worker echoed a wrong turn_ref: %w", err), true, "wrong_ref")
-			}
-			return 0
-		case err != nil:
-			log.Error("commit turn", "err", err)
-			// The commit may or may not have happened; the fences decide on
-			// the retry. Drop the activation and look again.
-			return time.Second
-		}
-		log.Debug("turn committed", "turn", turn.TurnNo, "event", turn.EventID, "outcome", turn.Outcome)
 		idleSince = time.Now()
-		if turn.Outcome == abi.OutcomeSleep || turn.Outcome == abi.OutcomeFinish {
+		if outcome == abi.OutcomeSleep || outcome == abi.OutcomeFinish {
 			// The agent has nothing more to do until someone speaks: run what
 			// is already due, then stop without the idle wait.
-			idleSince = time.Now().Add(-h.pol.IdleTimeout)
-		}
-		if r, ok := inst.(Recycler); ok && r.ShouldRecycle() {
-			_ = inst.Close(context.Background())
-			inst = nil
+			idleSince = time.Now().Add(-a.pol.IdleTimeout)
 		}
 	}
+}
+
+// turn runs one event's turn — again with the newest revision if it was
+// steered and the worker answered the older one — and commits or fails it.
+// done means the activation is over (retry is then what loop returns).
+func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.Duration, done bool) {
+	h, c := a.h, a.c
+	for {
+		ref := d.Delivery.TurnRef()
+		if a.inst == nil || a.instBinding != d.Delivery.Binding {
+			a.closeInstance()
+			inst, err := h.runner.Instantiate(a.leaseCtx, d.Delivery.Binding)
+			if err != nil {
+				return "", c.fail(context.Background(), ref, d.Attempt, a.pol, fmt.Errorf("instantiate %s: %w", d.Delivery.Binding, err), true, "instantiate"), true
+			}
+			a.inst, a.instBinding = inst, d.Delivery.Binding
+		}
+		c.inflight = &ref
+		res, latest, cancelled, err := a.run(d)
+		c.inflight = nil
+		last := latest.Delivery.TurnRef()
+		switch {
+		case cancelled:
+			// The event was cancelled: the store closed it and recorded it;
+			// the worker's reply (if any) is dropped unsubmitted.
+			h.metrics.Cancelled.Inc()
+			a.log.Info("turn cancelled", "event", d.Event.ID)
+			if err != nil {
+				a.closeInstance()
+			}
+			return "", 0, false
+		case err != nil:
+			a.closeInstance()
+			cause, counted := "worker", true
+			if a.leaseCtx.Err() != nil && a.runCtx.Err() != nil {
+				// The host is shutting down and ran out of patience: not the
+				// event's fault, so no attempt is consumed.
+				cause, counted = "shutdown", false
+			} else if a.leaseCtx.Err() != nil {
+				cause = "aborted"
+			}
+			return "", c.fail(context.Background(), last, d.Attempt, a.pol, err, counted, cause), true
+		case res.Outcome == abi.OutcomeError:
+			return "", c.fail(context.Background(), last, d.Attempt, a.pol, fmt.Errorf("agent error: %s", res.Error), true, "agent_error"), true
+		}
+		if err := res.Validate(); err != nil {
+			return "", c.fail(context.Background(), last, d.Attempt, a.pol, err, true, "invalid_result"), true
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		turn, err := h.Commit(ctx, res)
+		cancel()
+		var fe *store.FenceError
+		switch {
+		case errors.As(err, &fe) && fe.Reason == store.FenceStaleRevision && latest.Delivery.Revision > res.TurnRef.Revision:
+			// Steered while running, and the worker answered the older
+			// revision: run the turn again with the steers in the request.
+			a.log.Info("turn steered: running it again with the steers", "event", d.Event.ID, "revision", latest.Delivery.Revision)
+			d.Delivery, d.Steers = latest.Delivery, latest.Steers
+			continue
+		case errors.As(err, &fe):
+			if res.TurnRef != last {
+				// The worker echoed a ref it was not given: fail the attempt
+				// under the real one (which may itself be fenced off by now).
+				return "", c.fail(context.Background(), last, d.Attempt, a.pol, fmt.Errorf("worker echoed a wrong turn_ref: %w", err), true, "wrong_ref"), true
+			}
+			return "", 0, true
+		case err != nil:
+			a.log.Error("commit turn", "err", err)
+			// The commit may or may not have happened; the fences decide on
+			// the retry. Drop the activation and look again.
+			return "", time.Second, true
+		}
+		a.log.Debug("turn committed", "turn", turn.TurnNo, "event", turn.EventID, "outcome", turn.Outcome)
+		if r, ok := a.inst.(Recycler); ok && r.ShouldRecycle() {
+			a.closeInstance()
+		}
+		return turn.Outcome, 0, false
+	}
+}
+
+// run runs the worker for d, watching for steers and cancellation while it
+// runs: a wake-up during the turn makes the controller look at the store
+// (InFlight); a newer revision hands the worker its steers, a cancelled
+// event aborts it. latest is d with the newest delivery and steers.
+func (a *activationRun) run(d store.Dispatch) (res *abi.TurnResult, latest store.Dispatch, cancelled bool, err error) {
+	h, c := a.h, a.c
+	latest = d
+	steers := make(chan abi.Steer, 64)
+	tctx, tcancel := context.WithTimeout(a.leaseCtx, a.pol.TurnTimeout)
+	defer tcancel()
+	tctx = WithSteers(tctx, steers)
+	type reply struct {
+		res   *abi.TurnResult
+		err   error
+		panic any
+	}
+	done := make(chan reply, 1)
+	req := c.request(a.agent, d)
+	inst := a.inst
+	start := time.Now()
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				done <- reply{panic: p}
+			}
+		}()
+		r, err := inst.Turn(tctx, req)
+		done <- reply{res: r, err: err}
+	}()
+	sent := map[int64]bool{}
+	for _, s := range d.Steers {
+		sent[s.ID] = true
+	}
+	woken := false
+	defer func() {
+		if woken {
+			// A wake-up may also have been for a new event: keep it.
+			c.poke()
+		}
+	}()
+	for {
+		select {
+		case r := <-done:
+			h.metrics.TurnSeconds.Observe(time.Since(start).Seconds())
+			if r.panic != nil {
+				// A worker adapter panicked: it is this controller's fault
+				// domain, so re-raise it here for runSafely to recover.
+				panic(r.panic)
+			}
+			return r.res, latest, cancelled, r.err
+		case <-c.wake:
+			woken = true
+			ctx, cancel := context.WithTimeout(a.leaseCtx, 10*time.Second)
+			cur, err := h.st.InFlight(ctx, a.act.Ref())
+			cancel()
+			switch {
+			case errors.Is(err, store.ErrNotLive) || (err == nil && cur.Event.ID != d.Event.ID):
+				if !cancelled {
+					cancelled = true
+					tcancel()
+				}
+			case err != nil:
+				a.log.Warn("look for steers", "err", err)
+			case cur.Delivery.Revision > latest.Delivery.Revision:
+				latest.Delivery, latest.Steers = cur.Delivery, cur.Steers
+				for _, s := range cur.Steers {
+					if sent[s.ID] {
+						continue
+					}
+					sent[s.ID] = true
+					select {
+					case steers <- steerOf(cur.Delivery.TurnRef(), s):
+						h.metrics.Steers.Inc()
+					default: // the worker does not read steers; it reruns
+					}
+				}
+			}
+		}
+	}
+}
+
+// steerOf converts a steer event to the abi form handed to a worker.
+func steerOf(ref abi.TurnRef, e store.Event) abi.Steer {
+	var p struct {
+		Message string          `json:"message"`
+		Data    json.RawMessage `json:"data"`
+	}
+	_ = json.Unmarshal(e.Payload, &p)
+	return abi.Steer{TurnRef: ref, EventID: e.ID, Message: p.Message, Data: p.Data}
 }
 
 // Commit submits a worker's reply through the store's fences (DESIGN
@@ -287,7 +490,8 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 // replies, late ones included, come through here.
 func (h *Host) Commit(ctx context.Context, res *abi.TurnResult) (store.Turn, error) {
 	turn, err := h.st.CommitTurn(ctx, store.CommitTurnParams{
-		Ref: res.TurnRef, Messages: res.Messages, State: res.State, KeepState: res.State == nil, Outcome: res.Outcome,
+		Ref: res.TurnRef, Messages: res.Messages, State: res.State, KeepState: res.State == nil,
+		Outcome: res.Outcome, Alarms: res.Alarms,
 	})
 	var fe *store.FenceError
 	if errors.As(err, &fe) {
@@ -308,39 +512,47 @@ func (c *controller) request(agent store.Agent, d store.Dispatch) *abi.TurnReque
 	var payload struct {
 		Message string          `json:"message"`
 		Data    json.RawMessage `json:"data"`
+		Alarm   *abi.AlarmFired `json:"alarm"`
 	}
 	_ = json.Unmarshal(d.Event.Payload, &payload) // validated at acceptance
 	tail := d.Tail
 	if tail == nil {
 		tail = []abi.Message{}
 	}
-	return &abi.TurnRequest{
+	req := &abi.TurnRequest{
 		ABIVersion: abi.Version,
 		TurnRef:    d.Delivery.TurnRef(),
 		Session: abi.Session{
 			AgentName: agent.Name, SessionID: d.Session.SessionID, Key: d.Session.Key, Input: d.Session.Input,
 		},
 		Event: abi.Event{
-			ID: d.Event.ID, Kind: d.Event.Kind, Message: payload.Message, Data: payload.Data, AcceptedAt: d.Event.AcceptedAt,
+			ID: d.Event.ID, Kind: d.Event.Kind, Message: payload.Message, Data: payload.Data,
+			AcceptedAt: d.Event.AcceptedAt, Alarm: payload.Alarm,
 		},
 		State:      d.State,
 		Transcript: tail,
 		Attempt:    d.Attempt,
 	}
+	for _, s := range d.Steers {
+		req.Steers = append(req.Steers, steerOf(req.TurnRef, s))
+	}
+	return req
 }
 
 // fail records a failed attempt through the fences and returns the backoff
-// to wait before the next attempt (0 after a dead letter: go on at once).
-func (c *controller) fail(ctx context.Context, ref abi.TurnRef, attempt int, cause error, counted bool, kind string) time.Duration {
+// to wait before the next attempt (0 when the session stops here: the crash
+// policy put it to sleep or destroyed it; 1 ms after a dead letter: go on
+// with the next event at once).
+func (c *controller) fail(ctx context.Context, ref abi.TurnRef, attempt int, pol AgentPolicy, cause error, counted bool, kind string) time.Duration {
 	h := c.h
-	backoff := h.backoff(attempt)
+	backoff := Backoff(attempt, pol.BackoffMin, pol.BackoffMax, rand.Float64())
 	if !counted {
-		backoff = h.pol.BackoffMin
+		backoff = pol.BackoffMin
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	res, err := h.st.FailAttempt(ctx, store.FailAttemptParams{
-		Ref: ref, Error: cause.Error(), Counted: counted, Backoff: backoff, MaxAttempts: h.pol.MaxAttempts,
+		Ref: ref, Error: cause.Error(), Counted: counted, Backoff: backoff, MaxAttempts: pol.MaxAttempts,
 	})
 	var fe *store.FenceError
 	switch {
@@ -356,7 +568,16 @@ func (c *controller) fail(ctx context.Context, ref abi.TurnRef, attempt int, cau
 	if res.DeadLettered {
 		h.metrics.DeadLetters.Inc()
 		c.log.Warn("event dead-lettered", "event", res.EventID, "attempts", res.Attempts, "cause", cause)
-		return time.Millisecond // go on with the next event at once
+	}
+	switch {
+	case res.SessionStatus == store.SessionSleeping:
+		c.log.Warn("turn attempt failed: crash policy put the session to sleep", "event", res.EventID, "attempt", attempt, "cause", cause)
+		return 0
+	case res.SessionStatus == store.SessionDestroyed:
+		c.log.Warn("turn attempt failed: crash policy destroyed the session", "event", res.EventID, "attempt", attempt, "cause", cause)
+		return 0
+	case res.DeadLettered:
+		return time.Millisecond
 	}
 	c.log.Warn("turn attempt failed", "event", res.EventID, "attempt", attempt, "counted", counted,
 		"retry_in", backoff.Round(time.Millisecond), "cause", cause)

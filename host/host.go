@@ -11,8 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -20,37 +20,72 @@ import (
 	"github.com/paddock-dev/paddock/store"
 )
 
-// Policy holds the runtime and retry settings a host runs with.
-type Policy struct {
-	// LeaseTTL is the activation lease length; renewed every LeaseTTL/3.
-	LeaseTTL time.Duration
-	// IdleTimeout stops an activation that has had no due event this long.
-	IdleTimeout time.Duration
-	// ScanInterval paces the runnable-session scan and the lease watchdog.
-	ScanInterval time.Duration
-	// TurnTimeout is the wall-time cap of one turn.
-	TurnTimeout time.Duration
-	// TranscriptTail is how many recent messages a TurnRequest carries.
-	TranscriptTail int
-	// ShutdownTimeout bounds how long in-flight turns may finish at stop.
-	ShutdownTimeout time.Duration
+// AgentPolicy is what an agent's sessions run with (DESIGN "Failure, retry
+// and crash policy"); config.Policy is its configuration form.
+type AgentPolicy struct {
+	// CrashPolicy is the default stored on sessions created without one.
+	CrashPolicy store.CrashPolicy
 	// MaxAttempts is the dead-letter threshold.
 	MaxAttempts int
 	// BackoffMin and BackoffMax bound the retry backoff.
 	BackoffMin, BackoffMax time.Duration
+	// BlockOnDeadLetter: later events wait behind a dead letter.
+	BlockOnDeadLetter bool
+	// IdleTimeout stops an activation that has had no due event this long.
+	IdleTimeout time.Duration
+	// TurnTimeout is the wall-time cap of one turn.
+	TurnTimeout time.Duration
+	// RestartPendingTimeout: a restart-policy session waiting this long for
+	// capacity goes to sleep.
+	RestartPendingTimeout time.Duration
+	// Pool is the capacity pool of the agent's activations.
+	Pool string
+}
+
+// Policy is everything a host runs with: host-wide settings, fixed at
+// start, and agent policies, which SetPolicy may replace while running.
+type Policy struct {
+	// LeaseTTL is the activation lease length; renewed every LeaseTTL/3.
+	LeaseTTL time.Duration
+	// ScanInterval paces the watchdog, alarm firing and runnable scan.
+	ScanInterval time.Duration
+	// TranscriptTail is how many recent messages a TurnRequest carries.
+	TranscriptTail int
+	// ShutdownTimeout bounds how long in-flight turns may finish at stop.
+	ShutdownTimeout time.Duration
 	// RestartIntensity and RestartPeriod: more controller panics than this
 	// within the period make the attempt count as a crash (OTP intensity).
 	RestartIntensity int
 	RestartPeriod    time.Duration
+
+	// AgentPolicy is the default agent policy.
+	AgentPolicy
+	// Agents are per-agent policies by agent name (already merged over the
+	// default).
+	Agents map[string]AgentPolicy
+	// Pools is the capacity of each pool on this host.
+	Pools map[string]int
+}
+
+// For returns the policy of the named agent.
+func (p *Policy) For(agentName string) AgentPolicy {
+	if a, ok := p.Agents[agentName]; ok {
+		return a
+	}
+	return p.AgentPolicy
 }
 
 // DefaultPolicy returns the defaults of the configuration.
 func DefaultPolicy() Policy {
 	return Policy{
-		LeaseTTL: 15 * time.Second, IdleTimeout: 30 * time.Second, ScanInterval: time.Second,
-		TurnTimeout: 30 * time.Second, TranscriptTail: 20, ShutdownTimeout: 10 * time.Second,
-		MaxAttempts: 5, BackoffMin: 5 * time.Second, BackoffMax: 120 * time.Second,
+		LeaseTTL: 8 * time.Second, ScanInterval: time.Second, TranscriptTail: 20, ShutdownTimeout: 10 * time.Second,
 		RestartIntensity: 3, RestartPeriod: 5 * time.Second,
+		AgentPolicy: AgentPolicy{
+			CrashPolicy: store.CrashRestart, MaxAttempts: 5, BackoffMin: 5 * time.Second, BackoffMax: 120 * time.Second,
+			IdleTimeout: 30 * time.Second, TurnTimeout: 30 * time.Second, RestartPendingTimeout: 60 * time.Second,
+			Pool: "default",
+		},
+		Pools: map[string]int{"default": 1024},
 	}
 }
 
@@ -69,7 +104,8 @@ type Options struct {
 type Host struct {
 	st      store.Store
 	runner  Runner
-	pol     Policy
+	set     Policy // host-wide settings, fixed at New
+	pol     atomic.Pointer[Policy]
 	id      string
 	log     *slog.Logger
 	metrics *Metrics
@@ -77,6 +113,7 @@ type Host struct {
 	mu     sync.Mutex
 	ctrls  map[store.ActorKey]*controller
 	leases map[string]*lease // by activation uid
+	pools  map[string]*pool
 	// runCtx ends when the host begins to stop: controllers take no new
 	// turns. turnCtx ends ShutdownTimeout later: in-flight turns abort.
 	runCtx, turnCtx context.Context
@@ -104,12 +141,51 @@ func New(o Options) (*Host, error) {
 	if o.Policy.RestartIntensity == 0 {
 		o.Policy.RestartIntensity, o.Policy.RestartPeriod = 3, 5*time.Second
 	}
-	return &Host{
-		st: o.Store, runner: o.Runner, pol: o.Policy, id: o.HostID,
+	if o.Policy.Pool == "" {
+		o.Policy.Pool = "default"
+	}
+	if len(o.Policy.Pools) == 0 {
+		o.Policy.Pools = map[string]int{o.Policy.Pool: 1024}
+	}
+	h := &Host{
+		st: o.Store, runner: o.Runner, set: o.Policy, id: o.HostID,
 		log: o.Logger.With("host_id", o.HostID), metrics: o.Metrics,
-		ctrls: map[store.ActorKey]*controller{}, leases: map[string]*lease{},
+		ctrls: map[store.ActorKey]*controller{}, leases: map[string]*lease{}, pools: map[string]*pool{},
 		commitCh: make(chan struct{}),
-	}, nil
+	}
+	h.SetPolicy(o.Policy)
+	return h, nil
+}
+
+// SetPolicy replaces the agent policies and pool capacities while the host
+// runs (config reload). Host-wide settings (lease TTL, scan interval …)
+// keep their values from New. Turns already running keep their policy.
+func (h *Host) SetPolicy(p Policy) {
+	p.LeaseTTL, p.ScanInterval, p.TranscriptTail = h.set.LeaseTTL, h.set.ScanInterval, h.set.TranscriptTail
+	p.ShutdownTimeout, p.RestartIntensity, p.RestartPeriod = h.set.ShutdownTimeout, h.set.RestartIntensity, h.set.RestartPeriod
+	h.pol.Store(&p)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for name, n := range p.Pools {
+		if pl, ok := h.pools[name]; ok {
+			pl.setCapacity(n)
+		} else {
+			h.pools[name] = newPool(n)
+		}
+	}
+}
+
+// Policy returns the policy in force.
+func (h *Host) Policy() *Policy { return h.pol.Load() }
+
+// pool returns the named capacity pool (an unknown name: the default's).
+func (h *Host) pool(name string) *pool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if p, ok := h.pools[name]; ok {
+		return p
+	}
+	return h.pools[h.pol.Load().Pool]
 }
 
 // ID returns the host id written on this host's activations.
@@ -174,7 +250,7 @@ func (h *Host) Run(ctx context.Context) error {
 	go func() { h.wg.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(h.pol.ShutdownTimeout):
+	case <-time.After(h.set.ShutdownTimeout):
 		h.log.Warn("shutdown timeout: aborting in-flight turns")
 		stopTurns()
 		<-done
@@ -186,17 +262,28 @@ func (h *Host) Run(ctx context.Context) error {
 
 // Ensure makes sure a controller runs for key on this host (idempotent:
 // a second call wakes the existing controller). It returns at once.
-func (h *Host) Ensure(key store.ActorKey) {
+func (h *Host) Ensure(key store.ActorKey) { h.ensure(key, false) }
+
+// EnsureForced is Ensure for a caller that forces allocation: a
+// sleep-policy session waits for capacity instead of going to sleep at once
+// when the pool is full (DESIGN "Capacity").
+func (h *Host) EnsureForced(key store.ActorKey) { h.ensure(key, true) }
+
+func (h *Host) ensure(key store.ActorKey, forced bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.runCtx == nil || h.stopping {
 		return
 	}
 	if c, ok := h.ctrls[key]; ok {
+		if forced {
+			c.forced.Store(true)
+		}
 		c.poke()
 		return
 	}
 	c := newController(h, key)
+	c.forced.Store(forced)
 	h.ctrls[key] = c
 	h.metrics.Controllers.Inc()
 	h.wg.Add(1)
@@ -253,7 +340,7 @@ func (h *Host) dropLease(uid string) {
 // LeaseTTL/3; an activation the store did not renew is lost, and its
 // controller is told at once.
 func (h *Host) renewLoop(ctx context.Context) {
-	t := time.NewTicker(h.pol.LeaseTTL / 3)
+	t := time.NewTicker(h.set.LeaseTTL / 3)
 	defer t.Stop()
 	for {
 		select {
@@ -270,8 +357,8 @@ func (h *Host) renewLoop(ctx context.Context) {
 		if len(refs) == 0 {
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, h.pol.LeaseTTL/3)
-		renewed, err := h.st.RenewLeases(rctx, store.RenewLeasesParams{HostID: h.id, LeaseTTL: h.pol.LeaseTTL, Refs: refs})
+		rctx, cancel := context.WithTimeout(ctx, h.set.LeaseTTL/3)
+		renewed, err := h.st.RenewLeases(rctx, store.RenewLeasesParams{HostID: h.id, LeaseTTL: h.set.LeaseTTL, Refs: refs})
 		cancel()
 		if err != nil {
 			// Leases run out on their own; the fences make that safe.
@@ -299,10 +386,11 @@ func (h *Host) renewLoop(ctx context.Context) {
 // due event and no live activation (after a restart, after a backoff, after
 // another host died).
 func (h *Host) scanLoop(ctx context.Context) {
-	t := time.NewTicker(h.pol.ScanInterval)
+	t := time.NewTicker(h.set.ScanInterval)
 	defer t.Stop()
 	for {
 		h.watchdog(ctx)
+		h.fireAlarms(ctx)
 		h.scan(ctx)
 		select {
 		case <-ctx.Done():
@@ -323,8 +411,14 @@ func (h *Host) watchdog(ctx context.Context) {
 		return
 	}
 	for _, ref := range expired {
+		// A lost host already cost its sessions a lease TTL: the event is
+		// retried at once on a live host (no further backoff), but the
+		// attempt counts, so a poison event that kills every host that
+		// runs it is dead-lettered (DESIGN "What counts as an attempt").
+		// The agent's own threshold is not known here without a lookup;
+		// the default policy's applies to expiries.
 		res, err := h.st.ExpireActivation(sctx, store.ExpireActivationParams{
-			Ref: ref, Backoff: h.backoff(1), MaxAttempts: h.pol.MaxAttempts,
+			Ref: ref, Backoff: 0, MaxAttempts: h.pol.Load().MaxAttempts,
 		})
 		if errors.Is(err, store.ErrNotLive) {
 			continue // renewed, stopped or expired by another host meanwhile
@@ -338,14 +432,41 @@ func (h *Host) watchdog(ctx context.Context) {
 			h.metrics.DeadLetters.Inc()
 		}
 		h.log.Info("watchdog: lease expired, activation failed", "activation", ref.UID,
-			"session", ref.ActorKey.String(), "epoch", ref.ActorEpoch, "event", res.EventID, "attempts", res.Attempts)
+			"session", ref.ActorKey.String(), "epoch", ref.ActorEpoch, "event", res.EventID, "attempts", res.Attempts,
+			"session_status", res.SessionStatus)
+		h.Ensure(ref.ActorKey)
+	}
+}
+
+// fireAlarms fires due alarms (exactly once each, decided by the store) and
+// wakes the sessions that got an alarm event.
+func (h *Host) fireAlarms(ctx context.Context) {
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	keys, err := h.st.FireDueAlarms(sctx, 256)
+	if err != nil {
+		if ctx.Err() == nil {
+			h.log.Warn("alarms: fire due alarms", "err", err)
+		}
+		return
+	}
+	h.metrics.AlarmsFired.Add(float64(len(keys)))
+	for _, k := range keys {
+		h.Ensure(k)
 	}
 }
 
 func (h *Host) scan(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	keys, err := h.st.RunnableSessions(sctx, 256)
+	blocked, err := h.blockedAgents(sctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			h.log.Warn("scan: agents", "err", err)
+		}
+		return
+	}
+	keys, err := h.st.RunnableSessions(sctx, store.RunnableSessionsParams{Limit: 256, BlockedAgents: blocked})
 	if err != nil {
 		if ctx.Err() == nil {
 			h.log.Warn("scan: runnable sessions", "err", err)
@@ -357,11 +478,28 @@ func (h *Host) scan(ctx context.Context) {
 	}
 }
 
-// backoff returns the delay before attempt n+1 after n failed attempts:
-// BackoffMin·2^(n-1), jittered by ±20 %, bounded to [BackoffMin, BackoffMax]
-// (DESIGN: 5 s … 120 s by default).
-func (h *Host) backoff(n int) time.Duration {
-	return Backoff(n, h.pol.BackoffMin, h.pol.BackoffMax, rand.Float64())
+// blockedAgents returns the uids of agents whose dead-letter policy is
+// "block" (nil, without a store call, when no policy blocks).
+func (h *Host) blockedAgents(ctx context.Context) ([]string, error) {
+	pol := h.pol.Load()
+	any := pol.BlockOnDeadLetter
+	for _, a := range pol.Agents {
+		any = any || a.BlockOnDeadLetter
+	}
+	if !any {
+		return nil, nil
+	}
+	agents, err := h.st.ListAgents(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, a := range agents {
+		if pol.For(a.Name).BlockOnDeadLetter {
+			out = append(out, a.UID)
+		}
+	}
+	return out, nil
 }
 
 // Backoff computes the bounded exponential backoff after n failed attempts

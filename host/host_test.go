@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -144,7 +142,7 @@ func start(t *testing.T, st store.Store, funcs map[string]abi.TurnFunc, pol host
 	t.Helper()
 	h, err := host.New(host.Options{
 		Store: st, Runner: funcRunner{funcs}, Policy: pol,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Logger: quietLogger(),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,14 @@ type Metrics struct {
 	ControllerPanics prometheus.Counter
 	// LeasesExpired counts activations the watchdog failed.
 	LeasesExpired prometheus.Counter
+	// AlarmsFired counts alarm events this host appended.
+	AlarmsFired prometheus.Counter
+	// Cancelled counts in-flight turns aborted by a cancel.
+	Cancelled prometheus.Counter
+	// Steers counts steers handed to running turns.
+	Steers prometheus.Counter
+	// PendingSessions is the number of sessions waiting for capacity.
+	PendingSessions prometheus.Gauge
 }
 
 // NewMetrics creates and registers the metrics.
@@ -58,11 +66,23 @@ func NewMetrics() *Metrics {
 		LeasesExpired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paddock_leases_expired_total", Help: "Activations failed by the lease watchdog.",
 		}),
+		AlarmsFired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paddock_alarms_fired_total", Help: "Alarm events appended by this host.",
+		}),
+		Cancelled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paddock_turns_cancelled_total", Help: "In-flight turns aborted by a cancel.",
+		}),
+		Steers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paddock_steers_delivered_total", Help: "Steers handed to running turns.",
+		}),
+		PendingSessions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paddock_pending_sessions", Help: "Sessions waiting for pool capacity on this host.",
+		}),
 	}
 	for _, r := range store.FenceReasons {
 		m.FenceRejections.WithLabelValues(string(r))
 	}
 	m.Registry.MustRegister(m.FenceRejections, m.Turns, m.FailedAttempts, m.DeadLetters,
-		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired)
+		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.PendingSessions)
 	return m
 }

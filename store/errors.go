@@ -16,6 +16,8 @@ var (
 	ErrSessionDestroyed = errors.New("session destroyed")
 	// ErrActivationLive: a live activation already holds the actor key.
 	ErrActivationLive = errors.New("a live activation already exists for this actor key")
+	// ErrSessionSleeping: the session sleeps; a signal or a wake resumes it.
+	ErrSessionSleeping = errors.New("session sleeping")
 	// ErrNotLive: the activation is no longer live under the given ref.
 	ErrNotLive = errors.New("activation is not live under this ref")
 )

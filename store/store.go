@@ -94,6 +94,10 @@ const (
 	EventDiscarded  EventStatus = "discarded"
 )
 
+// OutcomeCancelled is the outcome of a transcript turn that records a
+// cancelled in-flight turn (no worker result is committed with it).
+const OutcomeCancelled abi.Outcome = "cancelled"
+
 // Module is an uploaded wasm agent module, content-addressed by sha256.
 type Module struct {
 	// Digest is "sha256:" + lowercase hex of the module bytes.
@@ -136,6 +140,13 @@ type Session struct {
 	EventCount int64 `json:"event_count"`
 	// OpenEvents is the number of events still open.
 	OpenEvents int64 `json:"open_events"`
+	// DeadLetters is the number of dead-lettered events.
+	DeadLetters int64 `json:"dead_letters"`
+	// PendingSince is set while the session waits for capacity on a host.
+	PendingSince *time.Time `json:"pending_since,omitempty"`
+	// SleepReason says why the session sleeps (crash, capacity, pending
+	// timeout, agent); empty when active.
+	SleepReason string `json:"sleep_reason,omitempty"`
 }
 
 // Event is an actor event row.
@@ -158,6 +169,38 @@ type Event struct {
 	Binding    string     `json:"binding,omitempty"`
 	AcceptedAt time.Time  `json:"accepted_at"`
 	ClosedAt   *time.Time `json:"closed_at,omitempty"`
+	// SteerOf is, for a steer attached to a turn in flight, the event that
+	// turn handles; the steer is closed with it. 0 otherwise.
+	SteerOf int64 `json:"steer_of,omitempty"`
+	// Redrives counts how often the event was redriven from dead_letter.
+	Redrives int `json:"redrives,omitempty"`
+}
+
+// AttemptError is one failed attempt of an event: its error chain entry.
+type AttemptError struct {
+	EventID    int64     `json:"event_id"`
+	Attempt    int       `json:"attempt"`
+	ActorEpoch int64     `json:"actor_epoch"`
+	Counted    bool      `json:"counted"`
+	Error      string    `json:"error"`
+	FailedAt   time.Time `json:"failed_at"`
+}
+
+// DeadLetter is a dead-lettered event with its error chain.
+type DeadLetter struct {
+	Event  Event          `json:"event"`
+	Errors []AttemptError `json:"errors"`
+}
+
+// Alarm is a durable timer of a session.
+type Alarm struct {
+	ActorKey
+	Name  string    `json:"name"`
+	DueAt time.Time `json:"due_at"`
+	// EveryMs is the repeat period, 0 for a one-shot alarm.
+	EveryMs int64           `json:"every_ms,omitempty"`
+	Data    json.RawMessage `json:"data,omitempty"`
+	SetAt   time.Time       `json:"set_at"`
 }
 
 // Activation is the runtime lease projection of a live session.
@@ -240,6 +283,9 @@ type Dispatch struct {
 	Tail []abi.Message
 	// Attempt is Event.Attempts + 1.
 	Attempt int
+	// Steers are the steer events attached to Event (SteerOf = Event.ID),
+	// in acceptance order.
+	Steers []Event
 }
 
 // Store is the interface the host needs. Methods take a context (drivers
@@ -322,11 +368,71 @@ type Store interface {
 	// delivery was sent counts an attempt (the worker had it), one only
 	// created does not. Returns ErrNotLive when ref no longer matches.
 	ExpireActivation(ctx context.Context, p ExpireActivationParams) (FailResult, error)
-	// RunnableSessions lists sessions with a due open event and no live
-	// activation, oldest due first.
-	RunnableSessions(ctx context.Context, limit int) ([]ActorKey, error)
+	// RunnableSessions lists active sessions with a due open event and no
+	// live activation, oldest due first; sessions of p.BlockedAgents that
+	// hold a dead letter are left out (dead-letter policy "block").
+	RunnableSessions(ctx context.Context, p RunnableSessionsParams) ([]ActorKey, error)
 	// Transcript pages committed turns with their messages, by turn number.
 	Transcript(ctx context.Context, p TranscriptParams) ([]Turn, error)
+	// DestroySession destroys a session (idempotent): status destroyed,
+	// destroy_ts, open events discarded, alarms deleted, a live activation
+	// failed (so a reply in flight is fenced off). Unknown: ErrNotFound.
+	DestroySession(ctx context.Context, key ActorKey) (Session, error)
+	// WakeSession moves a sleeping session to active (a no-op when active).
+	// Destroyed: ErrSessionDestroyed; unknown: ErrNotFound.
+	WakeSession(ctx context.Context, key ActorKey) (Session, error)
+	// SleepSession parks an active session with no live activation:
+	// sleeping, sleep_ts, p.Reason. Destroyed: ErrSessionDestroyed; a live
+	// activation: ErrActivationLive.
+	SleepSession(ctx context.Context, p SleepSessionParams) (Session, error)
+	// SetPending records (or clears, with pending=false) that the session
+	// waits for capacity, for the API.
+	SetPending(ctx context.Context, key ActorKey, pending bool) error
+
+	// ListDeadLetters pages dead-lettered events by event id, of one agent
+	// or one session, each with its error chain.
+	ListDeadLetters(ctx context.Context, p ListDeadLettersParams) ([]DeadLetter, error)
+	// RedriveEvent re-opens a dead-lettered event for a new attempt under a
+	// new epoch: status open, attempts 0, due now, redrives+1, session epoch
+	// +1, a sleeping session woken. Not dead-lettered: ErrConflict.
+	RedriveEvent(ctx context.Context, key ActorKey, eventID int64) (Event, error)
+	// DiscardEvent closes a dead-lettered event as discarded. Not
+	// dead-lettered: ErrConflict.
+	DiscardEvent(ctx context.Context, key ActorKey, eventID int64) (Event, error)
+	// EventErrors returns an event's error chain, oldest first.
+	EventErrors(ctx context.Context, key ActorKey, eventID int64) ([]AttemptError, error)
+
+	// Steer persists a steer signal. With a turn in flight (the live
+	// activation has a current event whose delivery is sent) it raises the
+	// activation's revision, supersedes that delivery, creates a new sent one
+	// with the new revision (p.DeliveryID) and attaches the steer event to the
+	// current event; otherwise the steer is queued like a message. Errors as
+	// AppendEvent.
+	Steer(ctx context.Context, p SteerParams) (SteerResult, error)
+	// CancelEvent cancels an event. The event in flight (p.EventID 0 means
+	// "the current one"): status cancelled, its delivery superseded, the
+	// activation's current event cleared and revision raised, a transcript
+	// turn with outcome cancelled recorded, its steers cancelled. A queued
+	// open event: status cancelled. Already closed: ErrConflict; nothing in
+	// flight with EventID 0: ErrNotFound.
+	CancelEvent(ctx context.Context, p CancelEventParams) (CancelResult, error)
+	// InFlight returns, for a live activation, the newest delivery of its
+	// current event and that event's attached steers, so a controller can
+	// tell whether its running turn was steered or cancelled. No current
+	// event or not live: ErrNotLive.
+	InFlight(ctx context.Context, ref ActivationRef) (Dispatch, error)
+
+	// ListAlarms returns a session's alarms by name.
+	ListAlarms(ctx context.Context, key ActorKey) ([]Alarm, error)
+	// FireDueAlarms fires up to limit due alarms (DB clock), each in its own
+	// compare-and-set on (key, name, due_at): an EventAlarm event is appended
+	// with idempotency key "alarm:<name>:<due unix ms>" (so each (session,
+	// alarm, due time) fires once across hosts), a sleeping session is woken,
+	// and the alarm is deleted or, if it repeats, moved to its next due time
+	// after now (missed firings coalesce). Alarms of destroyed sessions are
+	// deleted. It returns the keys that received events.
+	FireDueAlarms(ctx context.Context, limit int) ([]ActorKey, error)
+
 	// Subscribe returns a channel of actor keys that received events
 	// (postgres: LISTEN/NOTIFY from every host; sqlite: this process). It is
 	// a wake-up hint only; it closes when ctx ends.
@@ -410,6 +516,10 @@ type NextDeliveryParams struct {
 	// Binding is the agent's current module digest, recorded on the event at
 	// its first attempt; retries keep the recorded one (invariant 10).
 	Binding string
+	// BlockOnDeadLetter: a dead-lettered event of the session blocks its
+	// later events until redriven or discarded (agent dead-letter policy
+	// "block"); NextDelivery then returns *NoDueEventError.
+	BlockOnDeadLetter bool
 	// MarkSent creates the delivery directly as sent, for in-process workers
 	// whose bytes leave the host in the same step (invariant 9).
 	MarkSent bool
@@ -425,6 +535,8 @@ type CommitTurnParams struct {
 	State     []byte
 	KeepState bool
 	Outcome   abi.Outcome
+	// Alarms are set, replaced or cleared in the same transaction.
+	Alarms []abi.AlarmOp
 }
 
 // FailAttemptParams are FailAttempt's inputs.
@@ -446,12 +558,78 @@ type ExpireActivationParams struct {
 	MaxAttempts int
 }
 
-// FailResult reports what a failed attempt did to its event.
+// FailResult reports what a failed attempt did to its event and session.
+// A counted failure applies the session's crash policy in the same
+// transaction: restart leaves the session active; sleep parks it (sleeping,
+// sleep_ts, reason "crash"); destroy destroys it and discards its open
+// events (DESIGN "Crash policy").
 type FailResult struct {
 	EventID       int64
 	Attempts      int
 	DeadLettered  bool
 	NextAttemptAt time.Time
+	// SessionStatus is the session's status after the failure.
+	SessionStatus SessionStatus
+}
+
+// RunnableSessionsParams are RunnableSessions' inputs.
+type RunnableSessionsParams struct {
+	Limit int
+	// BlockedAgents are agent uids whose dead-letter policy is "block".
+	BlockedAgents []string
+}
+
+// SleepSessionParams are SleepSession's inputs.
+type SleepSessionParams struct {
+	Key ActorKey
+	// Reason is recorded as sleep_reason, e.g. "capacity".
+	Reason string
+}
+
+// ListDeadLettersParams page dead letters: of one agent, or of one
+// session when SessionID is set.
+type ListDeadLettersParams struct {
+	AgentUID  string
+	SessionID string
+	// After is the last event id of the previous page.
+	After int64
+	Limit int
+}
+
+// SteerParams are Steer's inputs.
+type SteerParams struct {
+	Key            ActorKey
+	Payload        json.RawMessage
+	IdempotencyKey string
+	// DeliveryID is used for the new delivery when a turn is in flight.
+	DeliveryID string
+}
+
+// SteerResult reports a steer.
+type SteerResult struct {
+	Event   Event
+	Created bool
+	// InFlight is true when the steer was attached to a turn in flight;
+	// Ref is then the new turn_ref the worker must echo.
+	InFlight bool
+	Ref      abi.TurnRef
+}
+
+// CancelEventParams are CancelEvent's inputs.
+type CancelEventParams struct {
+	Key ActorKey
+	// EventID is the event to cancel; 0 means the one in flight.
+	EventID int64
+	// Reason is recorded in the transcript and as last_error.
+	Reason string
+}
+
+// CancelResult reports a cancellation.
+type CancelResult struct {
+	Event Event
+	// InFlight is true when the event's turn was running; its worker must
+	// be aborted (its late reply is fenced off either way).
+	InFlight bool
 }
 
 // TranscriptParams page a session's transcript.

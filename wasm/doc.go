@@ -11,6 +11,14 @@
 //	res, err := inst.Turn(ctx, req)            // a *TurnError fails the attempt and closes inst
 //	if err != nil || inst.ShouldRecycle() { inst.Close(ctx); inst = nil }
 //
+// Steering and cancellation (abi/README.md, "Steering and cancellation"):
+//
+//	steers := make(chan abi.Steer, 16)         // one channel per Turn call
+//	res, err := inst.Turn(wasm.WithSteers(ctx, steers), req)
+//	// meanwhile, after the store raised the revision: steers <- abi.Steer{TurnRef: newRef, ...}
+//	// res.TurnRef is the newest ref the guest took in (or req.TurnRef); the store decides
+//	// cancel()                                 // aborts the turn: a *TurnError of KindCanceled
+//
 // The package runs turns; it never decides them. A TurnResult it returns has
 // been checked against the contract (abi.TurnResult.Validate, size caps, the
 // echoed turn_ref), but whether it commits is the store's fence check.

@@ -150,7 +150,7 @@ func newBundle(t testing.TB, cfg wasm.Config) *bundle {
 		cfg.MemoryLimitPages = 512
 	}
 	if cfg.TurnTimeout == 0 {
-		cfg.TurnTimeout = 5 * time.Second
+		cfg.TurnTimeout = time.Minute // generous: a loaded machine must not turn work into timeouts
 	}
 	logs := &logRecorder{}
 	rt, err := wasm.New(context.Background(), cfg, slog.New(logs))

@@ -20,9 +20,10 @@ const (
 	stderrHeadBytes = 1 << 10
 )
 
-// logLevelTurnError is the level of the host's "wasm turn failed" record:
-// a failed turn is the guest's problem and is retried, not a host error.
-const logLevelTurnError = slog.LevelWarn
+// logLevelTurnError is the level of the runtime's own "wasm turn failed"
+// record: debug, because the host logs every failed attempt once, with the
+// error (which carries the head of the guest's stderr), at warn.
+const logLevelTurnError = slog.LevelDebug
 
 // logAttrs tags a record with the module digest and the turn_ref.
 func logAttrs(digest, turnRef string, kv ...string) []slog.Attr {
@@ -72,6 +73,14 @@ func (g *guestLog) startTurn(turnRef string) {
 	g.turnRef, g.left, g.dropped, g.head, g.oom = turnRef, g.budget, 0, g.head[:0], false
 }
 
+// retag tags what follows with turnRef, e.g. the ref of a steer the guest
+// took in, keeping the turn's budget.
+func (g *guestLog) retag(turnRef string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.turnRef = turnRef
+}
+
 // endTurn flushes partial lines and reports dropped output.
 func (g *guestLog) endTurn(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
@@ -119,12 +128,11 @@ func streamName(fd int) string {
 	return "stderr"
 }
 
-func streamLevel(fd int) slog.Level {
-	if fd == 0 {
-		return slog.LevelInfo
-	}
-	return slog.LevelWarn
-}
+// streamLevel is the level of guest stdout/stderr lines: debug, because a
+// crashing Go guest prints hundreds of lines of goroutine dump (the head of
+// stderr travels in the TurnError instead). Agents that want their lines
+// seen at info or above use the log import (guest.Log).
+func streamLevel(int) slog.Level { return slog.LevelDebug }
 
 // emitLocked logs msg if the budget allows, else counts it as dropped.
 func (g *guestLog) emitLocked(ctx context.Context, level slog.Level, msg, source string) {

@@ -29,14 +29,16 @@ const (
 	// KindTimeout: the turn ran past Config.TurnTimeout or the caller's
 	// deadline.
 	KindTimeout = "timeout"
-	// KindCanceled: the caller's context was cancelled or the Instance was
-	// closed during the turn.
+	// KindCanceled: the caller's context was cancelled (e.g. the host
+	// cancels the turn in flight) or the Instance was closed during the
+	// turn.
 	KindCanceled = "canceled"
 	// KindOversized: the encoded result exceeds Config.MaxResultBytes.
 	KindOversized = "oversized"
 	// KindInvalidResult: the result is not valid v1 JSON, fails
-	// abi.TurnResult.Validate, does not echo the request's turn_ref, or the
-	// guest broke the memory ABI (a null or out-of-bounds buffer).
+	// abi.TurnResult.Validate, echoes neither the request's turn_ref nor
+	// that of a steer the guest took in, or the guest broke the memory ABI
+	// (a null or out-of-bounds buffer, also one given to steer_poll).
 	KindInvalidResult = "invalid_result"
 )
 
@@ -124,11 +126,11 @@ type Instance struct {
 }
 
 // instantiate makes an instance of compiled in the sandbox, running its
-// _initialize within TurnTimeout.
+// _initialize within InitTimeout.
 func (r *Runtime) instantiate(ctx context.Context, digest string, compiled wazero.CompiledModule) (*Instance, error) {
 	inst := &Instance{rt: r, digest: digest, glog: newGuestLog(r.log, digest, r.cfg.MaxLogBytesPerTurn)}
 	cfg := r.modCfg.WithStdout(inst.glog.stdout()).WithStderr(inst.glog.stderr())
-	ictx, cancel := context.WithTimeout(ctx, r.cfg.TurnTimeout)
+	ictx, cancel := context.WithTimeout(ctx, r.cfg.InitTimeout)
 	defer cancel()
 	inst.glog.startTurn("")
 	defer inst.glog.endTurn(ictx)
@@ -158,6 +160,13 @@ func (i *Instance) Digest() string { return i.digest }
 // guest's result after checking it: size, JSON, abi.TurnResult.Validate and
 // the echoed turn_ref. An "error" outcome is a valid result, not an error.
 //
+// Steers reach the running turn through ctx (WithSteers). The result's
+// TurnRef is then the request's or that of a steer the guest took in — the
+// newest one for a guest that follows the contract; which one, the host
+// learns from the result (a stale one is for the store's fences to reject).
+// Cancelling ctx aborts the turn at once: the guest is stopped, the
+// Instance closed, and Turn returns a *TurnError of KindCanceled.
+//
 // Errors: a *TurnError for any guest failure (the Instance is then closed;
 // make a new one for the next attempt), ErrInstanceClosed, ErrRequestTooLarge
 // (wrapped; the Instance stays usable), or a JSON encoding error of req.
@@ -179,7 +188,13 @@ func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnRes
 	ref := req.TurnRef.String()
 	i.glog.startTurn(ref)
 	defer i.glog.endTurn(ctx)
-	res, err := i.runTurn(withGuestLog(ctx, i.glog), req, in)
+	var steers *turnSteers
+	callCtx := withGuestLog(ctx, i.glog)
+	if ch := steersFrom(ctx); ch != nil {
+		steers = &turnSteers{ch: ch, log: i.rt.log, digest: i.digest, glog: i.glog}
+		callCtx = withTurnSteers(callCtx, steers)
+	}
+	res, err := i.runTurn(callCtx, req, in, steers)
 	if err != nil {
 		var te *TurnError
 		if !errors.As(err, &te) {
@@ -197,7 +212,7 @@ func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnRes
 }
 
 // runTurn is the ABI exchange of one turn.
-func (i *Instance) runTurn(ctx context.Context, req *abi.TurnRequest, in []byte) (*abi.TurnResult, error) {
+func (i *Instance) runTurn(ctx context.Context, req *abi.TurnRequest, in []byte, steers *turnSteers) (*abi.TurnResult, error) {
 	mem := i.mod.Memory()
 	out, err := i.alloc.Call(ctx, uint64(len(in)))
 	if err != nil {
@@ -236,8 +251,8 @@ func (i *Instance) runTurn(ctx context.Context, req *abi.TurnRequest, in []byte)
 	if err := res.Validate(); err != nil {
 		return nil, &TurnError{Kind: KindInvalidResult, Op: ExportTurn, Digest: i.digest, Err: err}
 	}
-	if res.TurnRef != req.TurnRef {
-		msg := fmt.Sprintf("result turn_ref %s does not echo the request's %s", res.TurnRef, req.TurnRef)
+	if !steers.echoes(req.TurnRef, res.TurnRef) {
+		msg := fmt.Sprintf("result turn_ref %s does not echo the request's %s or that of a steer the guest took in", res.TurnRef, req.TurnRef)
 		if res.Error != "" {
 			msg += " (guest error: " + res.Error + ")"
 		}
@@ -253,6 +268,11 @@ func (i *Instance) invalid(op, format string, args ...any) *TurnError {
 // classify turns an error of a guest call into a TurnError.
 func (i *Instance) classify(ctx context.Context, op string, err error) *TurnError {
 	te := &TurnError{Op: op, Digest: i.digest, Err: err, Output: i.glog.stderrHead()}
+	var abiErr *TurnError // raised by a host function: the guest broke the ABI
+	if errors.As(err, &abiErr) {
+		abiErr.Output = te.Output
+		return abiErr
+	}
 	var exit *sys.ExitError
 	switch {
 	case errors.As(err, &exit) && exit.ExitCode() == sys.ExitCodeDeadlineExceeded,

@@ -26,6 +26,10 @@ const (
 	HostModule = "paddock"
 	// HostLog is the host function log(level i32, ptr i32, len i32).
 	HostLog = "log"
+	// HostSteerPoll is the host function steer_poll(buf_ptr i32, buf_cap
+	// i32) -> i32, by which a running turn takes in steers (see
+	// WithSteers). Importing it is optional.
+	HostSteerPoll = "steer_poll"
 
 	// ExportABIVersion is paddock_abi_version() -> i32.
 	ExportABIVersion = "paddock_abi_version"
@@ -50,6 +54,8 @@ const (
 	DefaultMemoryLimitPages = 1024
 	// DefaultTurnTimeout is the wall-time cap of one turn.
 	DefaultTurnTimeout = 10 * time.Second
+	// DefaultInitTimeout is the wall-time cap of a module's _initialize.
+	DefaultInitTimeout = 30 * time.Second
 	// DefaultMaxModuleBytes bounds an uploaded module (64 MiB).
 	DefaultMaxModuleBytes = 64 << 20
 	// DefaultMaxLogBytesPerTurn bounds what one turn may write to the host
@@ -74,9 +80,13 @@ type Config struct {
 	// pages (0: DefaultMemoryLimitPages; at most 65536 = 4 GiB). A guest
 	// that needs more fails its turn with KindOOM.
 	MemoryLimitPages uint32
-	// TurnTimeout caps the wall time of one Turn and of the instantiation
-	// of a module (its _initialize). 0: DefaultTurnTimeout.
+	// TurnTimeout caps the wall time of one Turn. 0: DefaultTurnTimeout.
 	TurnTimeout time.Duration
+	// InitTimeout caps the instantiation of a module (its _initialize),
+	// at Load's probe and at Instantiate. 0: DefaultInitTimeout. Separate
+	// from TurnTimeout so that a short turn cap cannot fail a slow start on
+	// a loaded machine, and a long one cannot let a hung _initialize stall.
+	InitTimeout time.Duration
 	// MaxResultBytes caps an encoded TurnResult, in bytes (0 and the most:
 	// abi.MaxResultBytes). A larger result fails the turn with KindOversized.
 	MaxResultBytes int
@@ -108,6 +118,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.TurnTimeout == 0 {
 		c.TurnTimeout = DefaultTurnTimeout
+	}
+	if c.InitTimeout < 0 {
+		return c, fmt.Errorf("wasm: InitTimeout %s is negative", c.InitTimeout)
+	}
+	if c.InitTimeout == 0 {
+		c.InitTimeout = DefaultInitTimeout
 	}
 	if c.MaxResultBytes < 0 || c.MaxResultBytes > abi.MaxResultBytes {
 		return c, fmt.Errorf("wasm: MaxResultBytes %d is outside 0..%d", c.MaxResultBytes, abi.MaxResultBytes)
@@ -231,6 +247,12 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Runtime, error)
 			[]api.ValueType{api.ValueTypeI32, api.ValueTypeI32, api.ValueTypeI32}, nil).
 		WithParameterNames("level", "ptr", "len").
 		Export(HostLog).
+		NewFunctionBuilder().
+		WithGoModuleFunction(api.GoModuleFunc(hostSteerPoll),
+			[]api.ValueType{api.ValueTypeI32, api.ValueTypeI32}, []api.ValueType{api.ValueTypeI32}).
+		WithParameterNames("buf_ptr", "buf_cap").
+		WithResultNames("n").
+		Export(HostSteerPoll).
 		Instantiate(ctx)
 	if err != nil {
 		return fail(fmt.Errorf("wasm: instantiate host module %q: %w", HostModule, err))
@@ -268,7 +290,7 @@ func (r *Runtime) Config() Config { return r.cfg }
 // errors are the host's (ErrClosed, a cancelled ctx).
 //
 // Validation compiles the module, checks its exports and imports against
-// the ABI, then instantiates it once in the sandbox, bounded by TurnTimeout,
+// the ABI, then instantiates it once in the sandbox, bounded by InitTimeout,
 // to call paddock_abi_version: the only guest code run is the module's
 // initialiser and that function. The module stays loaded; call Unload if
 // this Runtime will not run it.
@@ -360,7 +382,7 @@ func (r *Runtime) compile(ctx context.Context, digest string, wasm []byte) (waze
 }
 
 // probeVersion instantiates compiled once, in the sandbox and within
-// TurnTimeout, and calls paddock_abi_version. Instantiating once right after
+// InitTimeout, and calls paddock_abi_version. Instantiating once right after
 // compiling also sidesteps wazero/wazero#929 (racy first instantiation).
 func (r *Runtime) probeVersion(ctx context.Context, digest string, compiled wazero.CompiledModule) (int, error) {
 	inst, err := r.instantiate(ctx, digest, compiled)
@@ -371,7 +393,7 @@ func (r *Runtime) probeVersion(ctx context.Context, digest string, compiled waze
 		return 0, &ModuleError{Digest: digest, Reason: ReasonInitFailed, Err: err}
 	}
 	defer inst.Close(ctx)
-	cctx, cancel := context.WithTimeout(ctx, r.cfg.TurnTimeout)
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.InitTimeout)
 	defer cancel()
 	out, err := inst.mod.ExportedFunction(ExportABIVersion).Call(withGuestLog(cctx, inst.glog))
 	if err != nil {
@@ -410,7 +432,7 @@ func (r *Runtime) Loaded(digest string) bool {
 }
 
 // Instantiate makes a new instance of a loaded module: it runs the module's
-// _initialize within TurnTimeout. Errors: ErrNotLoaded (wrapped), ErrClosed,
+// _initialize within InitTimeout. Errors: ErrNotLoaded (wrapped), ErrClosed,
 // ctx's error while the module is still compiling, or a *TurnError if the
 // guest's initialiser fails (the attempt fails as if the turn had).
 func (r *Runtime) Instantiate(ctx context.Context, digest string) (*Instance, error) {

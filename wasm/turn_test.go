@@ -72,7 +72,7 @@ func TestFaultyModesFailTheTurn(t *testing.T) {
 	t.Parallel()
 	// The timeout cases get a short turn timeout of their own; the others a
 	// long one, so that a loaded machine cannot turn them into timeouts.
-	short := setup(t, wasm.Config{TurnTimeout: time.Second, MaxResultBytes: 2 << 20})
+	short := setup(t, wasm.Config{TurnTimeout: time.Second, InitTimeout: time.Minute, MaxResultBytes: 2 << 20})
 	b := setup(t, wasm.Config{TurnTimeout: time.Minute, MaxResultBytes: 2 << 20})
 	cases := []struct {
 		msg, kind string
@@ -343,7 +343,9 @@ func TestRequestTooLarge(t *testing.T) {
 func TestShouldRecycle(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t, wasm.Config{RecycleMemoryBytes: 8 << 20, RecycleAfterTurns: 3})
+	// A 3 MB reply takes seconds on a loaded machine under -race: no
+	// timeout case here, so a long turn timeout.
+	b := setup(t, wasm.Config{RecycleMemoryBytes: 8 << 20, RecycleAfterTurns: 3, TurnTimeout: time.Minute})
 	inst := b.instance(t, b.faulty(t))
 	before := inst.MemoryBytes()
 	if before == 0 || before >= 8<<20 || inst.ShouldRecycle() {

@@ -4,7 +4,11 @@ package wasm_test
 // modules the tests need: modules without our exports, with the wrong
 // signatures or imports, and a non-Go guest that answers a fixed result.
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
 
 const (
 	tI32 byte = 0x7f
@@ -157,4 +161,78 @@ func fixedGuest(abiVersion int32, result []byte, overrides ...wfunc) wmod {
 		}
 	}
 	return m
+}
+
+// importedFunctions lists the function imports of a binary module as
+// "module.name", read from its import section (enough of a decoder for the
+// modules Go and the tests produce).
+func importedFunctions(wasm []byte) ([]string, error) {
+	if len(wasm) < 8 {
+		return nil, errors.New("not a wasm module")
+	}
+	p := wasm[8:]
+	uint := func() uint64 {
+		v, n := binary.Uvarint(p)
+		if n <= 0 {
+			p = nil
+			return 0
+		}
+		p = p[n:]
+		return v
+	}
+	str := func() string {
+		n := uint()
+		if n > uint64(len(p)) {
+			p = nil
+			return ""
+		}
+		s := string(p[:n])
+		p = p[n:]
+		return s
+	}
+	next := func() byte {
+		if len(p) == 0 {
+			return 0
+		}
+		b := p[0]
+		p = p[1:]
+		return b
+	}
+	for len(p) > 0 {
+		id, size := next(), uint()
+		if size > uint64(len(p)) {
+			return nil, errors.New("truncated section")
+		}
+		if id != 2 {
+			p = p[size:]
+			continue
+		}
+		var out []string
+		for range uint() {
+			mod, name := str(), str()
+			switch kind := next(); kind {
+			case 0x00: // function: type index
+				uint()
+				out = append(out, mod+"."+name)
+			case 0x01: // table: reftype, limits
+				next()
+				if next()&1 != 0 {
+					uint()
+				}
+				uint()
+			case 0x02: // memory: limits
+				if next()&1 != 0 {
+					uint()
+				}
+				uint()
+			case 0x03: // global: valtype, mutability
+				next()
+				next()
+			default:
+				return nil, fmt.Errorf("import %s.%s of unknown kind %#x", mod, name, kind)
+			}
+		}
+		return out, nil
+	}
+	return nil, nil
 }

@@ -20,6 +20,9 @@ import (
 type client struct {
 	server, token, output string
 	http                  http.Client
+	// raw is the body of the last successful response; --output json
+	// prints it as the server sent it.
+	raw json.RawMessage
 }
 
 // apiError is an error response of the API.
@@ -69,6 +72,7 @@ func (c *client) do(ctx context.Context, method, path string, body io.Reader, co
 		}
 		return &apiError{Status: resp.StatusCode, Code: "http_error", Message: strings.TrimSpace(string(data))}
 	}
+	c.raw = data
 	if out != nil {
 		return json.Unmarshal(data, out)
 	}
@@ -90,6 +94,15 @@ func (c *client) json(ctx context.Context, method, path string, in, out any) err
 // print writes v as indented JSON with --output json, else calls text.
 func (c *client) print(cmd *cobra.Command, v any, text func(w io.Writer)) error {
 	if c.output == "json" {
+		if raw, ok := v.(json.RawMessage); ok {
+			var buf bytes.Buffer
+			if err := json.Indent(&buf, raw, "", "  "); err != nil {
+				return err
+			}
+			buf.WriteByte('\n')
+			_, err := buf.WriteTo(cmd.OutOrStdout())
+			return err
+		}
 		enc := json.NewEncoder(cmd.OutOrStdout())
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
@@ -143,7 +156,7 @@ func newModuleCmd(c *client) *cobra.Command {
 			if err := c.do(cmd.Context(), "POST", "/v1/modules", bytes.NewReader(b), "application/wasm", &m); err != nil {
 				return err
 			}
-			return c.print(cmd, m, func(w io.Writer) { fmt.Fprintln(w, m.Digest) })
+			return c.print(cmd, c.raw, func(w io.Writer) { fmt.Fprintln(w, m.Digest) })
 		},
 	}, &cobra.Command{
 		Use: "list", Short: "List modules", Args: cobra.NoArgs,
@@ -154,7 +167,7 @@ func newModuleCmd(c *client) *cobra.Command {
 			if err := c.json(cmd.Context(), "GET", "/v1/modules", nil, &out); err != nil {
 				return err
 			}
-			return c.print(cmd, out, func(w io.Writer) {
+			return c.print(cmd, c.raw, func(w io.Writer) {
 				fmt.Fprintln(w, "DIGEST\tSIZE\tABI\tCREATED")
 				for _, m := range out.Modules {
 					fmt.Fprintf(w, "%s\t%d\t%d\t%s\n", m.Digest, m.Size, m.ABIVersion, m.CreatedAt.Format(time.RFC3339))
@@ -191,7 +204,7 @@ func newAgentCmd(c *client) *cobra.Command {
 			if err := c.json(cmd.Context(), "POST", "/v1/agents", in, &a); err != nil {
 				return err
 			}
-			return c.print(cmd, a, func(w io.Writer) {
+			return c.print(cmd, c.raw, func(w io.Writer) {
 				fmt.Fprintf(w, "agent %s registered (module %s, crash policy %s)\n", a.Name, a.Module, a.CrashPolicy)
 			})
 		},
@@ -208,7 +221,7 @@ func newAgentCmd(c *client) *cobra.Command {
 			if err := c.json(cmd.Context(), "GET", "/v1/agents", nil, &out); err != nil {
 				return err
 			}
-			return c.print(cmd, out, func(w io.Writer) {
+			return c.print(cmd, c.raw, func(w io.Writer) {
 				fmt.Fprintln(w, "NAME\tCRASH POLICY\tMODULE")
 				for _, a := range out.Agents {
 					fmt.Fprintf(w, "%s\t%s\t%s\n", a.Name, a.CrashPolicy, a.Module)
@@ -258,7 +271,7 @@ func newSessionCmd(c *client) *cobra.Command {
 			if err := c.json(cmd.Context(), method, "/v1/agents/"+url.PathEscape(args[0])+"/sessions", in, &s); err != nil {
 				return err
 			}
-			return c.print(cmd, s, func(w io.Writer) { fmt.Fprintln(w, s.SessionID) })
+			return c.print(cmd, c.raw, func(w io.Writer) { fmt.Fprintln(w, s.SessionID) })
 		},
 	}
 	create.Flags().StringVar(&key, "key", "", "client-chosen session key, unique per agent")
@@ -272,7 +285,7 @@ func newSessionCmd(c *client) *cobra.Command {
 			if err := c.json(cmd.Context(), "GET", sessionPath(args[0], args[1]), nil, &s); err != nil {
 				return err
 			}
-			return c.print(cmd, s, func(w io.Writer) { printSession(w, s) })
+			return c.print(cmd, c.raw, func(w io.Writer) { printSession(w, s) })
 		},
 	}
 	list := &cobra.Command{
@@ -303,17 +316,41 @@ func newSessionCmd(c *client) *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(create, get, list)
+	destroy := &cobra.Command{
+		Use: "destroy AGENT SESSION", Short: "Destroy a session: open events are discarded, later signals get 410", Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var s session
+			if err := c.json(cmd.Context(), "DELETE", sessionPath(args[0], args[1]), nil, &s); err != nil {
+				return err
+			}
+			return c.print(cmd, c.raw, func(w io.Writer) { printSession(w, s) })
+		},
+	}
+	wake := &cobra.Command{
+		Use: "wake AGENT SESSION", Short: "Wake a sleeping session", Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var out map[string]any
+			if err := c.json(cmd.Context(), "POST", sessionPath(args[0], args[1])+"/signals", map[string]any{"kind": "wake"}, &out); err != nil {
+				return err
+			}
+			return c.print(cmd, c.raw, func(w io.Writer) { fmt.Fprintf(w, "session is %v\n", out["status"]) })
+		},
+	}
+	cmd.AddCommand(create, get, list, destroy, wake)
 	return cmd
 }
 
 func newSignalCmd(c *client) *cobra.Command {
 	cmd := &cobra.Command{Use: "signal", Short: "Send signals to a session"}
-	var idem, data string
+	var idem, data, kind string
+	var force, wait bool
 	send := &cobra.Command{
 		Use: "send AGENT SESSION MESSAGE", Short: "Send a message; prints the accepted event id", Args: cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			in := map[string]any{"message": args[2]}
+			in := map[string]any{"message": args[2], "kind": kind}
+			if force {
+				in["force_allocation"] = true
+			}
 			if idem != "" {
 				in["idempotency_key"] = idem
 			}
@@ -324,16 +361,29 @@ func newSignalCmd(c *client) *cobra.Command {
 				in["data"] = json.RawMessage(data)
 			}
 			var out struct {
-				EventID int64  `json:"event_id"`
-				Seq     int64  `json:"seq"`
-				Status  string `json:"status"`
-				Created bool   `json:"created"`
+				Kind     string `json:"kind"`
+				EventID  int64  `json:"event_id"`
+				Seq      int64  `json:"seq"`
+				Status   string `json:"status"`
+				Created  bool   `json:"created"`
+				InFlight bool   `json:"in_flight"`
+			}
+			var before session
+			if wait && kind == "message" {
+				if err := c.json(cmd.Context(), "GET", sessionPath(args[0], args[1]), nil, &before); err != nil {
+					return err
+				}
 			}
 			if err := c.json(cmd.Context(), "POST", sessionPath(args[0], args[1])+"/signals", in, &out); err != nil {
 				return err
 			}
+			if wait && kind == "message" {
+				return c.waitTurn(cmd, args[0], args[1], out.EventID, before.TurnCount)
+			}
 			return c.print(cmd, out, func(w io.Writer) {
-				if out.Created {
+				if out.Created && out.Kind == "steer" && out.InFlight {
+					fmt.Fprintf(w, "steer %d handed to the turn in flight (seq %d)\n", out.EventID, out.Seq)
+				} else if out.Created {
 					fmt.Fprintf(w, "event %d accepted (seq %d)\n", out.EventID, out.Seq)
 				} else {
 					fmt.Fprintf(w, "event %d already accepted with this idempotency key (seq %d, %s)\n", out.EventID, out.Seq, out.Status)
@@ -343,8 +393,82 @@ func newSignalCmd(c *client) *cobra.Command {
 	}
 	send.Flags().StringVar(&idem, "idempotency-key", "", "a re-send with the same key returns the first event")
 	send.Flags().StringVar(&data, "data", "", "JSON given to the agent with the message")
-	cmd.AddCommand(send)
+	send.Flags().StringVar(&kind, "kind", "message", "message or steer")
+	send.Flags().BoolVar(&force, "force-allocation", false, "wait for capacity even if the session's crash policy is sleep")
+	send.Flags().BoolVarP(&wait, "wait", "w", false, "wait until the event's turn commits (or the event ends otherwise) and print the reply")
+	steer := &cobra.Command{
+		Use: "steer AGENT SESSION MESSAGE", Short: "Steer the turn in flight (queued like a message if none runs)", Args: cobra.ExactArgs(3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			kind = "steer"
+			return send.RunE(cmd, args)
+		},
+	}
+	var eventID int64
+	cancel := &cobra.Command{
+		Use: "cancel AGENT SESSION", Short: "Cancel the turn in flight, or a queued event with --event", Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			in := map[string]any{"kind": "cancel"}
+			if eventID != 0 {
+				in["event_id"] = eventID
+			}
+			var out map[string]any
+			if err := c.json(cmd.Context(), "POST", sessionPath(args[0], args[1])+"/signals", in, &out); err != nil {
+				return err
+			}
+			return c.print(cmd, out, func(w io.Writer) {
+				fmt.Fprintf(w, "event %v cancelled (in flight: %v)\n", out["event_id"], out["in_flight"])
+			})
+		},
+	}
+	cancel.Flags().Int64Var(&eventID, "event", 0, "a queued event id to cancel")
+	cmd.AddCommand(send, steer, cancel)
 	return cmd
+}
+
+// waitTurn waits until event id of the session is closed and prints the
+// turn that handled it (found after turn number after), or how it ended.
+func (c *client) waitTurn(cmd *cobra.Command, agentName, sess string, id, after int64) error {
+	var ev struct {
+		Status    string `json:"status"`
+		LastError string `json:"last_error"`
+	}
+	for {
+		if err := c.json(cmd.Context(), "GET", fmt.Sprintf("%s/events/%d", sessionPath(agentName, sess), id), nil, &ev); err != nil {
+			return err
+		}
+		if ev.Status != "open" {
+			break
+		}
+		select {
+		case <-cmd.Context().Done():
+			return cmd.Context().Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if ev.Status != "done" {
+		return fmt.Errorf("event %d ended %s: %s", id, ev.Status, oneLine(ev.LastError, 300))
+	}
+	for _, from := range []int64{after, 0} {
+		var out struct {
+			Turns []turn `json:"turns"`
+		}
+		if err := c.json(cmd.Context(), "GET", fmt.Sprintf("%s/transcript?after=%d&limit=1000", sessionPath(agentName, sess), from), nil, &out); err != nil {
+			return err
+		}
+		for _, t := range out.Turns {
+			if t.EventID != id {
+				continue
+			}
+			if c.output == "json" {
+				return c.print(cmd, t, nil)
+			}
+			for _, m := range t.Messages[1:] {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", m.Role, m.Content)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("event %d is done but its turn is not in the transcript", id)
 }
 
 type turn struct {
@@ -427,14 +551,94 @@ func newEventsCmd(c *client) *cobra.Command {
 			if err := c.json(cmd.Context(), "GET", path, nil, &out); err != nil {
 				return err
 			}
-			return c.print(cmd, out, func(w io.Writer) {
-				fmt.Fprintln(w, "EVENT\tSEQ\tKIND\tSTATUS\tATTEMPTS\tLAST ERROR\tPAYLOAD")
+			return c.print(cmd, c.raw, func(w io.Writer) {
+				fmt.Fprintln(w, "EVENT\tSEQ\tKIND\tSTATUS\tFAILED ATTEMPTS\tPAYLOAD\tLAST ERROR")
 				for _, e := range out.Events {
-					fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%d\t%s\t%s\n", e.ID, e.Seq, e.Kind, e.Status, e.Attempts, e.LastError, e.Payload)
+					fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%d\t%s\t%s\n", e.ID, e.Seq, e.Kind, e.Status, e.Attempts, oneLine(string(e.Payload), 60), oneLine(e.LastError, 100))
 				}
 			})
 		},
 	}
 	cmd.Flags().StringVar(&status, "status", "", "open, done, cancelled, dead_letter or discarded")
 	return cmd
+}
+
+func newEventCmd(c *client) *cobra.Command {
+	cmd := &cobra.Command{Use: "event", Short: "Show, redrive or discard one event"}
+	eventOp := func(use, short, op string) *cobra.Command {
+		return &cobra.Command{
+			Use: use + " AGENT SESSION EVENT", Short: short, Args: cobra.ExactArgs(3),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				method, path := "POST", sessionPath(args[0], args[1])+"/events/"+url.PathEscape(args[2])+"/"+op
+				if op == "" {
+					method, path = "GET", strings.TrimSuffix(path, "/")
+				}
+				var out map[string]any
+				if err := c.json(cmd.Context(), method, path, nil, &out); err != nil {
+					return err
+				}
+				return c.print(cmd, c.raw, func(w io.Writer) {
+					fmt.Fprintf(w, "event %v: %v (failed attempts %v)\n", out["event_id"], out["status"], out["attempts"])
+					if chain, ok := out["errors"].([]any); ok {
+						for _, e := range chain {
+							m, _ := e.(map[string]any)
+							fmt.Fprintf(w, "  attempt %v (epoch %v, counted %v): %v\n", m["attempt"], m["actor_epoch"], m["counted"], oneLine(fmt.Sprint(m["error"]), 200))
+						}
+					}
+				})
+			},
+		}
+	}
+	cmd.AddCommand(
+		eventOp("show", "Show one event with its error chain", ""),
+		eventOp("redrive", "Redrive a dead-lettered event: a new attempt under a new epoch", "redrive"),
+		eventOp("discard", "Discard a dead-lettered event", "discard"),
+	)
+	return cmd
+}
+
+func newDeadLettersCmd(c *client) *cobra.Command {
+	return &cobra.Command{
+		Use: "dead-letters AGENT [SESSION]", Short: "List dead-lettered events with their error chains", Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path := "/v1/agents/" + url.PathEscape(args[0]) + "/dead-letters?limit=1000"
+			if len(args) == 2 {
+				path = sessionPath(args[0], args[1]) + "/dead-letters?limit=1000"
+			}
+			var out struct {
+				DeadLetters []struct {
+					SessionID string `json:"session_id"`
+					Event     struct {
+						ID        int64  `json:"event_id"`
+						Kind      string `json:"kind"`
+						Attempts  int    `json:"attempts"`
+						LastError string `json:"last_error"`
+						Errors    []any  `json:"errors"`
+					} `json:"event"`
+				} `json:"dead_letters"`
+			}
+			if err := c.json(cmd.Context(), "GET", path, nil, &out); err != nil {
+				return err
+			}
+			return c.print(cmd, c.raw, func(w io.Writer) {
+				fmt.Fprintln(w, "SESSION\tEVENT\tKIND\tATTEMPTS\tLAST ERROR")
+				for _, d := range out.DeadLetters {
+					fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\n", d.SessionID, d.Event.ID, d.Event.Kind, d.Event.Attempts, oneLine(d.Event.LastError, 100))
+				}
+			})
+		},
+	}
+}
+
+// oneLine returns the first line of s, cut to n runes, for tables.
+func oneLine(s string, n int) string {
+	line, _, more := strings.Cut(s, "\n")
+	r := []rune(line)
+	if len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	if more {
+		return line + " …"
+	}
+	return line
 }

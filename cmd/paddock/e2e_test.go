@@ -216,9 +216,9 @@ func writeConfig(t *testing.T, driver, addr string) string {
 data_dir: %s
 %sruntime:
   lease_ttl: 2s
-  idle_timeout: 5s
   scan_interval: 200ms
-retry:
+policy:
+  idle_timeout: 5s
   backoff_min: 100ms
   backoff_max: 500ms
   max_attempts: 5
@@ -254,7 +254,10 @@ func TestKillDashNineLosesNoSignalAndCommitsNothingTwice(t *testing.T) {
 			// …with a kill -9 between signals.
 			srv.kill9()
 			srv = startServer(t, cfg, addr)
-			srv.cli("signal", "send", "notes", notes, "list")
+			listed := srv.cli("signal", "send", "notes", notes, "list", "--wait")
+			if !strings.Contains(listed, "assistant: 1. buy milk") || !strings.Contains(listed, "2. call mum") {
+				t.Errorf("signal send list --wait printed %q, want the listed notes", listed)
+			}
 			waitUntil(t, "the third notes turn", 30*time.Second, func() bool { return len(srv.transcript("notes", notes)) == 3 })
 			text := srv.cli("transcript", "notes", notes)
 			for _, want := range []string{"note buy milk", "note call mum", "buy milk", "call mum"} {

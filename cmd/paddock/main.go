@@ -47,7 +47,7 @@ func newRoot() *cobra.Command {
 	pf.StringVar(&cl.token, "token", os.Getenv("PADDOCK_TOKEN"), "bearer token (env PADDOCK_TOKEN)")
 	pf.StringVarP(&cl.output, "output", "o", "text", "output format of client commands: text or json")
 	root.AddCommand(newServe(), newModuleCmd(cl), newAgentCmd(cl), newSessionCmd(cl), newSignalCmd(cl),
-		newTranscriptCmd(cl), newEventsCmd(cl))
+		newTranscriptCmd(cl), newEventsCmd(cl), newEventCmd(cl), newDeadLettersCmd(cl))
 	return root
 }
 

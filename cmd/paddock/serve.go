@@ -2,9 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -41,13 +38,12 @@ func newServe() *cobra.Command {
 			"(nesting with a double underscore: PADDOCK_STORE__DSN) → flags.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := config.Load(config.Sources{
-				File: cfgFile, Environ: os.Environ(), Flags: cmd.Flags(), FlagKeys: serveFlags,
-			})
+			src := config.Sources{File: cfgFile, Environ: os.Environ(), Flags: cmd.Flags(), FlagKeys: serveFlags}
+			cfg, err := config.Load(src)
 			if err != nil {
 				return err
 			}
-			return serve(cmd.Context(), cfg)
+			return serve(cmd.Context(), cfg, src)
 		},
 	}
 	f := cmd.Flags()
@@ -88,21 +84,36 @@ func openStore(ctx context.Context, cfg config.Config) (store.Store, error) {
 	}
 }
 
-// PolicyFromConfig maps configuration onto the host's policy.
+// agentPolicy maps a configured policy onto the host's form.
+func agentPolicy(p config.Policy) host.AgentPolicy {
+	return host.AgentPolicy{
+		CrashPolicy: store.CrashPolicy(p.CrashPolicy), MaxAttempts: p.MaxAttempts,
+		BackoffMin: p.BackoffMin, BackoffMax: p.BackoffMax, BlockOnDeadLetter: p.DeadLetter == "block",
+		IdleTimeout: p.IdleTimeout, TurnTimeout: p.TurnTimeout, RestartPendingTimeout: p.RestartPendingTimeout,
+		Pool: p.Pool,
+	}
+}
+
+// policyFromConfig maps configuration onto the host's policy.
 func policyFromConfig(cfg config.Config) host.Policy {
 	p := host.DefaultPolicy()
 	p.LeaseTTL = cfg.Runtime.LeaseTTL
-	p.IdleTimeout = cfg.Runtime.IdleTimeout
 	p.ScanInterval = cfg.Runtime.ScanInterval
 	p.TranscriptTail = cfg.Runtime.TranscriptTail
 	p.ShutdownTimeout = cfg.Runtime.ShutdownTimeout
-	p.TurnTimeout = cfg.Wasm.TurnTimeout
-	p.MaxAttempts = cfg.Retry.MaxAttempts
-	p.BackoffMin, p.BackoffMax = cfg.Retry.BackoffMin, cfg.Retry.BackoffMax
+	p.AgentPolicy = agentPolicy(cfg.Policy)
+	p.Agents = map[string]host.AgentPolicy{}
+	for _, a := range cfg.Agents {
+		p.Agents[a.Name] = agentPolicy(cfg.AgentPolicy(a.Name))
+	}
+	p.Pools = map[string]int{}
+	for name, pl := range cfg.Pools {
+		p.Pools[name] = pl.Capacity
+	}
 	return p
 }
 
-func serve(ctx context.Context, cfg config.Config) error {
+func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	log := newLogger(cfg.Log)
 	st, err := openStore(ctx, cfg)
 	if err != nil {
@@ -110,8 +121,10 @@ func serve(ctx context.Context, cfg config.Config) error {
 	}
 	defer st.Close()
 
+	// The wasm runtime's own turn cap is a backstop; each turn runs under
+	// its agent's policy.turn_timeout through its context.
 	wcfg := wasm.Config{
-		MemoryLimitPages: cfg.Wasm.MemoryLimitPages, TurnTimeout: cfg.Wasm.TurnTimeout, MaxResultBytes: cfg.Wasm.MaxResultBytes,
+		MemoryLimitPages: cfg.Wasm.MemoryLimitPages, TurnTimeout: 24 * time.Hour, MaxResultBytes: cfg.Wasm.MaxResultBytes,
 	}
 	if cfg.Wasm.CompilationCache {
 		wcfg.CacheDir = filepath.Join(cfg.DataDir, "wasm-cache")
@@ -134,7 +147,7 @@ func serve(ctx context.Context, cfg config.Config) error {
 	srv := &http.Server{
 		Handler: api.New(api.Options{
 			Host: h, Modules: wr, AuthToken: cfg.AuthToken, MaxBodyBytes: cfg.API.MaxBodyBytes,
-			MaxModuleBytes: cfg.API.MaxModuleBytes, DefaultCrashPolicy: store.CrashPolicy(cfg.CrashPolicy), Logger: log,
+			MaxModuleBytes: cfg.API.MaxModuleBytes, Logger: log,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
@@ -144,6 +157,9 @@ func serve(ctx context.Context, cfg config.Config) error {
 	}
 	hostDone := make(chan error, 1)
 	go func() { hostDone <- h.Run(ctx) }()
+	if src.File != "" {
+		go watchConfig(ctx, src, cfg, h, log)
+	}
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve(ln) }()
 	log.Info("paddock serving", "listen", "http://"+ln.Addr().String(), "store", st.Driver(), "data_dir", cfg.DataDir)
@@ -163,6 +179,9 @@ func serve(ctx context.Context, cfg config.Config) error {
 // re-binds) the agents, so that `make run` has example agents ready.
 func registerAgents(ctx context.Context, cfg config.Config, st store.Store, wr *runner.Wasm, log *slog.Logger) error {
 	for i, a := range cfg.Agents {
+		if a.ModuleFile == "" {
+			continue // a policy override only
+		}
 		b, err := os.ReadFile(a.ModuleFile)
 		if err != nil {
 			return fmt.Errorf("config: agents[%d].module_file: %w", i, err)
@@ -174,10 +193,7 @@ func registerAgents(ctx context.Context, cfg config.Config, st store.Store, wr *
 		if _, _, err := st.PutModule(ctx, store.PutModuleParams{Digest: digest, ABIVersion: version, Bytes: b}); err != nil {
 			return fmt.Errorf("store module %s: %w", a.ModuleFile, err)
 		}
-		policy := store.CrashPolicy(a.CrashPolicy)
-		if policy == "" {
-			policy = store.CrashPolicy(cfg.CrashPolicy)
-		}
+		policy := store.CrashPolicy(cfg.AgentPolicy(a.Name).CrashPolicy)
 		ag, err := st.CreateAgent(ctx, store.CreateAgentParams{
 			UID: uuid.NewString(), Name: a.Name, ModuleDigest: digest, CrashPolicy: policy, Upsert: true,
 		})
@@ -189,10 +205,45 @@ func registerAgents(ctx context.Context, cfg config.Config, st store.Store, wr *
 	return nil
 }
 
-// digestOf returns the content address of b.
-func digestOf(b []byte) string {
-	sum := sha256.Sum256(b)
-	return "sha256:" + hex.EncodeToString(sum[:])
+// watchConfig reloads the policies when the config file changes: the new
+// file is loaded and validated in full (defaults, file, environment, flags)
+// and swapped in atomically; an invalid file is refused and logged and the
+// old policies stay. Keys that need a restart are named in the log.
+func watchConfig(ctx context.Context, src config.Sources, cur config.Config, h *host.Host, log *slog.Logger) {
+	changes := make(chan struct{}, 1)
+	stop, err := config.Watch(src.File, func() {
+		select {
+		case changes <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		log.Warn("config reload disabled: cannot watch the file", "file", src.File, "err", err)
+		return
+	}
+	defer stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changes:
+		}
+		// Editors write in several steps: let the file settle.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+		next, err := config.Load(src)
+		if err != nil {
+			log.Error("config reload refused; the running policies stay", "file", src.File, "err", err)
+			continue
+		}
+		if keys := cur.RestartOnlyChanges(next); len(keys) > 0 {
+			log.Warn("config reload: these keys change only at restart", "keys", keys)
+		}
+		h.SetPolicy(policyFromConfig(next))
+		log.Info("config reloaded: policies swapped", "file", src.File)
+		cur = next
+	}
 }
-
-var errUsage = errors.New("usage")

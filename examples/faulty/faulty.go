@@ -13,6 +13,10 @@
 //	bigstate      a state over abi.MaxStateBytes (an invalid result)
 //	sleep <ms>    busy-waits ms milliseconds of wall time, then answers
 //	nap <ms>      time.Sleep(ms), then answers
+//	think <ms>    busy-waits ms milliseconds, polling for steers every ~10 ms:
+//	              a steer ends it at once with "steered: <steer message>"
+//	              (the SDK then echoes the steer's turn_ref), otherwise it
+//	              answers "thought for <ms> ms"
 //	flaky <n>     an error outcome on attempts < n, success from attempt n on
 //	log <text>    logs text through the host import and prints it to stdout and stderr
 //	anything else answers "ok: <message>"
@@ -48,12 +52,19 @@ type Agent struct {
 	Loop func()
 	// OOM allocates until the process dies.
 	OOM func()
+	// PollSteer takes in the next steer of the running turn, if any
+	// (guest.PollSteer, which also makes the result echo the steer's
+	// turn_ref).
+	PollSteer func() (abi.Steer, bool)
 }
 
-// New returns the agent with the real misbehaviours.
+// New returns the agent with the real misbehaviours and steer poll.
 func New() *Agent {
-	return &Agent{Trap: trap, Crash: crash, Exit: os.Exit, Loop: spin, OOM: hog}
+	return &Agent{Trap: trap, Crash: crash, Exit: os.Exit, Loop: spin, OOM: hog, PollSteer: guest.PollSteer}
 }
+
+// thinkPoll is how often think polls for steers.
+const thinkPoll = 10 * time.Millisecond
 
 // ErrRequested is the error of the "error" and "flaky" commands.
 var ErrRequested = errors.New("faulty: error requested")
@@ -91,6 +102,12 @@ func (a *Agent) Turn(_ context.Context, req *abi.TurnRequest) (*abi.TurnResult, 
 		for start := time.Now(); time.Since(start) < d; {
 		}
 		reply = fmt.Sprintf("slept %d ms", d.Milliseconds())
+	case "think":
+		d := time.Duration(intArg(arg, 0)) * time.Millisecond
+		if s, ok := a.think(d); ok {
+			return reply1("steered: " + s.Message), nil
+		}
+		reply = fmt.Sprintf("thought for %d ms", d.Milliseconds())
 	case "nap":
 		d := time.Duration(intArg(arg, 0)) * time.Millisecond
 		time.Sleep(d)
@@ -106,6 +123,25 @@ func (a *Agent) Turn(_ context.Context, req *abi.TurnRequest) (*abi.TurnResult, 
 		fmt.Fprintln(os.Stderr, "stderr: "+arg)
 	}
 	return reply1(reply), nil
+}
+
+// think busy-waits d of wall time, polling for a steer every thinkPoll;
+// it returns early with the first steer.
+func (a *Agent) think(d time.Duration) (abi.Steer, bool) {
+	start := time.Now()
+	for next := start; ; {
+		if now := time.Now(); !now.Before(next) {
+			if a.PollSteer != nil {
+				if s, ok := a.PollSteer(); ok {
+					return s, true
+				}
+			}
+			next = now.Add(thinkPoll)
+		}
+		if time.Since(start) >= d {
+			return abi.Steer{}, false
+		}
+	}
 }
 
 func reply1(content string) *abi.TurnResult {

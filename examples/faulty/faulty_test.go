@@ -96,3 +96,61 @@ func TestPanicIsRecoveredByRun(t *testing.T) {
 		t.Fatalf("%+v", res)
 	}
 }
+
+// TestThink: think busy-waits, polling for steers every ~10 ms; a steer
+// ends it at once with the steer's message.
+func TestThink(t *testing.T) {
+	t.Parallel()
+	req := func(msg string) *abi.TurnRequest {
+		return &abi.TurnRequest{TurnRef: abi.TurnRef{DeliveryID: "d"}, Event: abi.Event{Kind: abi.EventMessage, Message: msg}, Attempt: 1}
+	}
+	t.Run("unsteered", func(t *testing.T) {
+		t.Parallel()
+		a := fake()
+		polls := 0
+		a.PollSteer = func() (abi.Steer, bool) { polls++; return abi.Steer{}, false }
+		start := time.Now()
+		res, err := a.Turn(context.Background(), req("think 200"))
+		el := time.Since(start)
+		if err != nil || res.Messages[0].Content != "thought for 200 ms" {
+			t.Fatalf("%+v, %v", res, err)
+		}
+		if el < 200*time.Millisecond {
+			t.Errorf("think 200 took %s", el)
+		}
+		// It polls while it thinks (about every 10 ms; only "at all" is
+		// asserted, a loaded machine may stretch the spacing).
+		if polls < 1 {
+			t.Errorf("no steer poll in %s of thinking", el)
+		}
+	})
+	t.Run("steered", func(t *testing.T) {
+		t.Parallel()
+		a := fake()
+		polls := 0
+		a.PollSteer = func() (abi.Steer, bool) {
+			polls++
+			if polls < 3 {
+				return abi.Steer{}, false
+			}
+			return abi.Steer{TurnRef: abi.TurnRef{DeliveryID: "d2", Revision: 1}, EventID: 9, Message: "go left"}, true
+		}
+		start := time.Now()
+		res, err := a.Turn(context.Background(), req("think 5000"))
+		if err != nil || res.Messages[0].Content != "steered: go left" {
+			t.Fatalf("%+v, %v", res, err)
+		}
+		if el := time.Since(start); el > 2*time.Second {
+			t.Errorf("steered think took %s", el)
+		}
+	})
+	t.Run("no poll outside wasm", func(t *testing.T) {
+		t.Parallel()
+		// New's PollSteer is guest.PollSteer, which reports no steer on the
+		// host.
+		res, err := faulty.New().Turn(context.Background(), req("think 20"))
+		if err != nil || res.Messages[0].Content != "thought for 20 ms" {
+			t.Fatalf("%+v, %v", res, err)
+		}
+	})
+}

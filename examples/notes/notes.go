@@ -5,9 +5,19 @@
 //
 // Messages:
 //
-//	note <text>   stores a note
-//	list          lists the notes, numbered from 1
-//	count, other  answers with the number of notes and of turns so far
+//	note <text>             stores a note
+//	list                    lists the notes, numbered from 1
+//	remind <seconds> <text> sets a one-shot alarm "remind-<n>" (n counts the
+//	                        session's reminders) that replies "reminder: <text>"
+//	every <seconds> <name>  sets a repeating alarm <name> that replies
+//	                        "tick <name>" each time it fires
+//	stop <name>             clears the alarm <name>
+//	count, other            answers with the number of notes and of turns so far
+//
+// Alarms live in the host (abi.AlarmOp), not in the state: the agent sets
+// them through its result and hears of them as abi.EventAlarm events. A
+// reminder carries its text in the alarm's data, {"text": …}. Steer events
+// queued while no turn ran are handled like messages.
 //
 // Replies are one "assistant" message. The wasip1 module is built from
 // ./cmd (see the Makefile); this package is plain Go and tests on the host.
@@ -17,6 +27,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/paddock-dev/paddock/abi"
@@ -28,6 +39,17 @@ type State struct {
 	Notes []string `json:"notes"`
 	// Turns counts the committed turns of the session, this one included.
 	Turns int `json:"turns"`
+	// Reminders counts the reminders set, which names them: remind-<n>.
+	Reminders int `json:"reminders,omitempty"`
+}
+
+// MaxAlarmSeconds bounds the delay and period of remind and every: one
+// year.
+const MaxAlarmSeconds = 366 * 24 * 3600
+
+// Reminder is the data of a reminder alarm.
+type Reminder struct {
+	Text string `json:"text"`
 }
 
 // DecodeState decodes a session state; nil or empty means a new session.
@@ -50,7 +72,42 @@ func Turn(_ context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 		return nil, err
 	}
 	s.Turns++
-	msg := strings.TrimSpace(req.Event.Message)
+	var reply string
+	var alarms []abi.AlarmOp
+	if req.Event.Kind == abi.EventAlarm {
+		reply = alarmReply(req.Event.Alarm)
+	} else {
+		reply, alarms = s.command(req.Event.Message)
+	}
+	state, err := json.Marshal(s)
+	if err != nil {
+		return nil, fmt.Errorf("notes: encode state: %w", err)
+	}
+	return &abi.TurnResult{
+		Messages: []abi.Message{{Role: abi.RoleAssistant, Content: reply}},
+		State:    state,
+		Outcome:  abi.OutcomeOK,
+		Alarms:   alarms,
+	}, nil
+}
+
+// alarmReply answers an alarm event: a reminder's text, or a tick of a
+// repeating alarm.
+func alarmReply(a *abi.AlarmFired) string {
+	if a == nil {
+		return "alarm without details"
+	}
+	var r Reminder
+	if len(a.Data) > 0 && json.Unmarshal(a.Data, &r) == nil && r.Text != "" {
+		return "reminder: " + r.Text
+	}
+	return "tick " + a.Name
+}
+
+// command runs one message command on s and returns the reply and the
+// alarm operations it asks for.
+func (s *State) command(msg string) (string, []abi.AlarmOp) {
+	msg = strings.TrimSpace(msg)
 	verb, rest, _ := strings.Cut(msg, " ")
 	var reply string
 	switch strings.ToLower(verb) {
@@ -75,16 +132,50 @@ func Turn(_ context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 			fmt.Fprintf(&b, "%d. %s", i+1, n)
 		}
 		reply = b.String()
+	case "remind":
+		secs, text, ok := seconds(rest)
+		if !ok || text == "" {
+			return fmt.Sprintf("usage: remind <seconds 1-%d> <text>", MaxAlarmSeconds), nil
+		}
+		data, err := json.Marshal(Reminder{Text: text})
+		if err != nil || len(data) > maxAlarmData {
+			return "reminder text too long", nil
+		}
+		s.Reminders++
+		name := fmt.Sprintf("remind-%d", s.Reminders)
+		return fmt.Sprintf("reminder %s set in %d s", name, secs),
+			[]abi.AlarmOp{{Name: name, InMs: secs * 1000, Data: data}}
+	case "every":
+		secs, name, ok := seconds(rest)
+		if !ok || !validName(name) {
+			return fmt.Sprintf("usage: every <seconds 1-%d> <name of 1-100 bytes>", MaxAlarmSeconds), nil
+		}
+		return fmt.Sprintf("tick %s every %d s", name, secs),
+			[]abi.AlarmOp{{Name: name, InMs: secs * 1000, EveryMs: secs * 1000}}
+	case "stop":
+		name := strings.TrimSpace(rest)
+		if !validName(name) {
+			return "usage: stop <name>", nil
+		}
+		return "stopped " + name, []abi.AlarmOp{{Name: name, Clear: true}}
 	default:
 		reply = fmt.Sprintf("%d notes, %d turns", len(s.Notes), s.Turns)
 	}
-	state, err := json.Marshal(s)
-	if err != nil {
-		return nil, fmt.Errorf("notes: encode state: %w", err)
-	}
-	return &abi.TurnResult{
-		Messages: []abi.Message{{Role: abi.RoleAssistant, Content: reply}},
-		State:    state,
-		Outcome:  abi.OutcomeOK,
-	}, nil
+	return reply, nil
 }
+
+// maxAlarmData is the limit of an alarm's data (abi.AlarmOp).
+const maxAlarmData = 64 << 10
+
+// seconds parses "<seconds> <rest>" with seconds in 1..MaxAlarmSeconds.
+func seconds(args string) (secs int64, rest string, ok bool) {
+	num, rest, _ := strings.Cut(strings.TrimSpace(args), " ")
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 1 || n > MaxAlarmSeconds {
+		return 0, "", false
+	}
+	return n, strings.TrimSpace(rest), true
+}
+
+// validName reports whether name is a valid alarm name (abi.AlarmOp).
+func validName(name string) bool { return name != "" && len(name) <= 100 }

@@ -2,7 +2,9 @@ package notes_test
 
 import (
 	"context"
+	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,23 +14,71 @@ import (
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
 
-// script is a conversation and the replies the notes agent must give.
-var script = []struct{ msg, reply string }{
-	{"count", "0 notes, 1 turns"},
-	{"list", "no notes"},
-	{"note buy milk", "noted (1)"},
-	{"note   call Ada  ", "noted (2)"},
-	{"note", "usage: note <text>"},
-	{"LIST", "1. buy milk\n2. call Ada"},
-	{"hello there", "2 notes, 7 turns"},
+// step is one event of a conversation: a message (msg; a queued steer if
+// steer is set), or the firing of an alarm (alarm); reply and alarms are
+// what the agent must answer.
+type step struct {
+	msg    string
+	steer  bool
+	alarm  *abi.AlarmFired
+	reply  string
+	alarms []abi.AlarmOp
 }
 
-func request(i int, msg string, state []byte) *abi.TurnRequest {
+// fired is the alarm event of name with data.
+func fired(name, data string) *abi.AlarmFired {
+	a := &abi.AlarmFired{Name: name, DueAt: time.Unix(1_800_000_100, 0).UTC()}
+	if data != "" {
+		a.Data = json.RawMessage(data)
+	}
+	return a
+}
+
+// script is a conversation and the replies the notes agent must give.
+var script = []step{
+	{msg: "count", reply: "0 notes, 1 turns"},
+	{msg: "list", reply: "no notes"},
+	{msg: "note buy milk", reply: "noted (1)"},
+	{msg: "note   call Ada  ", reply: "noted (2)"},
+	{msg: "note", reply: "usage: note <text>"},
+	{msg: "LIST", reply: "1. buy milk\n2. call Ada"},
+	{msg: "hello there", reply: "2 notes, 7 turns"},
+	{msg: "remind 30 call  Ada back", reply: "reminder remind-1 set in 30 s",
+		alarms: []abi.AlarmOp{{Name: "remind-1", InMs: 30_000, Data: json.RawMessage(`{"text":"call  Ada back"}`)}}},
+	{msg: "remind 5 tea", reply: "reminder remind-2 set in 5 s",
+		alarms: []abi.AlarmOp{{Name: "remind-2", InMs: 5_000, Data: json.RawMessage(`{"text":"tea"}`)}}},
+	{alarm: fired("remind-2", `{"text":"tea"}`), reply: "reminder: tea"},
+	{msg: "every 60 hourly check", reply: "tick hourly check every 60 s",
+		alarms: []abi.AlarmOp{{Name: "hourly check", InMs: 60_000, EveryMs: 60_000}}},
+	{alarm: fired("hourly check", ""), reply: "tick hourly check"},
+	{alarm: fired("hourly check", ""), reply: "tick hourly check"},
+	{msg: "stop hourly check", reply: "stopped hourly check",
+		alarms: []abi.AlarmOp{{Name: "hourly check", Clear: true}}},
+	{alarm: fired("remind-1", `{"text":"call  Ada back"}`), reply: "reminder: call  Ada back"},
+	{msg: "remind soon tea", reply: "usage: remind <seconds 1-31622400> <text>"},
+	{msg: "remind 0 tea", reply: "usage: remind <seconds 1-31622400> <text>"},
+	{msg: "remind 10", reply: "usage: remind <seconds 1-31622400> <text>"},
+	{msg: "every 10", reply: "usage: every <seconds 1-31622400> <name of 1-100 bytes>"},
+	{msg: "every 10 " + strings.Repeat("n", 101), reply: "usage: every <seconds 1-31622400> <name of 1-100 bytes>"},
+	{msg: "every 99999999999 x", reply: "usage: every <seconds 1-31622400> <name of 1-100 bytes>"},
+	{msg: "stop", reply: "usage: stop <name>"},
+	{msg: "note oat milk", steer: true, reply: "noted (3)"},
+	{msg: "count", reply: "3 notes, 24 turns"},
+}
+
+func request(i int, st step, state []byte) *abi.TurnRequest {
+	ev := abi.Event{ID: int64(i), Kind: abi.EventMessage, Message: st.msg, AcceptedAt: time.Unix(1_800_000_000, 0).UTC()}
+	switch {
+	case st.alarm != nil:
+		ev.Kind, ev.Alarm = abi.EventAlarm, st.alarm
+	case st.steer:
+		ev.Kind = abi.EventSteer
+	}
 	return &abi.TurnRequest{
 		ABIVersion: abi.Version,
 		TurnRef:    abi.TurnRef{DeliveryID: "d", ActivationUID: "a", ActorEpoch: 1, ActorEventID: int64(i), AgentUID: "g", SessionID: "s"},
 		Session:    abi.Session{AgentName: "notes", SessionID: "s"},
-		Event:      abi.Event{ID: int64(i), Kind: abi.EventMessage, Message: msg, AcceptedAt: time.Unix(1_800_000_000, 0).UTC()},
+		Event:      ev,
 		State:      state,
 		Attempt:    1,
 	}
@@ -41,7 +91,7 @@ func play(t *testing.T, turn func(*abi.TurnRequest) (*abi.TurnResult, error)) []
 	var state []byte
 	var out []*abi.TurnResult
 	for i, step := range script {
-		res, err := turn(request(i, step.msg, state))
+		res, err := turn(request(i, step, state))
 		if err != nil {
 			t.Fatalf("turn %d %q: %v", i, step.msg, err)
 		}
@@ -50,6 +100,12 @@ func play(t *testing.T, turn func(*abi.TurnRequest) (*abi.TurnResult, error)) []
 		}
 		if got := res.Messages[0].Content; got != step.reply {
 			t.Fatalf("turn %d %q: reply %q, want %q", i, step.msg, got, step.reply)
+		}
+		if !reflect.DeepEqual(res.Alarms, step.alarms) {
+			t.Fatalf("turn %d %q: alarms %+v, want %+v", i, step.msg, res.Alarms, step.alarms)
+		}
+		if err := res.Validate(); err != nil {
+			t.Fatalf("turn %d %q: %v", i, step.msg, err)
 		}
 		if res.State != nil {
 			state = res.State
@@ -68,14 +124,14 @@ func TestScript(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (notes.State{Notes: []string{"buy milk", "call Ada"}, Turns: 7}); !reflect.DeepEqual(s, want) {
+	if want := (notes.State{Notes: []string{"buy milk", "call Ada", "oat milk"}, Turns: len(script), Reminders: 2}); !reflect.DeepEqual(s, want) {
 		t.Fatalf("state %+v, want %+v", s, want)
 	}
 }
 
 func TestCorruptStateFailsTheTurn(t *testing.T) {
 	t.Parallel()
-	res := abi.Run(context.Background(), notes.Turn, request(1, "count", []byte("not json")))
+	res := abi.Run(context.Background(), notes.Turn, request(1, step{msg: "count"}, []byte("not json")))
 	if res.Outcome != abi.OutcomeError || res.Error == "" {
 		t.Fatalf("%+v", res)
 	}
@@ -108,5 +164,15 @@ func TestModuleMatchesLogic(t *testing.T) {
 	})
 	if !reflect.DeepEqual(inWasm, inProcess) {
 		t.Fatalf("wasm and in-process results differ:\n%+v\n%+v", inWasm, inProcess)
+	}
+}
+
+// TestLongReminderIsRefused: a reminder text past the alarm data limit is
+// answered with a message, never with an alarm the host would refuse.
+func TestLongReminderIsRefused(t *testing.T) {
+	t.Parallel()
+	res := abi.Run(context.Background(), notes.Turn, request(1, step{msg: "remind 5 " + strings.Repeat("x", 70_000)}, nil))
+	if res.Outcome != abi.OutcomeOK || res.Messages[0].Content != "reminder text too long" || res.Alarms != nil {
+		t.Fatalf("%+v", res.Messages)
 	}
 }

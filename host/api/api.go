@@ -51,9 +51,7 @@ type Options struct {
 	AuthToken string
 	// MaxBodyBytes caps JSON bodies; MaxModuleBytes caps module uploads.
 	MaxBodyBytes, MaxModuleBytes int64
-	// DefaultCrashPolicy is the one configured default (DESIGN "Crash policy").
-	DefaultCrashPolicy store.CrashPolicy
-	Logger             *slog.Logger
+	Logger                       *slog.Logger
 }
 
 // Server serves the API.
@@ -85,9 +83,17 @@ func Routes() []Route {
 		{"POST", "/v1/agents/{agent}/sessions", (*Server).createSession},
 		{"PUT", "/v1/agents/{agent}/sessions", (*Server).getOrCreateSession},
 		{"GET", "/v1/agents/{agent}/sessions", (*Server).listSessions},
+		{"GET", "/v1/agents/{agent}/dead-letters", (*Server).listAgentDeadLetters},
 		{"GET", "/v1/agents/{agent}/sessions/{session}", (*Server).getSession},
+		{"DELETE", "/v1/agents/{agent}/sessions/{session}", (*Server).destroySession},
 		{"POST", "/v1/agents/{agent}/sessions/{session}/signals", (*Server).sendSignal},
 		{"GET", "/v1/agents/{agent}/sessions/{session}/events", (*Server).listEvents},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/events/{event}", (*Server).getEvent},
+		{"POST", "/v1/agents/{agent}/sessions/{session}/events/{event}/redrive", (*Server).redriveEvent},
+		{"POST", "/v1/agents/{agent}/sessions/{session}/events/{event}/discard", (*Server).discardEvent},
+		{"POST", "/v1/agents/{agent}/sessions/{session}/events/{event}/cancel", (*Server).cancelEvent},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/dead-letters", (*Server).listSessionDeadLetters},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/alarms", (*Server).listAlarms},
 		{"GET", "/v1/agents/{agent}/sessions/{session}/transcript", (*Server).transcript},
 	}
 }
@@ -96,9 +102,6 @@ func Routes() []Route {
 func New(o Options) *Server {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
-	}
-	if o.DefaultCrashPolicy == "" {
-		o.DefaultCrashPolicy = store.CrashRestart
 	}
 	s := &Server{o: o, st: o.Host.Store(), log: o.Logger, mux: http.NewServeMux()}
 	for _, r := range Routes() {
@@ -328,7 +331,9 @@ func (s *Server) createAgent(w http.ResponseWriter, r *http.Request) error {
 	if in.Module == "" {
 		return badRequest("missing_field", "module", "module (a module digest, sha256:<hex>) is required")
 	}
-	policy, err := s.policy(in.CrashPolicy, s.o.DefaultCrashPolicy)
+	// The one configured default (DESIGN "Crash policy"), or the agent's
+	// override in the config.
+	policy, err := s.policy(in.CrashPolicy, s.o.Host.Policy().For(in.Name).CrashPolicy)
 	if err != nil {
 		return err
 	}
@@ -404,7 +409,11 @@ type sessionJSON struct {
 	CreatedAt   time.Time           `json:"created_at"`
 	SleepTS     *time.Time          `json:"sleep_ts,omitempty"`
 	DestroyTS   *time.Time          `json:"destroy_ts,omitempty"`
-	Created     *bool               `json:"created,omitempty"`
+	// SleepReason: crash, capacity, pending_timeout or agent.
+	SleepReason  string     `json:"sleep_reason,omitempty"`
+	DeadLetters  int64      `json:"dead_letters"`
+	PendingSince *time.Time `json:"pending_since,omitempty"`
+	Created      *bool      `json:"created,omitempty"`
 }
 
 func toSessionJSON(a store.Agent, x store.Session) sessionJSON {
@@ -412,6 +421,7 @@ func toSessionJSON(a store.Agent, x store.Session) sessionJSON {
 		Agent: a.Name, AgentUID: x.AgentUID, SessionID: x.SessionID, Key: x.Key, Input: x.Input, Status: x.Status,
 		CrashPolicy: x.CrashPolicy, ActorEpoch: x.ActorEpoch, TurnCount: x.TurnCount, EventCount: x.EventCount,
 		OpenEvents: x.OpenEvents, CreatedAt: x.CreatedAt, SleepTS: x.SleepTS, DestroyTS: x.DestroyTS,
+		SleepReason: x.SleepReason, DeadLetters: x.DeadLetters, PendingSince: x.PendingSince,
 	}
 }
 
@@ -447,7 +457,11 @@ func (s *Server) putSession(w http.ResponseWriter, r *http.Request, getOrCreate 
 	if len(in.Input) > abi.MaxStateBytes {
 		return badRequest("invalid_field", "input", "input is %d bytes, limit %d", len(in.Input), abi.MaxStateBytes)
 	}
-	policy, err := s.policy(in.CrashPolicy, a.CrashPolicy)
+	def := a.CrashPolicy
+	if p, ok := s.o.Host.Policy().Agents[a.Name]; ok {
+		def = p.CrashPolicy // the config's override for this agent
+	}
+	policy, err := s.policy(in.CrashPolicy, def)
 	if err != nil {
 		return err
 	}
@@ -544,14 +558,20 @@ type eventJSON struct {
 	Binding        string            `json:"binding,omitempty"`
 	AcceptedAt     time.Time         `json:"accepted_at"`
 	ClosedAt       *time.Time        `json:"closed_at,omitempty"`
+	SteerOf        int64             `json:"steer_of,omitempty"`
+	Redrives       int               `json:"redrives,omitempty"`
+	// Errors is the error chain, on single-event and dead-letter reads.
+	Errors []store.AttemptError `json:"errors,omitempty"`
 }
 
 func toEventJSON(e store.Event) eventJSON {
 	return eventJSON{ID: e.ID, Seq: e.Seq, Kind: e.Kind, Payload: e.Payload, IdempotencyKey: e.IdempotencyKey,
 		Status: e.Status, Attempts: e.Attempts, NextAttemptAt: e.NextAttemptAt, LastError: e.LastError,
-		Binding: e.Binding, AcceptedAt: e.AcceptedAt, ClosedAt: e.ClosedAt}
+		Binding: e.Binding, AcceptedAt: e.AcceptedAt, ClosedAt: e.ClosedAt, SteerOf: e.SteerOf, Redrives: e.Redrives}
 }
 
+// sendSignal accepts a signal: message (the default kind), steer, cancel
+// or wake (DESIGN "Steering and cancellation").
 func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 	a, err := s.agent(r)
 	if err != nil {
@@ -562,6 +582,11 @@ func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 		Message        string          `json:"message"`
 		Data           json.RawMessage `json:"data"`
 		IdempotencyKey string          `json:"idempotency_key"`
+		// EventID names the event a cancel aims at (0: the one in flight).
+		EventID int64 `json:"event_id"`
+		// ForceAllocation: a sleep-policy session waits for capacity
+		// instead of sleeping at once when its pool is full.
+		ForceAllocation bool `json:"force_allocation"`
 	}
 	if err := s.decode(w, r, &in); err != nil {
 		return err
@@ -569,39 +594,262 @@ func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 	if in.Kind == "" {
 		in.Kind = abi.EventMessage
 	}
-	if in.Kind != abi.EventMessage {
-		return badRequest("invalid_field", "kind", "kind %q is not supported; use \"message\"", in.Kind)
-	}
-	if in.Message == "" && len(in.Data) == 0 {
-		return badRequest("missing_field", "message", "a message signal needs a message (or data)")
-	}
 	if in.IdempotencyKey != "" && !keyRE.MatchString(in.IdempotencyKey) {
 		return badRequest("invalid_field", "idempotency_key", "idempotency_key must be 1–200 printable ASCII characters without spaces")
 	}
-	payload, err := json.Marshal(struct {
-		Message string          `json:"message,omitempty"`
-		Data    json.RawMessage `json:"data,omitempty"`
-	}{in.Message, in.Data})
-	if err != nil {
-		return err
-	}
 	key := store.ActorKey{AgentUID: a.UID, SessionID: r.PathValue("session")}
-	e, created, err := s.st.AppendEvent(r.Context(), store.AppendEventParams{
-		Key: key, Kind: in.Kind, Payload: payload, IdempotencyKey: in.IdempotencyKey,
-	})
-	if errors.Is(err, store.ErrNotFound) {
-		return &Error{Status: http.StatusNotFound, Code: "session_not_found", Field: "session",
-			Message: fmt.Sprintf("agent %q has no session %q", a.Name, key.SessionID)}
-	}
-	if err != nil {
+	notFound := func(err error) error {
+		if errors.Is(err, store.ErrNotFound) {
+			return &Error{Status: http.StatusNotFound, Code: "session_not_found", Field: "session",
+				Message: fmt.Sprintf("agent %q has no session %q", a.Name, key.SessionID)}
+		}
 		return err
 	}
-	if created {
+	ensure := func() {
+		if in.ForceAllocation {
+			s.o.Host.EnsureForced(key)
+		} else {
+			s.o.Host.Ensure(key)
+		}
+	}
+	switch in.Kind {
+	case abi.EventMessage, abi.EventSteer:
+		if in.Message == "" && len(in.Data) == 0 {
+			return badRequest("missing_field", "message", "a %s signal needs a message (or data)", in.Kind)
+		}
+		if in.EventID != 0 {
+			return badRequest("invalid_field", "event_id", "event_id is only for cancel signals")
+		}
+		payload, err := json.Marshal(struct {
+			Message string          `json:"message,omitempty"`
+			Data    json.RawMessage `json:"data,omitempty"`
+		}{in.Message, in.Data})
+		if err != nil {
+			return err
+		}
+		var e store.Event
+		var created, inFlight bool
+		if in.Kind == abi.EventSteer {
+			res, err := s.st.Steer(r.Context(), store.SteerParams{Key: key, Payload: payload, IdempotencyKey: in.IdempotencyKey, DeliveryID: uuid.NewString()})
+			if err != nil {
+				return notFound(err)
+			}
+			e, created, inFlight = res.Event, res.Created, res.InFlight
+		} else {
+			e, created, err = s.st.AppendEvent(r.Context(), store.AppendEventParams{Key: key, Kind: in.Kind, Payload: payload, IdempotencyKey: in.IdempotencyKey})
+			if err != nil {
+				return notFound(err)
+			}
+		}
+		if created {
+			ensure()
+		}
+		out := map[string]any{"kind": in.Kind, "event_id": e.ID, "seq": e.Seq, "status": e.Status, "created": created}
+		if in.Kind == abi.EventSteer {
+			out["in_flight"] = inFlight
+		}
+		return writeJSON(w, http.StatusAccepted, out)
+	case "cancel":
+		if in.Message != "" || len(in.Data) > 0 || in.IdempotencyKey != "" {
+			return badRequest("invalid_field", "message", "a cancel signal takes only event_id (0 or absent: the turn in flight)")
+		}
+		return s.cancel(w, r, a, key, in.EventID)
+	case "wake":
+		if in.Message != "" || len(in.Data) > 0 || in.EventID != 0 {
+			return badRequest("invalid_field", "message", "a wake signal takes no message, data or event_id")
+		}
+		x, err := s.st.WakeSession(r.Context(), key)
+		if err != nil {
+			return notFound(err)
+		}
+		ensure()
+		return writeJSON(w, http.StatusAccepted, map[string]any{"kind": "wake", "status": x.Status})
+	default:
+		return badRequest("invalid_field", "kind", "kind %q must be message, steer, cancel or wake", in.Kind)
+	}
+}
+
+// cancel cancels an event (0: the turn in flight) and pokes the owning
+// controller, which aborts the worker; its late reply is fenced off.
+func (s *Server) cancel(w http.ResponseWriter, r *http.Request, a store.Agent, key store.ActorKey, eventID int64) error {
+	res, err := s.st.CancelEvent(r.Context(), store.CancelEventParams{Key: key, EventID: eventID, Reason: "cancelled by client"})
+	switch {
+	case errors.Is(err, store.ErrNotFound) && eventID == 0:
+		if _, gerr := s.st.GetSession(r.Context(), key); errors.Is(gerr, store.ErrNotFound) {
+			return &Error{Status: http.StatusNotFound, Code: "session_not_found", Field: "session",
+				Message: fmt.Sprintf("agent %q has no session %q", a.Name, key.SessionID)}
+		}
+		return &Error{Status: http.StatusConflict, Code: "nothing_in_flight", Field: "event_id",
+			Message: "no turn is in flight; name a queued event with event_id to cancel it"}
+	case errors.Is(err, store.ErrNotFound):
+		return &Error{Status: http.StatusNotFound, Code: "event_not_found", Field: "event_id",
+			Message: fmt.Sprintf("session %q has no event %d", key.SessionID, eventID)}
+	case errors.Is(err, store.ErrConflict):
+		return &Error{Status: http.StatusConflict, Code: "event_closed", Field: "event_id",
+			Message: fmt.Sprintf("event %d is already closed", eventID)}
+	case err != nil:
+		return err
+	}
+	if res.InFlight {
 		s.o.Host.Ensure(key)
 	}
 	return writeJSON(w, http.StatusAccepted, map[string]any{
-		"event_id": e.ID, "seq": e.Seq, "status": e.Status, "created": created,
+		"kind": "cancel", "event_id": res.Event.ID, "status": res.Event.Status, "in_flight": res.InFlight,
 	})
+}
+
+func (s *Server) destroySession(w http.ResponseWriter, r *http.Request) error {
+	a, x, err := s.session(r)
+	if err != nil {
+		return err
+	}
+	x, err = s.st.DestroySession(r.Context(), x.ActorKey)
+	if err != nil {
+		return err
+	}
+	s.o.Host.Ensure(x.ActorKey) // a running controller notices and aborts
+	return writeJSON(w, http.StatusOK, toSessionJSON(a, x))
+}
+
+// eventParam parses the {event} path value.
+func eventParam(r *http.Request) (int64, error) {
+	v := r.PathValue("event")
+	id, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || id < 1 {
+		return 0, badRequest("invalid_parameter", "event", "event %q must be a positive event id", v)
+	}
+	return id, nil
+}
+
+func (s *Server) eventOf(r *http.Request) (store.Agent, store.Session, store.Event, error) {
+	a, x, err := s.session(r)
+	if err != nil {
+		return a, x, store.Event{}, err
+	}
+	id, err := eventParam(r)
+	if err != nil {
+		return a, x, store.Event{}, err
+	}
+	es, err := s.st.ListEvents(r.Context(), store.ListEventsParams{Key: x.ActorKey, After: id - 1, Limit: 1})
+	if err != nil {
+		return a, x, store.Event{}, err
+	}
+	if len(es) == 0 || es[0].ID != id {
+		return a, x, store.Event{}, &Error{Status: http.StatusNotFound, Code: "event_not_found", Field: "event",
+			Message: fmt.Sprintf("session %q has no event %d", x.SessionID, id)}
+	}
+	return a, x, es[0], nil
+}
+
+func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) error {
+	_, x, e, err := s.eventOf(r)
+	if err != nil {
+		return err
+	}
+	chain, err := s.st.EventErrors(r.Context(), x.ActorKey, e.ID)
+	if err != nil {
+		return err
+	}
+	out := toEventJSON(e)
+	out.Errors = chain
+	return writeJSON(w, http.StatusOK, out)
+}
+
+// deadLetterOp redrives or discards a dead-lettered event.
+func (s *Server) deadLetterOp(w http.ResponseWriter, r *http.Request, redrive bool) error {
+	_, x, e, err := s.eventOf(r)
+	if err != nil {
+		return err
+	}
+	if redrive {
+		e, err = s.st.RedriveEvent(r.Context(), x.ActorKey, e.ID)
+	} else {
+		e, err = s.st.DiscardEvent(r.Context(), x.ActorKey, e.ID)
+	}
+	if errors.Is(err, store.ErrConflict) {
+		return &Error{Status: http.StatusConflict, Code: "not_dead_letter", Field: "event",
+			Message: fmt.Sprintf("event %d is %s, not dead_letter", e.ID, e.Status)}
+	}
+	if err != nil {
+		return err
+	}
+	if redrive {
+		s.o.Host.Ensure(x.ActorKey)
+	}
+	return writeJSON(w, http.StatusOK, toEventJSON(e))
+}
+
+func (s *Server) redriveEvent(w http.ResponseWriter, r *http.Request) error {
+	return s.deadLetterOp(w, r, true)
+}
+
+func (s *Server) discardEvent(w http.ResponseWriter, r *http.Request) error {
+	return s.deadLetterOp(w, r, false)
+}
+
+func (s *Server) cancelEvent(w http.ResponseWriter, r *http.Request) error {
+	a, x, err := s.session(r)
+	if err != nil {
+		return err
+	}
+	id, err := eventParam(r)
+	if err != nil {
+		return err
+	}
+	return s.cancel(w, r, a, x.ActorKey, id)
+}
+
+func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request, agentUID, sessionID string) error {
+	limit, err := intParam(r, "limit", 100, 1, 1000)
+	if err != nil {
+		return err
+	}
+	after, err := intParam(r, "after", 0, 0, int(^uint(0)>>1))
+	if err != nil {
+		return err
+	}
+	dls, err := s.st.ListDeadLetters(r.Context(), store.ListDeadLettersParams{AgentUID: agentUID, SessionID: sessionID, After: int64(after), Limit: limit})
+	if err != nil {
+		return err
+	}
+	out := make([]map[string]any, 0, len(dls))
+	for _, d := range dls {
+		ev := toEventJSON(d.Event)
+		ev.Errors = d.Errors
+		out = append(out, map[string]any{"session_id": d.Event.SessionID, "event": ev})
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"dead_letters": out})
+}
+
+func (s *Server) listAgentDeadLetters(w http.ResponseWriter, r *http.Request) error {
+	a, err := s.agent(r)
+	if err != nil {
+		return err
+	}
+	return s.listDeadLetters(w, r, a.UID, r.URL.Query().Get("session"))
+}
+
+func (s *Server) listSessionDeadLetters(w http.ResponseWriter, r *http.Request) error {
+	_, x, err := s.session(r)
+	if err != nil {
+		return err
+	}
+	return s.listDeadLetters(w, r, x.AgentUID, x.SessionID)
+}
+
+func (s *Server) listAlarms(w http.ResponseWriter, r *http.Request) error {
+	_, x, err := s.session(r)
+	if err != nil {
+		return err
+	}
+	as, err := s.st.ListAlarms(r.Context(), x.ActorKey)
+	if err != nil {
+		return err
+	}
+	if as == nil {
+		as = []store.Alarm{}
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"alarms": as})
 }
 
 func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {

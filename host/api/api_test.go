@@ -38,7 +38,7 @@ var (
 func runtime(t *testing.T) *wasm.Runtime {
 	rtOnce.Do(func() {
 		rt, rtErr = wasm.New(context.Background(), wasm.Config{
-			CacheDir: wasmtest.CacheDir(t), MemoryLimitPages: 1024, TurnTimeout: 10 * time.Second,
+			CacheDir: wasmtest.CacheDir(t), MemoryLimitPages: 1024, TurnTimeout: time.Minute,
 		}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	})
 	if rtErr != nil {
@@ -69,6 +69,7 @@ func newEnv(t *testing.T, driver, token string) *env {
 	wr := runner.NewWasm(runtime(t), st)
 	pol := host.DefaultPolicy()
 	pol.IdleTimeout, pol.ScanInterval, pol.LeaseTTL = time.Second, 100*time.Millisecond, 3*time.Second
+	pol.BackoffMin, pol.BackoffMax, pol.MaxAttempts = 20*time.Millisecond, 100*time.Millisecond, 2
 	h, err := host.New(host.Options{Store: st, Runner: wr, Policy: pol, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +79,7 @@ func newEnv(t *testing.T, driver, token string) *env {
 	go func() { _ = h.Run(ctx); close(done) }()
 	srv := httptest.NewServer(api.New(api.Options{
 		Host: h, Modules: wr, AuthToken: token, MaxBodyBytes: 4096, MaxModuleBytes: 32 << 20,
-		DefaultCrashPolicy: store.CrashRestart, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}))
 	t.Cleanup(func() { srv.Close(); cancel(); <-done })
 	return &env{t: t, st: st, url: srv.URL}
@@ -281,4 +282,160 @@ func TestNonLoopbackAPIRequiresTheBearerToken(t *testing.T) {
 	if c, _ := e.do("GET", "/healthz", "", nil); c != 200 {
 		t.Errorf("healthz needs no token: %d", c)
 	}
+}
+
+// setupFaulty uploads the faulty example and registers agent "faulty".
+func (e *env) setupFaulty() {
+	e.t.Helper()
+	_, b := wasmtest.BuildExample(e.t, wasmtest.Faulty)
+	code, m := e.do("POST", "/v1/modules", "application/wasm", b)
+	if code != 201 && code != 200 {
+		e.t.Fatalf("upload: %d %v", code, m)
+	}
+	if code, m = e.json("POST", "/v1/agents", fmt.Sprintf(`{"name":"faulty","module":%q}`, m["digest"])); code != 201 {
+		e.t.Fatalf("create agent: %d %v", code, m)
+	}
+}
+
+func (e *env) waitSession(path, what string, cond func(map[string]any) bool) map[string]any {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, s := e.json("GET", path, "")
+		if cond(s) {
+			return s
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out waiting for %s: %v", what, s)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestCrashPoliciesDeadLettersRedriveAndDestroyThroughTheAPI(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver, "")
+		e.setupFaulty()
+		newSession := func(policy string) string {
+			code, s := e.json("POST", "/v1/agents/faulty/sessions", fmt.Sprintf(`{"crash_policy":%q}`, policy))
+			if code != 201 || s["crash_policy"] != policy {
+				t.Fatalf("create %s session: %d %v", policy, code, s)
+			}
+			return "/v1/agents/faulty/sessions/" + s["session_id"].(string)
+		}
+
+		// restart: retries, then a dead letter with its error chain; redrive
+		// re-opens it; discard is only for dead letters.
+		r := newSession("restart")
+		if c, b := e.json("POST", r+"/signals", `{"message":"error"}`); c != 202 {
+			t.Fatalf("signal: %d %v", c, b)
+		}
+		e.waitSession(r, "a dead letter", func(s map[string]any) bool { return s["dead_letters"] == float64(1) })
+		for _, path := range []string{"/v1/agents/faulty/dead-letters", r + "/dead-letters"} {
+			_, dl := e.json("GET", path, "")
+			list, _ := dl["dead_letters"].([]any)
+			if len(list) != 1 {
+				t.Fatalf("GET %s: %v", path, dl)
+			}
+			ev := list[0].(map[string]any)["event"].(map[string]any)
+			if chain, _ := ev["errors"].([]any); len(chain) != 2 {
+				t.Errorf("GET %s: error chain %v, want 2 attempts", path, ev["errors"])
+			}
+		}
+		_, evs := e.json("GET", r+"/events?status=dead_letter", "")
+		id := int(evs["events"].([]any)[0].(map[string]any)["event_id"].(float64))
+		if c, b := e.json("POST", fmt.Sprintf("%s/events/%d/redrive", r, id), ""); c != 200 || b["status"] != "open" {
+			t.Errorf("redrive: %d %v", c, b)
+		}
+		e.waitSession(r, "the redriven event to dead-letter again", func(s map[string]any) bool { return s["dead_letters"] == float64(1) && s["open_events"] == float64(0) })
+		if c, b := e.json("POST", fmt.Sprintf("%s/events/%d/discard", r, id), ""); c != 200 || b["status"] != "discarded" {
+			t.Errorf("discard: %d %v", c, b)
+		}
+		if c, b := e.json("POST", fmt.Sprintf("%s/events/%d/discard", r, id), ""); c != 409 {
+			t.Errorf("discard of a discarded event: %d %v, want 409", c, b)
+		}
+
+		// sleep: the session parks with sleep_ts; a signal wakes it.
+		sl := newSession("sleep")
+		e.json("POST", sl+"/signals", `{"message":"error"}`)
+		s := e.waitSession(sl, "the session to sleep", func(s map[string]any) bool { return s["status"] == "sleeping" })
+		if s["sleep_ts"] == nil || s["sleep_reason"] != "crash" {
+			t.Errorf("sleeping session: %v", s)
+		}
+		if c, b := e.json("POST", sl+"/signals", `{"kind":"wake"}`); c != 202 || b["status"] != "active" {
+			t.Errorf("wake: %d %v", c, b)
+		}
+
+		// destroy: the crash destroys the session; signals then get 410.
+		d := newSession("destroy")
+		e.json("POST", d+"/signals", `{"message":"error"}`)
+		e.waitSession(d, "the session to be destroyed", func(s map[string]any) bool { return s["status"] == "destroyed" })
+		c, b := e.json("POST", d+"/signals", `{"message":"hello?"}`)
+		if code, _, _ := errorOf(b); c != 410 || code != "session_destroyed" {
+			t.Errorf("signal to a destroyed session: %d %v, want 410 session_destroyed", c, b)
+		}
+
+		// DELETE destroys explicitly (idempotent).
+		x := newSession("restart")
+		for range 2 {
+			if c, b := e.json("DELETE", x, ""); c != 200 || b["status"] != "destroyed" || b["destroy_ts"] == nil {
+				t.Errorf("DELETE: %d %v", c, b)
+			}
+		}
+		if c, _ := e.json("POST", x+"/signals", `{"message":"hi"}`); c != 410 {
+			t.Errorf("signal after DELETE: %d, want 410", c)
+		}
+	})
+}
+
+func TestSteerCancelAndWakeSignalsThroughTheAPI(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver, "")
+		e.setupFaulty()
+		_, s := e.json("POST", "/v1/agents/faulty/sessions", `{}`)
+		base := "/v1/agents/faulty/sessions/" + s["session_id"].(string)
+		if c, b := e.json("POST", base+"/signals", `{"kind":"cancel"}`); c != 409 {
+			t.Errorf("cancel with nothing in flight: %d %v, want 409", c, b)
+		}
+		e.json("POST", base+"/signals", `{"message":"think 20000"}`)
+		e.waitSession(base+"/events", "the turn to start", func(m map[string]any) bool {
+			evs, _ := m["events"].([]any)
+			return len(evs) == 1 && evs[0].(map[string]any)["binding"] != nil
+		})
+		time.Sleep(200 * time.Millisecond)
+		c, b := e.json("POST", base+"/signals", `{"kind":"steer","message":"stop thinking"}`)
+		if c != 202 || b["in_flight"] != true {
+			t.Fatalf("steer: %d %v", c, b)
+		}
+		var reply string
+		deadline := time.Now().Add(30 * time.Second)
+		for reply == "" && time.Now().Before(deadline) {
+			_, tr := e.json("GET", base+"/transcript?wait=5s", "")
+			if ts, _ := tr["turns"].([]any); len(ts) == 1 {
+				ms := ts[0].(map[string]any)["messages"].([]any)
+				reply = ms[len(ms)-1].(map[string]any)["content"].(string)
+			}
+		}
+		if reply != "steered: stop thinking" {
+			t.Errorf("reply after the steer: %q", reply)
+		}
+
+		// cancel a turn in flight
+		e.json("POST", base+"/signals", `{"message":"think 20000"}`)
+		time.Sleep(300 * time.Millisecond)
+		if c, b := e.json("POST", base+"/signals", `{"kind":"cancel"}`); c != 202 || b["in_flight"] != true {
+			t.Errorf("cancel: %d %v", c, b)
+		}
+		e.waitSession(base, "the cancelled turn", func(m map[string]any) bool { return m["open_events"] == float64(0) })
+		_, tr := e.json("GET", base+"/transcript?after=1", "")
+		ts, _ := tr["turns"].([]any)
+		if len(ts) != 1 || ts[0].(map[string]any)["outcome"] != "cancelled" {
+			t.Errorf("transcript after cancel: %v", tr)
+		}
+		for _, bad := range []string{`{"kind":"reboot"}`, `{"kind":"cancel","message":"x"}`, `{"kind":"wake","event_id":3}`, `{"kind":"steer"}`} {
+			if c, b := e.json("POST", base+"/signals", bad); c != 400 {
+				t.Errorf("%s: %d %v, want 400", bad, c, b)
+			}
+		}
+	})
 }

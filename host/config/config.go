@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-viper/mapstructure/v2"
@@ -44,12 +45,15 @@ type Config struct {
 	Store   Store   `koanf:"store"`
 	Wasm    Wasm    `koanf:"wasm"`
 	Runtime Runtime `koanf:"runtime"`
-	Retry   Retry   `koanf:"retry"`
 	API     API     `koanf:"api"`
-	// CrashPolicy is THE default crash policy (restart, sleep or destroy)
-	// for agents registered without one (DESIGN "Crash policy").
-	CrashPolicy string `koanf:"crash_policy"`
-	// Agents are registered (or updated) at start from module files.
+	// Policy is the default policy of every agent (DESIGN "Failure, retry
+	// and crash policy"); agents[].policy overrides it per agent. Policies
+	// are reloaded from the config file without a restart.
+	Policy Policy `koanf:"policy"`
+	// Pools maps a pool name to its capacity on this host.
+	Pools map[string]Pool `koanf:"pools"`
+	// Agents are registered (or updated) at start from module files, and/or
+	// given per-agent policy overrides.
 	Agents []AgentSpec `koanf:"agents"`
 }
 
@@ -74,22 +78,21 @@ type Store struct {
 type Wasm struct {
 	// MemoryLimitPages caps a guest's linear memory, in 64 KiB pages.
 	MemoryLimitPages uint32 `koanf:"memory_limit_pages"`
-	// TurnTimeout is the wall-time cap of one turn.
-	TurnTimeout time.Duration `koanf:"turn_timeout"`
 	// MaxResultBytes caps an encoded TurnResult.
 	MaxResultBytes int `koanf:"max_result_bytes"`
 	// CompilationCache keeps compiled modules under <data_dir>/wasm-cache.
 	CompilationCache bool `koanf:"compilation_cache"`
 }
 
-// Runtime configures activations and controllers.
+// Runtime configures this host's leases and loops (restart to change).
 type Runtime struct {
 	// LeaseTTL is an activation lease's length; renewed every LeaseTTL/3.
+	// A dead host's sessions move to live hosts within LeaseTTL plus one
+	// ScanInterval.
 	LeaseTTL time.Duration `koanf:"lease_ttl"`
-	// IdleTimeout stops an activation with no due event after this long.
-	IdleTimeout time.Duration `koanf:"idle_timeout"`
-	// ScanInterval is how often the host looks for runnable sessions and
-	// expired leases (the safety net behind in-process and NOTIFY wake-ups).
+	// ScanInterval is how often the host runs the lease watchdog, fires due
+	// alarms and looks for runnable sessions (the safety net behind
+	// in-process and NOTIFY wake-ups).
 	ScanInterval time.Duration `koanf:"scan_interval"`
 	// TranscriptTail is how many recent messages a TurnRequest carries.
 	TranscriptTail int `koanf:"transcript_tail"`
@@ -97,14 +100,38 @@ type Runtime struct {
 	ShutdownTimeout time.Duration `koanf:"shutdown_timeout"`
 }
 
-// Retry configures failed attempts (DESIGN "Failure, retry and crash policy").
-type Retry struct {
+// Policy is an agent policy. In agents[].policy, zero values inherit the
+// default policy.
+type Policy struct {
+	// CrashPolicy (restart, sleep or destroy) is stored on each session at
+	// creation when the request names none; responses echo it.
+	CrashPolicy string `koanf:"crash_policy"`
 	// MaxAttempts is the dead-letter threshold (attempts a worker accepted).
 	MaxAttempts int `koanf:"max_attempts"`
-	// BackoffMin and BackoffMax bound the exponential backoff (5 s … 120 s
-	// by default), jittered.
+	// BackoffMin and BackoffMax bound the exponential retry backoff
+	// (5 s … 120 s by default), jittered.
 	BackoffMin time.Duration `koanf:"backoff_min"`
 	BackoffMax time.Duration `koanf:"backoff_max"`
+	// DeadLetter says whether a session's later events continue past a
+	// dead-lettered one ("continue", default) or wait until it is redriven
+	// or discarded ("block").
+	DeadLetter string `koanf:"dead_letter"`
+	// IdleTimeout stops an activation with no due event after this long;
+	// the session then holds no goroutine and no instance.
+	IdleTimeout time.Duration `koanf:"idle_timeout"`
+	// TurnTimeout is the wall-time cap of one turn.
+	TurnTimeout time.Duration `koanf:"turn_timeout"`
+	// RestartPendingTimeout: a restart-policy session that waits this long
+	// for capacity goes to sleep instead (Rivet's pending timeout).
+	RestartPendingTimeout time.Duration `koanf:"restart_pending_timeout"`
+	// Pool is the capacity pool the agent's activations use.
+	Pool string `koanf:"pool"`
+}
+
+// Pool is one capacity pool.
+type Pool struct {
+	// Capacity is the number of concurrent activations on this host.
+	Capacity int `koanf:"capacity"`
 }
 
 // API configures the HTTP API's limits.
@@ -115,12 +142,16 @@ type API struct {
 	MaxModuleBytes int64 `koanf:"max_module_bytes"`
 }
 
-// AgentSpec registers an agent at start from a module file.
+// AgentSpec registers an agent at start from a module file, and/or
+// overrides its policy.
 type AgentSpec struct {
 	Name string `koanf:"name"`
-	// ModuleFile is a path to a .wasm file, relative to the working directory.
-	ModuleFile  string `koanf:"module_file"`
-	CrashPolicy string `koanf:"crash_policy"`
+	// ModuleFile is a path to a .wasm file, relative to the working
+	// directory. Empty: only the policy override applies (for an agent
+	// registered through the API).
+	ModuleFile string `koanf:"module_file"`
+	// Policy overrides the default policy for this agent.
+	Policy Policy `koanf:"policy"`
 }
 
 // Default returns the built-in defaults.
@@ -130,23 +161,93 @@ func Default() Config {
 		DataDir: "./data",
 		Log:     Log{Level: "info", Format: "text"},
 		Store:   Store{Driver: "sqlite"},
-		Wasm: Wasm{
-			MemoryLimitPages: 1024, // 64 MiB
-			TurnTimeout:      30 * time.Second,
-			MaxResultBytes:   1 << 20,
-			CompilationCache: true,
-		},
+		Wasm:    Wasm{MemoryLimitPages: 1024 /* 64 MiB */, MaxResultBytes: 1 << 20, CompilationCache: true},
 		Runtime: Runtime{
-			LeaseTTL:        15 * time.Second,
-			IdleTimeout:     30 * time.Second,
+			LeaseTTL:        8 * time.Second,
 			ScanInterval:    time.Second,
 			TranscriptTail:  20,
 			ShutdownTimeout: 10 * time.Second,
 		},
-		Retry:       Retry{MaxAttempts: 5, BackoffMin: 5 * time.Second, BackoffMax: 120 * time.Second},
-		API:         API{MaxBodyBytes: 1 << 20, MaxModuleBytes: 64 << 20},
-		CrashPolicy: "restart",
+		API: API{MaxBodyBytes: 1 << 20, MaxModuleBytes: 64 << 20},
+		Policy: Policy{
+			CrashPolicy: "restart", MaxAttempts: 5, BackoffMin: 5 * time.Second, BackoffMax: 120 * time.Second,
+			DeadLetter: "continue", IdleTimeout: 30 * time.Second, TurnTimeout: 30 * time.Second,
+			RestartPendingTimeout: 60 * time.Second, Pool: "default",
+		},
+		Pools: map[string]Pool{"default": {Capacity: 1024}},
 	}
+}
+
+// AgentPolicy returns the effective policy of the named agent: its
+// override in agents[] merged over the default policy.
+func (c Config) AgentPolicy(name string) Policy {
+	p := c.Policy
+	for _, a := range c.Agents {
+		if a.Name == name {
+			p = a.Policy.over(p)
+		}
+	}
+	return p
+}
+
+// over returns o with p's non-zero fields applied.
+func (p Policy) over(o Policy) Policy {
+	if p.CrashPolicy != "" {
+		o.CrashPolicy = p.CrashPolicy
+	}
+	if p.MaxAttempts != 0 {
+		o.MaxAttempts = p.MaxAttempts
+	}
+	if p.BackoffMin != 0 {
+		o.BackoffMin = p.BackoffMin
+	}
+	if p.BackoffMax != 0 {
+		o.BackoffMax = p.BackoffMax
+	}
+	if p.DeadLetter != "" {
+		o.DeadLetter = p.DeadLetter
+	}
+	if p.IdleTimeout != 0 {
+		o.IdleTimeout = p.IdleTimeout
+	}
+	if p.TurnTimeout != 0 {
+		o.TurnTimeout = p.TurnTimeout
+	}
+	if p.RestartPendingTimeout != 0 {
+		o.RestartPendingTimeout = p.RestartPendingTimeout
+	}
+	if p.Pool != "" {
+		o.Pool = p.Pool
+	}
+	return o
+}
+
+// RestartOnly lists the keys whose change needs a restart; the others
+// (policy, pools, agents' policies) are reloaded from the file.
+func (c Config) RestartOnlyChanges(next Config) []string {
+	var out []string
+	diff := func(key string, a, b any) {
+		if !reflect.DeepEqual(a, b) {
+			out = append(out, key)
+		}
+	}
+	diff("listen", c.Listen, next.Listen)
+	diff("auth_token", c.AuthToken, next.AuthToken)
+	diff("data_dir", c.DataDir, next.DataDir)
+	diff("log", c.Log, next.Log)
+	diff("store", c.Store, next.Store)
+	diff("wasm", c.Wasm, next.Wasm)
+	diff("runtime", c.Runtime, next.Runtime)
+	diff("api", c.API, next.API)
+	var mods, nextMods []string
+	for _, a := range c.Agents {
+		mods = append(mods, a.Name+"="+a.ModuleFile)
+	}
+	for _, a := range next.Agents {
+		nextMods = append(nextMods, a.Name+"="+a.ModuleFile)
+	}
+	diff("agents[].module_file", mods, nextMods)
+	return out
 }
 
 // Sources says where configuration comes from. Zero values skip a layer.
@@ -327,6 +428,12 @@ func toMap(c Config) map[string]any {
 			if fv.Kind() == reflect.Slice && fv.Len() == 0 {
 				continue
 			}
+			if fv.Kind() == reflect.Map {
+				for _, mk := range fv.MapKeys() {
+					walk(fv.MapIndex(mk), prefix+tag+"."+mk.String()+".")
+				}
+				continue
+			}
 			out[prefix+tag] = fv.Interface()
 		}
 	}
@@ -371,17 +478,11 @@ func (c Config) Validate() error {
 	if c.Wasm.MemoryLimitPages < 64 || c.Wasm.MemoryLimitPages > 65536 {
 		bad("wasm.memory_limit_pages", c.Wasm.MemoryLimitPages, "must be between 64 (4 MiB; a Go guest needs ~40 pages) and 65536 (4 GiB)")
 	}
-	if c.Wasm.TurnTimeout <= 0 {
-		bad("wasm.turn_timeout", c.Wasm.TurnTimeout, "must be positive")
-	}
 	if c.Wasm.MaxResultBytes < 1024 {
 		bad("wasm.max_result_bytes", c.Wasm.MaxResultBytes, "must be at least 1024")
 	}
 	if c.Runtime.LeaseTTL < 100*time.Millisecond {
 		bad("runtime.lease_ttl", c.Runtime.LeaseTTL, "must be at least 100ms")
-	}
-	if c.Runtime.IdleTimeout <= 0 {
-		bad("runtime.idle_timeout", c.Runtime.IdleTimeout, "must be positive")
 	}
 	if c.Runtime.ScanInterval <= 0 {
 		bad("runtime.scan_interval", c.Runtime.ScanInterval, "must be positive")
@@ -392,14 +493,17 @@ func (c Config) Validate() error {
 	if c.Runtime.ShutdownTimeout < 0 {
 		bad("runtime.shutdown_timeout", c.Runtime.ShutdownTimeout, "must not be negative")
 	}
-	if c.Retry.MaxAttempts < 1 {
-		bad("retry.max_attempts", c.Retry.MaxAttempts, "must be at least 1")
+	errs = append(errs, c.Policy.validate("policy", c.Pools, true)...)
+	if len(c.Pools) == 0 {
+		bad("pools", "{}", "at least one pool is required")
 	}
-	if c.Retry.BackoffMin <= 0 {
-		bad("retry.backoff_min", c.Retry.BackoffMin, "must be positive")
-	}
-	if c.Retry.BackoffMax < c.Retry.BackoffMin {
-		bad("retry.backoff_max", c.Retry.BackoffMax, "must not be below retry.backoff_min ("+c.Retry.BackoffMin.String()+")")
+	for name, p := range c.Pools {
+		if name == "" {
+			bad("pools", `""`, "a pool needs a name")
+		}
+		if p.Capacity < 1 {
+			bad("pools."+name+".capacity", p.Capacity, "must be at least 1")
+		}
 	}
 	if c.API.MaxBodyBytes < 1024 {
 		bad("api.max_body_bytes", c.API.MaxBodyBytes, "must be at least 1024")
@@ -407,19 +511,19 @@ func (c Config) Validate() error {
 	if c.API.MaxModuleBytes < 1024 {
 		bad("api.max_module_bytes", c.API.MaxModuleBytes, "must be at least 1024")
 	}
-	if !validPolicy(c.CrashPolicy) {
-		bad("crash_policy", c.CrashPolicy, "must be restart, sleep or destroy")
-	}
+	seen := map[string]bool{}
 	for i, a := range c.Agents {
 		key := fmt.Sprintf("agents[%d]", i)
 		if a.Name == "" {
 			bad(key+".name", `""`, "must not be empty")
 		}
-		if a.ModuleFile == "" {
-			bad(key+".module_file", `""`, "must not be empty")
+		if seen[a.Name] {
+			bad(key+".name", a.Name, "names an agent listed twice")
 		}
-		if a.CrashPolicy != "" && !validPolicy(a.CrashPolicy) {
-			bad(key+".crash_policy", a.CrashPolicy, "must be restart, sleep or destroy")
+		seen[a.Name] = true
+		errs = append(errs, a.Policy.validate(key+".policy", c.Pools, false)...)
+		if eff := c.AgentPolicy(a.Name); eff.BackoffMax < eff.BackoffMin {
+			bad(key+".policy.backoff_max", eff.BackoffMax, "must not be below backoff_min ("+eff.BackoffMin.String()+")")
 		}
 	}
 	return errors.Join(errs...)
@@ -427,10 +531,106 @@ func (c Config) Validate() error {
 
 func validPolicy(p string) bool { return p == "restart" || p == "sleep" || p == "destroy" }
 
+// validate checks a policy; with full, every field must be set (the
+// default policy), else zero means "inherit".
+func (p Policy) validate(prefix string, pools map[string]Pool, full bool) []error {
+	var errs []error
+	bad := func(key string, val any, why string) {
+		errs = append(errs, &KeyError{Key: prefix + "." + key, Value: val, Reason: why})
+	}
+	if (full || p.CrashPolicy != "") && !validPolicy(p.CrashPolicy) {
+		bad("crash_policy", p.CrashPolicy, "must be restart, sleep or destroy")
+	}
+	if (full || p.MaxAttempts != 0) && p.MaxAttempts < 1 {
+		bad("max_attempts", p.MaxAttempts, "must be at least 1")
+	}
+	if (full || p.BackoffMin != 0) && p.BackoffMin <= 0 {
+		bad("backoff_min", p.BackoffMin, "must be positive")
+	}
+	if full && p.BackoffMax < p.BackoffMin {
+		bad("backoff_max", p.BackoffMax, "must not be below backoff_min ("+p.BackoffMin.String()+")")
+	}
+	if (full || p.DeadLetter != "") && p.DeadLetter != "continue" && p.DeadLetter != "block" {
+		bad("dead_letter", p.DeadLetter, "must be continue or block")
+	}
+	if (full || p.IdleTimeout != 0) && p.IdleTimeout <= 0 {
+		bad("idle_timeout", p.IdleTimeout, "must be positive")
+	}
+	if (full || p.TurnTimeout != 0) && p.TurnTimeout <= 0 {
+		bad("turn_timeout", p.TurnTimeout, "must be positive")
+	}
+	if (full || p.RestartPendingTimeout != 0) && p.RestartPendingTimeout <= 0 {
+		bad("restart_pending_timeout", p.RestartPendingTimeout, "must be positive")
+	}
+	if full || p.Pool != "" {
+		if _, ok := pools[p.Pool]; !ok {
+			names := make([]string, 0, len(pools))
+			for n := range pools {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			bad("pool", p.Pool, "is not a configured pool (pools: "+strings.Join(names, ", ")+")")
+		}
+	}
+	return errs
+}
+
 func isLoopback(host string) bool {
 	if host == "localhost" {
 		return true
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// Watch calls onChange after each change of the file at path, until stop
+// is called. It uses koanf's file provider (fsnotify on the parent
+// directory, following symlink swaps); the provider's watcher ends on any
+// error or when the file is removed, so Watch re-arms it (polling for the
+// file to come back).
+func Watch(path string, onChange func()) (stop func(), err error) {
+	done := make(chan struct{})
+	var once sync.Once
+	stop = func() { once.Do(func() { close(done) }) }
+	arm := func() (*file.File, chan struct{}, error) {
+		f := file.Provider(path)
+		ended := make(chan struct{})
+		var endOnce sync.Once
+		err := f.Watch(func(_ any, err error) {
+			if err != nil {
+				endOnce.Do(func() { close(ended) })
+				return
+			}
+			onChange()
+		})
+		return f, ended, err
+	}
+	f, ended, err := arm()
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		for {
+			select {
+			case <-done:
+				_ = f.Unwatch()
+				return
+			case <-ended:
+			}
+			_ = f.Unwatch()
+			for {
+				select {
+				case <-done:
+					return
+				case <-time.After(500 * time.Millisecond):
+				}
+				if nf, nended, err := arm(); err == nil {
+					f, ended = nf, nended
+					onChange() // the file came back, possibly changed
+					break
+				}
+			}
+		}
+	}()
+	return stop, nil
 }

@@ -24,7 +24,7 @@ func TestDefaultsAreValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Listen != "127.0.0.1:8080" || cfg.Store.Driver != "sqlite" || cfg.Retry.BackoffMin != 5*time.Second || cfg.Retry.BackoffMax != 120*time.Second {
+	if cfg.Listen != "127.0.0.1:8080" || cfg.Store.Driver != "sqlite" || cfg.Policy.BackoffMin != 5*time.Second || cfg.Policy.BackoffMax != 120*time.Second || cfg.Pools["default"].Capacity < 1 {
 		t.Errorf("unexpected defaults: %+v", cfg)
 	}
 }
@@ -36,11 +36,20 @@ data_dir: /tmp/from-file
 store:
   driver: postgres
   dsn: postgres://file
-runtime:
+policy:
   idle_timeout: 45s
+pools:
+  gpu:
+    capacity: 2
 agents:
   - name: notes
     module_file: notes.wasm
+    policy:
+      max_attempts: 2
+      pool: gpu
+  - name: api-registered
+    policy:
+      dead_letter: block
 `)
 	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
 	fs.String("data-dir", "", "")
@@ -50,7 +59,7 @@ agents:
 	}
 	cfg, err := Load(Sources{
 		File:     file,
-		Environ:  []string{"PADDOCK_STORE__DSN=postgres://env", "PADDOCK_DATA_DIR=/tmp/from-env", "PADDOCK_RETRY__MAX_ATTEMPTS=7", "HOME=/root"},
+		Environ:  []string{"PADDOCK_STORE__DSN=postgres://env", "PADDOCK_DATA_DIR=/tmp/from-env", "PADDOCK_POLICY__MAX_ATTEMPTS=7", "HOME=/root"},
 		Flags:    fs,
 		FlagKeys: map[string]string{"data-dir": "data_dir", "listen": "listen"},
 	})
@@ -60,17 +69,27 @@ agents:
 	if cfg.Listen != "127.0.0.1:9000" {
 		t.Errorf("listen = %q: an unset flag must not override the file", cfg.Listen)
 	}
-	if cfg.Store.DSN != "postgres://env" || cfg.Retry.MaxAttempts != 7 {
-		t.Errorf("env did not override the file: dsn %q attempts %d", cfg.Store.DSN, cfg.Retry.MaxAttempts)
+	if cfg.Store.DSN != "postgres://env" || cfg.Policy.MaxAttempts != 7 {
+		t.Errorf("env did not override the file: dsn %q attempts %d", cfg.Store.DSN, cfg.Policy.MaxAttempts)
 	}
 	if cfg.DataDir != "/tmp/from-flag" {
 		t.Errorf("data_dir = %q, want the flag's value", cfg.DataDir)
 	}
-	if cfg.Runtime.IdleTimeout != 45*time.Second || cfg.Runtime.LeaseTTL != 15*time.Second {
-		t.Errorf("runtime = %+v: file value or default lost", cfg.Runtime)
+	if cfg.Policy.IdleTimeout != 45*time.Second || cfg.Runtime.LeaseTTL != 8*time.Second {
+		t.Errorf("policy %+v runtime %+v: file value or default lost", cfg.Policy, cfg.Runtime)
 	}
-	if len(cfg.Agents) != 1 || cfg.Agents[0].Name != "notes" {
-		t.Errorf("agents = %+v", cfg.Agents)
+	if cfg.Pools["gpu"].Capacity != 2 || cfg.Pools["default"].Capacity != 1024 {
+		t.Errorf("pools = %+v: the file's pool or the default pool is missing", cfg.Pools)
+	}
+	notes := cfg.AgentPolicy("notes")
+	if notes.MaxAttempts != 2 || notes.Pool != "gpu" || notes.IdleTimeout != 45*time.Second || notes.BackoffMax != 120*time.Second {
+		t.Errorf("notes policy = %+v: override not merged over the defaults", notes)
+	}
+	if p := cfg.AgentPolicy("api-registered"); p.DeadLetter != "block" || p.MaxAttempts != 7 {
+		t.Errorf("api-registered policy = %+v", p)
+	}
+	if p := cfg.AgentPolicy("other"); p != cfg.Policy {
+		t.Errorf("an agent without override gets %+v, want the default", p)
 	}
 }
 
@@ -81,15 +100,19 @@ func TestBadConfigIsRefusedNamingKeyValueAndReason(t *testing.T) {
 		want       []string
 	}{
 		{"unknown key", "lisen: 127.0.0.1:1\n", nil, []string{"lisen", "unknown key"}},
-		{"unknown nested key", "runtime:\n  idle_timout: 3s\n", nil, []string{"runtime.idle_timout", "unknown key"}},
+		{"unknown nested key", "policy:\n  idle_timout: 3s\n", nil, []string{"policy.idle_timout", "unknown key"}},
 		{"unknown key in a list entry", "agents:\n  - name: a\n    module_file: a.wasm\n    modul: x\n", nil, []string{"modul"}},
+		{"unknown key in a pool", "pools:\n  default:\n    capacty: 3\n", nil, []string{"capacty"}},
 		{"bad duration", "runtime:\n  lease_ttl: soon\n", nil, []string{"lease_ttl", "soon"}},
 		{"bad driver", "store:\n  driver: mysql\n", nil, []string{"store.driver", "mysql", "sqlite or postgres"}},
 		{"postgres without dsn", "store:\n  driver: postgres\n", nil, []string{"store.dsn", "required"}},
-		{"backoff bounds reversed", "retry:\n  backoff_min: 10s\n  backoff_max: 1s\n", nil, []string{"retry.backoff_max", "1s"}},
-		{"crash policy", "crash_policy: reboot\n", nil, []string{"crash_policy", "reboot"}},
+		{"backoff bounds reversed", "policy:\n  backoff_min: 10s\n  backoff_max: 1s\n", nil, []string{"policy.backoff_max", "1s"}},
+		{"crash policy", "policy:\n  crash_policy: reboot\n", nil, []string{"policy.crash_policy", "reboot"}},
+		{"agent override", "agents:\n  - name: a\n    policy:\n      dead_letter: maybe\n", nil, []string{"agents[0].policy.dead_letter", "maybe"}},
+		{"unknown pool", "policy:\n  pool: gpu\n", nil, []string{"policy.pool", "gpu", "not a configured pool"}},
+		{"zero capacity", "pools:\n  default:\n    capacity: 0\n", nil, []string{"pools.default.capacity", "0"}},
 		{"public listen without token", "listen: 0.0.0.0:8080\n", nil, []string{"auth_token", "required"}},
-		{"bad env value", "", []string{"PADDOCK_RETRY__MAX_ATTEMPTS=lots"}, []string{"max_attempts", "lots"}},
+		{"bad env value", "", []string{"PADDOCK_POLICY__MAX_ATTEMPTS=lots"}, []string{"max_attempts", "lots"}},
 		{"unknown env key", "", []string{"PADDOCK_NOPE=1"}, []string{"nope", "unknown key"}},
 	}
 	for _, c := range cases {

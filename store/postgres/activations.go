@@ -41,17 +41,28 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 		switch {
 		case err != nil:
 			return fmt.Errorf("session %s: %w", key, notFound(err))
-		case status == store.SessionDestroyed:
-			return fmt.Errorf("session %s: %w", key, store.ErrSessionDestroyed)
+		case status != store.SessionActive:
+			return claimRefused(key, status)
 		case live:
 			return fmt.Errorf("session %s: %w", key, store.ErrActivationLive)
 		}
+		// The session lock; the status is checked again under it (a sleep
+		// or destroy may have committed since the read above).
 		err = tx.QueryRow(ctx, `
 			UPDATE sessions SET actor_epoch = actor_epoch + 1
-			WHERE agent_uid = $1 AND session_id = $2 AND status <> 'destroyed'
+			WHERE agent_uid = $1 AND session_id = $2 AND status = 'active'
 			RETURNING actor_epoch`, key.AgentUID, key.SessionID).Scan(&a.ActorEpoch)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("session %s: %w", key, store.ErrSessionDestroyed)
+			if err := tx.QueryRow(ctx, `SELECT status FROM sessions WHERE agent_uid = $1 AND session_id = $2`,
+				key.AgentUID, key.SessionID).Scan(&status); err != nil {
+				return fmt.Errorf("session %s: %w", key, notFound(err))
+			}
+			if status == store.SessionActive {
+				// Slept and woken again while this claim waited for the
+				// session row: run it again.
+				return fmt.Errorf("session %s changed status: %w", key, errLockRace)
+			}
+			return claimRefused(key, status)
 		}
 		if err != nil {
 			return err
@@ -79,6 +90,17 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 		return store.Activation{}, err
 	}
 	return a, nil
+}
+
+// claimRefused is ClaimActivation's error for a session that is not active.
+func claimRefused(key store.ActorKey, status store.SessionStatus) error {
+	switch status {
+	case store.SessionDestroyed:
+		return fmt.Errorf("session %s: %w", key, store.ErrSessionDestroyed)
+	case store.SessionSleeping:
+		return fmt.Errorf("session %s: %w", key, store.ErrSessionSleeping)
+	}
+	return fmt.Errorf("session %s: status %q", key, status)
 }
 
 // RenewLeases extends, in one statement, the leases of the given live,
@@ -182,8 +204,11 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("activation %s of %s at epoch %d: %w", ref.UID, ref.ActorKey, ref.ActorEpoch, store.ErrNotLive)
 		}
-		if err != nil || current == nil {
+		if err != nil {
 			return err
+		}
+		if current == nil {
+			return sessionStatus(ctx, tx, ref.ActorKey, &fr.SessionStatus)
 		}
 		fr.EventID = *current
 		// The current event's delivery: sent means a worker had the turn.
@@ -196,7 +221,8 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 			  AND state IN ('created', 'sent')
 			RETURNING state`, ref.UID, ref.AgentUID, ref.SessionID, *current).Scan(&state)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return nil // no delivery in flight: nothing to count
+			// No delivery in flight: nothing to count.
+			return sessionStatus(ctx, tx, ref.ActorKey, &fr.SessionStatus)
 		}
 		if err != nil {
 			return err
@@ -206,7 +232,8 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 		if !counted {
 			backoff, msg = 0, errLeaseLostCreated
 		}
-		fr, err = failEvent(ctx, tx, ref.ActorKey, *current, counted, msg, backoff, p.MaxAttempts)
+		fr, err = failEvent(ctx, tx, failure{key: ref.ActorKey, eventID: *current, epoch: ref.ActorEpoch,
+			counted: counted, msg: msg, backoff: backoff, maxAttempts: p.MaxAttempts})
 		return err
 	})
 	if err != nil {
@@ -215,59 +242,171 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 	return fr, nil
 }
 
+// failure is one failed attempt of an event, for failEvent.
+type failure struct {
+	key     store.ActorKey
+	eventID int64
+	// epoch is the failed attempt's actor epoch, for the error chain.
+	epoch       int64
+	counted     bool
+	msg         string
+	backoff     time.Duration
+	maxAttempts int
+}
+
 // failEvent records a failed attempt on an open event: attempts+1 when
 // counted, last_error, next_attempt_at = DB now + backoff, and dead_letter
-// (closed) once a counted attempt reaches maxAttempts (> 0). An event no
-// longer open is left alone.
-func failEvent(ctx context.Context, tx pgx.Tx, key store.ActorKey, eventID int64, counted bool, msg string,
-	backoff time.Duration, maxAttempts int) (store.FailResult, error) {
-	fr := store.FailResult{EventID: eventID}
+// (closed, its attached steers detached) once a counted attempt reaches
+// maxAttempts (> 0); an event_errors row either way. A counted failure then
+// applies the session's crash policy (applyCrashPolicy). An event no longer
+// open is left alone.
+//
+// The caller holds the failed activation's row lock, which serialises every
+// failure of the event (only the live activation's fences pass), so the
+// chain's next attempt_seq can be read in the same statement.
+func failEvent(ctx context.Context, tx pgx.Tx, f failure) (store.FailResult, error) {
+	fr := store.FailResult{EventID: f.eventID}
 	inc := 0
-	if counted {
+	if f.counted {
 		inc = 1
 	}
 	var status store.EventStatus
+	var policy store.CrashPolicy
 	err := tx.QueryRow(ctx, `
-		WITH now AS (SELECT clock_timestamp() AS t)
-		UPDATE actor_events e
-		SET attempts = e.attempts + $1,
-		    last_error = $2,
-		    next_attempt_at = now.t + $3 * interval '1 microsecond',
-		    status = CASE WHEN $1 = 1 AND $4 > 0 AND e.attempts + 1 >= $4 THEN 'dead_letter' ELSE e.status END,
-		    closed_at = CASE WHEN $1 = 1 AND $4 > 0 AND e.attempts + 1 >= $4 THEN now.t ELSE e.closed_at END
-		FROM now
-		WHERE e.event_id = $5 AND e.agent_uid = $6 AND e.session_id = $7 AND e.status = 'open'
-		RETURNING e.attempts, e.status, e.next_attempt_at`,
-		inc, msg, micros(backoff), maxAttempts, eventID, key.AgentUID, key.SessionID,
-	).Scan(&fr.Attempts, &status, &fr.NextAttemptAt)
+		WITH now AS (SELECT clock_timestamp() AS t),
+		upd AS (
+			UPDATE actor_events e
+			SET attempts = e.attempts + $1,
+			    last_error = $2,
+			    next_attempt_at = now.t + $3 * interval '1 microsecond',
+			    status = CASE WHEN $1 = 1 AND $4 > 0 AND e.attempts + 1 >= $4 THEN 'dead_letter' ELSE e.status END,
+			    closed_at = CASE WHEN $1 = 1 AND $4 > 0 AND e.attempts + 1 >= $4 THEN now.t ELSE e.closed_at END
+			FROM now
+			WHERE e.event_id = $5 AND e.agent_uid = $6 AND e.session_id = $7 AND e.status = 'open'
+			RETURNING e.attempts, e.status, e.next_attempt_at, now.t AS failed_at),
+		chain AS (
+			INSERT INTO event_errors (agent_uid, session_id, event_id, attempt_seq, attempt, actor_epoch, counted,
+				error, failed_at)
+			SELECT $6, $7, $5, coalesce((SELECT max(attempt_seq) FROM event_errors
+				WHERE agent_uid = $6 AND session_id = $7 AND event_id = $5), 0) + 1,
+				upd.attempts, $8, $1 = 1, $2, upd.failed_at
+			FROM upd)
+		SELECT upd.attempts, upd.status, upd.next_attempt_at, s.status, s.crash_policy
+		FROM upd, sessions s WHERE s.agent_uid = $6 AND s.session_id = $7`,
+		inc, f.msg, micros(f.backoff), f.maxAttempts, f.eventID, f.key.AgentUID, f.key.SessionID, f.epoch,
+	).Scan(&fr.Attempts, &status, &fr.NextAttemptAt, &fr.SessionStatus, &policy)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return store.FailResult{EventID: eventID}, nil
+		return fr, sessionStatus(ctx, tx, f.key, &fr.SessionStatus)
 	}
 	if err != nil {
 		return fr, err
 	}
 	fr.DeadLettered = status == store.EventDeadLetter
 	fr.NextAttemptAt = utc(fr.NextAttemptAt)
-	return fr, nil
+	b := &pgx.Batch{}
+	if fr.DeadLettered {
+		detachSteers(b, f.key, f.eventID)
+	}
+	if f.counted {
+		applyCrashPolicy(b, f.key, policy, f.eventID, &fr)
+	}
+	if b.Len() == 0 {
+		return fr, nil
+	}
+	return fr, tx.SendBatch(ctx, b).Close()
 }
 
-// RunnableSessions lists active sessions whose oldest open event is due (DB
-// clock) and that have no live activation, oldest due first. It walks the
+// detachSteers queues the detaching of the steers attached to an event that
+// left open for a terminal status other than done: they are handled later
+// like queued messages.
+func detachSteers(b *pgx.Batch, key store.ActorKey, eventID int64) {
+	b.Queue(`UPDATE actor_events SET steer_of = NULL
+		WHERE agent_uid = $1 AND session_id = $2 AND steer_of = $3 AND status = 'open'`,
+		key.AgentUID, key.SessionID, eventID)
+}
+
+// applyCrashPolicy queues a counted failure's crash policy (DESIGN "Crash
+// policy") and records its outcome in fr: restart changes nothing; sleep
+// parks the session (reason "crash") with the event due at once, so that
+// the wake is its trigger; destroy destroys the session, discards its open
+// events (a dead-lettered one stays dead_letter) and deletes its alarms.
+// Lock order: alarms before the session row (as CommitTurn and
+// FireDueAlarms).
+func applyCrashPolicy(b *pgx.Batch, key store.ActorKey, policy store.CrashPolicy, eventID int64, fr *store.FailResult) {
+	scanStatus := func(row pgx.Row) error { return row.Scan(&fr.SessionStatus) }
+	switch policy {
+	case store.CrashSleep:
+		if !fr.DeadLettered {
+			b.Queue(`UPDATE actor_events SET next_attempt_at = clock_timestamp()
+				WHERE event_id = $1 AND agent_uid = $2 AND session_id = $3 AND status = 'open'
+				RETURNING next_attempt_at`, eventID, key.AgentUID, key.SessionID).QueryRow(func(row pgx.Row) error {
+				err := row.Scan(&fr.NextAttemptAt)
+				fr.NextAttemptAt = utc(fr.NextAttemptAt)
+				return err
+			})
+		}
+		b.Queue(`
+			UPDATE sessions SET status = 'sleeping', sleep_ts = clock_timestamp(), sleep_reason = 'crash',
+				pending_since = NULL
+			WHERE agent_uid = $1 AND session_id = $2 AND status = 'active'
+			RETURNING status`, key.AgentUID, key.SessionID).QueryRow(ignoreNoRows(scanStatus))
+	case store.CrashDestroy:
+		b.Queue(`DELETE FROM alarms WHERE agent_uid = $1 AND session_id = $2`, key.AgentUID, key.SessionID)
+		b.Queue(`
+			UPDATE sessions SET status = 'destroyed', destroy_ts = clock_timestamp(), pending_since = NULL
+			WHERE agent_uid = $1 AND session_id = $2 AND status <> 'destroyed'
+			RETURNING status`, key.AgentUID, key.SessionID).QueryRow(ignoreNoRows(scanStatus))
+		b.Queue(`UPDATE actor_events SET status = 'discarded', closed_at = clock_timestamp()
+			WHERE agent_uid = $1 AND session_id = $2 AND status = 'open'`, key.AgentUID, key.SessionID)
+	}
+}
+
+// sessionStatus reads the session's status into dst.
+func sessionStatus(ctx context.Context, q querier, key store.ActorKey, dst *store.SessionStatus) error {
+	err := q.QueryRow(ctx, `SELECT status FROM sessions WHERE agent_uid = $1 AND session_id = $2`,
+		key.AgentUID, key.SessionID).Scan(dst)
+	if err != nil {
+		return fmt.Errorf("session %s: %w", key, notFound(err))
+	}
+	return nil
+}
+
+// ignoreNoRows makes a QueryRow callback accept no row (nothing changed).
+func ignoreNoRows(fn func(pgx.Row) error) func(pgx.Row) error {
+	return func(row pgx.Row) error {
+		if err := fn(row); !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		return nil
+	}
+}
+
+// RunnableSessions lists active sessions whose oldest open event (steers
+// attached to a turn do not count) is due (DB clock) and that have no live
+// activation, oldest due first; a session of p.BlockedAgents whose
+// candidate follows one of its dead letters is left out. It walks the
 // open-events index, so idle sessions cost nothing.
-func (s *Store) RunnableSessions(ctx context.Context, limit int) ([]store.ActorKey, error) {
+func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsParams) ([]store.ActorKey, error) {
+	blocked := p.BlockedAgents
+	if blocked == nil {
+		blocked = []string{} // = ANY(NULL) would be NULL
+	}
 	var out []store.ActorKey
 	err := s.call(ctx, "runnable sessions", func(ctx context.Context) error {
 		rows, err := s.pool.Query(ctx, `
 			SELECT o.agent_uid, o.session_id
-			FROM (SELECT DISTINCT ON (agent_uid, session_id) agent_uid, session_id, event_id, next_attempt_at
-				FROM actor_events WHERE status = 'open'
+			FROM (SELECT DISTINCT ON (agent_uid, session_id) agent_uid, session_id, event_id, seq, next_attempt_at
+				FROM actor_events WHERE status = 'open' AND steer_of IS NULL
 				ORDER BY agent_uid, session_id, seq) o
 			JOIN sessions s ON s.agent_uid = o.agent_uid AND s.session_id = o.session_id
 			WHERE s.status = 'active' AND o.next_attempt_at <= clock_timestamp()
 			  AND NOT EXISTS (SELECT 1 FROM activations a
 				WHERE a.agent_uid = o.agent_uid AND a.session_id = o.session_id AND a.state IN `+liveStates+`)
+			  AND NOT (o.agent_uid = ANY($2::text[]) AND EXISTS (SELECT 1 FROM actor_events d
+				WHERE d.agent_uid = o.agent_uid AND d.session_id = o.session_id AND d.status = 'dead_letter'
+				  AND d.seq < o.seq))
 			ORDER BY o.next_attempt_at, o.event_id
-			LIMIT $1`, pageLimit(limit))
+			LIMIT $1`, pageLimit(p.Limit), blocked)
 		if err != nil {
 			return err
 		}

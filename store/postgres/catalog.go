@@ -160,15 +160,19 @@ func (s *Store) ListAgents(ctx context.Context) ([]store.Agent, error) {
 const sessionCols = `s.agent_uid, s.session_id, coalesce(s.key, ''), s.input, s.status, s.crash_policy,
 	s.actor_epoch, s.created_at, s.sleep_ts, s.destroy_ts, s.turn_count, s.last_event_seq,
 	(SELECT count(*) FROM actor_events e
-	  WHERE e.agent_uid = s.agent_uid AND e.session_id = s.session_id AND e.status = 'open')`
+	  WHERE e.agent_uid = s.agent_uid AND e.session_id = s.session_id AND e.status = 'open'),
+	(SELECT count(*) FROM actor_events e
+	  WHERE e.agent_uid = s.agent_uid AND e.session_id = s.session_id AND e.status = 'dead_letter'),
+	s.pending_since, coalesce(s.sleep_reason, '')`
 
 func scanSession(row pgx.Row) (store.Session, error) {
 	var ss store.Session
-	var sleepTS, destroyTS *time.Time
+	var sleepTS, destroyTS, pendingSince *time.Time
 	err := row.Scan(&ss.AgentUID, &ss.SessionID, &ss.Key, &ss.Input, &ss.Status, &ss.CrashPolicy,
-		&ss.ActorEpoch, &ss.CreatedAt, &sleepTS, &destroyTS, &ss.TurnCount, &ss.EventCount, &ss.OpenEvents)
+		&ss.ActorEpoch, &ss.CreatedAt, &sleepTS, &destroyTS, &ss.TurnCount, &ss.EventCount, &ss.OpenEvents,
+		&ss.DeadLetters, &pendingSince, &ss.SleepReason)
 	ss.CreatedAt = utc(ss.CreatedAt)
-	ss.SleepTS, ss.DestroyTS = utcPtr(sleepTS), utcPtr(destroyTS)
+	ss.SleepTS, ss.DestroyTS, ss.PendingSince = utcPtr(sleepTS), utcPtr(destroyTS), utcPtr(pendingSince)
 	ss.Input = nilIfEmpty(ss.Input)
 	return ss, err
 }
@@ -206,7 +210,8 @@ func (s *Store) CreateSession(ctx context.Context, p store.CreateSessionParams) 
 				ON CONFLICT (agent_uid, key) WHERE key IS NOT NULL DO NOTHING
 				RETURNING *)
 			SELECT s.agent_uid, s.session_id, coalesce(s.key, ''), s.input, s.status, s.crash_policy,
-				s.actor_epoch, s.created_at, s.sleep_ts, s.destroy_ts, s.turn_count, s.last_event_seq, 0::bigint
+				s.actor_epoch, s.created_at, s.sleep_ts, s.destroy_ts, s.turn_count, s.last_event_seq, 0::bigint,
+				0::bigint, s.pending_since, coalesce(s.sleep_reason, '')
 			FROM ins s`,
 			p.AgentUID, p.SessionID, nullString(p.Key), nilIfEmpty(p.Input), string(p.CrashPolicy)))
 		switch {

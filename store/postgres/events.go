@@ -15,106 +15,156 @@ import (
 
 // eventCols selects an event (unqualified columns of actor_events).
 const eventCols = `event_id, agent_uid, session_id, seq, kind, payload, coalesce(idempotency_key, ''), status,
-	attempts, next_attempt_at, coalesce(last_error, ''), coalesce(binding, ''), accepted_at, closed_at`
+	attempts, next_attempt_at, coalesce(last_error, ''), coalesce(binding, ''), accepted_at, closed_at,
+	coalesce(steer_of, 0), redrives`
 
 func scanEvent(row pgx.Row) (store.Event, error) {
 	var e store.Event
 	var payload string
 	var closed *time.Time
 	err := row.Scan(&e.ID, &e.AgentUID, &e.SessionID, &e.Seq, &e.Kind, &payload, &e.IdempotencyKey, &e.Status,
-		&e.Attempts, &e.NextAttemptAt, &e.LastError, &e.Binding, &e.AcceptedAt, &closed)
+		&e.Attempts, &e.NextAttemptAt, &e.LastError, &e.Binding, &e.AcceptedAt, &closed, &e.SteerOf, &e.Redrives)
 	e.Payload = json.RawMessage(payload)
 	e.NextAttemptAt, e.AcceptedAt, e.ClosedAt = utc(e.NextAttemptAt), utc(e.AcceptedAt), utcPtr(closed)
 	return e, err
 }
 
-// sessionWritable locks the session row (FOR UPDATE: appends to one session
-// serialise here, which is what makes seq and the idempotency check safe) and
-// returns ErrNotFound or ErrSessionDestroyed.
-func sessionWritable(ctx context.Context, tx pgx.Tx, key store.ActorKey) error {
+// lockSession locks the session row (appends to one session serialise
+// here, which is what makes seq and the idempotency check safe) and returns
+// its status, or ErrNotFound.
+//
+// Every session-row lock of the driver is FOR NO KEY UPDATE (what an UPDATE
+// of a non-key column takes anyway), never FOR UPDATE: the foreign keys
+// that reference sessions (events, alarms, event_errors, turns, ...) take
+// FOR KEY SHARE on it when a child row is inserted, which FOR UPDATE would
+// conflict with. A transaction that inserted an alarm (KEY SHARE on the
+// session) while FireDueAlarms, holding that alarm, waited for FOR UPDATE
+// on the session was a deadlock.
+func lockSession(ctx context.Context, tx pgx.Tx, key store.ActorKey) (store.SessionStatus, error) {
 	var status store.SessionStatus
-	err := tx.QueryRow(ctx, `SELECT status FROM sessions WHERE agent_uid = $1 AND session_id = $2 FOR UPDATE`,
+	err := tx.QueryRow(ctx, `SELECT status FROM sessions WHERE agent_uid = $1 AND session_id = $2 FOR NO KEY UPDATE`,
 		key.AgentUID, key.SessionID).Scan(&status)
-	switch {
-	case err != nil:
-		return fmt.Errorf("session %s: %w", key, notFound(err))
-	case status == store.SessionDestroyed:
+	if err != nil {
+		return "", fmt.Errorf("session %s: %w", key, notFound(err))
+	}
+	return status, nil
+}
+
+// sessionWritable locks the session row (see lockSession) and returns
+// ErrNotFound or ErrSessionDestroyed.
+func sessionWritable(ctx context.Context, tx pgx.Tx, key store.ActorKey) error {
+	status, err := lockSession(ctx, tx, key)
+	if err != nil {
+		return err
+	}
+	return writable(key, status)
+}
+
+// writable returns ErrSessionDestroyed for a destroyed session.
+func writable(key store.ActorKey, status store.SessionStatus) error {
+	if status == store.SessionDestroyed {
 		return fmt.Errorf("session %s: %w", key, store.ErrSessionDestroyed)
 	}
 	return nil
 }
 
-// AppendEvent persists a signal as the session's next actor event and
-// notifies listeners in the same transaction; see store.Store.
+// eventByIdempotencyKey returns the session's event with that key, or
+// pgx.ErrNoRows.
+func eventByIdempotencyKey(ctx context.Context, tx pgx.Tx, key store.ActorKey, idem string) (store.Event, error) {
+	return scanEvent(tx.QueryRow(ctx, `SELECT `+eventCols+` FROM actor_events
+		WHERE agent_uid = $1 AND session_id = $2 AND idempotency_key = $3`, key.AgentUID, key.SessionID, idem))
+}
+
+// newEvent is an event to append.
+type newEvent struct {
+	kind           string
+	payload        string
+	idempotencyKey string
+	// steerOf attaches a steer to the event in flight (0: none).
+	steerOf int64
+}
+
+// insertEventSQL appends the session's next event unless its idempotency
+// key is already used in the session; see insertEvent. Parameters:
+// insertEventArgs.
+const insertEventSQL = `
+	WITH seq AS (
+		UPDATE sessions SET last_event_seq = last_event_seq + 1,
+			status = CASE status WHEN 'sleeping' THEN 'active' ELSE status END,
+			sleep_ts = CASE status WHEN 'sleeping' THEN NULL ELSE sleep_ts END,
+			sleep_reason = CASE status WHEN 'sleeping' THEN NULL ELSE sleep_reason END
+		WHERE agent_uid = $1 AND session_id = $2
+		  AND ($5::text IS NULL OR NOT EXISTS (SELECT 1 FROM actor_events
+			WHERE agent_uid = $1 AND session_id = $2 AND idempotency_key = $5))
+		RETURNING last_event_seq),
+	now AS (SELECT clock_timestamp() AS t),
+	ins AS (
+		INSERT INTO actor_events (agent_uid, session_id, seq, kind, payload, idempotency_key,
+			next_attempt_at, accepted_at, steer_of)
+		SELECT $1, $2, seq.last_event_seq, $3, $4, $5, now.t, now.t, $6 FROM seq, now
+		RETURNING *)
+	SELECT ` + eventCols + ` FROM ins, LATERAL (SELECT pg_notify('` + notifyChannel + `', $1 || '/' || $2)) n`
+
+func insertEventArgs(key store.ActorKey, ne newEvent) []any {
+	var steerOf *int64
+	if ne.steerOf != 0 {
+		steerOf = &ne.steerOf
+	}
+	return []any{key.AgentUID, key.SessionID, ne.kind, ne.payload, nullString(ne.idempotencyKey), steerOf}
+}
+
+// insertEvent appends the session's next event; the caller holds the
+// session row lock (lockSession). One statement: next seq, a sleeping
+// session woken, the event (accepted and due at the same database instant)
+// and the notification, sent at commit — or, when the idempotency key is
+// already used in the session, nothing at all, and appended is false
+// (invariant 7: the caller returns the first event). Under the session lock
+// the key check cannot race; were it to, the unique index would refuse the
+// insert (23505), which reruns the transaction (errLockRace).
+func insertEvent(ctx context.Context, tx pgx.Tx, key store.ActorKey, ne newEvent) (e store.Event, appended bool, err error) {
+	e, err = scanEvent(tx.QueryRow(ctx, insertEventSQL, insertEventArgs(key, ne)...))
+	return insertResult(e, err)
+}
+
+// insertResult interprets the result of insertEventSQL.
+func insertResult(e store.Event, err error) (store.Event, bool, error) {
+	switch {
+	case err == nil:
+		return e, true, nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return store.Event{}, false, nil
+	case pgCode(err) == codeUniqueViolation:
+		return store.Event{}, false, fmt.Errorf("idempotency key race: %w: %w", errLockRace, err)
+	}
+	return store.Event{}, false, err
+}
+
+// AppendEvent persists a signal as the session's next actor event, wakes a
+// sleeping session and notifies listeners, in one transaction; see
+// store.Store. An idempotency key already used returns the first event and
+// writes nothing (invariant 7).
 func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (store.Event, bool, error) {
 	key := p.Key
 	var e store.Event
 	var created bool
 	err := s.tx(ctx, "append event", func(ctx context.Context, tx pgx.Tx) error {
-		created = false
 		if err := sessionWritable(ctx, tx, key); err != nil {
 			return err
 		}
-		existing := func() error {
-			var err error
-			e, err = scanEvent(tx.QueryRow(ctx, `SELECT `+eventCols+` FROM actor_events
-				WHERE agent_uid = $1 AND session_id = $2 AND idempotency_key = $3`,
-				key.AgentUID, key.SessionID, p.IdempotencyKey))
-			return err
-		}
-		// Invariant 7: a key already used returns the first event.
-		if p.IdempotencyKey != "" {
-			err := existing()
-			if err == nil {
-				return nil
-			}
-			if !errors.Is(err, pgx.ErrNoRows) {
-				return err
-			}
-		}
-		// One statement: next seq, the event (accepted and due at the same
-		// database instant) and the notification, sent at commit.
 		var err error
-		e, err = scanEvent(tx.QueryRow(ctx, `
-			WITH seq AS (
-				UPDATE sessions SET last_event_seq = last_event_seq + 1
-				WHERE agent_uid = $1 AND session_id = $2
-				RETURNING last_event_seq),
-			now AS (SELECT clock_timestamp() AS t),
-			ins AS (
-				INSERT INTO actor_events (agent_uid, session_id, seq, kind, payload, idempotency_key,
-					next_attempt_at, accepted_at)
-				SELECT $1, $2, seq.last_event_seq, $3, $4, $5, now.t, now.t FROM seq, now
-				ON CONFLICT (agent_uid, session_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-				RETURNING *)
-			SELECT `+eventCols+` FROM ins, LATERAL (SELECT pg_notify('`+notifyChannel+`', $1 || '/' || $2)) n`,
-			key.AgentUID, key.SessionID, p.Kind, string(p.Payload), nullString(p.IdempotencyKey)))
-		if errors.Is(err, pgx.ErrNoRows) && p.IdempotencyKey != "" {
-			// Unreachable while the session lock serialises appends; the
-			// unique index is the backstop. Returning an error rolls back
-			// the seq bump, so report the first event through a sentinel.
-			if err := existing(); err != nil {
-				return err
-			}
-			return errIdempotentReplay
-		}
-		if err != nil {
+		e, created, err = insertEvent(ctx, tx, key, newEvent{kind: p.Kind, payload: string(p.Payload),
+			idempotencyKey: p.IdempotencyKey})
+		if err != nil || created {
 			return err
 		}
-		created = true
-		return nil
+		e, err = eventByIdempotencyKey(ctx, tx, key, p.IdempotencyKey)
+		return err
 	})
-	if errors.Is(err, errIdempotentReplay) {
-		return e, false, nil
-	}
 	if err != nil {
 		return store.Event{}, false, err
 	}
 	return e, created, nil
 }
-
-// errIdempotentReplay rolls back an append that lost an idempotency race.
-var errIdempotentReplay = errors.New("idempotent replay")
 
 // ListEvents pages a session's events by id, optionally by status.
 func (s *Store) ListEvents(ctx context.Context, p store.ListEventsParams) ([]store.Event, error) {

@@ -16,16 +16,31 @@
 //     statement's wall time, not now(), which is frozen at BEGIN); durations
 //     are passed as microseconds and added in SQL.
 //   - READ COMMITTED with row locks, no SERIALIZABLE: each per-session write
-//     path locks the rows it guards. Lock order is activation, then session,
-//     for the turn paths; ClaimActivation reads for a live activation before
-//     it locks the session, so that it does not queue behind a commit that
-//     itself waits for the session row. Deadlocks (40P01) and serialisation
-//     failures (40001), possible only through unusual interleavings, are
-//     retried a few times.
-//   - LISTEN/NOTIFY. AppendEvent runs pg_notify('paddock_events',
-//     'agent_uid/session_id') in its transaction; Subscribe listens on a
-//     dedicated connection outside the pool and reconnects with backoff. It
-//     is a wake-up hint only: RunnableSessions is the truth.
+//     path locks the rows it guards, always in one order: the activation,
+//     (on the turn paths) its current event, alarms, the session, other
+//     events. The turn paths (NextDelivery, CommitTurn, FailAttempt,
+//     ExpireActivation) lock the activation first; an event is current for
+//     at most one activation, so only its lock holder locks it that early.
+//     CommitTurn writes alarms before it bumps the
+//     session's turn count, and a crash policy "destroy" deletes alarms
+//     before it destroys the session. Steer, CancelEvent, SleepSession and
+//     DestroySession lock the live activation, then the session (lockKey),
+//     rereading the live activation under the session lock so that a claim
+//     committed in between reruns them. FireDueAlarms locks one alarm (FOR
+//     UPDATE SKIP LOCKED: racing hosts take different alarms), then its
+//     session. ClaimActivation reads for a live activation before it locks
+//     the session, so that it does not queue behind a commit that itself
+//     waits for the session row. Deadlocks (40P01), serialisation failures
+//     (40001) and those lock races, possible only through unusual
+//     interleavings, are retried a few times (TestLifecycleHammerHasNoDeadlocks
+//     checks the server's deadlock counter stays at zero).
+//   - LISTEN/NOTIFY. Every write that should wake a host runs
+//     pg_notify('paddock_events', 'agent_uid/session_id') in its transaction
+//     (sent at commit): AppendEvent, Steer, CancelEvent, RedriveEvent,
+//     DiscardEvent, WakeSession, DestroySession and each alarm firing.
+//     Subscribe listens on a dedicated connection outside the pool and
+//     reconnects with backoff. It is a wake-up hint only: RunnableSessions
+//     is the truth.
 //   - Deadlines. Every call runs under a context deadline (the caller's, or
 //     the store's call timeout when the caller set none), because pgxpool has
 //     no acquire timeout.
@@ -235,11 +250,22 @@ func (s *Store) call(ctx context.Context, op string, fn func(ctx context.Context
 // serialisation failure (anywhere, including COMMIT) reruns fn from the
 // start; fn must therefore have no effects outside the transaction.
 func (s *Store) tx(ctx context.Context, op string, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return s.txWith(ctx, op, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, fn)
+}
+
+// readTx runs fn in one read-only REPEATABLE READ transaction (one snapshot
+// for several reads) under the call deadline.
+func (s *Store) readTx(ctx context.Context, op string, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return s.txWith(ctx, op, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
+}
+
+// txWith is tx with the given transaction options.
+func (s *Store) txWith(ctx context.Context, op string, opts pgx.TxOptions, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	ctx, cancel := withDeadline(ctx, s.callTimeout)
 	defer cancel()
 	var err error
 	for attempt := 1; ; attempt++ {
-		err = s.txOnce(ctx, fn)
+		err = s.txOnce(ctx, opts, fn)
 		if !retryable(err) || attempt == txAttempts || ctx.Err() != nil {
 			break
 		}
@@ -254,8 +280,8 @@ func (s *Store) tx(ctx context.Context, op string, fn func(ctx context.Context, 
 	return wrap(op, err)
 }
 
-func (s *Store) txOnce(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+func (s *Store) txOnce(ctx context.Context, opts pgx.TxOptions, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	tx, err := s.pool.BeginTx(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
@@ -306,9 +332,17 @@ func pgCode(err error) string {
 	return ""
 }
 
+// errLockRace rolls a transaction back to be run again: between finding a
+// row and locking it in the driver's lock order, another transaction changed
+// which row it should have been (see lockKey).
+var errLockRace = errors.New("lock race: rows changed while being locked")
+
 // retryable reports whether a transaction failed only because of how it
 // interleaved with another.
 func retryable(err error) bool {
+	if errors.Is(err, errLockRace) {
+		return true
+	}
 	switch pgCode(err) {
 	case codeSerializationFailure, codeDeadlockDetected:
 		return true

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,21 +26,28 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		// Lock the activation under its ref (live, idle, lease unexpired)
 		// and, in the same statement, find the session's oldest open event.
 		// Invariant 5: only that one may run; if it is not due, nothing is.
+		// The candidate is the oldest open event not attached as a steer;
+		// with the "block" dead-letter policy, a dead letter before it
+		// blocks it. The row lock makes the candidate stable: everything
+		// that closes or attaches events of a live session takes it first.
 		var epoch, revision int64
 		var eventID *int64
 		var nextAt *time.Time
-		var due *bool
+		var due, blocked *bool
 		err := tx.QueryRow(ctx, `
-			SELECT a.actor_epoch, a.revision, e.event_id, e.next_attempt_at, e.next_attempt_at <= clock_timestamp()
+			SELECT a.actor_epoch, a.revision, e.event_id, e.next_attempt_at, e.next_attempt_at <= clock_timestamp(),
+				$6::boolean AND EXISTS (SELECT 1 FROM actor_events d
+					WHERE d.agent_uid = a.agent_uid AND d.session_id = a.session_id AND d.status = 'dead_letter'
+					  AND d.seq < e.seq)
 			FROM activations a
-			LEFT JOIN LATERAL (SELECT event_id, next_attempt_at FROM actor_events
-				WHERE agent_uid = a.agent_uid AND session_id = a.session_id AND status = 'open'
+			LEFT JOIN LATERAL (SELECT event_id, seq, next_attempt_at FROM actor_events
+				WHERE agent_uid = a.agent_uid AND session_id = a.session_id AND status = 'open' AND steer_of IS NULL
 				ORDER BY seq LIMIT 1) e ON true
 			WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3 AND a.actor_epoch = $4
 			  AND a.lease_id = $5 AND a.state IN `+liveStates+` AND a.current_event_id IS NULL
 			  AND a.lease_expires_at > clock_timestamp()
-			FOR UPDATE OF a`, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID).Scan(
-			&epoch, &revision, &eventID, &nextAt, &due)
+			FOR UPDATE OF a`, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID,
+			p.BlockOnDeadLetter).Scan(&epoch, &revision, &eventID, &nextAt, &due, &blocked)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("activation %s of %s at epoch %d (or it has a current event, or its lease expired): %w",
 				ref.UID, ref.ActorKey, ref.ActorEpoch, store.ErrNotLive)
@@ -46,7 +55,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		if err != nil {
 			return err
 		}
-		if eventID == nil {
+		if eventID == nil || (blocked != nil && *blocked) {
 			return &store.NoDueEventError{}
 		}
 		if !*due {
@@ -65,9 +74,10 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			RETURNING `+eventCols, p.Binding, *eventID).QueryRow(func(row pgx.Row) (err error) {
 			d.Event, err = scanEvent(row)
 			if errors.Is(err, pgx.ErrNoRows) {
-				// Closed since the lock statement read it (only a path
-				// that bypasses the activation lock could do that).
-				return fmt.Errorf("event %d closed concurrently", *eventID)
+				// Closed (cancelled) while the lock statement waited for
+				// the activation's row lock: its snapshot predates the
+				// wait. Run again.
+				return fmt.Errorf("event %d closed concurrently: %w", *eventID, errLockRace)
 			}
 			return err
 		})
@@ -90,6 +100,12 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
+			return err
+		})
+		b.Queue(`SELECT `+eventCols+` FROM actor_events
+			WHERE agent_uid = $1 AND session_id = $2 AND steer_of = $3 AND status = 'open'
+			ORDER BY seq`, ref.AgentUID, ref.SessionID, *eventID).Query(func(rows pgx.Rows) (err error) {
+			d.Steers, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Event, error) { return scanEvent(r) })
 			return err
 		})
 		if p.TailMessages > 0 {
@@ -236,14 +252,21 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		t = store.Turn{}
 		// Lock the activation row first (and read the event's payload);
 		// then the guarded UPDATEs. One round trip.
+		// The attached steers are read here too: Steer attaches under this
+		// row lock and raises the revision, so once the fence has passed
+		// no steer was attached after this statement's snapshot.
 		var payload *string
+		var steers []string
 		b := &pgx.Batch{}
 		b.Queue(`
-			SELECT e.payload FROM activations a
+			SELECT e.payload, (SELECT array_agg(st.payload ORDER BY st.seq) FROM actor_events st
+				WHERE st.agent_uid = a.agent_uid AND st.session_id = a.session_id AND st.steer_of = $2
+				  AND st.status = 'open')
+			FROM activations a
 			LEFT JOIN actor_events e ON e.event_id = $2 AND e.agent_uid = a.agent_uid AND e.session_id = a.session_id
 			WHERE a.activation_uid = $1
 			FOR UPDATE OF a`, ref.ActivationUID, ref.ActorEventID).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&payload)
+			err := row.Scan(&payload, &steers)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil // no such activation: the fence refuses
 			}
@@ -256,7 +279,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 			return fmt.Errorf("event %d of %s not found", ref.ActorEventID, store.KeyOf(ref))
 		}
 		t = store.Turn{ActorKey: store.KeyOf(ref), EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
-			ActorEpoch: ref.ActorEpoch, Outcome: outcome, Messages: turnMessages(*payload, p.Messages)}
+			ActorEpoch: ref.ActorEpoch, Outcome: outcome, Messages: turnMessages(*payload, steers, p.Messages)}
 		n := len(t.Messages)
 		idx, roles, contents := make([]int32, n), make([]string, n), make([]string, n)
 		for i, m := range t.Messages {
@@ -275,6 +298,20 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 			}
 			return nil
 		})
+		if len(steers) > 0 {
+			// The steers close with the event they were attached to.
+			b.Queue(`
+				UPDATE actor_events SET status = 'done', closed_at = clock_timestamp()
+				WHERE agent_uid = $1 AND session_id = $2 AND steer_of = $3 AND status = 'open'`,
+				ref.AgentUID, ref.SessionID, ref.ActorEventID).Exec(func(tag pgconn.CommandTag) error {
+				if tag.RowsAffected() != int64(len(steers)) {
+					return fmt.Errorf("steers of event %d changed during the commit: %w", ref.ActorEventID, errLockRace)
+				}
+				return nil
+			})
+		}
+		// Alarms before the session row: the lock order of FireDueAlarms.
+		queueAlarmOps(b, store.KeyOf(ref), p.Alarms)
 		b.Queue(`
 			WITH turn AS (
 				UPDATE sessions SET turn_count = turn_count + 1 WHERE agent_uid = $1 AND session_id = $2
@@ -301,6 +338,16 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 				ON CONFLICT (agent_uid, session_id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at`,
 				ref.AgentUID, ref.SessionID, nilIfEmpty(p.State))
 		}
+		if outcome == abi.OutcomeSleep {
+			// The agent sleeps until the next signal, unless one is
+			// already waiting.
+			b.Queue(`
+				UPDATE sessions SET status = 'sleeping', sleep_ts = clock_timestamp(), sleep_reason = 'agent',
+					pending_since = NULL
+				WHERE agent_uid = $1 AND session_id = $2 AND status = 'active'
+				  AND NOT EXISTS (SELECT 1 FROM actor_events
+					WHERE agent_uid = $1 AND session_id = $2 AND status = 'open')`, ref.AgentUID, ref.SessionID)
+		}
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}
@@ -314,20 +361,77 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 }
 
 // turnMessages is a turn's transcript: the event's own message (role user,
-// from the payload's "message" string; none when absent or empty), then the
+// from the payload's "message" string; none when absent or empty), then
+// each attached steer's message the same way, in acceptance order, then the
 // worker's messages.
-func turnMessages(payload string, msgs []abi.Message) []store.TranscriptMessage {
-	out := make([]store.TranscriptMessage, 0, len(msgs)+1)
-	var pl struct {
-		Message *string `json:"message"`
-	}
-	if json.Unmarshal([]byte(payload), &pl) == nil && pl.Message != nil && *pl.Message != "" {
-		out = append(out, store.TranscriptMessage{Index: 0, Role: abi.RoleUser, Content: *pl.Message})
+func turnMessages(payload string, steers []string, msgs []abi.Message) []store.TranscriptMessage {
+	out := make([]store.TranscriptMessage, 0, len(msgs)+len(steers)+1)
+	for _, pl := range append([]string{payload}, steers...) {
+		if m, ok := payloadMessage(pl); ok {
+			out = append(out, store.TranscriptMessage{Index: len(out), Role: abi.RoleUser, Content: m})
+		}
 	}
 	for _, m := range msgs {
 		out = append(out, store.TranscriptMessage{Index: len(out), Role: m.Role, Content: m.Content})
 	}
 	return out
+}
+
+// payloadMessage returns the payload's "message" string, if it has a
+// non-empty one.
+func payloadMessage(payload string) (string, bool) {
+	var pl struct {
+		Message *string `json:"message"`
+	}
+	if json.Unmarshal([]byte(payload), &pl) != nil || pl.Message == nil || *pl.Message == "" {
+		return "", false
+	}
+	return *pl.Message, true
+}
+
+// queueAlarmOps queues a commit's alarm operations: per name the last
+// operation wins; sets are upserted (due_at = At, or DB now + InMs) and
+// clears deleted, each kind in one statement, names in sorted order.
+func queueAlarmOps(b *pgx.Batch, key store.ActorKey, ops []abi.AlarmOp) {
+	if len(ops) == 0 {
+		return
+	}
+	last := make(map[string]abi.AlarmOp, len(ops))
+	for _, op := range ops {
+		last[op.Name] = op
+	}
+	names := slices.Sorted(maps.Keys(last))
+	var clears, setNames []string
+	var ats []*time.Time
+	var inMs, every []int64
+	var data []*string
+	for _, n := range names {
+		op := last[n]
+		if op.Clear {
+			clears = append(clears, n)
+			continue
+		}
+		setNames = append(setNames, n)
+		ats = append(ats, op.At)
+		inMs = append(inMs, max(op.InMs, 0))
+		every = append(every, max(op.EveryMs, 0))
+		data = append(data, nullString(string(op.Data)))
+	}
+	if len(clears) > 0 {
+		b.Queue(`DELETE FROM alarms WHERE agent_uid = $1 AND session_id = $2 AND name = ANY($3::text[])`,
+			key.AgentUID, key.SessionID, clears)
+	}
+	if len(setNames) > 0 {
+		b.Queue(`
+			INSERT INTO alarms (agent_uid, session_id, name, due_at, every_ms, data, set_at)
+			SELECT $1, $2, u.name, coalesce(u.at, now.t + u.in_ms * interval '1 millisecond'), u.every_ms, u.data, now.t
+			FROM unnest($3::text[], $4::timestamptz[], $5::bigint[], $6::bigint[], $7::text[])
+				AS u(name, at, in_ms, every_ms, data),
+				(SELECT clock_timestamp() AS t) now
+			ON CONFLICT (agent_uid, session_id, name) DO UPDATE SET due_at = excluded.due_at,
+				every_ms = excluded.every_ms, data = excluded.data, set_at = excluded.set_at`,
+			key.AgentUID, key.SessionID, setNames, ats, inMs, every, data)
+	}
 }
 
 // FailAttempt records a failed attempt under the same fences as a commit,
@@ -350,7 +454,8 @@ func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (sto
 			return err
 		}
 		var err error
-		fr, err = failEvent(ctx, tx, store.KeyOf(ref), ref.ActorEventID, p.Counted, p.Error, p.Backoff, p.MaxAttempts)
+		fr, err = failEvent(ctx, tx, failure{key: store.KeyOf(ref), eventID: ref.ActorEventID, epoch: ref.ActorEpoch,
+			counted: p.Counted, msg: p.Error, backoff: p.Backoff, maxAttempts: p.MaxAttempts})
 		return err
 	})
 	if err != nil {

@@ -34,17 +34,20 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 	}
 	var a store.Activation
 	err := s.write(ctx, "claim activation", func(tx *txn) error {
-		if err := sessionStatus(tx, p.Key); err != nil {
+		status, err := sessionStatus(tx, p.Key)
+		if err != nil {
 			return err
+		}
+		if status == store.SessionSleeping {
+			return fmt.Errorf("session %s: %w", p.Key, store.ErrSessionSleeping)
 		}
 		var epoch int64
 		if err := tx.queryRow(`
 			UPDATE sessions SET actor_epoch = actor_epoch + 1
-			WHERE agent_uid = ? AND session_id = ? AND status <> 'destroyed'
+			WHERE agent_uid = ? AND session_id = ? AND status = 'active'
 			RETURNING actor_epoch`, p.Key.AgentUID, p.Key.SessionID).Scan(&epoch); err != nil {
 			return err
 		}
-		var err error
 		a, err = scanActivation(tx.queryRow(`
 			INSERT INTO activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id, lease_expires_at,
 				current_event_id, revision, state, host_id, created_at)
@@ -201,7 +204,11 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 			return err
 		}
 		if !current.Valid {
-			return nil
+			fr.SessionStatus, err = sessionStatus(tx, ref.ActorKey)
+			if errors.Is(err, store.ErrSessionDestroyed) {
+				err = nil
+			}
+			return err
 		}
 		fr.EventID = current.Int64
 		if _, err := tx.exec(`UPDATE activations SET current_event_id = NULL WHERE activation_uid = ?`,
@@ -218,7 +225,12 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 			  AND state IN ('created', 'sent')
 			RETURNING state`, ref.UID, ref.AgentUID, ref.SessionID, current.Int64).Scan(&state)
 		if errors.Is(err, sql.ErrNoRows) {
-			return nil // no delivery in flight: nothing to count
+			// No delivery in flight: nothing to count.
+			fr.SessionStatus, err = sessionStatus(tx, ref.ActorKey)
+			if errors.Is(err, store.ErrSessionDestroyed) {
+				err = nil
+			}
+			return err
 		}
 		if err != nil {
 			return err
@@ -229,18 +241,42 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 		if !counted {
 			backoff, msg = 0, errLeaseLostCreated
 		}
-		fr, err = failEvent(tx, ref.ActorKey, current.Int64, counted, msg, backoff, p.MaxAttempts)
+		fr, err = failEvent(tx, failure{key: ref.ActorKey, eventID: current.Int64, epoch: ref.ActorEpoch,
+			counted: counted, msg: msg, backoff: backoff, maxAttempts: p.MaxAttempts})
 		return err
 	})
 	return fr, err
 }
 
-// failEvent records a failed attempt on an open event: attempts+1 when
-// counted, last_error, next_attempt_at = DB now + backoff, and dead_letter
-// once a counted attempt reaches maxAttempts (> 0).
-func failEvent(tx *txn, key store.ActorKey, eventID int64, counted bool, msg string,
-	backoff time.Duration, maxAttempts int) (store.FailResult, error) {
-	fr := store.FailResult{EventID: eventID}
+// failure describes one failed attempt of an event.
+type failure struct {
+	key         store.ActorKey
+	eventID     int64
+	epoch       int64 // the failed activation's epoch
+	counted     bool
+	msg         string
+	backoff     time.Duration
+	maxAttempts int
+}
+
+// failEvent records a failed attempt on an open event, after the caller's
+// fences passed, in its transaction: attempts+1 when counted, last_error,
+// next_attempt_at = DB now + backoff, dead_letter once a counted attempt
+// reaches maxAttempts (> 0), and one event_errors row. A counted failure
+// then applies the session's crash policy (DESIGN "Crash policy"): restart
+// keeps the backoff; sleep parks the session and makes the event due at
+// once (the wake is the trigger); destroy destroys the session.
+func failEvent(tx *txn, f failure) (store.FailResult, error) {
+	fr := store.FailResult{EventID: f.eventID}
+	var policy store.CrashPolicy
+	if err := tx.queryRow(`SELECT crash_policy, status FROM sessions WHERE agent_uid = ? AND session_id = ?`,
+		f.key.AgentUID, f.key.SessionID).Scan(&policy, &fr.SessionStatus); err != nil {
+		return fr, fmt.Errorf("session %s: %w", f.key, notFound(err))
+	}
+	backoff := max(f.backoff, 0)
+	if f.counted && policy == store.CrashSleep {
+		backoff = 0
+	}
 	var status store.EventStatus
 	var next int64
 	err := tx.queryRow(`
@@ -252,7 +288,7 @@ func failEvent(tx *txn, key store.ActorKey, eventID int64, counted bool, msg str
 		    closed_at = CASE WHEN ?1 = 1 AND ?4 > 0 AND attempts + 1 >= ?4 THEN `+nowMS+` ELSE closed_at END
 		WHERE event_id = ?5 AND agent_uid = ?6 AND session_id = ?7 AND status = 'open'
 		RETURNING attempts, status, next_attempt_at`,
-		boolInt(counted), msg, max(backoff, 0).Milliseconds(), maxAttempts, eventID, key.AgentUID, key.SessionID,
+		boolInt(f.counted), f.msg, backoff.Milliseconds(), f.maxAttempts, f.eventID, f.key.AgentUID, f.key.SessionID,
 	).Scan(&fr.Attempts, &status, &next)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fr, nil // the event was closed meanwhile: nothing to retry
@@ -262,7 +298,75 @@ func failEvent(tx *txn, key store.ActorKey, eventID int64, counted bool, msg str
 	}
 	fr.DeadLettered = status == store.EventDeadLetter
 	fr.NextAttemptAt = msTime(next)
+	if _, err := tx.exec(`
+		INSERT INTO event_errors (agent_uid, session_id, event_id, attempt_seq, attempt, actor_epoch, counted, error, failed_at)
+		VALUES (?1, ?2, ?3,
+			(SELECT coalesce(max(attempt_seq), 0) + 1 FROM event_errors
+			 WHERE agent_uid = ?1 AND session_id = ?2 AND event_id = ?3),
+			?4, ?5, ?6, ?7, `+nowMS+`)`,
+		f.key.AgentUID, f.key.SessionID, f.eventID, fr.Attempts, f.epoch, boolInt(f.counted), f.msg); err != nil {
+		return fr, err
+	}
+	if fr.DeadLettered {
+		if err := detachSteers(tx, f.key, f.eventID); err != nil {
+			return fr, err
+		}
+	}
+	if !f.counted || fr.SessionStatus == store.SessionDestroyed {
+		return fr, nil
+	}
+	switch policy {
+	case store.CrashSleep:
+		if _, err := tx.exec(`
+			UPDATE sessions SET status = 'sleeping', sleep_ts = `+nowMS+`, sleep_reason = 'crash', pending_since = NULL
+			WHERE agent_uid = ? AND session_id = ? AND status <> 'destroyed'`,
+			f.key.AgentUID, f.key.SessionID); err != nil {
+			return fr, err
+		}
+		fr.SessionStatus = store.SessionSleeping
+	case store.CrashDestroy:
+		if err := destroySession(tx, f.key); err != nil {
+			return fr, err
+		}
+		fr.SessionStatus = store.SessionDestroyed
+	}
 	return fr, nil
+}
+
+// detachSteers turns the open steers attached to an event that left open
+// for dead_letter into queued events of their own.
+func detachSteers(tx *txn, key store.ActorKey, eventID int64) error {
+	_, err := tx.exec(`
+		UPDATE actor_events SET steer_of = NULL
+		WHERE agent_uid = ? AND session_id = ? AND steer_of = ? AND status = 'open'`,
+		key.AgentUID, key.SessionID, eventID)
+	return err
+}
+
+// destroySession destroys a session inside tx: status destroyed,
+// destroy_ts, open events discarded, alarms deleted, live activations failed
+// (their current event cleared) and their deliveries in flight superseded,
+// so every reply in flight is fenced off. Authoritative: no CAS on a lease.
+func destroySession(tx *txn, key store.ActorKey) error {
+	args := []any{key.AgentUID, key.SessionID}
+	for _, q := range []string{
+		`UPDATE sessions SET status = 'destroyed', destroy_ts = ` + nowMS + `, pending_since = NULL
+		 WHERE agent_uid = ? AND session_id = ? AND status <> 'destroyed'`,
+		`UPDATE actor_events SET status = 'discarded', closed_at = ` + nowMS + `
+		 WHERE agent_uid = ? AND session_id = ? AND status = 'open'`,
+		`DELETE FROM alarms WHERE agent_uid = ? AND session_id = ?`,
+		`UPDATE deliveries SET state = 'superseded', closed_at = ` + nowMS + `, error = 'session destroyed'
+		 WHERE agent_uid = ?1 AND session_id = ?2 AND state IN ('created', 'sent')
+		   AND activation_uid IN (SELECT activation_uid FROM activations
+		                          WHERE agent_uid = ?1 AND session_id = ?2 AND state IN ` + liveStates + `)`,
+		`UPDATE activations SET state = 'failed', ended_at = ` + nowMS + `, end_reason = 'destroyed', current_event_id = NULL
+		 WHERE agent_uid = ? AND session_id = ? AND state IN ` + liveStates,
+	} {
+		if _, err := tx.exec(q, args...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func boolInt(b bool) int {
@@ -272,25 +376,36 @@ func boolInt(b bool) int {
 	return 0
 }
 
-// RunnableSessions lists active sessions whose oldest open event is due (DB
-// clock) and that have no live activation, oldest due first.
-func (s *Store) RunnableSessions(ctx context.Context, limit int) ([]store.ActorKey, error) {
+// RunnableSessions lists active sessions whose oldest open event (steers
+// attached to a turn aside) is due (DB clock) and that have no live
+// activation, oldest due first; sessions of p.BlockedAgents whose oldest
+// open event has an older dead letter are left out.
+func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsParams) ([]store.ActorKey, error) {
+	blocked, err := json.Marshal(append([]string{}, p.BlockedAgents...))
+	if err != nil {
+		return nil, fmt.Errorf("store/sqlite: runnable sessions: %w", err)
+	}
 	var out []store.ActorKey
-	err := s.read(ctx, "runnable sessions", func(tx *txn) error {
+	err = s.read(ctx, "runnable sessions", func(tx *txn) error {
 		rows, err := tx.query(`
 			SELECT e.agent_uid, e.session_id
 			FROM actor_events e
 			JOIN sessions s ON s.agent_uid = e.agent_uid AND s.session_id = e.session_id
-			WHERE e.status = 'open'
+			WHERE e.status = 'open' AND e.steer_of IS NULL
 			  AND s.status = 'active'
 			  AND e.seq = (SELECT min(o.seq) FROM actor_events o
-			               WHERE o.agent_uid = e.agent_uid AND o.session_id = e.session_id AND o.status = 'open')
+			               WHERE o.agent_uid = e.agent_uid AND o.session_id = e.session_id
+			                 AND o.status = 'open' AND o.steer_of IS NULL)
 			  AND e.next_attempt_at <= `+nowMS+`
 			  AND NOT EXISTS (SELECT 1 FROM activations a
 			                  WHERE a.agent_uid = e.agent_uid AND a.session_id = e.session_id
 			                    AND a.state IN `+liveStates+`)
+			  AND NOT (e.agent_uid IN (SELECT value FROM json_each(?1))
+			           AND EXISTS (SELECT 1 FROM actor_events dl
+			                       WHERE dl.agent_uid = e.agent_uid AND dl.session_id = e.session_id
+			                         AND dl.status = 'dead_letter' AND dl.seq < e.seq))
 			ORDER BY e.next_attempt_at, e.event_id
-			LIMIT ?`, pageLimit(limit))
+			LIMIT ?2`, string(blocked), pageLimit(p.Limit))
 		if err != nil {
 			return err
 		}

@@ -179,18 +179,24 @@ func (s *Store) ListAgents(ctx context.Context) ([]store.Agent, error) {
 const sessionCols = `s.agent_uid, s.session_id, s.key, s.input, s.status, s.crash_policy, s.actor_epoch,
 	s.created_at, s.sleep_ts, s.destroy_ts, s.turn_count, s.last_event_seq,
 	(SELECT count(*) FROM actor_events e
-	  WHERE e.agent_uid = s.agent_uid AND e.session_id = s.session_id AND e.status = 'open')`
+	  WHERE e.agent_uid = s.agent_uid AND e.session_id = s.session_id AND e.status = 'open'),
+	(SELECT count(*) FROM actor_events e
+	  WHERE e.agent_uid = s.agent_uid AND e.session_id = s.session_id AND e.status = 'dead_letter'),
+	s.pending_since, s.sleep_reason`
 
 func scanSession(sc scanner) (store.Session, error) {
 	var ss store.Session
 	var key sql.NullString
 	var created int64
-	var sleepTS, destroyTS sql.NullInt64
+	var sleepTS, destroyTS, pending sql.NullInt64
+	var sleepReason sql.NullString
 	err := sc.Scan(&ss.AgentUID, &ss.SessionID, &key, &ss.Input, &ss.Status, &ss.CrashPolicy, &ss.ActorEpoch,
-		&created, &sleepTS, &destroyTS, &ss.TurnCount, &ss.EventCount, &ss.OpenEvents)
+		&created, &sleepTS, &destroyTS, &ss.TurnCount, &ss.EventCount, &ss.OpenEvents,
+		&ss.DeadLetters, &pending, &sleepReason)
 	if err != nil {
 		return ss, err
 	}
+	ss.PendingSince, ss.SleepReason = msPtr(pending), sleepReason.String
 	ss.Key = key.String
 	ss.CreatedAt = msTime(created)
 	ss.SleepTS, ss.DestroyTS = msPtr(sleepTS), msPtr(destroyTS)

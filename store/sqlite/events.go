@@ -13,23 +13,24 @@ import (
 
 // eventCols selects an event; the table alias is e.
 const eventCols = `e.event_id, e.agent_uid, e.session_id, e.seq, e.kind, e.payload, e.idempotency_key, e.status,
-	e.attempts, e.next_attempt_at, e.last_error, e.binding, e.accepted_at, e.closed_at`
+	e.attempts, e.next_attempt_at, e.last_error, e.binding, e.accepted_at, e.closed_at, e.steer_of, e.redrives`
 
 // eventReturning is eventCols for RETURNING, which takes no table alias.
 const eventReturning = `event_id, agent_uid, session_id, seq, kind, payload, idempotency_key, status,
-	attempts, next_attempt_at, last_error, binding, accepted_at, closed_at`
+	attempts, next_attempt_at, last_error, binding, accepted_at, closed_at, steer_of, redrives`
 
 func scanEvent(sc scanner) (store.Event, error) {
 	var ev store.Event
 	var payload string
 	var idem, lastErr, binding sql.NullString
 	var next, accepted int64
-	var closed sql.NullInt64
+	var closed, steerOf sql.NullInt64
 	err := sc.Scan(&ev.ID, &ev.AgentUID, &ev.SessionID, &ev.Seq, &ev.Kind, &payload, &idem, &ev.Status,
-		&ev.Attempts, &next, &lastErr, &binding, &accepted, &closed)
+		&ev.Attempts, &next, &lastErr, &binding, &accepted, &closed, &steerOf, &ev.Redrives)
 	if err != nil {
 		return ev, err
 	}
+	ev.SteerOf = steerOf.Int64
 	ev.Payload = json.RawMessage(payload)
 	ev.IdempotencyKey, ev.LastError, ev.Binding = idem.String, lastErr.String, binding.String
 	ev.NextAttemptAt, ev.AcceptedAt, ev.ClosedAt = msTime(next), msTime(accepted), msPtr(closed)
@@ -37,65 +38,32 @@ func scanEvent(sc scanner) (store.Event, error) {
 }
 
 // sessionStatus reads a session's status for the write paths that refuse
-// unknown and destroyed sessions.
-func sessionStatus(tx *txn, key store.ActorKey) error {
+// unknown (ErrNotFound) and destroyed (ErrSessionDestroyed) sessions.
+func sessionStatus(tx *txn, key store.ActorKey) (store.SessionStatus, error) {
 	var status store.SessionStatus
 	err := tx.queryRow(`SELECT status FROM sessions WHERE agent_uid = ? AND session_id = ?`,
 		key.AgentUID, key.SessionID).Scan(&status)
 	if err != nil {
-		return fmt.Errorf("session %s: %w", key, notFound(err))
+		return "", fmt.Errorf("session %s: %w", key, notFound(err))
 	}
 	if status == store.SessionDestroyed {
-		return fmt.Errorf("session %s: %w", key, store.ErrSessionDestroyed)
+		return status, fmt.Errorf("session %s: %w", key, store.ErrSessionDestroyed)
 	}
-	return nil
+	return status, nil
 }
 
-// AppendEvent persists a signal as the session's next actor event; see
-// store.Store. The payload is stored verbatim; it must be JSON (empty means
-// {}).
+// AppendEvent persists a signal as the session's next actor event and wakes
+// a sleeping session; see store.Store. The payload is stored verbatim; it
+// must be JSON (empty means {}).
 func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (store.Event, bool, error) {
-	payload := p.Payload
-	if len(payload) == 0 {
-		payload = json.RawMessage("{}")
-	}
-	if !json.Valid(payload) {
-		return store.Event{}, false, errors.New("store/sqlite: append event: payload is not valid JSON")
+	payload, err := eventPayload(p.Payload)
+	if err != nil {
+		return store.Event{}, false, fmt.Errorf("store/sqlite: append event: %w", err)
 	}
 	var ev store.Event
 	var created bool
-	err := s.write(ctx, "append event", func(tx *txn) error {
-		if err := sessionStatus(tx, p.Key); err != nil {
-			return err
-		}
-		if p.IdempotencyKey != "" {
-			var err error
-			ev, err = scanEvent(tx.queryRow(`
-				SELECT `+eventCols+` FROM actor_events e
-				WHERE e.agent_uid = ? AND e.session_id = ? AND e.idempotency_key = ?`,
-				p.Key.AgentUID, p.Key.SessionID, p.IdempotencyKey))
-			if err == nil {
-				return nil // invariant 7: the first event, not a second
-			}
-			if !errors.Is(err, sql.ErrNoRows) {
-				return err
-			}
-		}
-		var seq int64
-		if err := tx.queryRow(`
-			UPDATE sessions SET last_event_seq = last_event_seq + 1
-			WHERE agent_uid = ? AND session_id = ? AND status <> 'destroyed'
-			RETURNING last_event_seq`, p.Key.AgentUID, p.Key.SessionID).Scan(&seq); err != nil {
-			return err
-		}
-		var err error
-		ev, err = scanEvent(tx.queryRow(`
-			INSERT INTO actor_events (agent_uid, session_id, seq, kind, payload, idempotency_key,
-				status, attempts, next_attempt_at, accepted_at)
-			VALUES (?, ?, ?, ?, ?, ?, 'open', 0, `+nowMS+`, `+nowMS+`)
-			RETURNING `+eventReturning,
-			p.Key.AgentUID, p.Key.SessionID, seq, p.Kind, string(payload), nullString(p.IdempotencyKey)))
-		created = err == nil
+	err = s.write(ctx, "append event", func(tx *txn) (err error) {
+		ev, created, err = appendEvent(tx, p.Key, p.Kind, payload, p.IdempotencyKey)
 		return err
 	})
 	if err != nil {
@@ -105,6 +73,56 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 		s.publish(p.Key)
 	}
 	return ev, created, nil
+}
+
+// eventPayload checks a signal's payload; empty means {}.
+func eventPayload(payload json.RawMessage) (string, error) {
+	if len(payload) == 0 {
+		return "{}", nil
+	}
+	if !json.Valid(payload) {
+		return "", errors.New("payload is not valid JSON")
+	}
+	return string(payload), nil
+}
+
+// appendEvent appends an open event with the session's next seq and wakes
+// the session if it sleeps, inside tx. An idempotency key already used in
+// the session returns the first event and created=false, writing nothing
+// (invariant 7); the single writer makes the look-up race-free.
+func appendEvent(tx *txn, key store.ActorKey, kind, payload, idem string) (store.Event, bool, error) {
+	if _, err := sessionStatus(tx, key); err != nil {
+		return store.Event{}, false, err
+	}
+	if idem != "" {
+		ev, err := scanEvent(tx.queryRow(`
+			SELECT `+eventCols+` FROM actor_events e
+			WHERE e.agent_uid = ? AND e.session_id = ? AND e.idempotency_key = ?`,
+			key.AgentUID, key.SessionID, idem))
+		if err == nil {
+			return ev, false, nil // invariant 7: the first event, not a second
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return ev, false, err
+		}
+	}
+	var seq int64
+	if err := tx.queryRow(`
+		UPDATE sessions SET last_event_seq = last_event_seq + 1,
+			status = 'active',
+			sleep_ts = CASE WHEN status = 'sleeping' THEN NULL ELSE sleep_ts END,
+			sleep_reason = CASE WHEN status = 'sleeping' THEN NULL ELSE sleep_reason END
+		WHERE agent_uid = ? AND session_id = ? AND status <> 'destroyed'
+		RETURNING last_event_seq`, key.AgentUID, key.SessionID).Scan(&seq); err != nil {
+		return store.Event{}, false, err
+	}
+	ev, err := scanEvent(tx.queryRow(`
+		INSERT INTO actor_events (agent_uid, session_id, seq, kind, payload, idempotency_key,
+			status, attempts, next_attempt_at, accepted_at)
+		VALUES (?, ?, ?, ?, ?, ?, 'open', 0, `+nowMS+`, `+nowMS+`)
+		RETURNING `+eventReturning,
+		key.AgentUID, key.SessionID, seq, kind, payload, nullString(idem)))
+	return ev, err == nil, err
 }
 
 // ListEvents pages a session's events by id, optionally by status.

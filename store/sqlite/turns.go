@@ -34,18 +34,33 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			return err
 		}
 		// Invariant 5: only the oldest open event may run; if it is not due,
-		// nothing is.
-		var eventID, nextAt int64
+		// nothing is. Steers attached to a turn are not candidates: they run
+		// with their event.
+		var eventID, seq, nextAt int64
 		var due bool
 		err = tx.queryRow(`
-			SELECT event_id, next_attempt_at, next_attempt_at <= `+nowMS+` FROM actor_events
-			WHERE agent_uid = ? AND session_id = ? AND status = 'open'
-			ORDER BY seq LIMIT 1`, ref.AgentUID, ref.SessionID).Scan(&eventID, &nextAt, &due)
+			SELECT event_id, seq, next_attempt_at, next_attempt_at <= `+nowMS+` FROM actor_events
+			WHERE agent_uid = ? AND session_id = ? AND status = 'open' AND steer_of IS NULL
+			ORDER BY seq LIMIT 1`, ref.AgentUID, ref.SessionID).Scan(&eventID, &seq, &nextAt, &due)
 		if errors.Is(err, sql.ErrNoRows) {
 			return &store.NoDueEventError{}
 		}
 		if err != nil {
 			return err
+		}
+		if p.BlockOnDeadLetter {
+			// Dead-letter policy "block": an older dead letter holds the
+			// session until it is redriven or discarded.
+			var blocked bool
+			if err := tx.queryRow(`
+				SELECT EXISTS (SELECT 1 FROM actor_events
+				               WHERE agent_uid = ? AND session_id = ? AND status = 'dead_letter' AND seq < ?)`,
+				ref.AgentUID, ref.SessionID, seq).Scan(&blocked); err != nil {
+				return err
+			}
+			if blocked {
+				return &store.NoDueEventError{}
+			}
 		}
 		if !due {
 			return &store.NoDueEventError{NextDueAt: msTime(nextAt)}
@@ -106,9 +121,31 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			return err
 		}
 		d.Attempt = d.Event.Attempts + 1
-		return nil
+		d.Steers, err = attachedSteers(tx, ref.ActorKey, eventID)
+		return err
 	})
 	return d, err
+}
+
+// attachedSteers returns the open steers attached to an event, by seq.
+func attachedSteers(tx *txn, key store.ActorKey, eventID int64) ([]store.Event, error) {
+	rows, err := tx.query(`
+		SELECT `+eventCols+` FROM actor_events e
+		WHERE e.agent_uid = ? AND e.session_id = ? AND e.steer_of = ? AND e.status = 'open'
+		ORDER BY e.seq`, key.AgentUID, key.SessionID, eventID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []store.Event
+	for rows.Next() {
+		ev, err := scanEvent(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ev)
+	}
+	return out, rows.Err()
 }
 
 // deliveryWhere guards a write on the delivery named by a turn_ref: every
@@ -157,6 +194,12 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	if outcome == "" {
 		outcome = abi.OutcomeOK
 	}
+	for _, op := range p.Alarms {
+		// Stored data is put verbatim into the alarm event's JSON payload.
+		if len(op.Data) > 0 && !json.Valid(op.Data) {
+			return store.Turn{}, fmt.Errorf("store/sqlite: commit turn: alarm %q: data is not valid JSON", op.Name)
+		}
+	}
 	var t store.Turn
 	err := s.write(ctx, "commit turn", func(tx *txn) error {
 		// BEGIN IMMEDIATE already holds the write lock: the activation row
@@ -197,26 +240,41 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		if err != nil {
 			return err
 		}
-		var turnNo int64
-		if err := tx.queryRow(`
-			UPDATE sessions SET turn_count = turn_count + 1 WHERE agent_uid = ? AND session_id = ?
-			RETURNING turn_count`, ref.AgentUID, ref.SessionID).Scan(&turnNo); err != nil {
+		// The steers attached to the turn close with it; their messages
+		// follow the event's.
+		steers, err := attachedSteers(tx, key, ref.ActorEventID)
+		if err != nil {
 			return err
 		}
-		t = store.Turn{ActorKey: key, TurnNo: turnNo, EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
-			ActorEpoch: ref.ActorEpoch, Outcome: outcome, CommittedAt: msTime(closedAt)}
-		if _, err := tx.exec(`
-			INSERT INTO turns (agent_uid, session_id, turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-			ref.AgentUID, ref.SessionID, turnNo, ref.ActorEventID, ref.DeliveryID, ref.ActorEpoch, outcome,
-			closedAt); err != nil {
-			return err
-		}
-		t.Messages = turnMessages(payload, p.Messages)
-		for _, m := range t.Messages {
+		if len(steers) > 0 {
 			if _, err := tx.exec(`
-				INSERT INTO messages (agent_uid, session_id, turn_no, idx, role, content) VALUES (?, ?, ?, ?, ?, ?)`,
-				ref.AgentUID, ref.SessionID, turnNo, m.Index, m.Role, m.Content); err != nil {
+				UPDATE actor_events SET status = 'done', closed_at = ?
+				WHERE agent_uid = ? AND session_id = ? AND steer_of = ? AND status = 'open'`,
+				closedAt, ref.AgentUID, ref.SessionID, ref.ActorEventID); err != nil {
+				return err
+			}
+		}
+		payloads := []string{payload}
+		for _, st := range steers {
+			payloads = append(payloads, string(st.Payload))
+		}
+		t = store.Turn{ActorKey: key, EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
+			ActorEpoch: ref.ActorEpoch, Outcome: outcome, CommittedAt: msTime(closedAt),
+			Messages: turnMessages(payloads, p.Messages)}
+		if t.TurnNo, err = insertTurn(tx, t); err != nil {
+			return err
+		}
+		if err := applyAlarms(tx, key, p.Alarms); err != nil {
+			return err
+		}
+		if outcome == abi.OutcomeSleep {
+			// The agent sleeps until the next signal, unless one is waiting.
+			if _, err := tx.exec(`
+				UPDATE sessions SET status = 'sleeping', sleep_ts = `+nowMS+`, sleep_reason = 'agent', pending_since = NULL
+				WHERE agent_uid = ?1 AND session_id = ?2 AND status = 'active'
+				  AND NOT EXISTS (SELECT 1 FROM actor_events
+				                  WHERE agent_uid = ?1 AND session_id = ?2 AND status = 'open')`,
+				ref.AgentUID, ref.SessionID); err != nil {
 				return err
 			}
 		}
@@ -233,21 +291,57 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	return t, err
 }
 
-// turnMessages is a turn's transcript: the event's own message (role user,
-// from the payload's "message" string; none when absent or empty), then the
-// worker's messages.
-func turnMessages(payload string, msgs []abi.Message) []store.TranscriptMessage {
-	out := make([]store.TranscriptMessage, 0, len(msgs)+1)
-	var pl struct {
-		Message *string `json:"message"`
+// insertTurn appends t (with its messages) as the session's next turn and
+// returns its turn number.
+func insertTurn(tx *txn, t store.Turn) (int64, error) {
+	var turnNo int64
+	if err := tx.queryRow(`
+		UPDATE sessions SET turn_count = turn_count + 1 WHERE agent_uid = ? AND session_id = ?
+		RETURNING turn_count`, t.AgentUID, t.SessionID).Scan(&turnNo); err != nil {
+		return 0, err
 	}
-	if json.Unmarshal([]byte(payload), &pl) == nil && pl.Message != nil && *pl.Message != "" {
-		out = append(out, store.TranscriptMessage{Index: 0, Role: abi.RoleUser, Content: *pl.Message})
+	if _, err := tx.exec(`
+		INSERT INTO turns (agent_uid, session_id, turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+		t.AgentUID, t.SessionID, turnNo, t.EventID, t.DeliveryID, t.ActorEpoch, t.Outcome,
+		t.CommittedAt.UnixMilli()); err != nil {
+		return 0, err
+	}
+	for _, m := range t.Messages {
+		if _, err := tx.exec(`
+			INSERT INTO messages (agent_uid, session_id, turn_no, idx, role, content) VALUES (?, ?, ?, ?, ?, ?)`,
+			t.AgentUID, t.SessionID, turnNo, m.Index, m.Role, m.Content); err != nil {
+			return 0, err
+		}
+	}
+	return turnNo, nil
+}
+
+// turnMessages is a turn's transcript: the user message of each payload
+// (the event's, then its steers'; from the payload's "message" string, none
+// when absent or empty), then the worker's messages.
+func turnMessages(payloads []string, msgs []abi.Message) []store.TranscriptMessage {
+	out := make([]store.TranscriptMessage, 0, len(payloads)+len(msgs))
+	for _, p := range payloads {
+		if text, ok := payloadMessage(p); ok {
+			out = append(out, store.TranscriptMessage{Index: len(out), Role: abi.RoleUser, Content: text})
+		}
 	}
 	for _, m := range msgs {
 		out = append(out, store.TranscriptMessage{Index: len(out), Role: m.Role, Content: m.Content})
 	}
 	return out
+}
+
+// payloadMessage returns a signal payload's non-empty "message" string.
+func payloadMessage(payload string) (string, bool) {
+	var pl struct {
+		Message *string `json:"message"`
+	}
+	if json.Unmarshal([]byte(payload), &pl) == nil && pl.Message != nil && *pl.Message != "" {
+		return *pl.Message, true
+	}
+	return "", false
 }
 
 // FailAttempt records a failed attempt under the same fences as a commit,
@@ -285,7 +379,8 @@ func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (sto
 		} else if n == 0 {
 			return classify(tx, ref, fenceFail)
 		}
-		fr, err = failEvent(tx, store.KeyOf(ref), ref.ActorEventID, p.Counted, p.Error, p.Backoff, p.MaxAttempts)
+		fr, err = failEvent(tx, failure{key: store.KeyOf(ref), eventID: ref.ActorEventID, epoch: ref.ActorEpoch,
+			counted: p.Counted, msg: p.Error, backoff: p.Backoff, maxAttempts: p.MaxAttempts})
 		return err
 	})
 	return fr, err

@@ -144,9 +144,12 @@ func testClaimUnknown(t *testing.T, b *bundle) {
 }
 
 func testRenewLeases(t *testing.T, b *bundle) {
-	a := b.claim(b.session(), ShortTTL)
 	c := b.claim(b.session(), ShortTTL)
 	other := b.claimOn(b.session(), "other-host", ShortTTL)
+	aKey := b.session()
+	// a is claimed last, right before the renewal: its short lease must not
+	// run out in between.
+	a := b.claim(aKey, ShortTTL)
 
 	wrongLease := c.Ref()
 	wrongLease.LeaseID = uuid.NewString()

@@ -132,21 +132,21 @@ func testRunnable(t *testing.T, b *bundle) {
 	a = b.claim(retried, LongTTL)
 	b.fail(b.next(a).Delivery.TurnRef(), false, 0, 5)
 
-	got, err := b.s.RunnableSessions(b.ctx, 100)
+	got, err := b.s.RunnableSessions(b.ctx, store.RunnableSessionsParams{Limit: 100})
 	noErr(t, err, "RunnableSessions")
 	want := []store.ActorKey{due1, due2, retried}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("RunnableSessions = %v\nwant %v (not: empty %v, running %v, backoff %v, finished %v)",
 			got, want, empty, running, backoff, finished)
 	}
-	got, err = b.s.RunnableSessions(b.ctx, 1)
+	got, err = b.s.RunnableSessions(b.ctx, store.RunnableSessionsParams{Limit: 1})
 	noErr(t, err, "RunnableSessions limit 1")
 	if len(got) != 1 || got[0] != due1 {
 		t.Fatalf("RunnableSessions(1) = %v, want [%v]", got, due1)
 	}
 	// Claiming makes it not runnable.
 	b.claim(due1, LongTTL)
-	got, err = b.s.RunnableSessions(b.ctx, 100)
+	got, err = b.s.RunnableSessions(b.ctx, store.RunnableSessionsParams{Limit: 100})
 	noErr(t, err, "RunnableSessions after a claim")
 	if slices.Contains(got, due1) {
 		t.Fatalf("a session with a live activation is runnable")

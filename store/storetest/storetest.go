@@ -56,6 +56,12 @@ func Exercise(t *testing.T, newStore func(t *testing.T) store.Store) {
 		fenceCases(),
 		turnCases(),
 		maintenanceCases(),
+		crashCases(),
+		sleepCases(),
+		deadLetterCases(),
+		steerCases(),
+		cancelCases(),
+		alarmCases(),
 	}
 	for _, g := range groups {
 		for _, c := range g {
@@ -107,11 +113,23 @@ func (b *bundle) newAgent(name, moduleDigest string, policy store.CrashPolicy) s
 	return a
 }
 
-// session creates a session of the bundle's agent.
+// session creates a session of the bundle's agent (crash policy restart).
 func (b *bundle) session() store.ActorKey {
 	b.t.Helper()
+	return b.sessionWith(store.CrashRestart)
+}
+
+// sessionWith creates a session of the bundle's agent with a crash policy.
+func (b *bundle) sessionWith(policy store.CrashPolicy) store.ActorKey {
+	b.t.Helper()
+	return b.sessionOf(b.agent.UID, policy)
+}
+
+// sessionOf creates a session of an agent with a crash policy.
+func (b *bundle) sessionOf(agentUID string, policy store.CrashPolicy) store.ActorKey {
+	b.t.Helper()
 	s, created, err := b.s.CreateSession(b.ctx, store.CreateSessionParams{
-		AgentUID: b.agent.UID, SessionID: uuid.NewString(), CrashPolicy: store.CrashRestart,
+		AgentUID: agentUID, SessionID: uuid.NewString(), CrashPolicy: policy,
 	})
 	noErr(b.t, err, "CreateSession")
 	if !created {
@@ -205,6 +223,20 @@ func (b *bundle) event(key store.ActorKey, id int64) store.Event {
 	return store.Event{}
 }
 
+func (b *bundle) alarms(key store.ActorKey) []store.Alarm {
+	b.t.Helper()
+	as, err := b.s.ListAlarms(b.ctx, key)
+	noErr(b.t, err, "ListAlarms")
+	return as
+}
+
+func (b *bundle) runnable(blocked ...string) []store.ActorKey {
+	b.t.Helper()
+	keys, err := b.s.RunnableSessions(b.ctx, store.RunnableSessionsParams{Limit: 1000, BlockedAgents: blocked})
+	noErr(b.t, err, "RunnableSessions")
+	return keys
+}
+
 func (b *bundle) transcript(key store.ActorKey) []store.Turn {
 	b.t.Helper()
 	turns, err := b.s.Transcript(b.ctx, store.TranscriptParams{Key: key, Limit: 1000})
@@ -243,11 +275,21 @@ func (b *bundle) snapshot(key store.ActorKey) string {
 	b.t.Helper()
 	var sb strings.Builder
 	s := b.getSession(key)
-	fmt.Fprintf(&sb, "session %s status=%s epoch=%d turns=%d events=%d open=%d\n",
-		key, s.Status, s.ActorEpoch, s.TurnCount, s.EventCount, s.OpenEvents)
+	fmt.Fprintf(&sb, "session %s status=%s epoch=%d turns=%d events=%d open=%d dead=%d sleep=%s/%q destroy=%s pending=%s\n",
+		key, s.Status, s.ActorEpoch, s.TurnCount, s.EventCount, s.OpenEvents, s.DeadLetters,
+		tsp(s.SleepTS), s.SleepReason, tsp(s.DestroyTS), tsp(s.PendingSince))
 	for _, ev := range b.events(key) {
-		fmt.Fprintf(&sb, "event %d seq=%d status=%s attempts=%d next=%s err=%q binding=%q closed=%s\n",
-			ev.ID, ev.Seq, ev.Status, ev.Attempts, ts(ev.NextAttemptAt), ev.LastError, ev.Binding, tsp(ev.ClosedAt))
+		fmt.Fprintf(&sb, "event %d seq=%d kind=%s status=%s attempts=%d next=%s err=%q binding=%q closed=%s steer_of=%d redrives=%d\n",
+			ev.ID, ev.Seq, ev.Kind, ev.Status, ev.Attempts, ts(ev.NextAttemptAt), ev.LastError, ev.Binding, tsp(ev.ClosedAt),
+			ev.SteerOf, ev.Redrives)
+		chain, err := b.s.EventErrors(b.ctx, key, ev.ID)
+		noErr(b.t, err, "EventErrors")
+		for _, e := range chain {
+			fmt.Fprintf(&sb, "  error attempt=%d epoch=%d counted=%v at=%s %q\n", e.Attempt, e.ActorEpoch, e.Counted, ts(e.FailedAt), e.Error)
+		}
+	}
+	for _, a := range b.alarms(key) {
+		fmt.Fprintf(&sb, "alarm %s due=%s every=%d data=%s set=%s\n", a.Name, ts(a.DueAt), a.EveryMs, a.Data, ts(a.SetAt))
 	}
 	for _, t := range b.transcript(key) {
 		fmt.Fprintf(&sb, "turn %d event=%d delivery=%s epoch=%d outcome=%s at=%s\n",

@@ -236,7 +236,7 @@ func testNotDueBlocks(t *testing.T, b *bundle) {
 	wantEq(t, ev.LastError, "worker crashed", "LastError")
 	wantEq(t, ev.Status, store.EventOpen, "Status")
 
-	runnable, err := b.s.RunnableSessions(b.ctx, 100)
+	runnable, err := b.s.RunnableSessions(b.ctx, store.RunnableSessionsParams{Limit: 100})
 	noErr(t, err, "RunnableSessions")
 	for _, k := range runnable {
 		if k == key {

@@ -33,14 +33,21 @@
 // trap or running out of memory ends the module; the host reports the turn
 // as failed and discards the instance.
 //
+// A long turn can be steered: PollSteer takes in steer input that arrived
+// while the turn runs (abi/README.md, "Steering and cancellation") and
+// makes the SDK echo the steer's turn_ref, so the agent only has to use the
+// steer's message. A module that never calls PollSteer does not import
+// paddock.steer_poll and still works: the host then runs the turn again
+// with the steers in TurnRequest.Steers.
+//
 // One module instance serves many turns of one session, one at a time, so
 // package-level variables of the agent survive between turns of an
 // activation — but not across activations, hosts or failures. Keep anything
 // that must last in the session state.
 //
-// On platforms other than wasip1, Handle does nothing and Log writes to
-// standard error, so agent packages that call them still build and test on
-// the developer's machine.
+// On platforms other than wasip1, Handle does nothing, PollSteer reports no
+// steer and Log writes to standard error, so agent packages that call them
+// still build and test on the developer's machine.
 //
 // The package imports only the standard library and abi.
 package guest

@@ -22,7 +22,18 @@ var (
 	// address, until the host calls paddock_free. Go's garbage collector
 	// does not move objects, so the address stays valid while it is pinned.
 	pinned = map[uint32][]byte{}
+	// current is the request of the running turn (nil between turns):
+	// PollSteer records the steers it takes in there, and abi.Run echoes
+	// its TurnRef.
+	current *abi.TurnRequest
+	// steerBuf receives steers from the host; it grows to the largest
+	// steer seen.
+	steerBuf []byte
 )
+
+// steerBufStart is the initial size of steerBuf; most steers are a line of
+// text and a turn_ref.
+const steerBufStart = 4 << 10
 
 // Handle registers f as the module's turn function. Call it exactly once,
 // from an init function of the main package; a later call replaces f.
@@ -48,6 +59,61 @@ func Logf(level Level, format string, args ...any) {
 //go:wasmimport paddock log
 //go:noescape
 func hostLog(level int32, ptr unsafe.Pointer, size uint32)
+
+// PollSteer takes in the next steer sent to the running turn, if any,
+// without waiting: ok is false when none is waiting (or outside a turn).
+// A turn that wants to be steerable calls it from time to time, e.g.
+// between steps of a long computation or before a slow tool call, and
+// takes the steer's Message and Data into account.
+//
+// Taking a steer in changes the turn's turn_ref: PollSteer sets the running
+// request's TurnRef to the steer's and appends the steer to its Steers, so
+// the result the SDK returns echoes the newest ref and the agent need do
+// nothing about the fences. (Answering with the older ref would get the
+// reply rejected and the turn run again with the steer in Steers.) The
+// agent should therefore not keep its own copy of req.TurnRef.
+//
+// Call it from the turn, not from goroutines that outlive it. Modules that
+// never call PollSteer do not import paddock.steer_poll.
+func PollSteer() (abi.Steer, bool) {
+	if current == nil {
+		return abi.Steer{}, false
+	}
+	if steerBuf == nil {
+		steerBuf = make([]byte, steerBufStart)
+	}
+	// A negative answer says how large the buffer must be; the steer stays
+	// waiting. The host never answers more than abi.MaxRequestBytes, and
+	// the second call fits unless the host misbehaves.
+	for range 3 {
+		n := hostSteerPoll(unsafe.Pointer(unsafe.SliceData(steerBuf)), uint32(len(steerBuf)))
+		switch {
+		case n == 0:
+			return abi.Steer{}, false
+		case n < 0:
+			if -int64(n) > abi.MaxRequestBytes {
+				Logf(LevelError, "paddock steer_poll: steer of %d bytes exceeds %d", -int64(n), abi.MaxRequestBytes)
+				return abi.Steer{}, false
+			}
+			steerBuf = make([]byte, -n)
+			continue
+		}
+		var s abi.Steer
+		if err := json.Unmarshal(steerBuf[:n], &s); err != nil {
+			Logf(LevelError, "paddock steer_poll: decode steer: %v", err)
+			return abi.Steer{}, false
+		}
+		current.TurnRef = s.TurnRef
+		current.Steers = append(current.Steers, s)
+		return s, true
+	}
+	Log(LevelError, "paddock steer_poll: the steer does not fit the buffer the host asked for")
+	return abi.Steer{}, false
+}
+
+//go:wasmimport paddock steer_poll
+//go:noescape
+func hostSteerPoll(ptr unsafe.Pointer, capacity uint32) int32
 
 //go:wasmexport paddock_abi_version
 func exportABIVersion() int32 {
@@ -99,6 +165,8 @@ func turn(ptr, size uint32) []byte {
 		return encode(&abi.TurnResult{TurnRef: req.TurnRef, Outcome: abi.OutcomeError,
 			Error: "no turn function registered: call guest.Handle from an init function"})
 	}
+	current = &req
+	defer func() { current = nil }()
 	return encode(abi.Run(context.Background(), handler, &req))
 }
 

@@ -1,0 +1,165 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/store"
+)
+
+// applyAlarms sets, replaces (upsert by name) or clears a turn's alarms
+// inside its commit transaction. InMs is added to the database clock; At
+// is stored at millisecond precision.
+func applyAlarms(tx *txn, key store.ActorKey, ops []abi.AlarmOp) error {
+	for _, op := range ops {
+		if op.Clear {
+			if _, err := tx.exec(`DELETE FROM alarms WHERE agent_uid = ? AND session_id = ? AND name = ?`,
+				key.AgentUID, key.SessionID, op.Name); err != nil {
+				return err
+			}
+			continue
+		}
+		var at sql.NullInt64
+		if op.At != nil {
+			at = sql.NullInt64{Int64: op.At.UnixMilli(), Valid: true}
+		}
+		var data sql.NullString
+		if len(op.Data) > 0 && string(op.Data) != "null" {
+			data = sql.NullString{String: string(op.Data), Valid: true}
+		}
+		if _, err := tx.exec(`
+			INSERT INTO alarms (agent_uid, session_id, name, due_at, every_ms, data, set_at)
+			VALUES (?1, ?2, ?3, coalesce(?4, `+nowMS+` + ?5), ?6, ?7, `+nowMS+`)
+			ON CONFLICT (agent_uid, session_id, name) DO UPDATE SET
+				due_at = excluded.due_at, every_ms = excluded.every_ms, data = excluded.data, set_at = excluded.set_at`,
+			key.AgentUID, key.SessionID, op.Name, at, max(op.InMs, 0), max(op.EveryMs, 0), data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ListAlarms returns a session's alarms by name.
+func (s *Store) ListAlarms(ctx context.Context, key store.ActorKey) ([]store.Alarm, error) {
+	var out []store.Alarm
+	err := s.read(ctx, "list alarms", func(tx *txn) error {
+		rows, err := tx.query(`
+			SELECT name, due_at, every_ms, data, set_at FROM alarms
+			WHERE agent_uid = ? AND session_id = ? ORDER BY name`, key.AgentUID, key.SessionID)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			a := store.Alarm{ActorKey: key}
+			var due, set int64
+			var data sql.NullString
+			if err := rows.Scan(&a.Name, &due, &a.EveryMs, &data, &set); err != nil {
+				return err
+			}
+			a.DueAt, a.SetAt = msTime(due), msTime(set)
+			if data.Valid {
+				a.Data = json.RawMessage(data.String)
+			}
+			out = append(out, a)
+		}
+		return rows.Err()
+	})
+	return out, err
+}
+
+// dueAlarm is an alarm picked for firing.
+type dueAlarm struct {
+	key   store.ActorKey
+	name  string
+	dueAt int64
+	every int64
+}
+
+// FireDueAlarms fires up to limit due alarms (DB clock), each in its own
+// transaction; see store.Store. SQLite's single writer already serialises
+// every caller, so each transaction picks the next due alarm itself and
+// fires it with a compare-and-set on (key, name, due_at): no two callers
+// can pick the same firing, and none wastes a transaction on a lost race.
+func (s *Store) FireDueAlarms(ctx context.Context, limit int) ([]store.ActorKey, error) {
+	var out []store.ActorKey
+	seen := map[store.ActorKey]bool{}
+	for range pageLimit(limit) {
+		a, fired, err := s.fireNextAlarm(ctx)
+		if err != nil {
+			return out, err
+		}
+		if a == nil {
+			break // nothing due
+		}
+		if fired {
+			s.publish(a.key)
+			if !seen[a.key] {
+				seen[a.key] = true
+				out = append(out, a.key)
+			}
+		}
+	}
+	return out, nil
+}
+
+// fireNextAlarm fires the most overdue alarm in one transaction. It
+// returns nil when none is due; fired is false when the alarm's session is
+// destroyed (the alarm is dropped) or its event already existed.
+func (s *Store) fireNextAlarm(ctx context.Context) (picked *dueAlarm, fired bool, err error) {
+	err = s.write(ctx, "fire due alarms", func(tx *txn) error {
+		var a dueAlarm
+		err := tx.queryRow(`
+			SELECT agent_uid, session_id, name, due_at, every_ms FROM alarms
+			WHERE due_at <= `+nowMS+`
+			ORDER BY due_at, agent_uid, session_id, name LIMIT 1`).Scan(
+			&a.key.AgentUID, &a.key.SessionID, &a.name, &a.dueAt, &a.every)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		picked = &a
+		_, err = sessionStatus(tx, a.key)
+		destroyed := errors.Is(err, store.ErrSessionDestroyed)
+		if err != nil && !destroyed {
+			return err
+		}
+		// Compare-and-set on what was picked: a one-shot (or a destroyed
+		// session's) alarm is deleted, a repeating one moves to its first
+		// due time after now, missed periods coalescing into this firing.
+		q := `UPDATE alarms SET due_at = due_at + every_ms * ((` + nowMS + ` - due_at) / every_ms + 1)
+		      WHERE agent_uid = ? AND session_id = ? AND name = ? AND due_at = ? AND every_ms = ? AND every_ms > 0
+		      RETURNING data`
+		if destroyed || a.every <= 0 {
+			q = `DELETE FROM alarms WHERE agent_uid = ? AND session_id = ? AND name = ? AND due_at = ? AND every_ms = ?
+			     RETURNING data`
+		}
+		var data sql.NullString
+		err = tx.queryRow(q, a.key.AgentUID, a.key.SessionID, a.name, a.dueAt, a.every).Scan(&data)
+		if err != nil {
+			return err // no row is unreachable: the writer holds the lock since the pick
+		}
+		if destroyed {
+			return nil // dropped with its session
+		}
+		af := abi.AlarmFired{Name: a.name, DueAt: msTime(a.dueAt)}
+		if data.Valid {
+			af.Data = json.RawMessage(data.String)
+		}
+		payload, err := json.Marshal(map[string]abi.AlarmFired{"alarm": af})
+		if err != nil {
+			return err
+		}
+		// The idempotency key makes each (session, alarm, due time) one
+		// event; a duplicate means it fired already.
+		_, fired, err = appendEvent(tx, a.key, abi.EventAlarm, string(payload), fmt.Sprintf("alarm:%s:%d", a.name, a.dueAt))
+		return err
+	})
+	return picked, fired, err
+}
