@@ -12,7 +12,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Version is the major version of the turn contract. A module, plugin or
@@ -229,6 +231,9 @@ func (r *TurnResult) Validate() error {
 		default:
 			return fmt.Errorf("%w: messages[%d].role %q is not one of user, assistant, system, tool", ErrInvalidResult, i, m.Role)
 		}
+		if err := ValidText(m.Content); err != nil {
+			return fmt.Errorf("%w: messages[%d].content %v", ErrInvalidResult, i, err)
+		}
 	}
 	if len(r.State) > MaxStateBytes {
 		return fmt.Errorf("%w: state is %d bytes, limit %d", ErrInvalidResult, len(r.State), MaxStateBytes)
@@ -243,6 +248,18 @@ func (r *TurnResult) Validate() error {
 		if err := a.validate(); err != nil {
 			return fmt.Errorf("%w: alarms[%d]: %v", ErrInvalidResult, i, err)
 		}
+	}
+	return nil
+}
+
+// ValidText checks that s can be stored as transcript text everywhere:
+// valid UTF-8 without NUL characters (PostgreSQL text cannot hold NUL).
+func ValidText(s string) error {
+	if !utf8.ValidString(s) {
+		return errors.New("is not valid UTF-8")
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		return errors.New("contains a NUL character (\\u0000)")
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"os"
 	"reflect"
 	"regexp"
@@ -402,5 +403,18 @@ func TestReadmeExamples(t *testing.T) {
 		if err := res.Validate(); err != nil {
 			t.Errorf("README example %d: %v", i+1, err)
 		}
+	}
+}
+
+func TestResultTextMustBeValidUTF8WithoutNUL(t *testing.T) {
+	for _, c := range []string{"a\x00b", "\xff\xfe"} {
+		r := &abi.TurnResult{Outcome: abi.OutcomeOK, Messages: []abi.Message{{Role: abi.RoleAssistant, Content: c}}}
+		if err := r.Validate(); !errors.Is(err, abi.ErrInvalidResult) {
+			t.Errorf("content %q: Validate() = %v, want abi.ErrInvalidResult", c, err)
+		}
+	}
+	ok := &abi.TurnResult{Outcome: abi.OutcomeOK, Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "héllo ✓"}}}
+	if err := ok.Validate(); err != nil {
+		t.Errorf("valid text refused: %v", err)
 	}
 }

@@ -380,10 +380,12 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			}
 			return "", 0, true
 		case err != nil:
+			// The commit failed for another reason (the database refused the
+			// data, or the connection broke). Record a failed attempt through
+			// the same fences: if the commit did happen after all, its
+			// delivery is accepted and this write is fenced off.
 			a.log.Error("commit turn", "err", err)
-			// The commit may or may not have happened; the fences decide on
-			// the retry. Drop the activation and look again.
-			return "", time.Second, true
+			return "", c.fail(context.Background(), last, d.Attempt, a.pol, fmt.Errorf("commit: %w", err), true, "commit"), true
 		}
 		a.log.Debug("turn committed", "turn", turn.TurnNo, "event", turn.EventID, "outcome", turn.Outcome)
 		if r, ok := a.inst.(Recycler); ok && r.ShouldRecycle() {
@@ -457,14 +459,26 @@ func (a *activationRun) run(d store.Dispatch) (res *abi.TurnResult, latest store
 			case err != nil:
 				a.log.Warn("look for steers", "err", err)
 			case cur.Delivery.Revision > latest.Delivery.Revision:
-				latest.Delivery, latest.Steers = cur.Delivery, cur.Steers
+				var fresh []store.Event
 				for _, s := range cur.Steers {
-					if sent[s.ID] {
-						continue
+					if !sent[s.ID] {
+						sent[s.ID] = true
+						fresh = append(fresh, s)
 					}
-					sent[s.ID] = true
+				}
+				// Only the newest steer carries the newest turn_ref: a worker
+				// that takes in some steers but not the last answers an older
+				// ref, is fenced off (stale revision) and the turn reruns with
+				// every steer in its request — none is committed unseen.
+				older := latest.Delivery.TurnRef()
+				latest.Delivery, latest.Steers = cur.Delivery, cur.Steers
+				for i, s := range fresh {
+					ref := older
+					if i == len(fresh)-1 {
+						ref = cur.Delivery.TurnRef()
+					}
 					select {
-					case steers <- steerOf(cur.Delivery.TurnRef(), s):
+					case steers <- steerOf(ref, s):
 						h.metrics.Steers.Inc()
 					default: // the worker does not read steers; it reruns
 					}
@@ -515,10 +529,7 @@ func (c *controller) request(agent store.Agent, d store.Dispatch) *abi.TurnReque
 		Alarm   *abi.AlarmFired `json:"alarm"`
 	}
 	_ = json.Unmarshal(d.Event.Payload, &payload) // validated at acceptance
-	tail := d.Tail
-	if tail == nil {
-		tail = []abi.Message{}
-	}
+	tail := trimTail(d.Tail, tailBudget(d, payload.Message, payload.Data))
 	req := &abi.TurnRequest{
 		ABIVersion: abi.Version,
 		TurnRef:    d.Delivery.TurnRef(),
@@ -537,6 +548,34 @@ func (c *controller) request(agent store.Agent, d store.Dispatch) *abi.TurnReque
 		req.Steers = append(req.Steers, steerOf(req.TurnRef, s))
 	}
 	return req
+}
+
+// tailBudget is how many bytes of JSON the transcript tail may take in a
+// TurnRequest: half of abi.MaxRequestBytes, less what the state (base64),
+// the event and its steers take. The tail is context, not input: it is
+// trimmed so that a session with long messages can never build a request
+// over the limit (which would fail every later turn of the session).
+func tailBudget(d store.Dispatch, msg string, data json.RawMessage) int {
+	b := abi.MaxRequestBytes/2 - (len(d.State)*4/3 + 2*len(msg) + len(data) + 1024)
+	for _, s := range d.Steers {
+		b -= len(s.Payload) + 512
+	}
+	return max(b, 0)
+}
+
+// trimTail keeps the newest messages of tail whose JSON fits in budget
+// bytes, oldest first (never nil).
+func trimTail(tail []abi.Message, budget int) []abi.Message {
+	used, first := 0, len(tail)
+	for i := len(tail) - 1; i >= 0; i-- {
+		b, _ := json.Marshal(tail[i])
+		if used+len(b)+1 > budget {
+			break
+		}
+		used += len(b) + 1
+		first = i
+	}
+	return append([]abi.Message{}, tail[first:]...)
 }
 
 // fail records a failed attempt through the fences and returns the backoff

@@ -85,7 +85,7 @@ func DefaultPolicy() Policy {
 			IdleTimeout: 30 * time.Second, TurnTimeout: 30 * time.Second, RestartPendingTimeout: 60 * time.Second,
 			Pool: "default",
 		},
-		Pools: map[string]int{"default": 1024},
+		Pools: map[string]int{"default": 64},
 	}
 }
 
@@ -145,7 +145,7 @@ func New(o Options) (*Host, error) {
 		o.Policy.Pool = "default"
 	}
 	if len(o.Policy.Pools) == 0 {
-		o.Policy.Pools = map[string]int{o.Policy.Pool: 1024}
+		o.Policy.Pools = map[string]int{o.Policy.Pool: 64}
 	}
 	h := &Host{
 		st: o.Store, runner: o.Runner, set: o.Policy, id: o.HostID,
@@ -229,9 +229,13 @@ func (h *Host) Run(ctx context.Context) error {
 		stopRun()
 		return fmt.Errorf("host: subscribe to store wake-ups: %w", err)
 	}
+	// Leases are renewed until the last controller has exited, so that
+	// turns finishing during a graceful stop can still commit.
+	renewCtx, stopRenew := context.WithCancel(context.Background())
+	defer stopRenew()
 	var loops sync.WaitGroup
 	loops.Add(3)
-	go func() { defer loops.Done(); h.renewLoop(runCtx) }()
+	go func() { defer loops.Done(); h.renewLoop(renewCtx) }()
 	go func() { defer loops.Done(); h.scanLoop(runCtx) }()
 	go func() {
 		defer loops.Done()
@@ -255,6 +259,7 @@ func (h *Host) Run(ctx context.Context) error {
 		stopTurns()
 		<-done
 	}
+	stopRenew()
 	loops.Wait()
 	h.log.Info("host stopped")
 	return nil
@@ -340,7 +345,8 @@ func (h *Host) dropLease(uid string) {
 // LeaseTTL/3; an activation the store did not renew is lost, and its
 // controller is told at once.
 func (h *Host) renewLoop(ctx context.Context) {
-	t := time.NewTicker(h.set.LeaseTTL / 3)
+	every := h.set.LeaseTTL / 3
+	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
 		select {
@@ -348,6 +354,7 @@ func (h *Host) renewLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		t.Reset(every)
 		h.mu.Lock()
 		refs := make([]store.ActivationRef, 0, len(h.leases))
 		for _, l := range h.leases {
@@ -357,12 +364,16 @@ func (h *Host) renewLoop(ctx context.Context) {
 		if len(refs) == 0 {
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, h.set.LeaseTTL/3)
+		// The call may take up to half a TTL (a busy store); leases renewed
+		// a third of a TTL ago still have two thirds left.
+		rctx, cancel := context.WithTimeout(ctx, h.set.LeaseTTL/2)
 		renewed, err := h.st.RenewLeases(rctx, store.RenewLeasesParams{HostID: h.id, LeaseTTL: h.set.LeaseTTL, Refs: refs})
 		cancel()
 		if err != nil {
-			// Leases run out on their own; the fences make that safe.
-			h.log.Warn("lease renewal failed", "err", err, "leases", len(refs))
+			// Try again soon; leases that run out meanwhile are safe to lose
+			// (the fences reject their replies).
+			h.log.Warn("lease renewal failed; retrying", "err", err, "leases", len(refs))
+			t.Reset(min(every, 200*time.Millisecond))
 			continue
 		}
 		ok := make(map[string]bool, len(renewed))

@@ -19,6 +19,8 @@ import (
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/store"
+	"github.com/paddock-dev/paddock/store/pgtest"
+	"github.com/paddock-dev/paddock/store/postgres"
 )
 
 // failing always fails its turn with an error outcome.
@@ -582,4 +584,112 @@ func quietLogger() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func TestTwoHostsRacingOnAThousandDueAlarmsFireEachExactlyOnce(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	open := func() store.Store {
+		st, err := postgres.Open(context.Background(), dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return st
+	}
+	st := open()
+	ctx := context.Background()
+	f := &fixture{t: t, st: st}
+	a := f.agent("alarmed")
+	payload, _ := json.Marshal(map[string]string{"message": "set"})
+	const n = 1000
+	keys := make([]store.ActorKey, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < n; i += 8 {
+				s, _, err := st.CreateSession(ctx, store.CreateSessionParams{AgentUID: a.UID, SessionID: fmt.Sprintf("s%04d", i), CrashPolicy: store.CrashRestart})
+				if err == nil {
+					_, _, err = st.AppendEvent(ctx, store.AppendEventParams{Key: s.ActorKey, Kind: abi.EventMessage, Payload: payload})
+				}
+				var act store.Activation
+				if err == nil {
+					act, err = st.ClaimActivation(ctx, store.ClaimActivationParams{Key: s.ActorKey, UID: fmt.Sprintf("a%04d", i), LeaseID: fmt.Sprintf("l%04d", i), HostID: "setup", LeaseTTL: time.Minute})
+				}
+				var d store.Dispatch
+				if err == nil {
+					d, err = st.NextDelivery(ctx, store.NextDeliveryParams{Activation: act.Ref(), DeliveryID: fmt.Sprintf("d%04d", i), Binding: "alarmed", MarkSent: true})
+				}
+				if err == nil {
+					_, err = st.CommitTurn(ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), KeepState: true, Outcome: abi.OutcomeOK,
+						Alarms: []abi.AlarmOp{{Name: "tick", InMs: 1}}})
+				}
+				if err == nil {
+					err = st.StopActivation(ctx, act.Ref())
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				keys[i] = s.ActorKey
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	ack := func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+		return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "alarm " + req.Event.Alarm.Name}}}, nil
+	}
+	pol := testPolicy()
+	pol.ScanInterval = 20 * time.Millisecond
+	h1 := start(t, open(), map[string]abi.TurnFunc{"alarmed": ack}, pol)
+	h2 := start(t, open(), map[string]abi.TurnFunc{"alarmed": ack}, pol)
+	for _, k := range keys {
+		f.waitFor("every alarm turn", func() bool { return f.get(k).TurnCount == 2 })
+	}
+	time.Sleep(200 * time.Millisecond) // more scans on both hosts: nothing fires twice
+	for _, k := range keys {
+		alarms := 0
+		for _, e := range f.events(k) {
+			if e.Kind == abi.EventAlarm {
+				alarms++
+			}
+		}
+		if alarms != 1 || f.get(k).TurnCount != 2 {
+			t.Fatalf("session %s: %d alarm events, %d turns; want exactly 1 and 2", k.SessionID, alarms, f.get(k).TurnCount)
+		}
+	}
+	f1 := testutil.ToFloat64(h1.h.Metrics().AlarmsFired)
+	f2 := testutil.ToFloat64(h2.h.Metrics().AlarmsFired)
+	if f1+f2 != n {
+		t.Errorf("hosts fired %v + %v alarms, want %d in all", f1, f2, n)
+	}
+	t.Logf("host 1 fired %v alarms, host 2 fired %v", f1, f2)
+}
+
+func TestLongTranscriptsAreTrimmedToFitTheRequestLimit(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		big := strings.Repeat("x", 600<<10) // 600 KiB per reply: 20 of them would be 12 MiB
+		fn := func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			b, _ := json.Marshal(req)
+			if len(b) > abi.MaxRequestBytes {
+				return nil, fmt.Errorf("request of %d bytes over the limit", len(b))
+			}
+			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: big}}}, nil
+		}
+		f := start(t, st, map[string]abi.TurnFunc{"big": fn}, testPolicy())
+		key := f.session(f.agent("big"))
+		for i := range 12 {
+			f.signal(key, fmt.Sprint(i))
+		}
+		f.waitFor("every turn", func() bool { s := f.get(key); return s.TurnCount+s.DeadLetters == 12 })
+		if s := f.get(key); s.TurnCount != 12 {
+			es := f.events(key)
+			t.Fatalf("%d of 12 turns committed; last error %q", s.TurnCount, es[len(es)-1].LastError)
+		}
+	})
 }

@@ -2,6 +2,7 @@ package host
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/paddock-dev/paddock/store"
 )
@@ -82,6 +83,7 @@ func NewMetrics() *Metrics {
 	for _, r := range store.FenceReasons {
 		m.FenceRejections.WithLabelValues(string(r))
 	}
+	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Registry.MustRegister(m.FenceRejections, m.Turns, m.FailedAttempts, m.DeadLetters,
 		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.PendingSessions)
 	return m

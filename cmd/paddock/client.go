@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -505,7 +506,18 @@ func newTranscriptCmd(c *client) *cobra.Command {
 					if cmd.Context().Err() != nil {
 						return nil
 					}
-					return err
+					var ae *apiError
+					if !follow || errors.As(err, &ae) {
+						return err
+					}
+					// --follow outlives host restarts: retry the connection.
+					fmt.Fprintf(cmd.ErrOrStderr(), "paddock: %v; retrying\n", err)
+					select {
+					case <-cmd.Context().Done():
+						return nil
+					case <-time.After(time.Second):
+					}
+					continue
 				}
 				for _, t := range out.Turns {
 					if c.output == "json" {

@@ -83,8 +83,28 @@ func (s syncBuffer) Write(p []byte) (int, error) {
 	return s.buf.Write(p)
 }
 
+var warmOnce sync.Once
+
+// warmCache starts one host alone before any other, so that it compiles the
+// example modules into the shared cache once; the hosts the tests start in
+// parallel then load them from it.
+func warmCache(t *testing.T) {
+	warmOnce.Do(func() {
+		addr := freePort(t)
+		s := startServerCold(t, writeConfig(t, "sqlite", addr), addr)
+		_ = s.cmd.Process.Signal(syscall.SIGTERM)
+		_ = s.cmd.Wait()
+	})
+}
+
 // startServer starts `paddock serve --config cfg` and waits for /healthz.
 func startServer(t *testing.T, cfg, addr string) *server {
+	t.Helper()
+	warmCache(t)
+	return startServerCold(t, cfg, addr)
+}
+
+func startServerCold(t *testing.T, cfg, addr string) *server {
 	t.Helper()
 	s := &server{t: t, addr: addr, log: &bytes.Buffer{}, mu: &sync.Mutex{}}
 	s.cmd = exec.Command(paddockBin(t), "serve", "--config", cfg)
@@ -105,7 +125,9 @@ func startServer(t *testing.T, cfg, addr string) *server {
 			s.mu.Unlock()
 		}
 	})
-	deadline := time.Now().Add(60 * time.Second)
+	// Generous: a cold start compiles the example modules, and CI runs
+	// several packages' tests at once on 2 cores.
+	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		resp, err := http.Get("http://" + addr + "/healthz")
 		if err == nil {
@@ -214,6 +236,8 @@ func writeConfig(t *testing.T, driver, addr string) string {
 	}
 	cfg := fmt.Sprintf(`listen: %s
 data_dir: %s
+wasm:
+  cache_dir: %s
 %sruntime:
   lease_ttl: 2s
   scan_interval: 200ms
@@ -227,7 +251,7 @@ agents:
     module_file: %s
   - name: faulty
     module_file: %s
-`, addr, filepath.Join(dir, "data"), storeCfg, notes, faulty)
+`, addr, filepath.Join(dir, "data"), e2eCacheDir(t), storeCfg, notes, faulty)
 	p := filepath.Join(dir, "paddock.yaml")
 	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -308,4 +332,14 @@ func TestKillDashNineLosesNoSignalAndCommitsNothingTwice(t *testing.T) {
 			}
 		})
 	}
+}
+
+// e2eCacheDir is a wasm compilation cache shared by every host process the
+// tests start, so that only the first one compiles the examples.
+func e2eCacheDir(t *testing.T) string {
+	dir := filepath.Join(os.TempDir(), "paddock-e2e-wasm-cache")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }

@@ -60,6 +60,8 @@ func TestFailoverAfterKillDashNineOfTheOwningHost(t *testing.T) {
 		addr := freePort(t)
 		cfg := fmt.Sprintf(`listen: %s
 data_dir: %s
+wasm:
+  cache_dir: %s
 store:
   driver: postgres
   dsn: %q
@@ -68,7 +70,7 @@ policy:
 agents:
   - name: faulty
     module_file: %s
-`, addr, filepath.Join(dir, fmt.Sprint("data", i)), dsn, faulty)
+`, addr, filepath.Join(dir, fmt.Sprint("data", i)), e2eCacheDir(t), dsn, faulty)
 		p := filepath.Join(dir, fmt.Sprintf("host%d.yaml", i))
 		if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
 			t.Fatal(err)

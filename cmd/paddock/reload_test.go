@@ -22,8 +22,8 @@ func TestPoliciesReloadWithoutRestartAndABadChangeIsRefused(t *testing.T) {
 	addr := freePort(t)
 	cfgPath := filepath.Join(dir, "paddock.yaml")
 	write := func(policy string) {
-		body := fmt.Sprintf("listen: %s\ndata_dir: %s\npolicy:\n  crash_policy: %s\nagents:\n  - name: notes\n    module_file: %s\n",
-			addr, filepath.Join(dir, "data"), policy, notes)
+		body := fmt.Sprintf("listen: %s\ndata_dir: %s\nwasm:\n  cache_dir: %s\npolicy:\n  crash_policy: %s\nagents:\n  - name: notes\n    module_file: %s\n",
+			addr, filepath.Join(dir, "data"), e2eCacheDir(t), policy, notes)
 		if err := os.WriteFile(cfgPath+".tmp", []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}

@@ -115,11 +115,13 @@ func policyFromConfig(cfg config.Config) host.Policy {
 
 func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	log := newLogger(cfg.Log)
+	log.Info("paddock starting", "store", cfg.Store.Driver, "data_dir", cfg.DataDir, "listen", cfg.Listen)
 	st, err := openStore(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("open %s store: %w", cfg.Store.Driver, err)
 	}
 	defer st.Close()
+	log.Info("store open, migrations applied", "store", st.Driver())
 
 	// The wasm runtime's own turn cap is a backstop; each turn runs under
 	// its agent's policy.turn_timeout through its context.
@@ -127,7 +129,10 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 		MemoryLimitPages: cfg.Wasm.MemoryLimitPages, TurnTimeout: 24 * time.Hour, MaxResultBytes: cfg.Wasm.MaxResultBytes,
 	}
 	if cfg.Wasm.CompilationCache {
-		wcfg.CacheDir = filepath.Join(cfg.DataDir, "wasm-cache")
+		wcfg.CacheDir = cfg.Wasm.CacheDir
+		if wcfg.CacheDir == "" {
+			wcfg.CacheDir = filepath.Join(cfg.DataDir, "wasm-cache")
+		}
 	}
 	rt, err := wasm.New(ctx, wcfg, log.With("component", "wasm"))
 	if err != nil {
@@ -150,6 +155,9 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 			MaxModuleBytes: cfg.API.MaxModuleBytes, Logger: log,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       2 * time.Minute, // module uploads of up to api.max_module_bytes
+		WriteTimeout:      2 * time.Minute, // transcript long-polls wait up to 60 s
+		IdleTimeout:       2 * time.Minute,
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

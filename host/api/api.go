@@ -6,6 +6,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	_ "embed"
@@ -15,7 +16,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -116,11 +119,38 @@ func New(o Options) *Server {
 			}
 		})
 	}
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
-		s.writeError(w, req, &Error{Status: http.StatusNotFound, Code: "route_not_found",
-			Message: fmt.Sprintf("no route for %s %s", req.Method, req.URL.Path)})
-	})
 	return s
+}
+
+// muxErrors turns the router's own plain-text 404 and 405 answers into the
+// API's JSON errors (405 keeps its Allow header).
+type muxErrors struct {
+	http.ResponseWriter
+	s      *Server
+	r      *http.Request
+	caught bool
+}
+
+func (m *muxErrors) WriteHeader(code int) {
+	if (code == http.StatusNotFound || code == http.StatusMethodNotAllowed) &&
+		strings.HasPrefix(m.Header().Get("Content-Type"), "text/plain") {
+		m.caught = true
+		m.Header().Del("X-Content-Type-Options")
+		e := &Error{Status: code, Code: "route_not_found", Message: fmt.Sprintf("no route for %s %s", m.r.Method, m.r.URL.Path)}
+		if code == http.StatusMethodNotAllowed {
+			e.Code, e.Message = "method_not_allowed", fmt.Sprintf("%s is not allowed on %s (allowed: %s)", m.r.Method, m.r.URL.Path, m.Header().Get("Allow"))
+		}
+		m.s.writeError(m.ResponseWriter, m.r, e)
+		return
+	}
+	m.ResponseWriter.WriteHeader(code)
+}
+
+func (m *muxErrors) Write(b []byte) (int, error) {
+	if m.caught {
+		return len(b), nil
+	}
+	return m.ResponseWriter.Write(b)
 }
 
 // ServeHTTP authenticates /v1 requests and routes them.
@@ -134,7 +164,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	s.mux.ServeHTTP(w, r)
+	s.mux.ServeHTTP(&muxErrors{ResponseWriter: w, s: s, r: r}, r)
 }
 
 // Error is an API error: HTTP status, stable code, message naming the
@@ -173,22 +203,77 @@ func writeJSON(w http.ResponseWriter, status int, v any) error {
 	return json.NewEncoder(w).Encode(v)
 }
 
-// decode reads a JSON body strictly: size-limited, unknown fields refused,
-// one value only.
+// decode reads a JSON body strictly: size-limited, a JSON object, field
+// names matched exactly (encoding/json alone would match them ignoring
+// case), unknown fields refused, one value only.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
-	r.Body = http.MaxBytesReader(w, r.Body, s.o.MaxBodyBytes)
-	dec := json.NewDecoder(r.Body)
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.MaxBodyBytes))
+	if err != nil {
+		return jsonError(err, s.o.MaxBodyBytes)
+	}
+	body := bytes.TrimSpace(raw)
+	if len(body) == 0 {
+		return badRequest("malformed_json", "", "the body is empty; a JSON object is required")
+	}
+	if body[0] != '{' {
+		return badRequest("malformed_json", "", "the body must be a JSON object, not %s", jsonKind(body[0]))
+	}
+	var fields map[string]json.RawMessage
+	first := json.NewDecoder(bytes.NewReader(body))
+	if err := first.Decode(&fields); err != nil {
+		return jsonError(err, s.o.MaxBodyBytes)
+	}
+	if _, err := first.Token(); err != io.EOF {
+		return badRequest("malformed_json", "", "the body holds more than one JSON value")
+	}
+	allowed := jsonFields(v)
+	for name := range fields {
+		if !allowed[name] {
+			return badRequest("unknown_field", name, "unknown field %q (fields: %s)", name, strings.Join(sortedKeys(allowed), ", "))
+		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return jsonError(err, s.o.MaxBodyBytes)
 	}
-	if dec.More() {
-		return badRequest("malformed_json", "", "the body holds more than one JSON value")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return badRequest("malformed_json", "", "unexpected data after the JSON value")
-	}
 	return nil
+}
+
+func jsonKind(b byte) string {
+	switch b {
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	case 'n':
+		return "null"
+	case 't', 'f':
+		return "a boolean"
+	}
+	return "a number or invalid JSON"
+}
+
+// jsonFields returns the JSON field names of the struct v points to.
+func jsonFields(v any) map[string]bool {
+	out := map[string]bool{}
+	t := reflect.TypeOf(v).Elem()
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		if name != "" && name != "-" {
+			out[name] = true
+		}
+	}
+	return out
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 func jsonError(err error, limit int64) error {
@@ -594,6 +679,12 @@ func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 	if in.Kind == "" {
 		in.Kind = abi.EventMessage
 	}
+	if string(in.Data) == "null" {
+		in.Data = nil
+	}
+	if err := abi.ValidText(in.Message); err != nil {
+		return badRequest("invalid_field", "message", "message %v", err)
+	}
 	if in.IdempotencyKey != "" && !keyRE.MatchString(in.IdempotencyKey) {
 		return badRequest("invalid_field", "idempotency_key", "idempotency_key must be 1–200 printable ASCII characters without spaces")
 	}
@@ -640,6 +731,12 @@ func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 			if err != nil {
 				return notFound(err)
 			}
+		}
+		if !created && (e.Kind != in.Kind || !bytes.Equal(e.Payload, payload)) {
+			// The key was used for another signal: refuse rather than drop
+			// this one silently (the first one stays as it was).
+			return &Error{Status: http.StatusConflict, Code: "idempotency_key_reused", Field: "idempotency_key",
+				Message: fmt.Sprintf("idempotency_key %q was used for a different signal (event %d); use a new key", in.IdempotencyKey, e.ID)}
 		}
 		if created {
 			ensure()

@@ -219,6 +219,12 @@ func TestBadInputGetsA4xxNamingTheProblemAndWritesNothing(t *testing.T) {
 			{"get-or-create without key", "PUT", "/v1/agents/notes/sessions", "application/json", []byte(`{}`), 400, "missing_field", "key", "key"},
 			{"bad limit", "GET", "/v1/agents/notes/sessions?limit=0", "", nil, 400, "invalid_parameter", "limit", "limit"},
 			{"unknown route", "GET", "/v1/nothing", "", nil, 404, "route_not_found", "", "/v1/nothing"},
+			{"wrong method", "PATCH", "/v1/agents/notes", "application/json", []byte(`{}`), 405, "method_not_allowed", "", "GET"},
+			{"null body", "POST", sig, "application/json", []byte(`null`), 400, "malformed_json", "", "JSON object"},
+			{"array body", "POST", sig, "application/json", []byte(`[]`), 400, "malformed_json", "", "an array"},
+			{"field name in another case", "POST", sig, "application/json", []byte(`{"Message":"x"}`), 400, "unknown_field", "Message", "Message"},
+			{"null data and no message", "POST", sig, "application/json", []byte(`{"data":null}`), 400, "missing_field", "message", "message"},
+			{"NUL in a message", "POST", sig, "application/json", []byte(`{"message":"a\u0000b"}`), 400, "invalid_field", "message", "NUL"},
 		}
 		for _, c := range cases {
 			status, body := e.do(c.method, c.path, c.ct, c.body)
@@ -263,6 +269,10 @@ func TestGetOrCreateAndIdempotentSignals(t *testing.T) {
 		_, b := e.json("POST", sig, `{"message":"note x","idempotency_key":"k1"}`)
 		if a["event_id"] != b["event_id"] || b["created"] != false {
 			t.Errorf("re-sent signal: %v then %v; want the first event back", a, b)
+		}
+		c, r := e.json("POST", sig, `{"message":"note y","idempotency_key":"k1"}`)
+		if code, field, _ := errorOf(r); c != 409 || code != "idempotency_key_reused" || field != "idempotency_key" {
+			t.Errorf("the key reused for another message: %d %v, want 409 idempotency_key_reused", c, r)
 		}
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -80,8 +81,11 @@ type Wasm struct {
 	MemoryLimitPages uint32 `koanf:"memory_limit_pages"`
 	// MaxResultBytes caps an encoded TurnResult.
 	MaxResultBytes int `koanf:"max_result_bytes"`
-	// CompilationCache keeps compiled modules under <data_dir>/wasm-cache.
+	// CompilationCache keeps compiled modules on disk, so a restart loads
+	// them in ~0.1 s instead of compiling for ~1 s each.
 	CompilationCache bool `koanf:"compilation_cache"`
+	// CacheDir is where; empty means <data_dir>/wasm-cache.
+	CacheDir string `koanf:"cache_dir"`
 }
 
 // Runtime configures this host's leases and loops (restart to change).
@@ -174,7 +178,9 @@ func Default() Config {
 			DeadLetter: "continue", IdleTimeout: 30 * time.Second, TurnTimeout: 30 * time.Second,
 			RestartPendingTimeout: 60 * time.Second, Pool: "default",
 		},
-		Pools: map[string]Pool{"default": {Capacity: 1024}},
+		// 64 activations × the 64 MiB memory cap bounds guest memory near
+		// 4 GiB per host; raise it with the machine.
+		Pools: map[string]Pool{"default": {Capacity: 64}},
 	}
 }
 
@@ -335,6 +341,11 @@ func decodeErrors(k *koanf.Koanf, err error) error {
 		var de *mapstructure.DecodeError
 		if errors.As(e, &de) {
 			reason := de.Unwrap().Error()
+			if keys, ok := strings.CutPrefix(reason, "has invalid keys: "); ok {
+				// An unknown key inside a list entry (agents[i]) or a map.
+				out = append(out, &KeyError{Key: de.Name() + "." + keys, Value: "…", Reason: "unknown key"})
+				return
+			}
 			out = append(out, &KeyError{Key: de.Name(), Value: k.Get(de.Name()), Reason: reason})
 			return
 		}
@@ -514,8 +525,8 @@ func (c Config) Validate() error {
 	seen := map[string]bool{}
 	for i, a := range c.Agents {
 		key := fmt.Sprintf("agents[%d]", i)
-		if a.Name == "" {
-			bad(key+".name", `""`, "must not be empty")
+		if !agentNameRE.MatchString(a.Name) {
+			bad(key+".name", a.Name, "must match "+agentNameRE.String()+" (as the API requires)")
 		}
 		if seen[a.Name] {
 			bad(key+".name", a.Name, "names an agent listed twice")
@@ -528,6 +539,9 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// agentNameRE is the API's rule for agent names.
+var agentNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
 func validPolicy(p string) bool { return p == "restart" || p == "sleep" || p == "destroy" }
 

@@ -78,7 +78,7 @@ agents:
 	if cfg.Policy.IdleTimeout != 45*time.Second || cfg.Runtime.LeaseTTL != 8*time.Second {
 		t.Errorf("policy %+v runtime %+v: file value or default lost", cfg.Policy, cfg.Runtime)
 	}
-	if cfg.Pools["gpu"].Capacity != 2 || cfg.Pools["default"].Capacity != 1024 {
+	if cfg.Pools["gpu"].Capacity != 2 || cfg.Pools["default"].Capacity != 64 {
 		t.Errorf("pools = %+v: the file's pool or the default pool is missing", cfg.Pools)
 	}
 	notes := cfg.AgentPolicy("notes")

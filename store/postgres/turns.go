@@ -33,12 +33,15 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		var epoch, revision int64
 		var eventID *int64
 		var nextAt *time.Time
-		var due, blocked *bool
+		var due, blocked, steered *bool
 		err := tx.QueryRow(ctx, `
 			SELECT a.actor_epoch, a.revision, e.event_id, e.next_attempt_at, e.next_attempt_at <= clock_timestamp(),
 				$6::boolean AND EXISTS (SELECT 1 FROM actor_events d
 					WHERE d.agent_uid = a.agent_uid AND d.session_id = a.session_id AND d.status = 'dead_letter'
-					  AND d.seq < e.seq)
+					  AND d.seq < e.seq),
+				EXISTS (SELECT 1 FROM actor_events st
+					WHERE st.agent_uid = a.agent_uid AND st.session_id = a.session_id AND st.steer_of = e.event_id
+					  AND st.status = 'open')
 			FROM activations a
 			LEFT JOIN LATERAL (SELECT event_id, seq, next_attempt_at FROM actor_events
 				WHERE agent_uid = a.agent_uid AND session_id = a.session_id AND status = 'open' AND steer_of IS NULL
@@ -47,7 +50,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			  AND a.lease_id = $5 AND a.state IN `+liveStates+` AND a.current_event_id IS NULL
 			  AND a.lease_expires_at > clock_timestamp()
 			FOR UPDATE OF a`, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID,
-			p.BlockOnDeadLetter).Scan(&epoch, &revision, &eventID, &nextAt, &due, &blocked)
+			p.BlockOnDeadLetter).Scan(&epoch, &revision, &eventID, &nextAt, &due, &blocked, &steered)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("activation %s of %s at epoch %d (or it has a current event, or its lease expired): %w",
 				ref.UID, ref.ActorKey, ref.ActorEpoch, store.ErrNotLive)
@@ -102,12 +105,17 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			}
 			return err
 		})
-		b.Queue(`SELECT `+eventCols+` FROM actor_events
-			WHERE agent_uid = $1 AND session_id = $2 AND steer_of = $3 AND status = 'open'
-			ORDER BY seq`, ref.AgentUID, ref.SessionID, *eventID).Query(func(rows pgx.Rows) (err error) {
-			d.Steers, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Event, error) { return scanEvent(r) })
-			return err
-		})
+		if steered != nil && *steered {
+			// Steers attached to an earlier attempt come back with the
+			// retry (read only when there are some: the common turn has
+			// none).
+			b.Queue(`SELECT `+eventCols+` FROM actor_events
+				WHERE agent_uid = $1 AND session_id = $2 AND steer_of = $3 AND status = 'open'
+				ORDER BY seq`, ref.AgentUID, ref.SessionID, *eventID).Query(func(rows pgx.Rows) (err error) {
+				d.Steers, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Event, error) { return scanEvent(r) })
+				return err
+			})
+		}
 		if p.TailMessages > 0 {
 			b.Queue(`
 				SELECT role, content FROM (
