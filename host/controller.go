@@ -326,7 +326,9 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			a.closeInstance()
 			inst, err := h.runner.Instantiate(a.leaseCtx, d.Delivery.Binding)
 			if err != nil {
-				return "", c.fail(context.Background(), ref, d.Attempt, a.pol, fmt.Errorf("instantiate %s: %w", d.Delivery.Binding, err), true, "instantiate"), true
+				// Cut short by a lost lease or a stop: not the event's fault.
+				counted := a.leaseCtx.Err() == nil
+				return "", c.fail(context.Background(), ref, d.Attempt, a.pol, fmt.Errorf("instantiate %s: %w", d.Delivery.Binding, err), counted, "instantiate"), true
 			}
 			a.inst, a.instBinding = inst, d.Delivery.Binding
 		}

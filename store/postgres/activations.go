@@ -120,7 +120,7 @@ func (s *Store) RenewLeases(ctx context.Context, p store.RenewLeasesParams) ([]s
 	// turn paths lock one activation row each, so there is no lock cycle
 	// with them.
 	err := s.call(ctx, "renew leases", func(ctx context.Context) error {
-		rows, err := s.pool.Query(ctx, `
+		rows, err := s.leases.Query(ctx, `
 			UPDATE activations a SET lease_expires_at = clock_timestamp() + $6 * interval '1 microsecond'
 			FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[])
 				AS r(activation_uid, agent_uid, session_id, actor_epoch, lease_id)
@@ -168,7 +168,7 @@ func (s *Store) StopActivation(ctx context.Context, ref store.ActivationRef) err
 func (s *Store) ExpiredActivations(ctx context.Context, limit int) ([]store.ActivationRef, error) {
 	var out []store.ActivationRef
 	err := s.call(ctx, "expired activations", func(ctx context.Context) error {
-		rows, err := s.pool.Query(ctx, `
+		rows, err := s.leases.Query(ctx, `
 			SELECT activation_uid, agent_uid, session_id, actor_epoch, lease_id FROM activations
 			WHERE state IN `+liveStates+` AND lease_expires_at <= clock_timestamp()
 			ORDER BY lease_expires_at LIMIT $1`, pageLimit(limit))

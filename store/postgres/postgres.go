@@ -57,6 +57,8 @@ import (
 	"fmt"
 	"io/fs"
 	"math/rand/v2"
+	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -98,6 +100,11 @@ const liveStates = `('starting', 'active', 'draining')`
 // Store is the PostgreSQL store. It is safe for concurrent use.
 type Store struct {
 	pool *pgxpool.Pool
+	// leases is a small pool of its own for lease renewal and the lease
+	// watchdog's scan, so that a host whose main pool is saturated by turns
+	// and API calls still renews its leases on time (a lease that runs out
+	// under load costs the turn an attempt).
+	leases *pgxpool.Pool
 	// listenCfg configures Subscribe's dedicated connections.
 	listenCfg   *pgx.ConnConfig
 	callTimeout time.Duration
@@ -152,8 +159,13 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store/postgres: open: parse dsn: %w", err)
 	}
-	if cfg.maxConns > 0 {
+	switch {
+	case cfg.maxConns > 0:
 		pcfg.MaxConns = cfg.maxConns
+	case !strings.Contains(dsn, "pool_max_conns"):
+		// pgxpool's default, max(4, NumCPU), starves a host that runs many
+		// sessions at once; 20 is DBOS's default and what peers use.
+		pcfg.MaxConns = max(20, int32(4*runtime.NumCPU()))
 	}
 	ctx, cancel := withDeadline(ctx, max(cfg.callTimeout, time.Minute))
 	defer cancel()
@@ -169,6 +181,13 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("store/postgres: open: migrate: %w", err)
 	}
+	lcfg := pcfg.Copy()
+	lcfg.MaxConns, lcfg.MinConns = 2, 1
+	leases, err := pgxpool.NewWithConfig(ctx, lcfg)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("store/postgres: open: lease pool: %w", err)
+	}
 	listenCfg := pcfg.ConnConfig.Copy()
 	if listenCfg.RuntimeParams["application_name"] == "" {
 		listenCfg.RuntimeParams["application_name"] = ListenerApplicationName
@@ -176,6 +195,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	closedCtx, closeCtx := context.WithCancel(context.Background())
 	return &Store{
 		pool:        pool,
+		leases:      leases,
 		listenCfg:   listenCfg,
 		callTimeout: cfg.callTimeout,
 		closedCtx:   closedCtx,
@@ -223,6 +243,7 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	s.closeCtx()
 	s.subs.Wait()
+	s.leases.Close()
 	s.pool.Close()
 	return nil
 }
