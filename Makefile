@@ -41,7 +41,7 @@ fmt-check: ## fail if gofmt would change a file
 
 test: fmt-check vet examples ## gofmt check, vet, race tests on both store drivers and the examples (what CI runs)
 	@mkdir -p bin && rm -f bin/figures.txt
-	PADDOCK_FIGURES=$(CURDIR)/bin/figures.txt $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
+	FIGURES_FILE=$(CURDIR)/bin/figures.txt $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
 	@echo "Figures measured by the tests:"; cat bin/figures.txt 2>/dev/null || echo "  (none)"
 
 bench: examples ## benchmarks (store commit path, wasm instances)

@@ -452,18 +452,26 @@ func (h *Host) watchdog(ctx context.Context) {
 // fireAlarms fires due alarms (exactly once each, decided by the store) and
 // wakes the sessions that got an alarm event.
 func (h *Host) fireAlarms(ctx context.Context) {
-	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	keys, err := h.st.FireDueAlarms(sctx, 256)
-	if err != nil {
-		if ctx.Err() == nil {
-			h.log.Warn("alarms: fire due alarms", "err", err)
+	// Small batches, each under its own deadline, until a batch comes back
+	// short: a backlog (after downtime) drains without one long call.
+	const batch = 64
+	for range 64 {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		keys, err := h.st.FireDueAlarms(sctx, batch)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				h.log.Warn("alarms: fire due alarms", "err", err)
+			}
+			return
 		}
-		return
-	}
-	h.metrics.AlarmsFired.Add(float64(len(keys)))
-	for _, k := range keys {
-		h.Ensure(k)
+		h.metrics.AlarmsFired.Add(float64(len(keys)))
+		for _, k := range keys {
+			h.Ensure(k)
+		}
+		if len(keys) < batch {
+			return
+		}
 	}
 }
 

@@ -70,6 +70,7 @@ type server struct {
 	addr string
 	log  *bytes.Buffer
 	mu   *sync.Mutex
+	done chan struct{} // closed when the process has exited
 }
 
 type syncBuffer struct {
@@ -93,7 +94,7 @@ func warmCache(t *testing.T) {
 		addr := freePort(t)
 		s := startServerCold(t, writeConfig(t, "sqlite", addr), addr)
 		_ = s.cmd.Process.Signal(syscall.SIGTERM)
-		_ = s.cmd.Wait()
+		<-s.done
 	})
 }
 
@@ -114,10 +115,14 @@ func startServerCold(t *testing.T, cfg, addr string) *server {
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	s.done = make(chan struct{})
+	go func() { _ = s.cmd.Wait(); close(s.done) }()
 	t.Cleanup(func() {
-		if s.cmd.ProcessState == nil {
+		select {
+		case <-s.done:
+		default:
 			_ = s.cmd.Process.Signal(syscall.SIGTERM)
-			_ = s.cmd.Wait()
+			<-s.done
 		}
 		if t.Failed() {
 			s.mu.Lock()
@@ -129,6 +134,13 @@ func startServerCold(t *testing.T, cfg, addr string) *server {
 	// several packages' tests at once on 2 cores.
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
+		select {
+		case <-s.done:
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			t.Fatalf("paddock serve exited before it became healthy:\n%s", s.log.String())
+		default:
+		}
 		resp, err := http.Get("http://" + addr + "/healthz")
 		if err == nil {
 			resp.Body.Close()
@@ -151,7 +163,7 @@ func (s *server) kill9() {
 	if err := s.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		s.t.Fatal(err)
 	}
-	_ = s.cmd.Wait()
+	<-s.done
 }
 
 // cli runs a paddock client command against the server and returns stdout.

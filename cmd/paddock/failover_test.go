@@ -15,12 +15,12 @@ import (
 )
 
 // figure records a measured figure: logged, and appended to the file named
-// by PADDOCK_FIGURES (make test prints it at the end).
+// by FIGURES_FILE (make test prints it at the end).
 func figure(t *testing.T, format string, args ...any) {
 	t.Helper()
 	line := fmt.Sprintf(format, args...)
 	t.Log(line)
-	if path := os.Getenv("PADDOCK_FIGURES"); path != "" {
+	if path := os.Getenv("FIGURES_FILE"); path != "" {
 		f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 		if err == nil {
 			fmt.Fprintln(f, line)

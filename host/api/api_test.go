@@ -166,7 +166,7 @@ func TestWalkthroughThreeSignalsGiveThreeTurnsInOrder(t *testing.T) {
 			}
 		}
 		var turns []any
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(time.Minute)
 		after := 0
 		for len(turns) < 3 && time.Now().Before(deadline) {
 			_, tr := e.json("GET", fmt.Sprintf("%s/transcript?after=%d&wait=5s", base, after), "")
@@ -309,7 +309,7 @@ func (e *env) setupFaulty() {
 
 func (e *env) waitSession(path, what string, cond func(map[string]any) bool) map[string]any {
 	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		_, s := e.json("GET", path, "")
 		if cond(s) {
@@ -418,7 +418,7 @@ func TestSteerCancelAndWakeSignalsThroughTheAPI(t *testing.T) {
 			t.Fatalf("steer: %d %v", c, b)
 		}
 		var reply string
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(time.Minute)
 		for reply == "" && time.Now().Before(deadline) {
 			_, tr := e.json("GET", base+"/transcript?wait=5s", "")
 			if ts, _ := tr["turns"].([]any); len(ts) == 1 {

@@ -361,8 +361,16 @@ func decodeErrors(k *koanf.Koanf, err error) error {
 	return errors.Join(out...)
 }
 
+// ClientEnv are the PADDOCK_ variables of the client commands; the host's
+// configuration ignores them (every other PADDOCK_ variable must be a
+// configuration key).
+var ClientEnv = []string{"PADDOCK_SERVER", "PADDOCK_TOKEN"}
+
 // envKey maps PADDOCK_STORE__DSN to store.dsn; single underscores stay.
 func envKey(k, v string) (string, any) {
+	if slices.Contains(ClientEnv, k) {
+		return "", nil
+	}
 	k = strings.ToLower(strings.TrimPrefix(k, EnvPrefix))
 	return strings.ReplaceAll(k, "__", "."), v
 }
