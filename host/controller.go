@@ -259,8 +259,15 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			return a.stop()
 		}
 		ctx, cancel := context.WithTimeout(a.leaseCtx, 10*time.Second)
+		binding, err := h.runner.Binding(ctx, a.agent)
+		if err != nil {
+			cancel()
+			a.log.Warn("agent binding", "err", err)
+			a.stop()
+			return time.Second
+		}
 		d, err := h.st.NextDelivery(ctx, store.NextDeliveryParams{
-			Activation: a.act.Ref(), DeliveryID: uuid.NewString(), Binding: a.agent.ModuleDigest,
+			Activation: a.act.Ref(), DeliveryID: uuid.NewString(), Binding: binding,
 			BlockOnDeadLetter: a.pol.BlockOnDeadLetter, MarkSent: true, TailMessages: h.set.TranscriptTail,
 		})
 		cancel()

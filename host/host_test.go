@@ -59,6 +59,10 @@ func eachDriver(t *testing.T, f func(t *testing.T, st store.Store)) {
 // as a worker kind would. The binding is the function's name.
 type funcRunner struct{ funcs map[string]abi.TurnFunc }
 
+func (r funcRunner) Binding(_ context.Context, a store.Agent) (string, error) {
+	return a.ModuleDigest, nil
+}
+
 func (r funcRunner) Instantiate(_ context.Context, binding string) (host.Instance, error) {
 	if binding == "panic" {
 		return panicInstance{}, nil

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -127,7 +129,9 @@ type module struct {
 type agent struct {
 	UID         string `json:"uid"`
 	Name        string `json:"name"`
+	Kind        string `json:"kind"`
 	Module      string `json:"module"`
+	Plugin      string `json:"plugin"`
 	CrashPolicy string `json:"crash_policy"`
 }
 
@@ -181,9 +185,9 @@ func newModuleCmd(c *client) *cobra.Command {
 
 func newAgentCmd(c *client) *cobra.Command {
 	cmd := &cobra.Command{Use: "agent", Short: "Register and list agents"}
-	var moduleRef, policy string
+	var moduleRef, pluginName, policy string
 	create := &cobra.Command{
-		Use: "create NAME --module DIGEST|FILE.wasm", Short: "Register an agent bound to a module", Args: cobra.ExactArgs(1),
+		Use: "create NAME (--module DIGEST|FILE.wasm | --plugin NAME)", Short: "Register an agent bound to a wasm module or a plugin worker", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			digest := moduleRef
 			if strings.HasSuffix(moduleRef, ".wasm") {
@@ -198,7 +202,12 @@ func newAgentCmd(c *client) *cobra.Command {
 				digest = m.Digest
 			}
 			var a agent
-			in := map[string]string{"name": args[0], "module": digest}
+			in := map[string]string{"name": args[0]}
+			if pluginName != "" {
+				in["plugin"] = pluginName
+			} else {
+				in["module"] = digest
+			}
 			if policy != "" {
 				in["crash_policy"] = policy
 			}
@@ -206,13 +215,19 @@ func newAgentCmd(c *client) *cobra.Command {
 				return err
 			}
 			return c.print(cmd, c.raw, func(w io.Writer) {
-				fmt.Fprintf(w, "agent %s registered (module %s, crash policy %s)\n", a.Name, a.Module, a.CrashPolicy)
+				what := "module " + a.Module
+				if a.Plugin != "" {
+					what = "plugin " + a.Plugin
+				}
+				fmt.Fprintf(w, "agent %s registered (%s, crash policy %s)\n", a.Name, what, a.CrashPolicy)
 			})
 		},
 	}
 	create.Flags().StringVar(&moduleRef, "module", "", "module digest (sha256:…) or a .wasm file to upload")
+	create.Flags().StringVar(&pluginName, "plugin", "", "a registered plugin worker (instead of --module)")
 	create.Flags().StringVar(&policy, "crash-policy", "", "restart, sleep or destroy (default: the host's)")
-	_ = create.MarkFlagRequired("module")
+	create.MarkFlagsOneRequired("module", "plugin")
+	create.MarkFlagsMutuallyExclusive("module", "plugin")
 	list := &cobra.Command{
 		Use: "list", Short: "List agents", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -223,14 +238,91 @@ func newAgentCmd(c *client) *cobra.Command {
 				return err
 			}
 			return c.print(cmd, c.raw, func(w io.Writer) {
-				fmt.Fprintln(w, "NAME\tCRASH POLICY\tMODULE")
+				fmt.Fprintln(w, "NAME\tKIND\tCRASH POLICY\tRUNS")
 				for _, a := range out.Agents {
-					fmt.Fprintf(w, "%s\t%s\t%s\n", a.Name, a.CrashPolicy, a.Module)
+					runs := a.Module
+					if a.Plugin != "" {
+						runs = a.Plugin
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", a.Name, a.Kind, a.CrashPolicy, runs)
 				}
 			})
 		},
 	}
 	cmd.AddCommand(create, list)
+	return cmd
+}
+
+func newPluginCmd(c *client) *cobra.Command {
+	cmd := &cobra.Command{Use: "plugin", Short: "Register and list plugin workers (out-of-process agents)"}
+	var path, sum string
+	var env []string
+	var processes int
+	register := &cobra.Command{
+		Use: "register NAME --path BINARY [--sha256 HEX]", Short: "Register a plugin worker binary on the host", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if sum == "" {
+				// The binary is on this machine: checksum it here (the host
+				// checks it again at every start).
+				b, err := os.ReadFile(path)
+				if err != nil {
+					return fmt.Errorf("--sha256 not given and the binary cannot be read to compute it: %w", err)
+				}
+				h := sha256.Sum256(b)
+				sum = hex.EncodeToString(h[:])
+			}
+			in := map[string]any{"name": args[0], "path": path, "sha256": sum}
+			if processes > 0 {
+				in["processes"] = processes
+			}
+			if len(env) > 0 {
+				m := map[string]string{}
+				for _, kv := range env {
+					k, v, ok := strings.Cut(kv, "=")
+					if !ok {
+						return fmt.Errorf("--env %q: want KEY=VALUE", kv)
+					}
+					m[k] = v
+				}
+				in["env"] = m
+			}
+			var out map[string]any
+			if err := c.json(cmd.Context(), "POST", "/v1/plugins", in, &out); err != nil {
+				return err
+			}
+			return c.print(cmd, c.raw, func(w io.Writer) {
+				fmt.Fprintf(w, "plugin %v registered (%v, sha256 %v)\n", out["name"], out["path"], out["sha256"])
+			})
+		},
+	}
+	register.Flags().StringVar(&path, "path", "", "the plugin binary (absolute, or relative to the host's working directory)")
+	register.Flags().StringVar(&sum, "sha256", "", "the binary's sha256 (default: computed from --path here)")
+	register.Flags().StringArrayVar(&env, "env", nil, "KEY=VALUE for the plugin's environment (repeatable; it inherits nothing else)")
+	register.Flags().IntVar(&processes, "processes", 0, "plugin processes serving its sessions (default 1)")
+	_ = register.MarkFlagRequired("path")
+	list := &cobra.Command{
+		Use: "list", Short: "List plugin workers", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var out struct {
+				Plugins []struct {
+					Name      string `json:"name"`
+					Path      string `json:"path"`
+					SHA256    string `json:"sha256"`
+					Processes int    `json:"processes"`
+				} `json:"plugins"`
+			}
+			if err := c.json(cmd.Context(), "GET", "/v1/plugins", nil, &out); err != nil {
+				return err
+			}
+			return c.print(cmd, c.raw, func(w io.Writer) {
+				fmt.Fprintln(w, "NAME\tPROCESSES\tSHA256\tPATH")
+				for _, p := range out.Plugins {
+					fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", p.Name, p.Processes, p.SHA256[:min(12, len(p.SHA256))], p.Path)
+				}
+			})
+		},
+	}
+	cmd.AddCommand(register, list)
 	return cmd
 }
 

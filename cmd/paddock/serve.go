@@ -17,6 +17,7 @@ import (
 	"github.com/paddock-dev/paddock/host/api"
 	"github.com/paddock-dev/paddock/host/config"
 	"github.com/paddock-dev/paddock/host/runner"
+	"github.com/paddock-dev/paddock/plugins"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/postgres"
 	"github.com/paddock-dev/paddock/store/sqlite"
@@ -139,19 +140,24 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 		return fmt.Errorf("wasm runtime: %w", err)
 	}
 	defer rt.Close(context.Background())
-	wr := runner.NewWasm(rt, st)
+	pm := plugins.NewManager(log.With("component", "plugins"), plugins.Options{})
+	defer pm.Close(context.Background()) // plugin processes never outlive the host
+	r := runner.New(runner.NewWasm(rt, st), pm, st)
 
-	if err := registerAgents(ctx, cfg, st, wr, log); err != nil {
+	if err := registerPlugins(ctx, cfg, st, r, log); err != nil {
+		return err
+	}
+	if err := registerAgents(ctx, cfg, st, r, log); err != nil {
 		return err
 	}
 
-	h, err := host.New(host.Options{Store: st, Runner: wr, Policy: policyFromConfig(cfg), Logger: log})
+	h, err := host.New(host.Options{Store: st, Runner: r, Policy: policyFromConfig(cfg), Logger: log})
 	if err != nil {
 		return err
 	}
 	srv := &http.Server{
 		Handler: api.New(api.Options{
-			Host: h, Modules: wr, AuthToken: cfg.AuthToken, MaxBodyBytes: cfg.API.MaxBodyBytes,
+			Host: h, Modules: r, Plugins: r, AuthToken: cfg.AuthToken, MaxBodyBytes: cfg.API.MaxBodyBytes,
 			MaxModuleBytes: cfg.API.MaxModuleBytes, Logger: log,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -183,10 +189,40 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	return <-hostDone
 }
 
+// registerPlugins verifies and registers the configured plugin workers.
+func registerPlugins(ctx context.Context, cfg config.Config, st store.Store, r *runner.Runner, log *slog.Logger) error {
+	for i, p := range cfg.Plugins {
+		sum, err := p.PluginSHA256()
+		if err != nil {
+			return fmt.Errorf("config: plugins[%d]: %w", i, err)
+		}
+		w := store.PluginWorker{Name: p.Name, Path: p.Path, SHA256: sum, Env: p.Env, Processes: max(p.Processes, 1)}
+		if err := r.CheckPlugin(ctx, w); err != nil {
+			return fmt.Errorf("config: plugins[%d] (%s): %w", i, p.Name, err)
+		}
+		if _, _, err := st.PutPluginWorker(ctx, w); err != nil {
+			return fmt.Errorf("register plugin %s: %w", p.Name, err)
+		}
+		log.Info("plugin worker registered from config", "plugin", p.Name, "path", p.Path, "sha256", sum)
+	}
+	return nil
+}
+
 // registerAgents uploads the configured agents' modules and registers (or
 // re-binds) the agents, so that `make run` has example agents ready.
-func registerAgents(ctx context.Context, cfg config.Config, st store.Store, wr *runner.Wasm, log *slog.Logger) error {
+func registerAgents(ctx context.Context, cfg config.Config, st store.Store, wr *runner.Runner, log *slog.Logger) error {
 	for i, a := range cfg.Agents {
+		if a.Plugin != "" {
+			ag, err := st.CreateAgent(ctx, store.CreateAgentParams{
+				UID: uuid.NewString(), Name: a.Name, Kind: store.KindPlugin, Plugin: a.Plugin,
+				CrashPolicy: store.CrashPolicy(cfg.AgentPolicy(a.Name).CrashPolicy), Upsert: true,
+			})
+			if err != nil {
+				return fmt.Errorf("register agent %s: %w", a.Name, err)
+			}
+			log.Info("agent registered from config", "agent", ag.Name, "plugin", a.Plugin, "crash_policy", ag.CrashPolicy)
+			continue
+		}
 		if a.ModuleFile == "" {
 			continue // a policy override only
 		}
@@ -203,7 +239,7 @@ func registerAgents(ctx context.Context, cfg config.Config, st store.Store, wr *
 		}
 		policy := store.CrashPolicy(cfg.AgentPolicy(a.Name).CrashPolicy)
 		ag, err := st.CreateAgent(ctx, store.CreateAgentParams{
-			UID: uuid.NewString(), Name: a.Name, ModuleDigest: digest, CrashPolicy: policy, Upsert: true,
+			UID: uuid.NewString(), Name: a.Name, Kind: store.KindWasm, ModuleDigest: digest, CrashPolicy: policy, Upsert: true,
 		})
 		if err != nil {
 			return fmt.Errorf("register agent %s: %w", a.Name, err)

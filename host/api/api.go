@@ -45,10 +45,21 @@ type Modules interface {
 	Inspect(ctx context.Context, b []byte) (digest string, abiVersion int, err error)
 }
 
+// Plugins checks plugin worker registrations. Errors it returns name what
+// is wrong (missing or non-executable binary, wrong checksum, a handshake
+// or ABI version mismatch); they are answered with 400.
+type Plugins interface {
+	// CheckPlugin verifies w on this host: the binary exists, is
+	// executable, matches w.SHA256, and starts and speaks our protocol.
+	CheckPlugin(ctx context.Context, w store.PluginWorker) error
+}
+
 // Options configure the API.
 type Options struct {
 	Host    *host.Host
 	Modules Modules
+	// Plugins checks plugin registrations.
+	Plugins Plugins
 	// AuthToken, when set, is required as "Authorization: Bearer <token>"
 	// on every /v1 route.
 	AuthToken string
@@ -80,6 +91,9 @@ func Routes() []Route {
 		{"POST", "/v1/modules", (*Server).uploadModule},
 		{"GET", "/v1/modules", (*Server).listModules},
 		{"GET", "/v1/modules/{digest}", (*Server).getModule},
+		{"POST", "/v1/plugins", (*Server).registerPlugin},
+		{"GET", "/v1/plugins", (*Server).listPlugins},
+		{"GET", "/v1/plugins/{plugin}", (*Server).getPlugin},
 		{"POST", "/v1/agents", (*Server).createAgent},
 		{"GET", "/v1/agents", (*Server).listAgents},
 		{"GET", "/v1/agents/{agent}", (*Server).getAgent},
@@ -304,6 +318,9 @@ func jsonError(err error, limit int64) error {
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
+// sha256RE matches a lowercase hex sha256.
+var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
 // keyRE bounds session keys and idempotency keys: printable, 1–200 bytes.
 var keyRE = regexp.MustCompile(`^[\x21-\x7e]{1,200}$`)
 
@@ -391,20 +408,24 @@ func (s *Server) getModule(w http.ResponseWriter, r *http.Request) error {
 type agentJSON struct {
 	UID         string            `json:"uid"`
 	Name        string            `json:"name"`
-	Module      string            `json:"module"`
+	Kind        string            `json:"kind"`
+	Module      string            `json:"module,omitempty"`
+	Plugin      string            `json:"plugin,omitempty"`
 	CrashPolicy store.CrashPolicy `json:"crash_policy"`
 	CreatedAt   time.Time         `json:"created_at"`
 	UpdatedAt   time.Time         `json:"updated_at"`
 }
 
 func toAgentJSON(a store.Agent) agentJSON {
-	return agentJSON{UID: a.UID, Name: a.Name, Module: a.ModuleDigest, CrashPolicy: a.CrashPolicy, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt}
+	return agentJSON{UID: a.UID, Name: a.Name, Kind: a.Kind, Module: a.ModuleDigest, Plugin: a.Plugin,
+		CrashPolicy: a.CrashPolicy, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt}
 }
 
 func (s *Server) createAgent(w http.ResponseWriter, r *http.Request) error {
 	var in struct {
 		Name        string `json:"name"`
 		Module      string `json:"module"`
+		Plugin      string `json:"plugin"`
 		CrashPolicy string `json:"crash_policy"`
 	}
 	if err := s.decode(w, r, &in); err != nil {
@@ -413,8 +434,14 @@ func (s *Server) createAgent(w http.ResponseWriter, r *http.Request) error {
 	if !nameRE.MatchString(in.Name) {
 		return badRequest("invalid_field", "name", "name %q must match %s", in.Name, nameRE)
 	}
-	if in.Module == "" {
-		return badRequest("missing_field", "module", "module (a module digest, sha256:<hex>) is required")
+	kind := store.KindWasm
+	switch {
+	case in.Module != "" && in.Plugin != "":
+		return badRequest("invalid_field", "plugin", "an agent runs either a module or a plugin, not both")
+	case in.Plugin != "":
+		kind = store.KindPlugin
+	case in.Module == "":
+		return badRequest("missing_field", "module", "module (a module digest, sha256:<hex>) or plugin (a plugin worker name) is required")
 	}
 	// The one configured default (DESIGN "Crash policy"), or the agent's
 	// override in the config.
@@ -423,11 +450,13 @@ func (s *Server) createAgent(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	a, err := s.st.CreateAgent(r.Context(), store.CreateAgentParams{
-		UID: uuid.NewString(), Name: in.Name, ModuleDigest: in.Module, CrashPolicy: policy,
+		UID: uuid.NewString(), Name: in.Name, Kind: kind, ModuleDigest: in.Module, Plugin: in.Plugin, CrashPolicy: policy,
 	})
 	switch {
 	case errors.Is(err, store.ErrConflict):
 		return &Error{Status: http.StatusConflict, Code: "agent_exists", Field: "name", Message: fmt.Sprintf("an agent named %q already exists", in.Name)}
+	case errors.Is(err, store.ErrNotFound) && kind == store.KindPlugin:
+		return badRequest("unknown_plugin", "plugin", "no plugin worker named %q; register it first (POST /v1/plugins)", in.Plugin)
 	case errors.Is(err, store.ErrNotFound):
 		return badRequest("unknown_module", "module", "no module with digest %q; upload it first (POST /v1/modules)", in.Module)
 	case err != nil:
@@ -435,6 +464,73 @@ func (s *Server) createAgent(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.Header().Set("Location", "/v1/agents/"+a.Name)
 	return writeJSON(w, http.StatusCreated, toAgentJSON(a))
+}
+
+// ---- plugin workers
+
+func (s *Server) registerPlugin(w http.ResponseWriter, r *http.Request) error {
+	var in struct {
+		Name      string            `json:"name"`
+		Path      string            `json:"path"`
+		SHA256    string            `json:"sha256"`
+		Env       map[string]string `json:"env"`
+		Processes int               `json:"processes"`
+	}
+	if err := s.decode(w, r, &in); err != nil {
+		return err
+	}
+	switch {
+	case !nameRE.MatchString(in.Name):
+		return badRequest("invalid_field", "name", "name %q must match %s", in.Name, nameRE)
+	case in.Path == "":
+		return badRequest("missing_field", "path", "path (the plugin binary on the host) is required")
+	case !sha256RE.MatchString(in.SHA256):
+		return badRequest("invalid_field", "sha256", "sha256 %q must be the binary's 64 lowercase hex digits (sha256sum)", in.SHA256)
+	case in.Processes < 0 || in.Processes > 64:
+		return badRequest("invalid_field", "processes", "processes %d must be between 1 and 64 (0: 1)", in.Processes)
+	}
+	if in.Processes == 0 {
+		in.Processes = 1
+	}
+	pw := store.PluginWorker{Name: in.Name, Path: in.Path, SHA256: in.SHA256, Env: in.Env, Processes: in.Processes}
+	if s.o.Plugins == nil {
+		return &Error{Status: http.StatusNotImplemented, Code: "plugins_disabled", Message: "this host runs no plugin workers"}
+	}
+	if err := s.o.Plugins.CheckPlugin(r.Context(), pw); err != nil {
+		return badRequest("invalid_plugin", "", "%s", err.Error())
+	}
+	pw, created, err := s.st.PutPluginWorker(r.Context(), pw)
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	w.Header().Set("Location", "/v1/plugins/"+pw.Name)
+	return writeJSON(w, status, pw)
+}
+
+func (s *Server) listPlugins(w http.ResponseWriter, r *http.Request) error {
+	ps, err := s.st.ListPluginWorkers(r.Context())
+	if err != nil {
+		return err
+	}
+	if ps == nil {
+		ps = []store.PluginWorker{}
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"plugins": ps})
+}
+
+func (s *Server) getPlugin(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.st.GetPluginWorker(r.Context(), r.PathValue("plugin"))
+	if errors.Is(err, store.ErrNotFound) {
+		return &Error{Status: http.StatusNotFound, Code: "plugin_not_found", Field: "plugin", Message: fmt.Sprintf("no plugin worker named %q", r.PathValue("plugin"))}
+	}
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, p)
 }
 
 func (s *Server) policy(in string, def store.CrashPolicy) (store.CrashPolicy, error) {

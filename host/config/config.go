@@ -53,8 +53,10 @@ type Config struct {
 	Policy Policy `koanf:"policy"`
 	// Pools maps a pool name to its capacity on this host.
 	Pools map[string]Pool `koanf:"pools"`
-	// Agents are registered (or updated) at start from module files, and/or
-	// given per-agent policy overrides.
+	// Plugins are plugin workers registered (or updated) at start.
+	Plugins []PluginSpec `koanf:"plugins"`
+	// Agents are registered (or updated) at start from module files or
+	// plugin workers, and/or given per-agent policy overrides.
 	Agents []AgentSpec `koanf:"agents"`
 }
 
@@ -151,11 +153,30 @@ type API struct {
 type AgentSpec struct {
 	Name string `koanf:"name"`
 	// ModuleFile is a path to a .wasm file, relative to the working
-	// directory. Empty: only the policy override applies (for an agent
-	// registered through the API).
+	// directory: the agent is a wasm agent.
 	ModuleFile string `koanf:"module_file"`
+	// Plugin names a plugin worker (plugins[]): the agent is a plugin agent.
+	// With neither ModuleFile nor Plugin, only the policy override applies
+	// (for an agent registered through the API).
+	Plugin string `koanf:"plugin"`
 	// Policy overrides the default policy for this agent.
 	Policy Policy `koanf:"policy"`
+}
+
+// PluginSpec registers a plugin worker at start (DESIGN "Workers").
+type PluginSpec struct {
+	Name string `koanf:"name"`
+	// Path is the plugin binary.
+	Path string `koanf:"path"`
+	// SHA256 is the binary's lowercase hex sha256, checked at every start.
+	SHA256 string `koanf:"sha256"`
+	// SHA256File names a file whose first word is the sha256 (the output
+	// of `sha256sum`), for builds that write one; used when SHA256 is empty.
+	SHA256File string `koanf:"sha256_file"`
+	// Env is the plugin's whole environment: it inherits nothing else.
+	Env map[string]string `koanf:"env"`
+	// Processes is how many plugin processes serve its sessions (default 1).
+	Processes int `koanf:"processes"`
 }
 
 // Default returns the built-in defaults.
@@ -253,6 +274,7 @@ func (c Config) RestartOnlyChanges(next Config) []string {
 		nextMods = append(nextMods, a.Name+"="+a.ModuleFile)
 	}
 	diff("agents[].module_file", mods, nextMods)
+	diff("plugins", c.Plugins, next.Plugins)
 	return out
 }
 
@@ -540,12 +562,60 @@ func (c Config) Validate() error {
 			bad(key+".name", a.Name, "names an agent listed twice")
 		}
 		seen[a.Name] = true
+		if a.ModuleFile != "" && a.Plugin != "" {
+			bad(key+".plugin", a.Plugin, "an agent runs either a module_file or a plugin, not both")
+		}
+		if a.Plugin != "" && !slices.ContainsFunc(c.Plugins, func(p PluginSpec) bool { return p.Name == a.Plugin }) {
+			bad(key+".plugin", a.Plugin, "is not listed under plugins")
+		}
 		errs = append(errs, a.Policy.validate(key+".policy", c.Pools, false)...)
 		if eff := c.AgentPolicy(a.Name); eff.BackoffMax < eff.BackoffMin {
 			bad(key+".policy.backoff_max", eff.BackoffMax, "must not be below backoff_min ("+eff.BackoffMin.String()+")")
 		}
 	}
+	seenPlugins := map[string]bool{}
+	for i, p := range c.Plugins {
+		key := fmt.Sprintf("plugins[%d]", i)
+		if !agentNameRE.MatchString(p.Name) {
+			bad(key+".name", p.Name, "must match "+agentNameRE.String())
+		}
+		if seenPlugins[p.Name] {
+			bad(key+".name", p.Name, "names a plugin listed twice")
+		}
+		seenPlugins[p.Name] = true
+		if p.Path == "" {
+			bad(key+".path", `""`, "must not be empty")
+		}
+		if (p.SHA256 == "") == (p.SHA256File == "") {
+			bad(key+".sha256", p.SHA256, "give exactly one of sha256 and sha256_file")
+		}
+		if p.SHA256 != "" && !sha256RE.MatchString(p.SHA256) {
+			bad(key+".sha256", p.SHA256, "must be 64 lowercase hex digits")
+		}
+		if p.Processes < 0 || p.Processes > 64 {
+			bad(key+".processes", p.Processes, "must be between 1 and 64 (0: 1)")
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// sha256RE matches a lowercase hex sha256.
+var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// PluginSHA256 returns the plugin's checksum, reading SHA256File if needed.
+func (p PluginSpec) PluginSHA256() (string, error) {
+	if p.SHA256 != "" {
+		return p.SHA256, nil
+	}
+	b, err := os.ReadFile(p.SHA256File)
+	if err != nil {
+		return "", fmt.Errorf("plugin %s: sha256_file: %w", p.Name, err)
+	}
+	sum, _, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+	if !sha256RE.MatchString(sum) {
+		return "", fmt.Errorf("plugin %s: sha256_file %s does not start with a hex sha256", p.Name, p.SHA256File)
+	}
+	return sum, nil
 }
 
 // agentNameRE is the API's rule for agent names.

@@ -82,41 +82,78 @@ func (s *Store) ListModules(ctx context.Context) ([]store.Module, error) {
 	return out, err
 }
 
-const agentCols = `agent_uid, name, module_digest, crash_policy, created_at, updated_at`
+const agentCols = `agent_uid, name, kind, coalesce(module_digest, ''), coalesce(plugin, ''), crash_policy,
+	created_at, updated_at`
 
 func scanAgent(row pgx.Row) (store.Agent, error) {
 	var a store.Agent
-	err := row.Scan(&a.UID, &a.Name, &a.ModuleDigest, &a.CrashPolicy, &a.CreatedAt, &a.UpdatedAt)
+	err := row.Scan(&a.UID, &a.Name, &a.Kind, &a.ModuleDigest, &a.Plugin, &a.CrashPolicy, &a.CreatedAt, &a.UpdatedAt)
 	a.CreatedAt, a.UpdatedAt = utc(a.CreatedAt), utc(a.UpdatedAt)
 	return a, err
 }
 
+// agentKind validates the worker binding of p (the API validates first, so
+// a wrong combination is a plain error) and returns its kind, "" meaning
+// wasm.
+func agentKind(p store.CreateAgentParams) (string, error) {
+	switch p.Kind {
+	case "", store.KindWasm:
+		if p.Plugin != "" {
+			return "", fmt.Errorf("a wasm agent names no plugin worker (got %q)", p.Plugin)
+		}
+		return store.KindWasm, nil
+	case store.KindPlugin:
+		if p.ModuleDigest != "" {
+			return "", fmt.Errorf("a plugin agent names no module (got %q)", p.ModuleDigest)
+		}
+		return store.KindPlugin, nil
+	}
+	return "", fmt.Errorf("invalid agent kind %q", p.Kind)
+}
+
 // CreateAgent registers an agent; a taken name returns ErrConflict unless
-// p.Upsert (then binding and policy are updated), an unknown module
-// ErrNotFound.
+// p.Upsert (then kind, binding and policy are updated). A wasm agent's
+// module and a plugin agent's plugin worker must exist (else ErrNotFound).
 func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (store.Agent, error) {
 	if !p.CrashPolicy.Valid() {
 		return store.Agent{}, fmt.Errorf("store/postgres: create agent: invalid crash policy %q", p.CrashPolicy)
 	}
+	kind, err := agentKind(p)
+	if err != nil {
+		return store.Agent{}, fmt.Errorf("store/postgres: create agent: %w", err)
+	}
+	// What a foreign key violation means; "" names no module or plugin
+	// worker (a NULL would fail the CHECK instead).
+	missing, name := fmt.Errorf("module %q: %w", p.ModuleDigest, store.ErrNotFound), p.ModuleDigest
+	if kind == store.KindPlugin {
+		missing, name = fmt.Errorf("plugin worker %q: %w", p.Plugin, store.ErrNotFound), p.Plugin
+	}
+	if name == "" {
+		return store.Agent{}, wrap("create agent", missing)
+	}
 	var a store.Agent
-	err := s.call(ctx, "create agent", func(ctx context.Context) error {
+	err = s.call(ctx, "create agent", func(ctx context.Context) error {
 		conflict := `DO NOTHING`
 		if p.Upsert {
-			conflict = `DO UPDATE SET module_digest = excluded.module_digest, crash_policy = excluded.crash_policy,
-				updated_at = clock_timestamp()`
+			conflict = `DO UPDATE SET kind = excluded.kind, module_digest = excluded.module_digest,
+				plugin = excluded.plugin, crash_policy = excluded.crash_policy, updated_at = clock_timestamp()`
 		}
 		var err error
+		// The foreign keys decide whether the module or plugin worker
+		// exists.
 		a, err = scanAgent(s.pool.QueryRow(ctx, `
-			INSERT INTO agents (agent_uid, name, module_digest, crash_policy) VALUES ($1, $2, $3, $4)
+			INSERT INTO agents (agent_uid, name, kind, module_digest, plugin, crash_policy)
+			VALUES ($1, $2, $3, $4, $5, $6)
 			ON CONFLICT (name) `+conflict+`
-			RETURNING `+agentCols, p.UID, p.Name, p.ModuleDigest, p.CrashPolicy))
+			RETURNING `+agentCols,
+			p.UID, p.Name, kind, nullString(p.ModuleDigest), nullString(p.Plugin), p.CrashPolicy))
 		switch {
 		case err == nil:
 			return nil
 		case errors.Is(err, pgx.ErrNoRows):
 			return fmt.Errorf("agent name %q: %w", p.Name, store.ErrConflict)
 		case pgCode(err) == codeForeignKeyViolation:
-			return fmt.Errorf("module %s: %w", p.ModuleDigest, store.ErrNotFound)
+			return missing
 		case pgCode(err) == codeUniqueViolation:
 			return fmt.Errorf("agent uid %s: %w", p.UID, store.ErrConflict)
 		}

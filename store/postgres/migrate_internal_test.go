@@ -2,14 +2,18 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"io/fs"
+	"reflect"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
+	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/pgtest"
 )
@@ -91,6 +95,147 @@ func TestMigration00002UpgradesExistingData(t *testing.T) {
 	}
 	if _, err := p.DownTo(ctx, 1); err != nil {
 		t.Fatalf("down to 1: %v", err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+}
+
+// TestMigration00003AddsAgentKinds applies 00001 and 00002, writes agents
+// with sessions the way the part-2 driver did, then opens the store (which
+// applies 00003): the agents read as kind wasm with their modules, their
+// sessions still run, the CHECK binds kind to module or plugin, and a
+// migrated agent becomes a plugin agent. 00003 goes down only once no plugin
+// agent is left.
+func TestMigration00003AddsAgentKinds(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn := pgtest.DSN(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	sub, err := fs.Sub(migrationFS, "migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithDisableGlobalRegistry(true),
+		goose.WithLogger(goose.NopLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 2); err != nil {
+		t.Fatalf("up to 2: %v", err)
+	}
+	_, err = pool.Exec(ctx, `
+		INSERT INTO modules (digest, abi_version, size, bytes) VALUES ('sha256:m1', 1, 1, '\x00'), ('sha256:m2', 1, 1, '\x01');
+		INSERT INTO agents (agent_uid, name, module_digest, crash_policy) VALUES
+			('a1', 'alpha', 'sha256:m1', 'sleep'), ('a2', 'beta', 'sha256:m2', 'restart');
+		INSERT INTO sessions (agent_uid, session_id, crash_policy, last_event_seq) VALUES ('a1', 's', 'sleep', 1);
+		INSERT INTO actor_events (agent_uid, session_id, seq, kind, payload, next_attempt_at, accepted_at)
+		VALUES ('a1', 's', 1, 'message', '{"message": "old"}', clock_timestamp(), clock_timestamp());`)
+	if err != nil {
+		t.Fatalf("part-2 rows: %v", err)
+	}
+	var before []string
+	rows, err := pool.Query(ctx, `SELECT row_to_json(a)::text FROM agents a ORDER BY agent_uid`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	s, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer s.Close()
+	list, err := s.ListAgents(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 2 {
+		t.Fatalf("agents after the upgrade: %+v", list)
+	}
+	for i, want := range []store.Agent{
+		{UID: "a1", Name: "alpha", Kind: store.KindWasm, ModuleDigest: "sha256:m1", CrashPolicy: store.CrashSleep},
+		{UID: "a2", Name: "beta", Kind: store.KindWasm, ModuleDigest: "sha256:m2", CrashPolicy: store.CrashRestart},
+	} {
+		got := list[i]
+		got.CreatedAt, got.UpdatedAt = time.Time{}, time.Time{}
+		if got != want {
+			t.Fatalf("agent %d = %+v, want %+v", i, got, want)
+		}
+	}
+	// The old columns are untouched.
+	rows, err = pool.Query(ctx, `SELECT (row_to_json(a)::jsonb - 'kind' - 'plugin')::text FROM agents a ORDER BY agent_uid`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range before {
+		var b, a map[string]any
+		if err := json.Unmarshal([]byte(before[i]), &b); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal([]byte(after[i]), &a); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("agent row %d: before %s, after %s", i, before[i], after[i])
+		}
+	}
+	if _, err := pool.Exec(ctx, `UPDATE agents SET kind = 'plugin' WHERE agent_uid = 'a1'`); err == nil {
+		t.Fatal("a plugin agent with a module and no plugin passed the CHECK")
+	}
+	if _, err := pool.Exec(ctx, `UPDATE agents SET plugin = 'nope' WHERE agent_uid = 'a1'`); err == nil {
+		t.Fatal("agents.plugin accepted an unknown plugin worker")
+	}
+
+	key := store.ActorKey{AgentUID: "a1", SessionID: "s"}
+	act, err := s.ClaimActivation(ctx, store.ClaimActivationParams{Key: key, UID: "act", LeaseID: "l", HostID: "h",
+		LeaseTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := s.NextDelivery(ctx, store.NextDeliveryParams{Activation: act.Ref(), DeliveryID: "d", MarkSent: true,
+		Binding: "sha256:m1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK}); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, _, err := s.PutPluginWorker(ctx, store.PluginWorker{Name: "coder", Path: "/p", SHA256: "00", Processes: 1}); err != nil {
+		t.Fatal(err)
+	}
+	up := store.CreateAgentParams{UID: "ignored", Name: "alpha", Kind: store.KindPlugin, Plugin: "coder",
+		CrashPolicy: store.CrashSleep, Upsert: true}
+	if a, err := s.CreateAgent(ctx, up); err != nil || a.UID != "a1" || a.Kind != store.KindPlugin {
+		t.Fatalf("upsert of a migrated agent to plugin: %+v, %v", a, err)
+	}
+	if _, err := p.DownTo(ctx, 2); err == nil {
+		t.Fatal("down to 2 with a plugin agent: no error")
+	}
+	if a, err := s.GetAgent(ctx, "alpha"); err != nil || a.Kind != store.KindPlugin || a.Plugin != "coder" {
+		t.Fatalf("agent after a refused down: %+v, %v", a, err)
+	}
+	up.Kind, up.Plugin, up.ModuleDigest = store.KindWasm, "", "sha256:m1"
+	if _, err := s.CreateAgent(ctx, up); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.DownTo(ctx, 2); err != nil {
+		t.Fatalf("down to 2: %v", err)
 	}
 	if _, err := p.Up(ctx); err != nil {
 		t.Fatalf("up again: %v", err)

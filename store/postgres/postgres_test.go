@@ -228,8 +228,7 @@ func TestCommitRacesWatchdog(t *testing.T) {
 	defer func() { t.Logf("commit won %d rounds, watchdog won %d", commits, expiries) }()
 	for i := range 20 {
 		e := f.append(fmt.Sprintf("m%d", i))
-		a := f.claim(30 * time.Millisecond)
-		d := f.next(a)
+		a, d := f.claimAndNextShort(30 * time.Millisecond)
 		time.Sleep(25 * time.Millisecond)
 		var commitErr, expireErr error
 		var wg sync.WaitGroup
@@ -271,6 +270,37 @@ func TestCommitRacesWatchdog(t *testing.T) {
 			t.Fatalf("round %d: CommitTurn: %v", i, commitErr)
 		}
 	}
+}
+
+// claimAndNextShort claims with a short lease and takes the next event. On
+// a loaded machine (-race, parallel packages) the lease can lapse before
+// NextDelivery runs, which then refuses (ErrNotLive, nothing taken): the
+// watchdog ends that activation and the claim is retried.
+func (f *fixture) claimAndNextShort(ttl time.Duration) (store.Activation, store.Dispatch) {
+	f.t.Helper()
+	for range 50 {
+		a := f.claim(ttl)
+		d, err := f.s.NextDelivery(f.ctx, store.NextDeliveryParams{Activation: a.Ref(), DeliveryID: uuid.NewString(),
+			Binding: "sha256:test", MarkSent: true, TailMessages: 10})
+		if err == nil {
+			return a, d
+		}
+		if !errors.Is(err, store.ErrNotLive) {
+			must(f.t, err, "NextDelivery")
+		}
+		for {
+			_, err := f.s.ExpireActivation(f.ctx, store.ExpireActivationParams{Ref: a.Ref(), MaxAttempts: 100})
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, store.ErrNotLive) {
+				must(f.t, err, "ExpireActivation")
+			}
+			time.Sleep(ttl / 4)
+		}
+	}
+	f.t.Fatalf("NextDelivery lost its %s lease 50 times", ttl)
+	return store.Activation{}, store.Dispatch{}
 }
 
 // TestConcurrentAppendsKeepOrder appends from many goroutines to one session:

@@ -91,36 +91,68 @@ func (s *Store) ListModules(ctx context.Context) ([]store.Module, error) {
 	return out, err
 }
 
-const agentCols = "agent_uid, name, module_digest, crash_policy, created_at, updated_at"
+const agentCols = "agent_uid, name, kind, coalesce(module_digest, ''), coalesce(plugin, ''), crash_policy, created_at, updated_at"
 
 func scanAgent(sc scanner) (store.Agent, error) {
 	var a store.Agent
 	var created, updated int64
-	if err := sc.Scan(&a.UID, &a.Name, &a.ModuleDigest, &a.CrashPolicy, &created, &updated); err != nil {
+	if err := sc.Scan(&a.UID, &a.Name, &a.Kind, &a.ModuleDigest, &a.Plugin, &a.CrashPolicy, &created, &updated); err != nil {
 		return a, err
 	}
 	a.CreatedAt, a.UpdatedAt = msTime(created), msTime(updated)
 	return a, nil
 }
 
-// CreateAgent registers an agent; see store.Store.
+// agentKind validates the worker binding of p (the API validates first, so
+// a wrong combination is a plain error) and returns its kind, "" meaning
+// wasm.
+func agentKind(p store.CreateAgentParams) (string, error) {
+	switch p.Kind {
+	case "", store.KindWasm:
+		if p.Plugin != "" {
+			return "", fmt.Errorf("a wasm agent names no plugin worker (got %q)", p.Plugin)
+		}
+		return store.KindWasm, nil
+	case store.KindPlugin:
+		if p.ModuleDigest != "" {
+			return "", fmt.Errorf("a plugin agent names no module (got %q)", p.ModuleDigest)
+		}
+		return store.KindPlugin, nil
+	}
+	return "", fmt.Errorf("invalid agent kind %q", p.Kind)
+}
+
+// CreateAgent registers an agent; see store.Store. A wasm agent's module and
+// a plugin agent's plugin worker must exist (else ErrNotFound); an upsert
+// replaces kind, binding and crash policy.
 func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (store.Agent, error) {
 	if !p.CrashPolicy.Valid() {
 		return store.Agent{}, fmt.Errorf("store/sqlite: create agent: invalid crash policy %q", p.CrashPolicy)
 	}
+	kind, err := agentKind(p)
+	if err != nil {
+		return store.Agent{}, fmt.Errorf("store/sqlite: create agent: %w", err)
+	}
 	var a store.Agent
-	err := s.write(ctx, "create agent", func(tx *txn) error {
+	err = s.write(ctx, "create agent", func(tx *txn) error {
 		var one int
-		if err := tx.queryRow(`SELECT 1 FROM modules WHERE digest = ?`, p.ModuleDigest).Scan(&one); err != nil {
-			return fmt.Errorf("module %s: %w", p.ModuleDigest, notFound(err))
+		if kind == store.KindWasm {
+			if err := tx.queryRow(`SELECT 1 FROM modules WHERE digest = ?`, p.ModuleDigest).Scan(&one); err != nil {
+				return fmt.Errorf("module %q: %w", p.ModuleDigest, notFound(err))
+			}
+		} else {
+			if err := tx.queryRow(`SELECT 1 FROM plugin_workers WHERE name = ?`, p.Plugin).Scan(&one); err != nil {
+				return fmt.Errorf("plugin worker %q: %w", p.Plugin, notFound(err))
+			}
 		}
+		digest, plugin := nullString(p.ModuleDigest), nullString(p.Plugin)
 		var err error
 		a, err = scanAgent(tx.queryRow(`
-			INSERT INTO agents (agent_uid, name, module_digest, crash_policy, created_at, updated_at)
-			VALUES (?, ?, ?, ?, `+nowMS+`, `+nowMS+`)
+			INSERT INTO agents (agent_uid, name, kind, module_digest, plugin, crash_policy, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, `+nowMS+`, `+nowMS+`)
 			ON CONFLICT (name) DO NOTHING
 			RETURNING `+agentCols,
-			p.UID, p.Name, p.ModuleDigest, p.CrashPolicy))
+			p.UID, p.Name, kind, digest, plugin, p.CrashPolicy))
 		switch {
 		case err == nil:
 			return nil
@@ -132,10 +164,10 @@ func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (sto
 			return fmt.Errorf("agent name %q: %w", p.Name, store.ErrConflict)
 		}
 		a, err = scanAgent(tx.queryRow(`
-			UPDATE agents SET module_digest = ?, crash_policy = ?, updated_at = `+nowMS+`
+			UPDATE agents SET kind = ?, module_digest = ?, plugin = ?, crash_policy = ?, updated_at = `+nowMS+`
 			WHERE name = ?
 			RETURNING `+agentCols,
-			p.ModuleDigest, p.CrashPolicy, p.Name))
+			kind, digest, plugin, p.CrashPolicy, p.Name))
 		return err
 	})
 	return a, err

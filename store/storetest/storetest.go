@@ -51,6 +51,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Helper()
 	groups := [][]testCase{
 		catalogCases(),
+		pluginCases(),
 		eventCases(),
 		activationCases(),
 		fenceCases(),

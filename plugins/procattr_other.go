@@ -1,0 +1,9 @@
+//go:build !linux
+
+package plugins
+
+import "os/exec"
+
+// setProcAttr does nothing outside Linux: there is no parent-death signal;
+// the plugin SDK's parent watch ends orphaned plugins.
+func setProcAttr(*exec.Cmd, bool) {}

@@ -1,0 +1,119 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paddock-dev/paddock/store"
+)
+
+const pluginWorkerCols = `name, path, sha256, env, processes, created_at, updated_at`
+
+func scanPluginWorker(row pgx.Row) (store.PluginWorker, error) {
+	var w store.PluginWorker
+	var env string
+	if err := row.Scan(&w.Name, &w.Path, &w.SHA256, &env, &w.Processes, &w.CreatedAt, &w.UpdatedAt); err != nil {
+		return w, err
+	}
+	if err := json.Unmarshal([]byte(env), &w.Env); err != nil {
+		return w, fmt.Errorf("plugin worker %q: env: %w", w.Name, err)
+	}
+	if w.Env == nil {
+		w.Env = map[string]string{}
+	}
+	w.CreatedAt, w.UpdatedAt = utc(w.CreatedAt), utc(w.UpdatedAt)
+	return w, nil
+}
+
+// pluginEnv validates p and encodes its environment (nil: an empty object).
+func pluginEnv(p store.PluginWorker) (string, error) {
+	if p.Name == "" {
+		return "", errors.New("empty plugin worker name")
+	}
+	if p.Processes < 1 {
+		return "", fmt.Errorf("plugin worker %q: processes %d, want at least 1", p.Name, p.Processes)
+	}
+	if p.Env == nil {
+		return "{}", nil
+	}
+	env, err := json.Marshal(p.Env)
+	if err != nil {
+		return "", fmt.Errorf("plugin worker %q: env: %w", p.Name, err)
+	}
+	return string(env), nil
+}
+
+// PutPluginWorker registers a plugin worker or replaces the registration of
+// that name (created false; CreatedAt kept, UpdatedAt now). Two puts of a
+// new name race safely: the second INSERT waits for the first and then
+// updates its row.
+func (s *Store) PutPluginWorker(ctx context.Context, p store.PluginWorker) (store.PluginWorker, bool, error) {
+	env, err := pluginEnv(p)
+	if err != nil {
+		return store.PluginWorker{}, false, fmt.Errorf("store/postgres: put plugin worker: %w", err)
+	}
+	var w store.PluginWorker
+	var created bool
+	err = s.tx(ctx, "put plugin worker", func(ctx context.Context, tx pgx.Tx) error {
+		created = false
+		var err error
+		w, err = scanPluginWorker(tx.QueryRow(ctx, `
+			INSERT INTO plugin_workers (name, path, sha256, env, processes, created_at, updated_at)
+			SELECT $1, $2, $3, $4, $5, t, t FROM (SELECT clock_timestamp() AS t) c
+			ON CONFLICT (name) DO NOTHING
+			RETURNING `+pluginWorkerCols,
+			p.Name, p.Path, p.SHA256, env, p.Processes))
+		if err == nil {
+			created = true
+			return nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		w, err = scanPluginWorker(tx.QueryRow(ctx, `
+			UPDATE plugin_workers SET path = $2, sha256 = $3, env = $4, processes = $5, updated_at = clock_timestamp()
+			WHERE name = $1
+			RETURNING `+pluginWorkerCols,
+			p.Name, p.Path, p.SHA256, env, p.Processes))
+		return err
+	})
+	if err != nil {
+		return store.PluginWorker{}, false, err
+	}
+	return w, created, nil
+}
+
+// GetPluginWorker returns a plugin worker by name, or ErrNotFound.
+func (s *Store) GetPluginWorker(ctx context.Context, name string) (store.PluginWorker, error) {
+	var w store.PluginWorker
+	err := s.call(ctx, "get plugin worker", func(ctx context.Context) error {
+		var err error
+		w, err = scanPluginWorker(s.pool.QueryRow(ctx, `
+			SELECT `+pluginWorkerCols+` FROM plugin_workers WHERE name = $1`, name))
+		if err != nil {
+			return fmt.Errorf("plugin worker %q: %w", name, notFound(err))
+		}
+		return nil
+	})
+	return w, err
+}
+
+// ListPluginWorkers returns every plugin worker by name.
+func (s *Store) ListPluginWorkers(ctx context.Context) ([]store.PluginWorker, error) {
+	var out []store.PluginWorker
+	err := s.call(ctx, "list plugin workers", func(ctx context.Context) error {
+		rows, err := s.pool.Query(ctx, `SELECT `+pluginWorkerCols+` FROM plugin_workers ORDER BY name`)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.PluginWorker, error) {
+			return scanPluginWorker(r)
+		})
+		return err
+	})
+	return out, err
+}
