@@ -7,7 +7,7 @@ WASM := $(foreach e,$(EXAMPLES),examples/$(e)/$(e).wasm)
 # cluster from the installed server binaries unless DATABASE_URL is set.
 TEST_TIMEOUT ?= 20m
 
-.PHONY: help build examples run test vet fmt-check bench clean
+.PHONY: help build examples plugins run test vet fmt-check bench clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -15,12 +15,17 @@ help: ## list targets
 build: ## build bin/paddock
 	$(GO) build -o bin/paddock ./cmd/paddock
 
-examples: $(WASM) ## build the example wasm agents (GOOS=wasip1)
+examples: $(WASM) plugins ## build the example agents: wasm modules (GOOS=wasip1) and the plugin worker
 
 examples/%.wasm: FORCE
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -o $@ ./$(dir $@)cmd
 
 FORCE:
+
+plugins: ## build the example plugin worker bin/notes-plugin and its checksum file
+	@mkdir -p bin
+	$(GO) build -o bin/notes-plugin ./examples/notes/plugin
+	cd bin && sha256sum notes-plugin > notes-plugin.sha256
 
 run: build examples ## start `paddock serve` on SQLite under ./data with the example agents registered
 	@echo
@@ -30,6 +35,8 @@ run: build examples ## start `paddock serve` on SQLite under ./data with the exa
 	@echo "  bin/paddock signal send notes \$$S 'note call mum'"
 	@echo "  bin/paddock signal send notes \$$S list --wait"
 	@echo "  bin/paddock transcript notes \$$S"
+	@echo "  P=\$$(bin/paddock session create notes-plugin)   # the same agent as a plugin worker"
+	@echo "  bin/paddock signal send notes-plugin \$$P 'note same here' --wait"
 	@echo
 	bin/paddock serve --config examples/paddock.yaml
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -20,11 +21,21 @@ import (
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/host/runner"
+	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/plugintest"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/sqlite"
 	"github.com/paddock-dev/paddock/wasm"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if dir, err := plugintest.Dir(); err == nil {
+		_ = os.RemoveAll(dir)
+	}
+	os.Exit(code)
+}
 
 type world struct {
 	t      testing.TB
@@ -56,7 +67,8 @@ func startHostWith(t testing.TB, path string, turnTimeout time.Duration, wrap fu
 		t.Fatal(err)
 	}
 	w := &world{t: t, st: st, agents: map[string]store.Agent{}}
-	wr := runner.NewWasm(rt, st)
+	pm := plugins.NewManager(log, plugins.Options{})
+	wr := runner.New(runner.NewWasm(rt, st), pm, st)
 	for name, pkg := range map[string]string{"notes": wasmtest.Notes, "faulty": wasmtest.Faulty} {
 		_, b := wasmtest.BuildExample(t, pkg)
 		digest, version, err := wr.Inspect(ctx, b)
@@ -72,6 +84,20 @@ func startHostWith(t testing.TB, path string, turnTimeout time.Duration, wrap fu
 		}
 		w.agents[name] = a
 	}
+	// The notes agent again, as a plugin worker.
+	path, sum := plugintest.Build(t, "./examples/notes/plugin")
+	pw := store.PluginWorker{Name: "notes-plugin", Path: path, SHA256: sum, Processes: 2}
+	if err := wr.CheckPlugin(ctx, pw); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.PutPluginWorker(ctx, pw); err != nil {
+		t.Fatal(err)
+	}
+	a, err := st.CreateAgent(ctx, store.CreateAgentParams{UID: uuid.NewString(), Name: "notes-plugin", Kind: store.KindPlugin, Plugin: "notes-plugin", CrashPolicy: store.CrashRestart, Upsert: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.agents["notes-plugin"] = a
 	pol := host.DefaultPolicy()
 	pol.LeaseTTL, pol.IdleTimeout, pol.ScanInterval = 3*time.Second, time.Second, 50*time.Millisecond
 	pol.TurnTimeout, pol.MaxAttempts = turnTimeout, 3
@@ -95,6 +121,7 @@ func startHostWith(t testing.TB, path string, turnTimeout time.Duration, wrap fu
 		stopped = true
 		cancel()
 		<-done
+		_ = pm.Close(ctx)
 		_ = rt.Close(ctx)
 		_ = st.Close()
 	}
@@ -307,4 +334,56 @@ func BenchmarkWakeLatency(b *testing.B) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50_ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99_ms")
+}
+
+// script is the scripted conversation every worker kind of the notes agent
+// must answer identically (the cross-kind conformance test; the remote
+// worker kind joins it later).
+var script = []string{"note buy milk", "note call mum", "list", "count", "note water plants", "list"}
+
+// conversation runs the script through a session of agent and returns its
+// transcript (role: content per message, turn by turn) and final state.
+func (w *world) conversation(agent string) ([]string, []byte) {
+	w.t.Helper()
+	key := w.session(agent)
+	for _, m := range script {
+		w.send(key, m)
+	}
+	es := w.settle(key)
+	for _, e := range es {
+		if e.Status != store.EventDone {
+			w.t.Fatalf("%s: event %d ended %s: %s", agent, e.ID, e.Status, e.LastError)
+		}
+	}
+	turns, err := w.st.Transcript(context.Background(), store.TranscriptParams{Key: key, Limit: 100})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var lines []string
+	for _, tr := range turns {
+		for _, m := range tr.Messages {
+			lines = append(lines, fmt.Sprintf("%d %s: %s", tr.TurnNo, m.Role, m.Content))
+		}
+	}
+	state, err := w.st.SessionState(context.Background(), key)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return lines, state
+}
+
+func TestTheSameAgentAsWasmAndAsPluginGivesIdenticalTranscriptsAndStates(t *testing.T) {
+	t.Parallel()
+	w := startHost(t, filepath.Join(t.TempDir(), "paddock.db"))
+	wasmLines, wasmState := w.conversation("notes")
+	pluginLines, pluginState := w.conversation("notes-plugin")
+	if strings.Join(wasmLines, "\n") != strings.Join(pluginLines, "\n") {
+		t.Errorf("transcripts differ\nwasm:\n%s\n\nplugin:\n%s", strings.Join(wasmLines, "\n"), strings.Join(pluginLines, "\n"))
+	}
+	if string(wasmState) != string(pluginState) || len(wasmState) == 0 {
+		t.Errorf("states differ: wasm %s, plugin %s", wasmState, pluginState)
+	}
+	if len(wasmLines) != 2*len(script) {
+		t.Errorf("%d transcript lines, want %d", len(wasmLines), 2*len(script))
+	}
 }

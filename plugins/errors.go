@@ -52,9 +52,14 @@ const (
 
 // TurnError is a failed plugin turn or process start. Every failure of a
 // plugin ends here; the host never crashes or hangs on a plugin's behalf.
-// The attempt fails (DESIGN "Failure, retry and crash policy"): when
-// Accepted is false the plugin never took the turn in, so the host may
-// retry without consuming an attempt.
+// The attempt fails (DESIGN "Failure, retry and crash policy"). Sent says
+// whether the request reached a running plugin process: when it is false
+// (a failed start, KindRestartLimit, KindBusy, KindClosed before sending,
+// or the deadline passing while a process started) the plugin never saw
+// the turn, and the host may retry without consuming an attempt. When it
+// is true, count the attempt even if Accepted is false: a plugin that
+// crashes on a request usually dies before its receipt leaves the
+// process, and a poison event must still reach max_attempts.
 type TurnError struct {
 	// Kind is one of the Kind constants.
 	Kind string
@@ -69,8 +74,11 @@ type TurnError struct {
 	// TurnRef is the request's turn_ref (abi.TurnRef.String), empty for
 	// starts outside a turn (registration).
 	TurnRef string
-	// Accepted reports whether the plugin had accepted the turn (its
-	// accepted frame arrived) before it failed.
+	// Sent reports whether the request was handed to a running plugin
+	// process (the turn may have run).
+	Sent bool
+	// Accepted reports whether the plugin's receipt (the accepted frame)
+	// arrived before the failure: the turn certainly ran.
 	Accepted bool
 	// Output is the tail of what the process wrote to stderr (at most
 	// 2 KiB), e.g. a Go panic or the reason it refused to start.

@@ -235,7 +235,7 @@ func TestChecksumVerifiedOnEveryStart(t *testing.T) {
 	inst := instance(t, m, "agent")
 	_, err := inst.Turn(context.Background(), request("echo hi", 1, nil))
 	te := turnError(t, err, plugins.KindChecksum)
-	if te.Accepted || !strings.Contains(err.Error(), "registered "+sum) {
+	if te.Sent || te.Accepted || !strings.Contains(err.Error(), "registered "+sum) {
 		t.Fatalf("accepted %v: %v", te.Accepted, err)
 	}
 }
@@ -366,11 +366,13 @@ func TestRestartIntensity(t *testing.T) {
 	inst := instance(t, m, "agent")
 	for i := range 3 {
 		_, err := inst.Turn(context.Background(), request("exit", int64(i), nil))
-		turnError(t, err, plugins.KindCrash)
+		if te := turnError(t, err, plugins.KindCrash); !te.Sent {
+			t.Fatalf("a crash on the request is not counted as sent: %v", err)
+		}
 	}
 	_, err := inst.Turn(context.Background(), request("echo hi", 9, nil))
 	te := turnError(t, err, plugins.KindRestartLimit)
-	if te.Accepted || !strings.Contains(err.Error(), "more than 2 process failures within 1m0s") ||
+	if te.Sent || te.Accepted || !strings.Contains(err.Error(), "more than 2 process failures within 1m0s") ||
 		!strings.Contains(err.Error(), "exit status 3") {
 		t.Fatalf("accepted %v: %v", te.Accepted, err)
 	}

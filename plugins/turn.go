@@ -81,7 +81,8 @@ func (i *Instance) Close(context.Context) error {
 // Options.CancelGrace is replaced.
 //
 // Errors: a *TurnError for every failure of the plugin or its process
-// (Accepted says whether the plugin had taken the turn in); ErrInstanceClosed,
+// (Sent and Accepted say whether the plugin may have run the turn, which
+// decides whether the attempt counts); ErrInstanceClosed,
 // ErrUnknownPlugin, ErrBindingChanged, ErrClosed or ErrRequestTooLarge
 // (wrapped) before anything ran; or a JSON encoding error of req.
 func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
@@ -118,7 +119,8 @@ func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnRes
 			level = slog.LevelInfo
 		}
 		w.log.LogAttrs(ctx, level, "plugin turn failed", slog.String("turn_ref", ref), slog.String("kind", te.Kind),
-			slog.Int("pid", te.PID), slog.Bool("accepted", te.Accepted), slog.String("error", te.Error()))
+			slog.Int("pid", te.PID), slog.Bool("sent", te.Sent), slog.Bool("accepted", te.Accepted),
+			slog.String("error", te.Error()))
 		return nil, te
 	}
 	return res, nil
@@ -140,6 +142,7 @@ type call struct {
 	w        *worker
 	p        *process
 	req      *abi.TurnRequest
+	sent     bool
 	accepted bool
 	taken    []abi.TurnRef // turn_refs of the steers the plugin took in
 }
@@ -147,7 +150,7 @@ type call struct {
 // fail returns a TurnError of kind about this call.
 func (c *call) fail(kind string, err error) *TurnError {
 	return &TurnError{Kind: kind, Op: "turn", Plugin: c.w.cfg.Name, SHA256: c.w.cfg.SHA256, PID: c.p.pid,
-		Accepted: c.accepted, Err: err}
+		Sent: c.sent, Accepted: c.accepted, Err: err}
 }
 
 // run exchanges the frames of one turn.
@@ -161,6 +164,7 @@ func (c *call) run(ctx context.Context, in *wrapperspb.BytesValue) (*abi.TurnRes
 	out := newOutbox(stream)
 	go out.run(sctx)
 	out.push(in)
+	c.sent = true
 
 	frames := make(chan wire.Frame)
 	abandon := make(chan struct{})
@@ -232,7 +236,7 @@ func (c *call) run(ctx context.Context, in *wrapperspb.BytesValue) (*abi.TurnRes
 			out.close()
 			c.awaitStop(recvDone, scancel)
 			te := ctxError(c.w, ctx)
-			te.PID, te.Accepted = c.p.pid, c.accepted
+			te.PID, te.Sent, te.Accepted = c.p.pid, c.sent, c.accepted
 			return nil, te
 		}
 	}
@@ -298,7 +302,7 @@ func (c *call) streamFailure(ctx context.Context, err error) *TurnError {
 	}
 	if ctx.Err() != nil {
 		te := ctxError(w, ctx)
-		te.PID, te.Accepted = p.pid, c.accepted
+		te.PID, te.Sent, te.Accepted = p.pid, c.sent, c.accepted
 		return te
 	}
 	code := status.Code(err)

@@ -355,6 +355,9 @@ type Store interface {
 	GetSession(ctx context.Context, key ActorKey) (Session, error)
 	// ListSessions pages an agent's sessions by session id.
 	ListSessions(ctx context.Context, p ListSessionsParams) ([]Session, error)
+	// SessionState returns the committed session state (nil before the
+	// first turn that set one). Unknown session: ErrNotFound.
+	SessionState(ctx context.Context, key ActorKey) ([]byte, error)
 
 	// AppendEvent persists a signal as an actor event (next seq of the
 	// session). An idempotency key already used in this session returns the

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paddock-dev/paddock/plugins/plugintest"
 	"github.com/paddock-dev/paddock/store/pgtest"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
@@ -354,4 +355,85 @@ func e2eCacheDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// children returns the pids whose parent is pid (from /proc).
+func children(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		var p int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &p); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …; comm may hold spaces: cut after ")".
+		rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
+		var state string
+		var ppid int
+		if _, err := fmt.Sscanf(rest, " %s %d", &state, &ppid); err == nil && ppid == pid && state != "Z" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// alive reports whether pid is a live (not zombie) process.
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
+	var state string
+	_, _ = fmt.Sscanf(rest, " %s", &state)
+	return state != "Z" && state != "X"
+}
+
+func TestKillDashNineOfTheHostLeavesNoPluginProcess(t *testing.T) {
+	t.Parallel()
+	plugin, sum := plugintest.Build(t, "./examples/notes/plugin")
+	dir := t.TempDir()
+	addr := freePort(t)
+	cfg := filepath.Join(dir, "paddock.yaml")
+	body := fmt.Sprintf(`listen: %s
+data_dir: %s
+plugins:
+  - name: notes-plugin
+    path: %s
+    sha256: %s
+    processes: 2
+agents:
+  - name: notes-plugin
+    plugin: notes-plugin
+`, addr, filepath.Join(dir, "data"), plugin, sum)
+	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, cfg, addr)
+	sess := srv.cli("session", "create", "notes-plugin")
+	if out := srv.cli("signal", "send", "notes-plugin", sess, "note one", "--wait"); !strings.Contains(out, "noted (1)") {
+		t.Fatalf("plugin turn: %q", out)
+	}
+	kids := children(srv.cmd.Process.Pid)
+	if len(kids) == 0 {
+		t.Fatal("no plugin process runs under the host")
+	}
+	srv.kill9()
+	waitUntil(t, "the plugin processes to exit after the host's kill -9", 10*time.Second, func() bool {
+		for _, p := range kids {
+			if alive(p) {
+				return false
+			}
+		}
+		return true
+	})
+	// A restarted host starts fresh plugin processes and the session goes on.
+	srv = startServer(t, cfg, addr)
+	if out := srv.cli("signal", "send", "notes-plugin", sess, "list", "--wait"); !strings.Contains(out, "1. one") {
+		t.Errorf("after the restart: %q", out)
+	}
 }

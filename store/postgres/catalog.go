@@ -303,3 +303,20 @@ func (s *Store) ListSessions(ctx context.Context, p store.ListSessionsParams) ([
 	})
 	return out, err
 }
+
+// SessionState returns the committed session state, nil before the first
+// turn that set one; an unknown session is store.ErrNotFound.
+func (s *Store) SessionState(ctx context.Context, key store.ActorKey) ([]byte, error) {
+	var state []byte
+	err := s.call(ctx, "session state", func(ctx context.Context) error {
+		var exists bool
+		err := s.pool.QueryRow(ctx, `
+			SELECT true, (SELECT state FROM session_state st WHERE st.agent_uid = s.agent_uid AND st.session_id = s.session_id)
+			FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`, key.AgentUID, key.SessionID).Scan(&exists, &state)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		return err
+	})
+	return state, err
+}

@@ -327,3 +327,21 @@ func (s *Store) ListSessions(ctx context.Context, p store.ListSessionsParams) ([
 	})
 	return out, err
 }
+
+// SessionState returns the committed session state, nil before the first
+// turn that set one; an unknown session is store.ErrNotFound.
+func (s *Store) SessionState(ctx context.Context, key store.ActorKey) ([]byte, error) {
+	var state []byte
+	err := s.read(ctx, "session state", func(tx *txn) error {
+		if _, err := getSession(tx, key); err != nil {
+			return err
+		}
+		err := tx.queryRow(`SELECT state FROM session_state WHERE agent_uid = ? AND session_id = ?`,
+			key.AgentUID, key.SessionID).Scan(&state)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	return state, err
+}

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -25,6 +26,26 @@ func turnCases() []testCase {
 		{"FailAttempt/DeadLetterAtMaxAttemptsThenNextEvent", testDeadLetter},
 		{"FailAttempt/UncountedFailureKeepsAttempts", testUncounted},
 		{"Transcript/PagesTurnsWithMessagesInOrder", testTranscriptPaging},
+		{"SessionState/NilUntilACommitSetsItThenTheCommittedBytes", testSessionState},
+	}
+}
+
+func testSessionState(t *testing.T, b *bundle) {
+	key := b.session()
+	st, err := b.s.SessionState(b.ctx, key)
+	noErr(t, err, "SessionState before any turn")
+	if st != nil {
+		t.Fatalf("state before any turn = %q, want nil", st)
+	}
+	b.message(key, "one")
+	act := b.claim(key, LongTTL)
+	b.commit(b.next(act).Delivery.TurnRef(), "r1", "s-after-1")
+	st, err = b.s.SessionState(b.ctx, key)
+	noErr(t, err, "SessionState")
+	wantEq(t, string(st), "s-after-1", "state after a commit")
+	_, err = b.s.SessionState(b.ctx, store.ActorKey{AgentUID: key.AgentUID, SessionID: "no-such-session"})
+	if !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("SessionState of an unknown session: %v, want ErrNotFound", err)
 	}
 }
 
