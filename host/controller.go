@@ -356,6 +356,10 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 		case err != nil:
 			a.closeInstance()
 			cause, counted := "worker", true
+			var sa SendAware
+			if errors.As(err, &sa) && !sa.TurnSent() {
+				cause, counted = "not_sent", false
+			}
 			if a.leaseCtx.Err() != nil && a.runCtx.Err() != nil {
 				// The host is shutting down and ran out of patience: not the
 				// event's fault, so no attempt is consumed.

@@ -54,3 +54,11 @@ func SteersOf(ctx context.Context) <-chan abi.Steer {
 	ch, _ := ctx.Value(steersKey{}).(<-chan abi.Steer)
 	return ch
 }
+
+// SendAware is implemented by worker errors that know whether the turn
+// reached the worker at all. A turn that never reached it (no process could
+// start, the worker was busy) fails without consuming an attempt (DESIGN
+// "What counts as an attempt"); every other failure counts.
+type SendAware interface {
+	TurnSent() bool
+}

@@ -166,3 +166,8 @@ var (
 	// ErrInstanceClosed: Turn on a closed Instance.
 	ErrInstanceClosed = errors.New("plugin instance closed")
 )
+
+// TurnSent reports whether the turn reached the plugin (the host's
+// controller counts an attempt only then: DESIGN "What counts as an
+// attempt").
+func (e *TurnError) TurnSent() bool { return e.Sent }
