@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,11 +39,12 @@ func TestMain(m *testing.M) {
 }
 
 type world struct {
-	t      testing.TB
-	st     store.Store
-	h      *host.Host
-	stop   func()
-	agents map[string]store.Agent
+	t       testing.TB
+	plugins *plugins.Manager
+	st      store.Store
+	h       *host.Host
+	stop    func()
+	agents  map[string]store.Agent
 }
 
 // startHost runs a host over the SQLite database at path with both example
@@ -98,6 +100,20 @@ func startHostWith(t testing.TB, path string, turnTimeout time.Duration, wrap fu
 		t.Fatal(err)
 	}
 	w.agents["notes-plugin"] = a
+	fpath, fsum := plugintest.Build(t, "./examples/faulty/plugin")
+	fw := store.PluginWorker{Name: "faulty-plugin", Path: fpath, SHA256: fsum, Processes: 1}
+	if err := wr.CheckPlugin(ctx, fw); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.PutPluginWorker(ctx, fw); err != nil {
+		t.Fatal(err)
+	}
+	a, err = st.CreateAgent(ctx, store.CreateAgentParams{UID: uuid.NewString(), Name: "faulty-plugin", Kind: store.KindPlugin, Plugin: "faulty-plugin", CrashPolicy: store.CrashRestart, Upsert: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.agents["faulty-plugin"] = a
+	w.plugins = pm
 	pol := host.DefaultPolicy()
 	pol.LeaseTTL, pol.IdleTimeout, pol.ScanInterval = 3*time.Second, time.Second, 50*time.Millisecond
 	pol.TurnTimeout, pol.MaxAttempts = turnTimeout, 3
@@ -385,5 +401,45 @@ func TestTheSameAgentAsWasmAndAsPluginGivesIdenticalTranscriptsAndStates(t *test
 	}
 	if len(wasmLines) != 2*len(script) {
 		t.Errorf("%d transcript lines, want %d", len(wasmLines), 2*len(script))
+	}
+}
+
+func TestKillDashNineOfThePluginProcessMidTurnFailsTheAttemptAndTheRetryRunsOnAFreshProcess(t *testing.T) {
+	t.Parallel()
+	w := startHost(t, filepath.Join(t.TempDir(), "paddock.db"))
+	key := w.session("faulty-plugin")
+	w.send(key, "sleep 3000")
+	deadline := time.Now().Add(time.Minute)
+	var victim int
+	for victim == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the plugin turn did not start")
+		}
+		st, err := w.plugins.Status("faulty-plugin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range st.Processes {
+			if p.Turns > 0 {
+				victim = p.PID
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	e := w.settle(key)[0]
+	if e.Status != store.EventDone || e.Attempts != 1 || !strings.Contains(e.LastError, "crash") {
+		t.Errorf("event after its plugin process was killed: %s, attempts %d, last error %q; want done after 1 failed attempt", e.Status, e.Attempts, e.LastError)
+	}
+	if got := w.replies(key); len(got) != 1 {
+		t.Errorf("transcript holds %d turns, want the turn exactly once", len(got))
+	}
+	st, _ := w.plugins.Status("faulty-plugin")
+	for _, p := range st.Processes {
+		if p.PID == victim && !p.Retired {
+			t.Errorf("the killed process %d still serves", victim)
+		}
 	}
 }
