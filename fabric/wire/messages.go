@@ -1,0 +1,184 @@
+package wire
+
+import (
+	"encoding/json"
+
+	"github.com/paddock-dev/paddock/abi"
+)
+
+// Bodies of the message kinds: UTF-8 JSON objects, sealed. Receivers
+// ignore properties they do not know; times are Unix milliseconds;
+// durations milliseconds.
+
+// Hello opens a session (worker → host). Sealed under the zero session.
+type Hello struct {
+	// TimeMs is the worker's clock when it sent the HELLO; the host
+	// accepts it within its skew window (default ±2 min).
+	TimeMs int64 `json:"time_ms"`
+	// ABIVersion is the turn contract the worker speaks (abi.Version).
+	ABIVersion int `json:"abi_version"`
+	// Pools the worker serves (1–32 names).
+	Pools []string `json:"pools"`
+	// Kinds the worker runs: "wasm" and/or "plugin:<name>@<sha256>".
+	Kinds []string `json:"kinds"`
+	// Capacity is how many turns it runs at once (≥ 1).
+	Capacity int `json:"capacity"`
+	// Software names the implementation, for logs (optional).
+	Software string `json:"software,omitempty"`
+}
+
+// Welcome answers a HELLO (host → worker) on the new session.
+type Welcome struct {
+	TimeMs              int64 `json:"time_ms"`
+	HeartbeatIntervalMs int64 `json:"heartbeat_interval_ms"`
+	HeartbeatTimeoutMs  int64 `json:"heartbeat_timeout_ms"`
+	MaxMessageBytes     int   `json:"max_message_bytes"`
+	// WindowBytes is the flow-control window: the worker acknowledges the
+	// bytes it received (Heartbeat.RxBytes) at least every WindowBytes/4.
+	WindowBytes int `json:"window_bytes"`
+}
+
+// Reject codes.
+const (
+	RejectUnknownVersion = "unknown_version"
+	RejectABIVersion     = "abi_version"
+	RejectClockSkew      = "clock_skew"
+	RejectBadHello       = "bad_hello"
+	RejectUnknownSession = "unknown_session"
+	RejectEvicted        = "evicted"
+	RejectShutdown       = "shutdown"
+)
+
+// Reject refuses a HELLO or ends a session the host no longer knows.
+type Reject struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	// Versions are the wire versions the host speaks (unknown_version).
+	Versions []int `json:"versions,omitempty"`
+	// GotVersion is the version the host received (unknown_version).
+	GotVersion int `json:"got_version,omitempty"`
+	// TimeMs is the host's clock (clock_skew).
+	TimeMs int64 `json:"time_ms,omitempty"`
+}
+
+// Heartbeat reports liveness, capacity and received bytes (worker → host).
+type Heartbeat struct {
+	Free    int `json:"free"`
+	Running int `json:"running"`
+	// RxBytes is the total length of the host messages the worker has
+	// received and processed on this session (flow control).
+	RxBytes uint64 `json:"rx_bytes"`
+}
+
+// Ping asks for a Pong (host → worker).
+type Ping struct {
+	Nonce uint64 `json:"nonce"`
+}
+
+// Pong answers a Ping, echoing its nonce.
+type Pong struct {
+	Nonce   uint64 `json:"nonce"`
+	RxBytes uint64 `json:"rx_bytes"`
+}
+
+// Goodbye ends the session.
+type Goodbye struct {
+	Reason string `json:"reason,omitempty"`
+}
+
+// Turn dispatches a turn (host → worker).
+type Turn struct {
+	// DeliveryID keys the turn lane: every lane message echoes it. It is
+	// Request.TurnRef.DeliveryID and does not change when steers do.
+	DeliveryID string `json:"delivery_id"`
+	// TurnRef is Request.TurnRef.
+	TurnRef abi.TurnRef `json:"turn_ref"`
+	// Binding is what runs the turn: a wasm module digest
+	// "sha256:<hex>" or "plugin:<name>@<sha256>".
+	Binding string `json:"binding"`
+	// DeadlineMs is how long the worker may run the turn (from receipt).
+	DeadlineMs int64           `json:"deadline_ms"`
+	Request    json.RawMessage `json:"request"`
+}
+
+// Accepted is the receipt of a TURN the worker runs.
+type Accepted struct {
+	DeliveryID string      `json:"delivery_id"`
+	TurnRef    abi.TurnRef `json:"turn_ref"`
+}
+
+// Busy refuses a TURN for lack of capacity; nothing ran.
+type Busy struct {
+	DeliveryID string      `json:"delivery_id"`
+	TurnRef    abi.TurnRef `json:"turn_ref"`
+	Free       int         `json:"free"`
+}
+
+// Result carries the TurnResult; TurnRef is Result's turn_ref.
+type Result struct {
+	DeliveryID string          `json:"delivery_id"`
+	TurnRef    abi.TurnRef     `json:"turn_ref"`
+	Result     json.RawMessage `json:"result"`
+}
+
+// Steer hands a steer to the running turn; TurnRef is the steer's (new) ref.
+type Steer struct {
+	DeliveryID string          `json:"delivery_id"`
+	TurnRef    abi.TurnRef     `json:"turn_ref"`
+	Steer      json.RawMessage `json:"steer"`
+}
+
+// Cancel stops a turn; TurnRef is the newest ref the host knows.
+type Cancel struct {
+	DeliveryID string      `json:"delivery_id"`
+	TurnRef    abi.TurnRef `json:"turn_ref"`
+	Reason     string      `json:"reason,omitempty"`
+}
+
+// Progress is observability only.
+type Progress struct {
+	DeliveryID string      `json:"delivery_id"`
+	TurnRef    abi.TurnRef `json:"turn_ref"`
+	Stage      string      `json:"stage"`
+	Detail     string      `json:"detail,omitempty"`
+}
+
+// FetchModule asks for bytes [Offset, Offset+MaxBytes) of a wasm module.
+type FetchModule struct {
+	RequestID uint64 `json:"request_id"`
+	Digest    string `json:"digest"`
+	Offset    int64  `json:"offset"`
+	MaxBytes  int    `json:"max_bytes"`
+}
+
+// Module is one chunk of a module.
+type Module struct {
+	RequestID  uint64 `json:"request_id"`
+	Digest     string `json:"digest"`
+	Offset     int64  `json:"offset"`
+	TotalBytes int64  `json:"total_bytes"`
+	// Data is base64 in JSON (Go []byte), at most MaxModuleChunk bytes.
+	Data []byte `json:"data"`
+}
+
+// Error codes. Turn-lane failures use the worker kind's failure names
+// (wasm: trap, exit, oom, timeout, canceled, oversized, invalid_result;
+// plugin: crash, unresponsive, protocol, …) or these.
+const (
+	ErrCodeUnknownBinding = "unknown_binding"
+	ErrCodeBadRequest     = "bad_request"
+	ErrCodeModule         = "module_unavailable"
+	ErrCodeNotFound       = "not_found"
+	ErrCodeBusy           = "busy"
+	ErrCodeInternal       = "internal"
+	ErrCodeDuplicate      = "duplicate"
+)
+
+// Error reports a failed request (RequestID) or turn (DeliveryID).
+type Error struct {
+	RequestID  uint64       `json:"request_id,omitempty"`
+	DeliveryID string       `json:"delivery_id,omitempty"`
+	TurnRef    *abi.TurnRef `json:"turn_ref,omitempty"`
+	Code       string       `json:"code"`
+	Message    string       `json:"message"`
+}
