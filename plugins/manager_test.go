@@ -265,7 +265,7 @@ func TestHangingTurn(t *testing.T) {
 	t0 := time.Now()
 	_, err := inst.Turn(ctx, request("hang", 2, nil))
 	te := turnError(t, err, plugins.KindTimeout)
-	if d := time.Since(t0); d > 2*time.Second || !te.Accepted {
+	if d := time.Since(t0); d > 10*time.Second || !te.Accepted { // a hung turn never returns by itself
 		t.Fatalf("returned after %s, accepted %v: %v", d, te.Accepted, err)
 	}
 	waitGone(t, pid1, 5*time.Second)
@@ -323,7 +323,7 @@ func TestSteer(t *testing.T) {
 	register(t, m, "agent", agentPkg, plugins.Config{})
 	inst := instance(t, m, "agent")
 
-	req := request("think 10000", 7, nil)
+	req := request("think 60000", 7, nil)
 	steer := abi.Steer{TurnRef: req.TurnRef, EventID: 8, Message: "make it oat milk"}
 	steer.TurnRef.Revision, steer.TurnRef.DeliveryID = 1, "d7b"
 	ch := make(chan abi.Steer, 1)
@@ -340,7 +340,7 @@ func TestSteer(t *testing.T) {
 	if res.Messages[0].Content != "steered: make it oat milk" || res.TurnRef != steer.TurnRef {
 		t.Fatalf("reply %q ref %v", res.Messages[0].Content, res.TurnRef)
 	}
-	if d := time.Since(t0); d > 5*time.Second {
+	if d := time.Since(t0); d > 20*time.Second { // far below the 60 s think
 		t.Fatalf("steered turn took %s", d)
 	}
 

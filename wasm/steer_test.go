@@ -299,9 +299,11 @@ func TestCancelDuringThink(t *testing.T) {
 	const after = 200 * time.Millisecond
 	time.AfterFunc(after, cancel)
 	start := time.Now()
-	_, err := inst.Turn(wasm.WithSteers(ctx, steers), request("think 5000", nil, 1))
+	_, err := inst.Turn(wasm.WithSteers(ctx, steers), request("think 60000", nil, 1))
 	turnError(t, err, wasm.KindCanceled)
-	if lag := time.Since(start) - after; lag > 500*time.Millisecond {
+	// Far below the 60 s think: the cancel ended it (generous for a
+	// loaded machine).
+	if lag := time.Since(start) - after; lag > 10*time.Second {
 		t.Errorf("turn ended %s after the cancel", lag)
 	}
 	if !inst.Closed() {
