@@ -7,6 +7,7 @@
 package config
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -53,6 +54,8 @@ type Config struct {
 	Policy Policy `koanf:"policy"`
 	// Pools maps a pool name to its capacity on this host.
 	Pools map[string]Pool `koanf:"pools"`
+	// Fabric configures remote workers over ZeroMQ (RuntimeFabric).
+	Fabric Fabric `koanf:"fabric"`
 	// Plugins are plugin workers registered (or updated) at start.
 	Plugins []PluginSpec `koanf:"plugins"`
 	// Agents are registered (or updated) at start from module files or
@@ -138,6 +141,59 @@ type Policy struct {
 type Pool struct {
 	// Capacity is the number of concurrent activations on this host.
 	Capacity int `koanf:"capacity"`
+	// Remote: the pool's turns run on remote workers (`paddock worker
+	// --pool NAME`) connected through the fabric, not on this host.
+	Remote bool `koanf:"remote"`
+}
+
+// Fabric configures the host's end of the RuntimeFabric: the ROUTER
+// socket remote workers connect to, who may connect, and the timing that
+// decides when a worker is lost (abi/FABRIC.md).
+type Fabric struct {
+	// Listen is the ZeroMQ endpoint to bind, e.g. tcp://0.0.0.0:7700;
+	// empty disables remote workers.
+	Listen string `koanf:"listen"`
+	// Workers may connect: each has an id and a 32-byte key (base64, as
+	// printed by `paddock worker keygen`) given inline or in a file.
+	Workers []FabricWorker `koanf:"workers"`
+	// HeartbeatInterval is how often workers and host exchange
+	// heartbeats; a worker silent for HeartbeatTimeout is lost and its
+	// in-flight turns fail.
+	HeartbeatInterval time.Duration `koanf:"heartbeat_interval"`
+	HeartbeatTimeout  time.Duration `koanf:"heartbeat_timeout"`
+	// AcceptTimeout bounds the wait for a worker's accepted receipt; a
+	// turn not accepted in time is retried elsewhere without consuming an
+	// attempt.
+	AcceptTimeout time.Duration `koanf:"accept_timeout"`
+	// SendTimeout bounds one blocked send to a worker that stopped reading.
+	SendTimeout time.Duration `koanf:"send_timeout"`
+	// MaxMessageBytes refuses larger frames.
+	MaxMessageBytes int `koanf:"max_message_bytes"`
+}
+
+// FabricWorker is one remote worker allowed to connect.
+type FabricWorker struct {
+	ID string `koanf:"id"`
+	// Key is the base64 32-byte key; KeyFile names a file holding it.
+	Key     string `koanf:"key"`
+	KeyFile string `koanf:"key_file"`
+}
+
+// WorkerKey returns the decoded key of w.
+func (w FabricWorker) WorkerKey() ([]byte, error) {
+	k := w.Key
+	if k == "" {
+		b, err := os.ReadFile(w.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("fabric worker %s: key_file: %w", w.ID, err)
+		}
+		k = strings.TrimSpace(string(b))
+	}
+	key, err := base64.StdEncoding.DecodeString(k)
+	if err != nil || len(key) != 32 {
+		return nil, fmt.Errorf("fabric worker %s: the key must be 32 bytes in base64 (paddock worker keygen)", w.ID)
+	}
+	return key, nil
 }
 
 // API configures the HTTP API's limits.
@@ -202,6 +258,10 @@ func Default() Config {
 		// 64 activations × the 64 MiB memory cap bounds guest memory near
 		// 4 GiB per host; raise it with the machine.
 		Pools: map[string]Pool{"default": {Capacity: 64}},
+		Fabric: Fabric{
+			HeartbeatInterval: time.Second, HeartbeatTimeout: 5 * time.Second,
+			AcceptTimeout: 5 * time.Second, SendTimeout: 2 * time.Second, MaxMessageBytes: 8 << 20,
+		},
 	}
 }
 
@@ -266,6 +326,7 @@ func (c Config) RestartOnlyChanges(next Config) []string {
 	diff("wasm", c.Wasm, next.Wasm)
 	diff("runtime", c.Runtime, next.Runtime)
 	diff("api", c.API, next.API)
+	diff("fabric", c.Fabric, next.Fabric)
 	var mods, nextMods []string
 	for _, a := range c.Agents {
 		mods = append(mods, a.Name+"="+a.ModuleFile)
@@ -572,6 +633,43 @@ func (c Config) Validate() error {
 		if eff := c.AgentPolicy(a.Name); eff.BackoffMax < eff.BackoffMin {
 			bad(key+".policy.backoff_max", eff.BackoffMax, "must not be below backoff_min ("+eff.BackoffMin.String()+")")
 		}
+	}
+	if c.Fabric.Listen != "" {
+		if !strings.Contains(c.Fabric.Listen, "://") {
+			bad("fabric.listen", c.Fabric.Listen, "must be a ZeroMQ endpoint such as tcp://0.0.0.0:7700")
+		}
+		if len(c.Fabric.Workers) == 0 {
+			bad("fabric.workers", "[]", "list the workers allowed to connect (id and key)")
+		}
+	}
+	if c.Fabric.HeartbeatInterval <= 0 || c.Fabric.HeartbeatTimeout < 2*c.Fabric.HeartbeatInterval {
+		bad("fabric.heartbeat_timeout", c.Fabric.HeartbeatTimeout, "must be at least twice fabric.heartbeat_interval ("+c.Fabric.HeartbeatInterval.String()+")")
+	}
+	if c.Fabric.AcceptTimeout <= 0 || c.Fabric.SendTimeout <= 0 {
+		bad("fabric.accept_timeout", c.Fabric.AcceptTimeout, "accept_timeout and send_timeout must be positive")
+	}
+	if c.Fabric.MaxMessageBytes < 64<<10 {
+		bad("fabric.max_message_bytes", c.Fabric.MaxMessageBytes, "must be at least 65536")
+	}
+	seenWorkers := map[string]bool{}
+	for i, w := range c.Fabric.Workers {
+		key := fmt.Sprintf("fabric.workers[%d]", i)
+		if !agentNameRE.MatchString(w.ID) || seenWorkers[w.ID] {
+			bad(key+".id", w.ID, "must be a unique name matching "+agentNameRE.String())
+		}
+		seenWorkers[w.ID] = true
+		if (w.Key == "") == (w.KeyFile == "") {
+			bad(key+".key", "…", "give exactly one of key and key_file")
+		} else if _, err := w.WorkerKey(); err != nil {
+			bad(key+".key", "…", err.Error())
+		}
+	}
+	remote := false
+	for _, p := range c.Pools {
+		remote = remote || p.Remote
+	}
+	if remote && c.Fabric.Listen == "" {
+		bad("fabric.listen", `""`, "a pool is remote: set fabric.listen so that workers can connect")
 	}
 	seenPlugins := map[string]bool{}
 	for i, p := range c.Plugins {
