@@ -259,7 +259,7 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			return a.stop()
 		}
 		ctx, cancel := context.WithTimeout(a.leaseCtx, 10*time.Second)
-		binding, err := h.runner.Binding(ctx, a.agent)
+		binding, err := h.runner.Binding(ctx, a.agent, a.pol.Pool)
 		if err != nil {
 			cancel()
 			a.log.Warn("agent binding", "err", err)

@@ -59,7 +59,7 @@ func eachDriver(t *testing.T, f func(t *testing.T, st store.Store)) {
 // as a worker kind would. The binding is the function's name.
 type funcRunner struct{ funcs map[string]abi.TurnFunc }
 
-func (r funcRunner) Binding(_ context.Context, a store.Agent) (string, error) {
+func (r funcRunner) Binding(_ context.Context, a store.Agent, _ string) (string, error) {
 	return a.ModuleDigest, nil
 }
 

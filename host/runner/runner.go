@@ -27,7 +27,7 @@ func New(w *Wasm, pm *plugins.Manager, st store.Store) *Runner {
 
 // Binding returns what the agent runs now: its module digest, or
 // "plugin:<name>@<sha256>" of its plugin worker's registered binary.
-func (r *Runner) Binding(ctx context.Context, a store.Agent) (string, error) {
+func (r *Runner) Binding(ctx context.Context, a store.Agent, pool string) (string, error) {
 	switch a.Kind {
 	case store.KindPlugin:
 		w, err := r.st.GetPluginWorker(ctx, a.Plugin)
