@@ -201,13 +201,14 @@ func (d Drops) Total() uint64 {
 
 // LostCounts counts ended worker sessions by reason.
 type LostCounts struct {
-	HeartbeatTimeout, PingTimeout, Goodbye, Superseded, SendStalled, Rejected uint64
+	HeartbeatTimeout, PingTimeout, NotReading, Goodbye, Superseded, SendStalled, Rejected uint64
 }
 
 // Reasons a session ends (TurnError.Code of KindWorkerLost).
 const (
 	ReasonHeartbeatTimeout = "heartbeat_timeout"
 	ReasonPingTimeout      = "ping_timeout"
+	ReasonNotReading       = "not_reading"
 	ReasonGoodbye          = "goodbye"
 	ReasonSuperseded       = "superseded"
 	ReasonSendStalled      = "send_stalled"

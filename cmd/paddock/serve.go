@@ -8,11 +8,16 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/fabric"
+	"github.com/paddock-dev/paddock/fabric/guard"
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/host/api"
 	"github.com/paddock-dev/paddock/host/config"
@@ -144,6 +149,30 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	defer pm.Close(context.Background()) // plugin processes never outlive the host
 	r := runner.New(runner.NewWasm(rt, st), pm, st)
 
+	// Late replies of remote turns go through the fences like any other;
+	// the host that submits them is made below.
+	var late atomic.Pointer[host.Host]
+	if cfg.Fabric.Listen != "" {
+		b, err := startBroker(ctx, cfg, st, log, func(res *abi.TurnResult) {
+			if h := late.Load(); h != nil {
+				cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_, _ = h.Commit(cctx, res) // a rejection is counted and logged by Commit
+			}
+		})
+		if err != nil {
+			return err
+		}
+		defer b.Close(context.Background())
+		var remote []string
+		for name, p := range cfg.Pools {
+			if p.Remote {
+				remote = append(remote, name)
+			}
+		}
+		r.WithFabric(b, remote)
+	}
+
 	if err := registerPlugins(ctx, cfg, st, r, log); err != nil {
 		return err
 	}
@@ -155,6 +184,7 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	if err != nil {
 		return err
 	}
+	late.Store(h)
 	srv := &http.Server{
 		Handler: api.New(api.Options{
 			Host: h, Modules: r, Plugins: r, AuthToken: cfg.AuthToken, MaxBodyBytes: cfg.API.MaxBodyBytes,
@@ -187,6 +217,43 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	defer cancel()
 	_ = srv.Shutdown(shutCtx)
 	return <-hostDone
+}
+
+// startBroker binds the fabric's ROUTER socket through the guard transport
+// (greetings pre-read off the accept loop, frame sizes capped, stalled
+// writes cut: fabric/guard) for the configured workers.
+func startBroker(ctx context.Context, cfg config.Config, st store.Store, log *slog.Logger, lateResult func(*abi.TurnResult)) (*fabric.Broker, error) {
+	if err := guard.Register(); err != nil {
+		return nil, fmt.Errorf("fabric: %w", err)
+	}
+	endpoint := cfg.Fabric.Listen
+	if rest, ok := strings.CutPrefix(endpoint, "tcp://"); ok {
+		endpoint = guard.DefaultScheme + "://" + rest // workers still dial tcp://
+	}
+	keys := map[string][]byte{}
+	for _, w := range cfg.Fabric.Workers {
+		k, err := w.WorkerKey()
+		if err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		keys[w.ID] = k
+	}
+	b, err := fabric.NewBroker(ctx, fabric.BrokerConfig{
+		Endpoint: endpoint, Workers: keys,
+		HeartbeatInterval: cfg.Fabric.HeartbeatInterval, HeartbeatTimeout: cfg.Fabric.HeartbeatTimeout,
+		AcceptTimeout: cfg.Fabric.AcceptTimeout, SendTimeout: cfg.Fabric.SendTimeout,
+		MaxMessageBytes: cfg.Fabric.MaxMessageBytes,
+		Modules: func(ctx context.Context, digest string) ([]byte, error) {
+			m, err := st.GetModule(ctx, digest)
+			return m.Bytes, err
+		},
+		LateResult: lateResult,
+	}, log)
+	if err != nil {
+		return nil, fmt.Errorf("fabric: listen %s: %w", cfg.Fabric.Listen, err)
+	}
+	log.Info("fabric listening for remote workers", "endpoint", b.Endpoint(), "workers", len(keys))
+	return b, nil
 }
 
 // registerPlugins verifies and registers the configured plugin workers.

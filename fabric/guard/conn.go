@@ -35,6 +35,8 @@ type conn struct {
 	closeOnce sync.Once
 	closeErr  error
 	cutReason atomic.Pointer[error]
+	// pendingPong is a PONG to write after the message in progress; wmu.
+	pendingPong []byte
 }
 
 // newServerConn wraps an accepted connection whose pre-handshake read info
@@ -42,11 +44,22 @@ type conn struct {
 func newServerConn(l *listener, c net.Conn, br *bufio.Reader, info peerInfo) *conn {
 	gc := &conn{Conn: c, g: l.g, l: l, id: info.identity, swallow: greetingSize, wTimeout: l.g.opts.WriteTimeout}
 	gc.fr = frameReader{
-		src:  io.MultiReader(bytes.NewReader(info.replay), br),
-		skip: len(info.replay),
-		opts: &l.g.opts,
-		cut:  gc.cut,
-		g:    l.g,
+		src:    io.MultiReader(bytes.NewReader(info.replay), br),
+		skip:   len(info.replay),
+		opts:   &l.g.opts,
+		cut:    gc.cut,
+		onPing: gc.pong,
+		g:      l.g,
+	}
+	// zmq4 leaks connections whose handshake it rejects itself (it neither
+	// closes nor tracks them). If zmq4 has not started reading messages
+	// from gc within HandshakeTimeout, close it.
+	if t := l.g.opts.HandshakeTimeout; t > 0 {
+		time.AfterFunc(t, func() {
+			if !gc.fr.adopted.Load() {
+				_ = gc.cut(ErrProtocol, errors.New("zmq4 did not adopt the connection"))
+			}
+		})
 	}
 	return gc
 }
@@ -63,6 +76,7 @@ func newClientConn(g *Guard, c net.Conn) *conn {
 		passCmds: 1,
 		opts:     &g.opts,
 		cut:      gc.cut,
+		onPing:   gc.pong,
 		g:        g,
 	}
 	return gc
@@ -85,6 +99,11 @@ func (c *conn) cut(reason, cause error) error {
 			c.g.opts.Logger.Warn("guard: connection cut", args...)
 		} else {
 			c.g.opts.Logger.Debug("guard: connection closed", args...)
+		}
+		// Reset rather than close gracefully: discard whatever is still
+		// queued for a peer we gave up on.
+		if tc, ok := c.Conn.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
 		}
 		c.closeTCP()
 	}
@@ -141,11 +160,19 @@ func (c *conn) Write(p []byte) (int, error) {
 		c.closeTCP()
 		return done, &CutError{Reason: ErrDisconnected, Err: err}
 	}
-	if c.wParse.feed(p) && c.wDeadline {
-		// A whole message went out: disarm until the next one starts.
-		c.wDeadline = false
-		if err := c.Conn.SetWriteDeadline(time.Time{}); err != nil {
-			return done, c.cut(ErrProtocol, fmt.Errorf("clear write deadline: %w", err))
+	if c.wParse.feed(p) {
+		if c.wDeadline {
+			// A whole message went out: disarm until the next one starts.
+			c.wDeadline = false
+			if err := c.Conn.SetWriteDeadline(time.Time{}); err != nil {
+				return done, c.cut(ErrProtocol, fmt.Errorf("clear write deadline: %w", err))
+			}
+		}
+		if pp := c.pendingPong; pp != nil {
+			c.pendingPong = nil
+			if err := c.writeControl(pp); err != nil {
+				return done, err
+			}
 		}
 	}
 	return done, nil
@@ -166,6 +193,48 @@ func (c *conn) closeTCP() {
 	})
 }
 
+// maxPingSize is the largest PING command body the guard answers: name (5),
+// TTL (2) and up to 16 bytes of context.
+const maxPingSize = 5 + 2 + 16
+
+// pong answers a ZMTP 3.1 PING with a PONG carrying its context. It is
+// written between outgoing messages: at once if none is in progress, else by
+// the Write that ends the current one.
+func (c *conn) pong(ctx []byte) error {
+	frame := make([]byte, 0, 2+5+len(ctx))
+	frame = append(frame, flagCommand, byte(5+len(ctx)))
+	frame = append(frame, "\x04PONG"...)
+	frame = append(frame, ctx...)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.cutReason.Load() != nil {
+		return nil
+	}
+	if c.swallow > 0 || !c.wParse.atMessageStart() {
+		c.pendingPong = frame
+		return nil
+	}
+	return c.writeControl(frame)
+}
+
+// writeControl writes a guard-generated frame under WriteTimeout; the caller
+// holds wmu and no message is in progress.
+func (c *conn) writeControl(frame []byte) error {
+	if c.wTimeout > 0 {
+		_ = c.Conn.SetWriteDeadline(time.Now().Add(c.wTimeout))
+		defer c.Conn.SetWriteDeadline(time.Time{})
+	}
+	if _, err := c.Conn.Write(frame); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return c.cut(ErrWriteStalled, err)
+		}
+		c.closeTCP()
+		return &CutError{Reason: ErrDisconnected, Err: err}
+	}
+	c.g.stats.pings.Add(1)
+	return nil
+}
+
 // frameReader parses the ZMTP frames read from src and delivers their bytes
 // unchanged, except that it never delivers the size field of a frame that
 // exceeds the limits (it cuts the connection instead) and it drops
@@ -177,6 +246,8 @@ type frameReader struct {
 	opts     *Options
 	g        *Guard
 	cut      func(reason, cause error) error
+	onPing   func(context []byte) error // nil: PINGs are only dropped
+	adopted  atomic.Bool                // a read past the skipped prefix happened
 
 	hdr      [9]byte
 	hdrLen   int
@@ -212,6 +283,7 @@ func (f *frameReader) Read(p []byte) (int, error) {
 			}
 			return n, err
 		}
+		f.adopted.Store(true)
 		if err := f.nextHeader(); err != nil {
 			return 0, err
 		}
@@ -253,13 +325,26 @@ func (f *frameReader) nextHeader() error {
 			f.queue(1+n, size)
 			return nil
 		}
-		if _, err := io.CopyN(io.Discard, f.src, int64(size)); err != nil {
+		// Drop the command; answer PINGs (libzmq heartbeats) ourselves,
+		// since zmq4's ROUTER would hand them to the application.
+		var body [maxPingSize]byte
+		var err error
+		if size <= maxPingSize {
+			_, err = io.ReadFull(f.src, body[:size])
+		} else {
+			_, err = io.CopyN(io.Discard, f.src, int64(size))
+		}
+		if err != nil {
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
 			return err
 		}
 		f.g.stats.cmdsDropped.Add(1)
+		if b := body[:min(size, maxPingSize)]; size <= maxPingSize && len(b) >= 7 &&
+			string(b[:5]) == "\x04PING" && f.onPing != nil {
+			return f.onPing(b[7:])
+		}
 		return nil
 	}
 	if max := f.opts.MaxFrameSize; max > 0 && size > uint64(max) {

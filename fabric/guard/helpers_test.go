@@ -142,16 +142,22 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 
 func dialRaw(t *testing.T, addr, localIP string) net.Conn {
 	t.Helper()
-	d := net.Dialer{Timeout: 2 * time.Second}
-	if localIP != "" {
-		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(localIP)}
-	}
-	c, err := d.Dial("tcp", addr)
+	c, err := tryDialRaw(addr, localIP)
 	if err != nil {
 		t.Fatalf("raw dial %s: %v", addr, err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// tryDialRaw dials TCP from localIP (any if ""). A guard that refuses the
+// connection resets it, which can surface as a dial error.
+func tryDialRaw(addr, localIP string) (net.Conn, error) {
+	d := net.Dialer{Timeout: 2 * time.Second}
+	if localIP != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(localIP)}
+	}
+	return d.Dial("tcp", addr)
 }
 
 // clientGreeting is a ZMTP greeting as libzmq 4.x sends it: a length in the

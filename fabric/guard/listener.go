@@ -52,6 +52,7 @@ func newListener(g *Guard, ln net.Listener) *listener {
 func (l *listener) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.ready:
+		l.g.stats.admitted.Add(1)
 		return c, nil
 	case <-l.done:
 		return nil, fmt.Errorf("guard: accept: %w", net.ErrClosed)
@@ -223,7 +224,6 @@ func (l *listener) handshake(c net.Conn, ip netip.Addr) {
 	l.releasePending(c, ip)
 	select {
 	case l.ready <- gc:
-		l.g.stats.admitted.Add(1)
 	case <-l.done:
 		_ = gc.Close()
 	}

@@ -55,6 +55,7 @@ type Stats struct {
 	Disconnected      uint64 // closed by Guard.Disconnect
 
 	CommandsDropped uint64 // post-handshake ZMTP commands (PING, ...) swallowed, not given to zmq4
+	PingsAnswered   uint64 // ZMTP 3.1 PINGs answered with a PONG by the guard
 }
 
 // Rejected returns the pre-handshake rejection counts keyed by Reason.
@@ -84,7 +85,7 @@ type counters struct {
 	flood, floodPerIP, connLimit                atomic.Uint64
 	oversizedFrames, oversizedMsgs, oversizeCmd atomic.Uint64
 	protocol, writeTimeouts, handedOver         atomic.Uint64
-	disconnected, cmdsDropped                   atomic.Uint64
+	disconnected, cmdsDropped, pings            atomic.Uint64
 }
 
 func (c *counters) reject(r Reason) {
@@ -163,5 +164,6 @@ func (c *counters) snapshot() Stats {
 		HandedOver:         c.handedOver.Load(),
 		Disconnected:       c.disconnected.Load(),
 		CommandsDropped:    c.cmdsDropped.Load(),
+		PingsAnswered:      c.pings.Load(),
 	}
 }

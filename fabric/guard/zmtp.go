@@ -143,7 +143,7 @@ func readHandshake(br *bufio.Reader, allowedTypes []string) (peerInfo, error) {
 	}
 	ok := false
 	for _, t := range allowedTypes {
-		if strings.EqualFold(t, info.socketType) {
+		if t == info.socketType { // zmq4 compares exactly
 			ok = true
 			break
 		}

@@ -46,7 +46,6 @@ const (
 	RejectBadHello       = "bad_hello"
 	RejectUnknownSession = "unknown_session"
 	RejectEvicted        = "evicted"
-	RejectShutdown       = "shutdown"
 )
 
 // Reject refuses a HELLO or ends a session the host no longer knows.

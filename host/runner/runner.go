@@ -4,8 +4,10 @@ import (
 	"context"
 
 	"fmt"
+	"strings"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/fabric"
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/plugins"
 	"github.com/paddock-dev/paddock/store"
@@ -18,6 +20,9 @@ type Runner struct {
 	*Wasm
 	plugins *plugins.Manager
 	st      store.Store
+	// fabric runs the turns of remote pools (nil: no remote workers).
+	fabric *fabric.Broker
+	remote map[string]bool
 }
 
 // New returns a Runner over the wasm runner and the plugin manager.
@@ -25,19 +30,35 @@ func New(w *Wasm, pm *plugins.Manager, st store.Store) *Runner {
 	return &Runner{Wasm: w, plugins: pm, st: st}
 }
 
+// WithFabric makes the pools named in remote run on the broker's remote
+// workers.
+func (r *Runner) WithFabric(b *fabric.Broker, remote []string) *Runner {
+	r.fabric, r.remote = b, map[string]bool{}
+	for _, p := range remote {
+		r.remote[p] = true
+	}
+	return r
+}
+
+// poolPrefix starts the binding of a turn that runs on a remote pool:
+// "pool:<name>/<module digest or plugin binding>".
+const poolPrefix = "pool:"
+
 // Binding returns what the agent runs now: its module digest, or
 // "plugin:<name>@<sha256>" of its plugin worker's registered binary.
 func (r *Runner) Binding(ctx context.Context, a store.Agent, pool string) (string, error) {
-	switch a.Kind {
-	case store.KindPlugin:
+	inner := a.ModuleDigest
+	if a.Kind == store.KindPlugin {
 		w, err := r.st.GetPluginWorker(ctx, a.Plugin)
 		if err != nil {
 			return "", fmt.Errorf("runner: plugin worker %s: %w", a.Plugin, err)
 		}
-		return plugins.Binding(w.Name, w.SHA256), nil
-	default:
-		return a.ModuleDigest, nil
+		inner = plugins.Binding(w.Name, w.SHA256)
 	}
+	if r.remote[pool] {
+		return poolPrefix + pool + "/" + inner, nil
+	}
+	return inner, nil
 }
 
 // Instantiate returns an instance for a module digest or a plugin binding.
@@ -46,6 +67,17 @@ func (r *Runner) Binding(ctx context.Context, a store.Agent, pool string) (strin
 // version that has since been replaced fails: its retries must run the
 // version they started with (DESIGN invariant 10), which is gone.
 func (r *Runner) Instantiate(ctx context.Context, binding string) (host.Instance, error) {
+	if rest, ok := strings.CutPrefix(binding, poolPrefix); ok {
+		pool, inner, _ := strings.Cut(rest, "/")
+		if r.fabric == nil {
+			return nil, fmt.Errorf("runner: binding %s names remote pool %q but this host has no fabric (fabric.listen)", binding, pool)
+		}
+		inst, err := r.fabric.Instance(pool, inner)
+		if err != nil {
+			return nil, err
+		}
+		return fabricInstance{inst}, nil
+	}
 	name, sum, ok := plugins.ParseBinding(binding)
 	if !ok {
 		return r.Wasm.Instantiate(ctx, binding)
@@ -86,6 +118,16 @@ type pluginInstance struct{ *plugins.Instance }
 func (i pluginInstance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 	if ch := host.SteersOf(ctx); ch != nil {
 		ctx = plugins.WithSteers(ctx, ch)
+	}
+	return i.Instance.Turn(ctx, req)
+}
+
+// fabricInstance hands the host's steer channel to the remote turn.
+type fabricInstance struct{ *fabric.Instance }
+
+func (i fabricInstance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+	if ch := host.SteersOf(ctx); ch != nil {
+		ctx = fabric.WithSteers(ctx, ch)
 	}
 	return i.Instance.Turn(ctx, req)
 }
