@@ -20,6 +20,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/fabric"
+	"github.com/paddock-dev/paddock/fabric/wire"
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/host/runner"
 	"github.com/paddock-dev/paddock/plugins"
@@ -114,10 +116,44 @@ func startHostWith(t testing.TB, path string, turnTimeout time.Duration, wrap fu
 	}
 	w.agents["faulty-plugin"] = a
 	w.plugins = pm
+	// A remote pool served by one fabric worker over loopback: the notes
+	// module again, as agent "notes-remote".
+	key := wire.NewKey()
+	broker, err := fabric.NewBroker(ctx, fabric.BrokerConfig{
+		Endpoint: "tcp://127.0.0.1:0", Workers: map[string][]byte{"w1": key},
+		Modules: func(ctx context.Context, digest string) ([]byte, error) {
+			m, err := st.GetModule(ctx, digest)
+			return m.Bytes, err
+		},
+	}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wr.WithFabric(broker, []string{"remote"})
+	workerCtx, stopWorker := context.WithCancel(ctx)
+	workerDone := make(chan struct{})
+	go func() {
+		defer close(workerDone)
+		_ = fabric.RunWorker(workerCtx, fabric.WorkerConfig{
+			Connect: broker.Endpoint(), ID: "w1", Key: key, Pools: []string{"remote"}, Capacity: 4,
+			CacheDir: filepath.Join(t.TempDir(), "worker"), Wasm: wasm.Config{CacheDir: wasmtest.CacheDir(t), MemoryLimitPages: 512},
+		}, log)
+	}()
+	ra, err := st.CreateAgent(ctx, store.CreateAgentParams{UID: uuid.NewString(), Name: "notes-remote", Kind: store.KindWasm,
+		ModuleDigest: w.agents["notes"].ModuleDigest, CrashPolicy: store.CrashRestart, Upsert: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.agents["notes-remote"] = ra
+
 	pol := host.DefaultPolicy()
 	pol.LeaseTTL, pol.IdleTimeout, pol.ScanInterval = 3*time.Second, time.Second, 50*time.Millisecond
 	pol.TurnTimeout, pol.MaxAttempts = turnTimeout, 3
 	pol.BackoffMin, pol.BackoffMax = 20*time.Millisecond, 100*time.Millisecond
+	remote := pol.AgentPolicy
+	remote.Pool = "remote"
+	pol.Agents = map[string]host.AgentPolicy{"notes-remote": remote}
+	pol.Pools = map[string]int{"default": 64, "remote": 64}
 	var r host.Runner = wr
 	if wrap != nil {
 		r = wrap(wr)
@@ -137,6 +173,9 @@ func startHostWith(t testing.TB, path string, turnTimeout time.Duration, wrap fu
 		stopped = true
 		cancel()
 		<-done
+		stopWorker()
+		<-workerDone
+		_ = broker.Close(ctx)
 		_ = pm.Close(ctx)
 		_ = rt.Close(ctx)
 		_ = st.Close()
@@ -388,19 +427,21 @@ func (w *world) conversation(agent string) ([]string, []byte) {
 	return lines, state
 }
 
-func TestTheSameAgentAsWasmAndAsPluginGivesIdenticalTranscriptsAndStates(t *testing.T) {
+func TestTheSameAgentAsWasmPluginAndRemoteWorkerGivesIdenticalTranscriptsAndStates(t *testing.T) {
 	t.Parallel()
 	w := startHost(t, filepath.Join(t.TempDir(), "paddock.db"))
 	wasmLines, wasmState := w.conversation("notes")
-	pluginLines, pluginState := w.conversation("notes-plugin")
-	if strings.Join(wasmLines, "\n") != strings.Join(pluginLines, "\n") {
-		t.Errorf("transcripts differ\nwasm:\n%s\n\nplugin:\n%s", strings.Join(wasmLines, "\n"), strings.Join(pluginLines, "\n"))
+	if len(wasmLines) != 2*len(script) || len(wasmState) == 0 {
+		t.Fatalf("wasm run: %d transcript lines (want %d), state %q", len(wasmLines), 2*len(script), wasmState)
 	}
-	if string(wasmState) != string(pluginState) || len(wasmState) == 0 {
-		t.Errorf("states differ: wasm %s, plugin %s", wasmState, pluginState)
-	}
-	if len(wasmLines) != 2*len(script) {
-		t.Errorf("%d transcript lines, want %d", len(wasmLines), 2*len(script))
+	for _, kind := range []string{"notes-plugin", "notes-remote"} {
+		lines, state := w.conversation(kind)
+		if strings.Join(wasmLines, "\n") != strings.Join(lines, "\n") {
+			t.Errorf("transcripts differ\nwasm:\n%s\n\n%s:\n%s", strings.Join(wasmLines, "\n"), kind, strings.Join(lines, "\n"))
+		}
+		if string(wasmState) != string(state) {
+			t.Errorf("states differ: wasm %s, %s %s", wasmState, kind, state)
+		}
 	}
 }
 

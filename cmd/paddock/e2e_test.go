@@ -437,3 +437,141 @@ agents:
 		t.Errorf("after the restart: %q", out)
 	}
 }
+
+// cpuTicks returns the user+system CPU ticks of pid (from /proc).
+func cpuTicks(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return -1
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	var u, s int64
+	fmt.Sscan(f[11], &u) // utime is field 14 of stat, 12th after "(comm) "
+	fmt.Sscan(f[12], &s)
+	return u + s
+}
+
+// startWorker starts `paddock worker` for the host at fabricAddr.
+func startWorker(t *testing.T, fabricAddr, id, keyFile string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(paddockBin(t), "worker", "--connect", "tcp://"+fabricAddr, "--id", id, "--key-file", keyFile,
+		"--pool", "remote", "--capacity", "1", "--cache-dir", filepath.Join(t.TempDir(), id))
+	var log syncBuffer = syncBuffer{&sync.Mutex{}, &bytes.Buffer{}}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+		if t.Failed() {
+			log.mu.Lock()
+			t.Logf("worker %s log:\n%s", id, log.buf.String())
+			log.mu.Unlock()
+		}
+	})
+	return cmd
+}
+
+func TestKillDashNineOfARemoteWorkerMidTurnRetriesOnAnotherWorker(t *testing.T) {
+	t.Parallel()
+	faulty, _ := wasmtest.BuildExample(t, wasmtest.Faulty)
+	dir := t.TempDir()
+	addr, fabricAddr := freePort(t), freePort(t)
+	keys := map[string]string{}
+	for _, id := range []string{"w1", "w2"} {
+		k := filepath.Join(dir, id+".key")
+		out, err := exec.Command(paddockBin(t), "worker", "keygen").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(k, out, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		keys[id] = k
+	}
+	cfg := filepath.Join(dir, "paddock.yaml")
+	body := fmt.Sprintf(`listen: %s
+data_dir: %s
+wasm:
+  cache_dir: %s
+pools:
+  remote:
+    capacity: 8
+    remote: true
+fabric:
+  listen: tcp://%s
+  heartbeat_interval: 500ms
+  heartbeat_timeout: 2s
+  workers:
+    - id: w1
+      key_file: %s
+    - id: w2
+      key_file: %s
+policy:
+  backoff_min: 100ms
+  backoff_max: 500ms
+agents:
+  - name: faulty-remote
+    module_file: %s
+    policy:
+      pool: remote
+`, addr, filepath.Join(dir, "data"), e2eCacheDir(t), fabricAddr, keys["w1"], keys["w2"], faulty)
+	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, cfg, addr)
+	workers := map[string]*exec.Cmd{"w1": startWorker(t, fabricAddr, "w1", keys["w1"]), "w2": startWorker(t, fabricAddr, "w2", keys["w2"])}
+
+	sess := srv.cli("session", "create", "faulty-remote")
+	// A warm-up turn: both workers are admitted and one has the module.
+	if out := srv.cli("signal", "send", "faulty-remote", sess, "hello", "--wait"); !strings.Contains(out, "ok: hello") {
+		t.Fatalf("warm-up turn: %q", out)
+	}
+	srv.cli("signal", "send", "faulty-remote", sess, "sleep 20000")
+	// The worker running the busy-waiting turn is the one burning CPU.
+	var victim string
+	waitUntil(t, "a worker to run the long turn", 2*time.Minute, func() bool {
+		before := map[string]int64{}
+		for id, w := range workers {
+			before[id] = cpuTicks(w.Process.Pid)
+		}
+		time.Sleep(500 * time.Millisecond)
+		for id, w := range workers {
+			if cpuTicks(w.Process.Pid)-before[id] >= 25 { // ≥ 0.25 s of CPU in 0.5 s
+				victim = id
+				return true
+			}
+		}
+		return false
+	})
+	killed := time.Now()
+	if err := workers[victim].Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// Within the heartbeat timeout (2 s) the attempt fails and the retry
+	// runs on the other worker.
+	waitUntil(t, "the attempt to fail", 30*time.Second, func() bool { return srv.events("faulty-remote", sess)[1].Attempts == 1 })
+	failedAfter := time.Since(killed)
+	figure(t, "fabric: kill -9 of the worker running a turn → attempt failed after %.1f s (heartbeat_timeout 2s)", failedAfter.Seconds())
+	if failedAfter > 15*time.Second {
+		t.Errorf("the lost worker's attempt failed after %v, want about the heartbeat timeout (2 s), far below the turn timeout", failedAfter)
+	}
+	survivor := "w1"
+	if victim == "w1" {
+		survivor = "w2"
+	}
+	waitUntil(t, "the retry on the other worker", time.Minute, func() bool {
+		before := cpuTicks(workers[survivor].Process.Pid)
+		time.Sleep(500 * time.Millisecond)
+		return cpuTicks(workers[survivor].Process.Pid)-before >= 25
+	})
+	srv.cli("signal", "cancel", "faulty-remote", sess) // no need to wait 20 s more
+	waitUntil(t, "the event to close", time.Minute, func() bool { return srv.events("faulty-remote", sess)[1].Status != "open" })
+	turns := srv.transcript("faulty-remote", sess)
+	if len(turns) != 2 {
+		t.Errorf("transcript holds %d turns, want 2 (the warm-up, then the cancelled retry recorded once)", len(turns))
+	}
+}
