@@ -33,11 +33,17 @@ func TestMain(m *testing.M) {
 // second; turn deadlines are long, so a test that passes proves the
 // heartbeat (not the deadline) ended a turn.
 const (
-	testHB        = 100 * time.Millisecond
-	testHBTimeout = 600 * time.Millisecond
-	testAccept    = time.Second
-	testSend      = time.Second
-	turnDeadline  = 20 * time.Second
+	// Generous for a loaded CI machine (race detector, other packages'
+	// tests on 2 cores): a healthy worker must never be evicted by a
+	// starved goroutine. The loss tests check "within the heartbeat
+	// timeout, far below the turn deadline", with slack, not exact times.
+	testHB        = 200 * time.Millisecond
+	testHBTimeout = 3 * time.Second
+	testAccept    = 5 * time.Second
+	testSend      = 3 * time.Second
+	turnDeadline  = 60 * time.Second
+	// lossSlack is what a loss may take beyond the heartbeat timeout.
+	lossSlack = 5 * time.Second
 )
 
 // testLogger logs to t until the test ends (later lines are dropped, so

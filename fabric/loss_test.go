@@ -77,7 +77,7 @@ func TestWorkerLossFailsTurnWithinHeartbeatTimeout(t *testing.T) {
 	stop := make(chan struct{})
 	slowest := e.healthy(digest, stop)
 
-	out, _ := e.runLong(digest, "w1", "sleep 15000")
+	out, _ := e.runLong(digest, "w1", "sleep 50000")
 	killed := time.Now()
 	w1.kill()
 	err := <-out
@@ -87,7 +87,7 @@ func TestWorkerLossFailsTurnWithinHeartbeatTimeout(t *testing.T) {
 	if te.Kind != KindWorkerLost || te.Code != ReasonHeartbeatTimeout || !te.TurnSent() {
 		t.Fatalf("turn on the killed worker: %v", err)
 	}
-	if d > testHBTimeout+300*time.Millisecond {
+	if d > testHBTimeout+lossSlack {
 		t.Fatalf("failed %s after the kill; heartbeat timeout %s", d, testHBTimeout)
 	}
 	figure(t, "fabric: in-flight turn failed %s after its worker's connection dropped (heartbeat interval %s, timeout %s, turn deadline %s)",
@@ -114,7 +114,7 @@ func TestStalledReceiveLoopFailsTurnAndLateResultGoesToLateResult(t *testing.T) 
 	slowest := e.healthy(digest, stop)
 	inc := e.incarnation("w1")
 
-	out, req := e.runLong(digest, "w1", "sleep 1500")
+	out, req := e.runLong(digest, "w1", "sleep 9000") // outlives the ping timeout, then replies late
 	w1.gate.close()
 	stalled := time.Now()
 	err := <-out
@@ -123,7 +123,7 @@ func TestStalledReceiveLoopFailsTurnAndLateResultGoesToLateResult(t *testing.T) 
 	if te.Kind != KindWorkerLost || te.Code != ReasonPingTimeout || !te.TurnSent() {
 		t.Fatalf("turn on the stalled worker: %v", err)
 	}
-	if d > testHBTimeout+testHB+300*time.Millisecond {
+	if d > testHBTimeout+testHB+lossSlack {
 		t.Fatalf("failed %s after the stall; heartbeat timeout %s", d, testHBTimeout)
 	}
 	figure(t, "fabric: in-flight turn failed %s after its worker's receive loop stalled (ping timeout; heartbeat timeout %s)",
@@ -154,7 +154,7 @@ func TestNewIncarnationSupersedesAtOnce(t *testing.T) {
 	e := newEnv(t, func(c *BrokerConfig) { c.HeartbeatTimeout = 5 * time.Second })
 	digest := e.module(wasmtest.Faulty)
 	w1 := e.startWorker("w1")
-	out, _ := e.runLong(digest, "w1", "sleep 15000")
+	out, _ := e.runLong(digest, "w1", "sleep 50000")
 	w1.kill()
 	start := time.Now()
 	e.startWorker("w1")

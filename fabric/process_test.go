@@ -58,7 +58,7 @@ func TestKill9WorkerProcessMidTurn(t *testing.T) {
 	digest := e.module(wasmtest.Faulty)
 	a := e.startProcessWorker(bin, "w1")
 	e.mustReply("p", digest, e.request("", "warm")) // w1 has the module
-	out, req := e.runLong(digest, "w1", "sleep 15000")
+	out, req := e.runLong(digest, "w1", "sleep 50000")
 	e.startProcessWorker(bin, "w2")
 	if err := a.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -70,7 +70,7 @@ func TestKill9WorkerProcessMidTurn(t *testing.T) {
 	if te.Kind != KindWorkerLost || !te.TurnSent() || te.Worker != "w1" {
 		t.Fatalf("turn on the killed process: %v", err)
 	}
-	if d > testHBTimeout+300*time.Millisecond {
+	if d > testHBTimeout+lossSlack {
 		t.Fatalf("failed %s after kill -9 (heartbeat timeout %s)", d, testHBTimeout)
 	}
 	figure(t, "fabric: kill -9 of a worker process mid-turn → attempt failed after %s (heartbeat timeout %s)", d.Round(time.Millisecond), testHBTimeout)

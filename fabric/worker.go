@@ -248,8 +248,8 @@ type outFrame struct {
 }
 
 type fetchReply struct {
-	mod *wire.Module
-	err *wire.Error
+	kind wire.Kind // MODULE or ERROR
+	body []byte
 }
 
 // running is a turn in progress on the worker.
@@ -579,16 +579,9 @@ func (c *conn) dispatch(ctx context.Context, kind wire.Kind, body []byte, turns 
 			}
 			return nil
 		}
-		var r fetchReply
-		if kind == wire.KindModule {
-			r.mod = new(wire.Module)
-			if json.Unmarshal(body, r.mod) != nil {
-				return nil
-			}
-		} else {
-			r.err = new(wire.Error)
-			_ = json.Unmarshal(body, r.err)
-		}
+		// The fetching goroutine decodes the body (base64 of up to
+		// MaxModuleChunk): the main loop only routes.
+		r := fetchReply{kind: kind, body: body}
 		c.mu.Lock()
 		ch := c.waiters[env.RequestID]
 		delete(c.waiters, env.RequestID)

@@ -2,6 +2,7 @@ package fabric
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -120,10 +121,15 @@ func (c *conn) fetchModule(ctx context.Context, digest string, limit int) ([]byt
 			t.Stop()
 			return nil, fmt.Errorf("%w: %s: %w", errModule, digest, context.Cause(c.ctx))
 		}
-		if r.err != nil {
-			return nil, fmt.Errorf("%w: %s: host: %s: %s", errModule, digest, r.err.Code, r.err.Message)
+		if r.kind == wire.KindError {
+			var e wire.Error
+			_ = json.Unmarshal(r.body, &e)
+			return nil, fmt.Errorf("%w: %s: host: %s: %s", errModule, digest, e.Code, e.Message)
 		}
-		m := r.mod
+		m := new(wire.Module)
+		if err := json.Unmarshal(r.body, m); err != nil {
+			return nil, fmt.Errorf("%w: %s: malformed MODULE: %w", errModule, digest, err)
+		}
 		switch {
 		case m.Digest != digest || m.Offset != int64(len(buf)):
 			return nil, fmt.Errorf("%w: %s: the host answered with %s at offset %d", errModule, digest, m.Digest, m.Offset)

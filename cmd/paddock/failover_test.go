@@ -84,15 +84,26 @@ agents:
 	sess := a.cli("session", "create", "faulty")
 	a.cli("signal", "send", "faulty", sess, "sleep 60000") // a long turn
 	a.cli("signal", "send", "faulty", sess, "after")
-	owner := -1
-	waitUntil(t, "a host to run the turn", 30*time.Second, func() bool {
-		for i, s := range servers {
-			if controllers(t, s.addr) == 1 {
-				owner = i
-				return true
-			}
+	// The owner runs the 60 s turn: its controller gauge stays 1 while the
+	// other host's stays 0 (a host woken by NOTIFY may hold a controller
+	// for a moment, until its claim loses): require it over several samples.
+	owner, streak := -1, 0
+	waitUntil(t, "a host to run the turn", time.Minute, func() bool {
+		a, b := controllers(t, servers[0].addr), controllers(t, servers[1].addr)
+		cur := -1
+		switch {
+		case a == 1 && b == 0:
+			cur = 0
+		case a == 0 && b == 1:
+			cur = 1
 		}
-		return false
+		if cur >= 0 && cur == owner {
+			streak++
+		} else {
+			owner, streak = cur, 1
+		}
+		time.Sleep(100 * time.Millisecond)
+		return owner >= 0 && streak >= 5
 	})
 	survivor := servers[1-owner]
 	var before struct {

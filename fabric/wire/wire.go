@@ -67,9 +67,9 @@ const (
 	DefaultMaxMessageBytes = 8 << 20
 	// MaxHelloBytes bounds a HELLO message.
 	MaxHelloBytes = 64 << 10
-	// MaxModuleChunk bounds the data of one MODULE message (1 MiB before
-	// base64).
-	MaxModuleChunk = 1 << 20
+	// MaxModuleChunk bounds the data of one MODULE message (256 KiB before
+	// base64), so that no single message keeps a receiver busy for long.
+	MaxModuleChunk = 256 << 10
 )
 
 // keyInfo is the HKDF info string of v1 session keys.
