@@ -18,7 +18,7 @@
 //		Modules: loadModule, LateResult: submitToFences,
 //	}, logger)
 //	inst, err := b.Instance("gpu", binding)          // binding: module digest or plugin:<name>@<sha>
-//	res, err := inst.Turn(fabric.WithSteers(ctx, steers), req)
+//	res, err := inst.Turn(abi.WithSteers(ctx, steers), req)
 //	// err: *TurnError; TurnSent() false = never accepted, retry without an attempt
 //
 // Worker side:

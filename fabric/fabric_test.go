@@ -208,7 +208,7 @@ func TestSteerReachesRemoteTurn(t *testing.T) {
 		newRef.DeliveryID += "-steer"
 		newRef.Revision++
 		inst, _ := e.b.Instance("p", binding)
-		ctx, cancel := context.WithTimeout(WithSteers(context.Background(), steers), turnDeadline)
+		ctx, cancel := context.WithTimeout(abi.WithSteers(context.Background(), steers), turnDeadline)
 		go func() {
 			e.waitFor("turn running", 10*time.Second, func() bool { return e.inflight("w1") == 1 })
 			time.Sleep(100 * time.Millisecond)

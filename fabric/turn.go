@@ -36,28 +36,6 @@ func BindingKind(binding string) (string, error) {
 	return "", fmt.Errorf("%w: %q", ErrBadBinding, binding)
 }
 
-// steersKey is the context key of the steer channel given to WithSteers.
-type steersKey struct{}
-
-// WithSteers returns a copy of ctx that carries steers, the steer input of
-// the turn that Instance.Turn runs with it; it mirrors wasm.WithSteers and
-// plugins.WithSteers. Every steer received from the channel while the
-// turn runs is sent to the worker as a STEER message; the remote turn
-// takes it in (wasm steer_poll, plugins.PollSteer), and the result may
-// then echo the steer's turn_ref. Steers not taken in are lost to this
-// turn: the result echoes an older ref, the fences reject it as
-// stale_revision, and the host runs the turn again with the steers in
-// abi.TurnRequest.Steers. Use one buffered channel per Turn call; Turn
-// reads nothing from it after it returns. A nil channel is no channel.
-func WithSteers(ctx context.Context, steers <-chan abi.Steer) context.Context {
-	return context.WithValue(ctx, steersKey{}, steers)
-}
-
-func steersFrom(ctx context.Context) <-chan abi.Steer {
-	ch, _ := ctx.Value(steersKey{}).(<-chan abi.Steer)
-	return ch
-}
-
 // Instance runs turns of one binding on the workers of one pool. It holds
 // no worker: each Turn picks the live worker of the pool that announces
 // the binding's kind and has the most free capacity. It is cheap and safe
@@ -128,7 +106,7 @@ type call struct {
 // within HeartbeatTimeout of the worker going silent, whatever ctx's
 // deadline. ctx's deadline is sent with the turn; when ctx ends the
 // broker sends CANCEL and Turn returns KindTimeout or KindCanceled. Steers
-// from WithSteers go out as STEER messages.
+// from abi.WithSteers go out as STEER messages.
 //
 // Errors: a *TurnError (TurnSent reports whether the worker accepted the
 // turn), or, before anything was sent, ErrInstanceClosed,
@@ -255,7 +233,7 @@ func (i *Instance) run(ctx context.Context, s *session, c *call, req *abi.TurnRe
 	accepted := false
 	latest := req.TurnRef
 	allowed := []abi.TurnRef{req.TurnRef}
-	steers := steersFrom(ctx)
+	steers := abi.SteersOf(ctx)
 	for {
 		select {
 		case err := <-done:

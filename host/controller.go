@@ -418,7 +418,7 @@ func (a *activationRun) run(d store.Dispatch) (res *abi.TurnResult, latest store
 	steers := make(chan abi.Steer, 64)
 	tctx, tcancel := context.WithTimeout(a.leaseCtx, a.pol.TurnTimeout)
 	defer tcancel()
-	tctx = WithSteers(tctx, steers)
+	tctx = abi.WithSteers(tctx, steers)
 	type reply struct {
 		res   *abi.TurnResult
 		err   error

@@ -267,7 +267,7 @@ func TestRestartPendingTimeoutPutsAWaitingSessionToSleep(t *testing.T) {
 func steerable(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 	for {
 		select {
-		case s := <-host.SteersOf(ctx):
+		case s := <-abi.SteersOf(ctx):
 			req.TurnRef = s.TurnRef // the SDKs do this: echo the newest ref
 			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "steered: " + s.Message}}}, nil
 		case <-ctx.Done():

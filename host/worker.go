@@ -40,22 +40,6 @@ type Recycler interface {
 	ShouldRecycle() bool
 }
 
-type steersKey struct{}
-
-// WithSteers returns a ctx for Instance.Turn that carries the channel on
-// which steers for the running turn arrive (DESIGN "Steering"). Each
-// abi.Steer holds the newer turn_ref the worker must echo if it takes the
-// steer in. Worker adapters hand the channel to their worker kind.
-func WithSteers(ctx context.Context, ch <-chan abi.Steer) context.Context {
-	return context.WithValue(ctx, steersKey{}, ch)
-}
-
-// SteersOf returns the steer channel of a turn's ctx, or nil.
-func SteersOf(ctx context.Context) <-chan abi.Steer {
-	ch, _ := ctx.Value(steersKey{}).(<-chan abi.Steer)
-	return ch
-}
-
 // SendAware is implemented by worker errors that know whether the turn
 // reached the worker at all. A turn that never reached it (no process could
 // start, the worker was busy) fails without consuming an attempt (DESIGN

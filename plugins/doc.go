@@ -25,7 +25,7 @@
 //	m := plugins.NewManager(logger, plugins.Options{})
 //	err := m.Register(ctx, plugins.Config{Name: "notes", Path: "bin/notes-plugin", SHA256: sum})
 //	inst, err := m.Instance(ctx, "notes", sum)
-//	res, err := inst.Turn(plugins.WithSteers(ctx, steers), req)
+//	res, err := inst.Turn(abi.WithSteers(ctx, steers), req)
 //	...
 //	m.Close(ctx)
 //

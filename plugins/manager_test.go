@@ -333,7 +333,7 @@ func TestSteer(t *testing.T) {
 		ch <- steer
 	}()
 	t0 := time.Now()
-	res, err := inst.Turn(plugins.WithSteers(context.Background(), ch), req)
+	res, err := inst.Turn(abi.WithSteers(context.Background(), ch), req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,7 +348,7 @@ func TestSteer(t *testing.T) {
 	ch2 := make(chan abi.Steer, 1)
 	ch2 <- steer
 	req2 := request("sleep 100", 9, nil)
-	res, err = inst.Turn(plugins.WithSteers(context.Background(), ch2), req2)
+	res, err = inst.Turn(abi.WithSteers(context.Background(), ch2), req2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,34 +20,6 @@ import (
 	"github.com/paddock-dev/paddock/plugins/internal/wire"
 )
 
-// steersKey is the context key of the steer channel given to WithSteers.
-type steersKey struct{}
-
-// WithSteers returns a copy of ctx that carries steers, the steer input of
-// the turn that Instance.Turn runs with it (abi/README.md, "Steering and
-// cancellation"); it mirrors wasm.WithSteers. While the turn runs, every
-// steer received from the channel is sent to the plugin at once; the
-// plugin takes it in with PollSteer, which tells the host, so the result
-// may then echo the steer's turn_ref. A plugin that does not poll never
-// takes any.
-//
-// The host sends a steer only after it has persisted it and raised the
-// turn's revision: abi.Steer.TurnRef is the new turn_ref. Use one channel
-// per Turn call, buffered so that sending never blocks the host; the host
-// may close it. Steers not taken in by the time Turn returns are lost to
-// this turn — the result echoes an older turn_ref, the store rejects it
-// (stale_revision) and the host runs the turn again with the steers in
-// abi.TurnRequest.Steers. Turn reads nothing from the channel after it
-// returns. A nil channel is the same as no channel.
-func WithSteers(ctx context.Context, steers <-chan abi.Steer) context.Context {
-	return context.WithValue(ctx, steersKey{}, steers)
-}
-
-func steersFrom(ctx context.Context) <-chan abi.Steer {
-	ch, _ := ctx.Value(steersKey{}).(<-chan abi.Steer)
-	return ch
-}
-
 // Instance runs turns of one plugin binding (name and sha256). It holds no
 // process: each Turn runs on the least loaded process of the plugin, so an
 // Instance is cheap, and turns of one Instance may run concurrently.
@@ -75,7 +47,7 @@ func (i *Instance) Close(context.Context) error {
 // not an error.
 //
 // ctx carries the turn's deadline (capped by Options.TurnTimeout) and
-// steers (WithSteers). When ctx ends, Turn returns at once with
+// steers (abi.WithSteers). When ctx ends, Turn returns at once with
 // KindTimeout or KindCanceled; the plugin is told to cancel the turn (its
 // TurnFunc's ctx is cancelled) and a process that does not stop it within
 // Options.CancelGrace is replaced.
@@ -188,7 +160,7 @@ func (c *call) run(ctx context.Context, in *wrapperspb.BytesValue) (*abi.TurnRes
 		}
 	}()
 
-	steers := steersFrom(ctx)
+	steers := abi.SteersOf(ctx)
 	for {
 		select {
 		case f := <-frames:

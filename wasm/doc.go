@@ -14,7 +14,7 @@
 // Steering and cancellation (abi/README.md, "Steering and cancellation"):
 //
 //	steers := make(chan abi.Steer, 16)         // one channel per Turn call
-//	res, err := inst.Turn(wasm.WithSteers(ctx, steers), req)
+//	res, err := inst.Turn(abi.WithSteers(ctx, steers), req)
 //	// meanwhile, after the store raised the revision: steers <- abi.Steer{TurnRef: newRef, ...}
 //	// res.TurnRef is the newest ref the guest took in (or req.TurnRef); the store decides
 //	// cancel()                                 // aborts the turn: a *TurnError of KindCanceled

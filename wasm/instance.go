@@ -160,7 +160,7 @@ func (i *Instance) Digest() string { return i.digest }
 // guest's result after checking it: size, JSON, abi.TurnResult.Validate and
 // the echoed turn_ref. An "error" outcome is a valid result, not an error.
 //
-// Steers reach the running turn through ctx (WithSteers). The result's
+// Steers reach the running turn through ctx (abi.WithSteers). The result's
 // TurnRef is then the request's or that of a steer the guest took in — the
 // newest one for a guest that follows the contract; which one, the host
 // learns from the result (a stale one is for the store's fences to reject).
@@ -190,7 +190,7 @@ func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnRes
 	defer i.glog.endTurn(ctx)
 	var steers *turnSteers
 	callCtx := withGuestLog(ctx, i.glog)
-	if ch := steersFrom(ctx); ch != nil {
+	if ch := abi.SteersOf(ctx); ch != nil {
 		steers = &turnSteers{ch: ch, log: i.rt.log, digest: i.digest, glog: i.glog}
 		callCtx = withTurnSteers(callCtx, steers)
 	}

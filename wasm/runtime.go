@@ -28,7 +28,7 @@ const (
 	HostLog = "log"
 	// HostSteerPoll is the host function steer_poll(buf_ptr i32, buf_cap
 	// i32) -> i32, by which a running turn takes in steers (see
-	// WithSteers). Importing it is optional.
+	// abi.WithSteers). Importing it is optional.
 	HostSteerPoll = "steer_poll"
 
 	// ExportABIVersion is paddock_abi_version() -> i32.

@@ -11,36 +11,6 @@ import (
 	"github.com/paddock-dev/paddock/abi"
 )
 
-// steersKey is the context key of the steer channel given to WithSteers.
-type steersKey struct{}
-
-// WithSteers returns a copy of ctx that carries steers, the steer input of
-// the turn that Instance.Turn runs with it (abi/README.md, "Steering and
-// cancellation"). While the turn runs, each paddock.steer_poll call of the
-// guest takes at most one steer from the channel, without blocking, and
-// hands it to the guest; a guest that does not poll (or does not import
-// steer_poll) never takes any.
-//
-// The host sends a steer only after it has persisted it and raised the
-// turn's revision: abi.Steer.TurnRef is the new turn_ref. Use one channel
-// per Turn call, buffered so that sending never blocks the host; the host
-// may close it. Steers still in the channel when Turn returns were not seen
-// by the guest: drop them — the result then echoes an older turn_ref, the
-// store rejects it (stale_revision) and the host runs the turn again with
-// the steers in abi.TurnRequest.Steers. Turn reads nothing from the channel
-// after it returns.
-//
-// A nil channel is the same as no channel.
-func WithSteers(ctx context.Context, steers <-chan abi.Steer) context.Context {
-	return context.WithValue(ctx, steersKey{}, steers)
-}
-
-// steersFrom returns the steer channel of ctx, nil if none.
-func steersFrom(ctx context.Context) <-chan abi.Steer {
-	ch, _ := ctx.Value(steersKey{}).(<-chan abi.Steer)
-	return ch
-}
-
 // turnSteersKey is the context key under which the steer_poll host function
 // finds the running turn's turnSteers (host functions are shared by all
 // instances).

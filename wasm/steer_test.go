@@ -23,7 +23,7 @@ func steerFor(req *abi.TurnRequest, msg string) abi.Steer {
 	return abi.Steer{TurnRef: ref, EventID: req.Event.ID + 1, Message: msg}
 }
 
-// TestSteerReachesRunningTurn: a steer sent through WithSteers while the
+// TestSteerReachesRunningTurn: a steer sent through abi.WithSteers while the
 // guest runs reaches it through steer_poll, and the result echoes the
 // steer's turn_ref (the new revision) and carries its message. The guest
 // takes one steer per poll and never reads ahead.
@@ -52,7 +52,7 @@ func TestSteerReachesRunningTurn(t *testing.T) {
 				}
 			}()
 			start := time.Now()
-			res, err := inst.Turn(wasm.WithSteers(context.Background(), steers), req)
+			res, err := inst.Turn(abi.WithSteers(context.Background(), steers), req)
 			el := time.Since(start)
 			if got := replyOf(t, res, err); got != "steered: "+steer.Message {
 				t.Fatalf("reply %.60q…, want the steer's message", got)
@@ -85,7 +85,7 @@ func TestSteerReachesRunningTurn(t *testing.T) {
 		steers := make(chan abi.Steer, 2)
 		steers <- first
 		steers <- second
-		res, err := inst.Turn(wasm.WithSteers(context.Background(), steers), req)
+		res, err := inst.Turn(abi.WithSteers(context.Background(), steers), req)
 		if got := replyOf(t, res, err); got != "steered: first" || res.TurnRef != first.TurnRef {
 			t.Fatalf("reply %q ref %v", got, res.TurnRef)
 		}
@@ -108,9 +108,9 @@ func TestTurnWithoutSteers(t *testing.T) {
 		ctx  context.Context
 	}{
 		{"no channel", ctx},
-		{"empty channel", wasm.WithSteers(ctx, make(chan abi.Steer))},
-		{"closed channel", wasm.WithSteers(ctx, closedSteers())},
-		{"nil channel", wasm.WithSteers(ctx, nil)},
+		{"empty channel", abi.WithSteers(ctx, make(chan abi.Steer))},
+		{"closed channel", abi.WithSteers(ctx, closedSteers())},
+		{"nil channel", abi.WithSteers(ctx, nil)},
 	} {
 		req := request("think 50", nil, 1)
 		res, err := inst.Turn(c.ctx, req)
@@ -123,7 +123,7 @@ func TestTurnWithoutSteers(t *testing.T) {
 	req := request("count", nil, 1)
 	steers := make(chan abi.Steer, 1)
 	steers <- steerFor(req, "ignored")
-	res, err := notes.Turn(wasm.WithSteers(ctx, steers), req)
+	res, err := notes.Turn(abi.WithSteers(ctx, steers), req)
 	if replyOf(t, res, err); res.TurnRef != req.TurnRef {
 		t.Fatalf("notes echoed %v, want the request's %v", res.TurnRef, req.TurnRef)
 	}
@@ -176,7 +176,7 @@ func TestSteerPollImportIsOptional(t *testing.T) {
 	inst := b.instance(t, info.Digest)
 	steers := make(chan abi.Steer, 1)
 	steers <- steerFor(req, "unheard")
-	res, err := inst.Turn(wasm.WithSteers(ctx, steers), req)
+	res, err := inst.Turn(abi.WithSteers(ctx, steers), req)
 	if err != nil || res.TurnRef != req.TurnRef {
 		t.Fatalf("%+v, %v", res, err)
 	}
@@ -240,7 +240,7 @@ func TestSteerPollABI(t *testing.T) {
 	oneSteer := func() context.Context {
 		ch := make(chan abi.Steer, 1)
 		ch <- steer
-		return wasm.WithSteers(ctx, ch)
+		return abi.WithSteers(ctx, ch)
 	}
 
 	t.Run("protocol", func(t *testing.T) {
@@ -261,7 +261,7 @@ func TestSteerPollABI(t *testing.T) {
 	t.Run("no steers", func(t *testing.T) {
 		t.Parallel()
 		mod := guest(pollExpect(buf, 1<<20, 0), pollExpect(0, 0, 0))
-		for _, c := range []context.Context{ctx, wasm.WithSteers(ctx, make(chan abi.Steer))} {
+		for _, c := range []context.Context{ctx, abi.WithSteers(ctx, make(chan abi.Steer))} {
 			if _, err := run(t, mod, c); err != nil {
 				t.Fatal(err)
 			}
@@ -299,7 +299,7 @@ func TestCancelDuringThink(t *testing.T) {
 	const after = 200 * time.Millisecond
 	time.AfterFunc(after, cancel)
 	start := time.Now()
-	_, err := inst.Turn(wasm.WithSteers(ctx, steers), request("think 60000", nil, 1))
+	_, err := inst.Turn(abi.WithSteers(ctx, steers), request("think 60000", nil, 1))
 	turnError(t, err, wasm.KindCanceled)
 	// Far below the 60 s think: the cancel ended it (generous for a
 	// loaded machine).

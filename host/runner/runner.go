@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/fabric"
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/plugins"
@@ -76,7 +75,7 @@ func (r *Runner) Instantiate(ctx context.Context, binding string) (host.Instance
 		if err != nil {
 			return nil, err
 		}
-		return fabricInstance{inst}, nil
+		return inst, nil
 	}
 	name, sum, ok := plugins.ParseBinding(binding)
 	if !ok {
@@ -98,7 +97,7 @@ func (r *Runner) Instantiate(ctx context.Context, binding string) (host.Instance
 	if err != nil {
 		return nil, err
 	}
-	return pluginInstance{inst}, nil
+	return inst, nil
 }
 
 // CheckPlugin registers w with this host's plugin manager, which verifies
@@ -110,24 +109,4 @@ func (r *Runner) CheckPlugin(ctx context.Context, w store.PluginWorker) error {
 
 func pluginConfig(w store.PluginWorker) plugins.Config {
 	return plugins.Config{Name: w.Name, Path: w.Path, SHA256: w.SHA256, Env: w.Env, Processes: w.Processes}
-}
-
-// pluginInstance hands the host's steer channel to the plugin turn.
-type pluginInstance struct{ *plugins.Instance }
-
-func (i pluginInstance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
-	if ch := host.SteersOf(ctx); ch != nil {
-		ctx = plugins.WithSteers(ctx, ch)
-	}
-	return i.Instance.Turn(ctx, req)
-}
-
-// fabricInstance hands the host's steer channel to the remote turn.
-type fabricInstance struct{ *fabric.Instance }
-
-func (i fabricInstance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
-	if ch := host.SteersOf(ctx); ch != nil {
-		ctx = fabric.WithSteers(ctx, ch)
-	}
-	return i.Instance.Turn(ctx, req)
 }

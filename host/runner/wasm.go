@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/wasm"
@@ -39,18 +38,7 @@ func (w *Wasm) Instantiate(ctx context.Context, binding string) (host.Instance, 
 	if err != nil {
 		return nil, err
 	}
-	return instance{inst}, nil
-}
-
-// instance hands the host's steer channel to the wasm runtime, whose
-// steer_poll import gives it to the guest.
-type instance struct{ *wasm.Instance }
-
-func (i instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
-	if ch := host.SteersOf(ctx); ch != nil {
-		ctx = wasm.WithSteers(ctx, ch)
-	}
-	return i.Instance.Turn(ctx, req)
+	return inst, nil
 }
 
 // Inspect validates an uploaded module (the API's Modules seam): it must be
