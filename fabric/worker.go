@@ -130,7 +130,7 @@ var errSessionLost = errors.New("fabric: session lost")
 // wasm modules (fetched from the host by digest and cached under
 // CacheDir) and the plugins of cfg.Plugins. It answers every TURN at once
 // with ACCEPTED or BUSY, then RESULT or ERROR; STEER reaches the running
-// turn (wasm.WithSteers / plugins.WithSteers) and CANCEL cancels its ctx.
+// turn (abi.WithSteers) and CANCEL cancels its ctx.
 //
 // When the connection breaks, the host goes silent for the heartbeat
 // timeout, or the host REJECTs the session, the worker cancels the turns
@@ -447,7 +447,7 @@ func (c *conn) sendLoop() error {
 func (c *conn) run(ctx context.Context, frames <-chan []byte, recvErr, sendDone <-chan error, hbInterval, hbTimeout time.Duration, capacity int) error {
 	w := c.w
 	turns := map[string]*running{}
-	finished := make(chan string, 64)
+	finished := make(chan finishedTurn, 64)
 	rx, acked := c.welcomeBytes, uint64(0)
 	lastHeard := time.Now()
 	tick := time.NewTicker(hbInterval)
@@ -500,7 +500,12 @@ func (c *conn) run(ctx context.Context, frames <-chan []byte, recvErr, sendDone 
 				}
 			}
 		case d := <-finished:
-			delete(turns, d)
+			delete(turns, d.id)
+			if d.msg != nil {
+				if err := c.send(d.kind, d.msg); err != nil {
+					return err
+				}
+			}
 		case <-tick.C:
 			if time.Since(lastHeard) > hbTimeout {
 				return fmt.Errorf("%w: nothing from the host for %s", errSessionLost, hbTimeout)
@@ -532,7 +537,7 @@ func (c *conn) run(ctx context.Context, frames <-chan []byte, recvErr, sendDone 
 }
 
 // dispatch handles one authenticated message from the host.
-func (c *conn) dispatch(ctx context.Context, kind wire.Kind, body []byte, turns map[string]*running, finished chan<- string, rx uint64, capacity int) error {
+func (c *conn) dispatch(ctx context.Context, kind wire.Kind, body []byte, turns map[string]*running, finished chan<- finishedTurn, rx uint64, capacity int) error {
 	w := c.w
 	switch kind {
 	case wire.KindPing:
@@ -594,7 +599,7 @@ func (c *conn) dispatch(ctx context.Context, kind wire.Kind, body []byte, turns 
 }
 
 // startTurn answers a TURN with ACCEPTED (and runs it), BUSY or ERROR.
-func (c *conn) startTurn(ctx context.Context, t wire.Turn, turns map[string]*running, finished chan<- string, capacity int) {
+func (c *conn) startTurn(ctx context.Context, t wire.Turn, turns map[string]*running, finished chan<- finishedTurn, capacity int) {
 	w := c.w
 	refuse := func(code, msg string) {
 		ref := t.TurnRef
@@ -630,27 +635,33 @@ func (c *conn) startTurn(ctx context.Context, t wire.Turn, turns map[string]*run
 	w.turnsWG.Add(1)
 	go func() {
 		defer w.turnsWG.Done()
-		defer func() {
-			select {
-			case finished <- t.DeliveryID:
-			case <-c.ctx.Done():
-			}
-		}()
 		defer cancel()
+		// The reply is sent by the session loop after it released the
+		// turn's slot: a host that sends the next TURN as soon as this
+		// RESULT arrives must find the capacity free (never a BUSY).
+		done := finishedTurn{id: t.DeliveryID}
 		res, err := w.runTurn(tctx, c, t.Binding, req, r.steers)
 		if err != nil {
 			ref := req.TurnRef
 			w.log.LogAttrs(ctx, slog.LevelInfo, "fabric worker turn failed", slog.String("turn_ref", ref.String()),
 				slog.String("error", err.Error()))
-			_ = c.send(wire.KindError, wire.Error{DeliveryID: t.DeliveryID, TurnRef: &ref, Code: errorCode(err), Message: err.Error()})
-			return
+			done.kind, done.msg = wire.KindError, wire.Error{DeliveryID: t.DeliveryID, TurnRef: &ref, Code: errorCode(err), Message: err.Error()}
+		} else if body, err := json.Marshal(res); err == nil {
+			done.kind, done.msg = wire.KindResult, wire.Result{DeliveryID: t.DeliveryID, TurnRef: res.TurnRef, Result: body}
 		}
-		body, err := json.Marshal(res)
-		if err != nil {
-			return
+		select {
+		case finished <- done:
+		case <-c.ctx.Done():
 		}
-		_ = c.send(wire.KindResult, wire.Result{DeliveryID: t.DeliveryID, TurnRef: res.TurnRef, Result: body})
 	}()
+}
+
+// finishedTurn is a turn that ended, with the reply to send once its slot
+// is free (kind 0: none).
+type finishedTurn struct {
+	id   string
+	kind wire.Kind
+	msg  any
 }
 
 // errorCode names a turn failure for the ERROR message.
@@ -679,7 +690,7 @@ func (w *worker) runTurn(ctx context.Context, c *conn, binding string, req *abi.
 		if err != nil {
 			return nil, err
 		}
-		return inst.Turn(plugins.WithSteers(ctx, steers), req)
+		return inst.Turn(abi.WithSteers(ctx, steers), req)
 	}
 	if err := w.ensureModule(ctx, c, binding); err != nil {
 		return nil, err
@@ -689,7 +700,7 @@ func (w *worker) runTurn(ctx context.Context, c *conn, binding string, req *abi.
 	if err != nil {
 		return nil, err
 	}
-	res, err := inst.Turn(wasm.WithSteers(ctx, steers), req)
+	res, err := inst.Turn(abi.WithSteers(ctx, steers), req)
 	if err != nil || inst.ShouldRecycle() {
 		_ = inst.Close(context.WithoutCancel(ctx))
 	} else {
