@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/security/null"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/fabric/guard"
 	"github.com/paddock-dev/paddock/fabric/wire"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
@@ -20,45 +24,81 @@ import (
 type rawClient struct {
 	t      *testing.T
 	id     string
-	sock   zmq4.Socket
+	sock   zmq4.Socket // nil for a client on a bare connection (rawConn)
+	sendMu sync.Mutex  // rawConn: zmq4.Conn sends are not concurrent-safe
+	sendFn func(zmq4.Msg) error
 	frames chan []byte
+	rx     atomic.Uint64 // bytes of every frame received (flow-control acks)
 	inc    wire.ID
 	sess   *wire.Session
 	sent   [][]byte // every frame sent, for replays
 	gate   *gate    // closed: the client stops receiving
+	// stopOn, if set, closes gate once a frame of this kind was received.
+	stopOn atomic.Int32
 }
 
 func (e *env) raw(id string) *rawClient {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	sock := zmq4.NewDealer(ctx, zmq4.WithID(zmq4.SocketIdentity(id)), zmq4.WithTimeout(5*time.Second))
-	if err := sock.Dial(e.b.Endpoint()); err != nil {
+	if err := sock.Dial(e.connect()); err != nil {
 		e.t.Fatal(err)
 	}
-	r := &rawClient{t: e.t, id: id, sock: sock, frames: make(chan []byte, 1024), gate: newGate()}
-	go func() {
-		for {
-			r.gate.wait()
-			m, err := sock.Recv()
-			if err != nil {
-				return
-			}
-			if len(m.Frames) == 1 {
-				select {
-				case r.frames <- m.Frames[0]:
-				default: // keep reading: a rogue that stops reading is another test
-				}
-			}
-		}
-	}()
+	r := &rawClient{t: e.t, id: id, sock: sock, sendFn: sock.Send, frames: make(chan []byte, 1024), gate: newGate()}
+	go r.recvLoop(sock.Recv)
 	e.t.Cleanup(func() { r.gate.release(); cancel(); sock.Close() })
 	return r
+}
+
+// rawConn is a raw client on one bare TCP connection with a small receive
+// buffer: when it stops reading, nothing (no zmq4 reader goroutine, no
+// channel) drains the kernel buffers, so the host's writes to it block.
+func (e *env) rawConn(id string) (*rawClient, net.Conn) {
+	e.t.Helper()
+	nc, err := net.Dial("tcp", e.addr())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	_ = nc.(*net.TCPConn).SetReadBuffer(4 << 10)
+	zc, err := zmq4.Open(nc, null.Security(), zmq4.Dealer, zmq4.SocketIdentity(id), false, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r := &rawClient{t: e.t, id: id, frames: make(chan []byte, 1024), gate: newGate()}
+	r.sendFn = func(m zmq4.Msg) error {
+		r.sendMu.Lock()
+		defer r.sendMu.Unlock()
+		return zc.SendMsg(m)
+	}
+	go r.recvLoop(zc.RecvMsg)
+	e.t.Cleanup(func() { r.gate.release(); nc.Close() })
+	return r, nc
+}
+
+func (r *rawClient) recvLoop(recv func() (zmq4.Msg, error)) {
+	for {
+		r.gate.wait()
+		m, err := recv()
+		if err != nil {
+			return
+		}
+		if len(m.Frames) == 1 {
+			r.rx.Add(uint64(len(m.Frames[0])))
+			if k := r.stopOn.Load(); k != 0 && len(m.Frames[0]) > 1 && int32(m.Frames[0][1]) == k {
+				r.gate.close()
+			}
+			select {
+			case r.frames <- m.Frames[0]:
+			default: // keep reading: a rogue that stops reading is another test
+			}
+		}
+	}
 }
 
 func (r *rawClient) send(frame []byte) {
 	r.t.Helper()
 	r.sent = append(r.sent, frame)
-	if err := r.sock.Send(zmq4.NewMsg(frame)); err != nil {
+	if err := r.sendFn(zmq4.NewMsg(frame)); err != nil {
 		r.t.Fatal(err)
 	}
 }
@@ -78,7 +118,13 @@ func (r *rawClient) hello(key []byte, pool string, capacity int) ([]byte, wire.I
 // join performs HELLO → WELCOME → HEARTBEAT with key, as a real worker.
 func (r *rawClient) join(key []byte, pool string) {
 	r.t.Helper()
-	f, inc := r.hello(key, pool, 1)
+	r.joinCap(key, pool, 1)
+}
+
+// joinCap is join announcing capacity.
+func (r *rawClient) joinCap(key []byte, pool string, capacity int) {
+	r.t.Helper()
+	f, inc := r.hello(key, pool, capacity)
 	r.send(f)
 	r.inc = inc
 	deadline := time.After(5 * time.Second)
@@ -134,19 +180,29 @@ func (r *rawClient) await(key []byte, kind wire.Kind, within time.Duration) []by
 
 // Bad input from rogue clients and misbehaving workers is dropped and
 // counted, and never delays a healthy worker's turns beyond their
-// timeouts.
-func TestBadInputIsDroppedAndCounted(t *testing.T) {
-	e := newEnv(t)
+// timeouts. TestGuardedBadInputIsDroppedAndCounted (guarded_test.go) runs
+// the same rogues against a broker bound through the guard transport.
+func TestBadInputIsDroppedAndCounted(t *testing.T) { badInput(t, newEnv(t)) }
+
+func badInput(t *testing.T, e *env) {
 	digest := e.module(wasmtest.Faulty)
-	e.startWorker("w1", func(c *WorkerConfig) { c.Pools = []string{"h", "p"} })
+	e.startWorker("w1", func(c *WorkerConfig) { c.Pools = []string{"h"} })
+	e.startWorker("w6") // pool "p": the victim of the forged RESULT
 	e.mustReply("h", digest, e.request("", "warm"))
+	e.mustReply("p", digest, e.request("", "warm"))
+	transport := "tcp://"
+	var g0 guard.Stats
+	if e.guarded {
+		transport = "gtcp:// (guard)"
+		g0 = guard.Default().Stats()
+	}
 	stop := make(chan struct{})
 	slowest := e.healthy(digest, stop)
 	defer func() {
 		close(stop)
 		s := slowest()
-		figure(t, "fabric: slowest healthy turn while rogues sent no-key, forged, replayed, unknown-version, 100 MB and flood frames: %s (accept timeout %s)",
-			s.Round(time.Millisecond), testAccept)
+		figure(t, "fabric (%s): slowest healthy turn while rogues sent no-key, forged, replayed, unknown-version, 100 MB and flood frames: %s (accept timeout %s)",
+			transport, s.Round(time.Millisecond), testAccept)
 		if s > testAccept {
 			t.Errorf("a healthy turn took %s", s)
 		}
@@ -177,22 +233,44 @@ func TestBadInputIsDroppedAndCounted(t *testing.T) {
 	})
 
 	t.Run("forged result with another session's turn_ref", func(t *testing.T) {
-		// w1 runs a turn; meanwhile (a) a keyless rogue squatting w1's
-		// identity sends a RESULT under w1's live session header, and (b)
-		// an authenticated worker w3 sends a RESULT echoing w1's turn_ref
-		// and delivery id. Neither completes w1's turn: (a) is forged,
+		// w6 runs a turn; meanwhile (a) a keyless rogue squatting w6's
+		// identity sends a RESULT under w6's live session header, and (b)
+		// an authenticated worker w3 sends a RESULT echoing w6's turn_ref
+		// and delivery id. Neither completes w6's turn: (a) is forged,
 		// (b) goes to LateResult, for the fences to reject.
-		out, req := e.runLong(digest, "w1", "sleep 800")
+		//
+		// On gtcp:// the guard's DuplicateHandover policy gives the
+		// rogue's connection the identity and closes w6's: w6 reconnects
+		// at once (its new connection hands the rogue over in turn) under
+		// a new incarnation, so its turn may fail as worker_lost (an
+		// attempt, retried) — but never with the forged content.
 		before := drops()
+		var hb0 uint64
+		if e.guarded {
+			hb0 = guard.Default().Stats().HandedOver
+		}
+		inc0 := e.incarnation("w6")
+		req := e.request("", "sleep 800")
+		type outcome struct {
+			res *abi.TurnResult
+			err error
+		}
+		out := make(chan outcome, 1)
+		busy := e.inflight("w6")
+		go func() {
+			res, err := e.turnIn("p", digest, req)
+			out <- outcome{res, err}
+		}()
+		e.waitFor("turn running on w6", 10*time.Second, func() bool { return e.inflight("w6") > busy })
 		b := e.b
 		b.mu.Lock()
-		live := b.peers["w1"].cur.key
+		live := b.peers["w6"].cur.key
 		b.mu.Unlock()
 		forged, _ := json.Marshal(abi.TurnResult{TurnRef: req.TurnRef, Outcome: abi.OutcomeOK,
 			Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "forged"}}})
 		env, _ := json.Marshal(wire.Result{DeliveryID: req.TurnRef.DeliveryID, TurnRef: req.TurnRef, Result: forged})
-		fake, _ := wire.NewSession(wire.NewKey(), "w1", live.incarnation, live.session)
-		rogue := e.raw("w1")
+		fake, _ := wire.NewSession(wire.NewKey(), "w6", live.incarnation, live.session)
+		rogue := e.raw("w6")
 		rogue.send(fake.Seal(wire.ToHost, wire.KindResult, 1<<40, env))
 		expect("forged drop", func(d Drops) uint64 { return d.Forged }, 1, before)
 
@@ -207,8 +285,21 @@ func TestBadInputIsDroppedAndCounted(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("the authenticated worker's misdirected RESULT did not reach LateResult")
 		}
-		if err := <-out; err != nil {
-			t.Fatalf("w1's turn: %v", err)
+		o := <-out
+		if o.err == nil {
+			if len(o.res.Messages) == 1 && o.res.Messages[0].Content == "forged" {
+				t.Fatal("w6's turn completed with the forged result")
+			}
+		} else if te := turnError(t, o.err); !e.guarded || te.Kind != KindWorkerLost {
+			t.Fatalf("w6's turn: %v", o.err)
+		}
+		if e.guarded {
+			e.waitFor("w6 back under a new incarnation", 15*time.Second, func() bool {
+				inc := e.incarnation("w6")
+				return inc != "" && inc != inc0
+			})
+			figure(t, "fabric (gtcp://): a keyless client squatting w6's identity took its connection (handover, +%d HandedOver); w6's turn ended with %v; w6 rejoined under a new incarnation; the forged RESULT was dropped as forged",
+				guard.Default().Stats().HandedOver-hb0, o.err)
 		}
 	})
 
@@ -243,6 +334,10 @@ func TestBadInputIsDroppedAndCounted(t *testing.T) {
 	})
 
 	t.Run("100 MB frame", func(t *testing.T) {
+		if e.guarded {
+			hugeFrameDeclaration(t, e)
+			return
+		}
 		before := drops()
 		r := e.raw("rogue-big")
 		big := make([]byte, 100<<20)
@@ -256,7 +351,7 @@ func TestBadInputIsDroppedAndCounted(t *testing.T) {
 	t.Run("flood of hellos", func(t *testing.T) {
 		before := drops()
 		// Keyless: every HELLO fails authentication.
-		r := e.raw("w6")
+		r := e.raw("w2")
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			for range 2000 {
@@ -281,6 +376,11 @@ func TestBadInputIsDroppedAndCounted(t *testing.T) {
 	}
 	d := drops()
 	t.Logf("drops: %+v", d)
+	if e.guarded {
+		g := guard.Default().Stats()
+		figure(t, "fabric (gtcp://): broker drops %+v; guard cut %d oversized frame(s), handed over %d connection(s), %d write timeout(s)",
+			d, g.OversizedFrames-g0.OversizedFrames, g.HandedOver-g0.HandedOver, g.WriteTimeouts-g0.WriteTimeouts)
+	}
 	if e.incarnation("w1") == "" {
 		t.Fatal("the healthy worker was lost")
 	}

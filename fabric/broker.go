@@ -885,6 +885,10 @@ func (b *Broker) clock(now time.Time) {
 	for _, l := range lost {
 		b.log.LogAttrs(b.ctx, slog.LevelWarn, "fabric worker lost", slog.String("worker", l.s.worker),
 			slog.String("incarnation", l.s.key.incarnation.String()), slog.String("reason", l.reason))
+		if l.reason != ReasonHeartbeatTimeout {
+			// It still sends but does not read: cut its connection too.
+			b.disconnect(l.s.worker)
+		}
 		b.reject(b.peers[l.s.worker], l.s.key.incarnation, wire.Reject{Code: wire.RejectEvicted,
 			Message: "the host ended this session: " + l.reason})
 	}
@@ -923,8 +927,18 @@ func (b *Broker) clock(now time.Time) {
 			b.endLocked(st.sess, ReasonSendStalled)
 			b.mu.Unlock()
 		}
-		b.log.LogAttrs(b.ctx, slog.LevelError, "fabric send stalled: worker stopped reading; every send waits behind it (zmq4 global send lock)",
+		b.log.LogAttrs(b.ctx, slog.LevelError, "fabric send stalled: worker stopped reading; cutting its connection (zmq4 global send lock)",
 			slog.String("worker", st.worker), slog.Duration("stalled_for", now.Sub(st.start)))
+		b.disconnect(st.worker)
+	}
+}
+
+// disconnect closes a worker's transport connections through the
+// configured hook (outside b.mu), if any.
+func (b *Broker) disconnect(worker string) {
+	if b.cfg.Disconnect != nil && worker != "" {
+		n := b.cfg.Disconnect(worker)
+		b.log.LogAttrs(b.ctx, slog.LevelInfo, "fabric worker connection cut", slog.String("worker", worker), slog.Int("connections", n))
 	}
 }
 

@@ -77,6 +77,12 @@ type BrokerConfig struct {
 	// fences, which reject and count it. Nil: late results are counted and
 	// dropped.
 	LateResult func(*abi.TurnResult)
+	// Disconnect, if set, closes the transport connection(s) of a worker
+	// id (fabric/guard's Guard.Disconnect). The broker calls it when it
+	// gives up on a worker that stopped reading (ping timeout, not reading,
+	// send stalled): a write stuck behind that peer ends at once instead of
+	// at the transport's write timeout, and its buffers are released.
+	Disconnect func(id string) int
 	// ClockSkew is how far a HELLO's timestamp may be from the broker's
 	// clock.
 	ClockSkew time.Duration

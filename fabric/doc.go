@@ -67,7 +67,7 @@
 //     meanwhile nothing can be sent (turns fail fast, not sent; workers
 //     see no PING and reconnect). TestGapIdentitySquatterStallsPlainTCP
 //     pins it. The guard transport's per-write deadline and identity
-//     handover bound it at its WriteTimeout: use a "gtcp://" endpoint.
+//     identity handover removes the squatter stall, and the broker cuts a stalled peer through BrokerConfig.Disconnect: use a "gtcp://" endpoint.
 //
 // Other library gaps, and where they are handled: no heartbeats (the
 // fabric's HEARTBEAT/PING/PONG), sends to a gone identity silently dropped
@@ -75,5 +75,5 @@
 // within AcceptTimeout), no maximum message size (the broker drops
 // messages over MaxMessageBytes, but only after zmq4 allocated them — the
 // guard refuses them before), the ZMTP handshake in the accept loop (the
-// guard). See abi/FABRIC.md, "Library gaps".
+// guard). See abi/FABRIC.md, "Security and limits: library gaps".
 package fabric

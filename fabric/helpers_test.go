@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/fabric/guard"
 	"github.com/paddock-dev/paddock/fabric/wire"
 	"github.com/paddock-dev/paddock/plugins"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
@@ -81,6 +82,7 @@ func (w *testWriter) Write(p []byte) (int, error) {
 type env struct {
 	t       *testing.T
 	b       *Broker
+	guarded bool // the broker binds through the guard transport (withGuard)
 	keys    map[string][]byte
 	late    chan *abi.TurnResult
 	modules sync.Map // digest → []byte
@@ -114,6 +116,7 @@ func newEnv(t *testing.T, tweak ...func(*BrokerConfig)) *env {
 	for _, f := range tweak {
 		f(&cfg)
 	}
+	e.guarded = !strings.HasPrefix(cfg.Endpoint, "tcp://")
 	b, err := NewBroker(context.Background(), cfg, testLogger(t).With("side", "host"))
 	if err != nil {
 		t.Fatal(err)
@@ -128,6 +131,58 @@ func newEnv(t *testing.T, tweak ...func(*BrokerConfig)) *env {
 	})
 	return e
 }
+
+// withGuard binds the broker as production does (cmd/paddock startBroker):
+// through the guard transport registered by guard.Register() under
+// "gtcp", with its default options. zmq4's transport registry is
+// process-global and cannot unregister; guard.Register is idempotent (a
+// sync.Once), so every guarded env of this test binary shares that one
+// registration and guard.Default()'s counters — compare deltas.
+func withGuard(c *BrokerConfig) {
+	if err := guard.Register(); err != nil {
+		panic(err)
+	}
+	c.Endpoint = guard.DefaultScheme + "://127.0.0.1:0"
+}
+
+// shortGuard is a second guard transport, scheme "gtcp-w1s", with a 1 s
+// WriteTimeout: below the broker's send and heartbeat timeouts (the
+// configuration abi/FABRIC.md recommends). Registered once per test
+// binary, like the default one.
+var shortGuard = sync.OnceValue(func() *guard.Guard {
+	g, err := guard.New(guard.Options{WriteTimeout: time.Second})
+	if err == nil {
+		err = g.Register("gtcp-w1s")
+	}
+	if err != nil {
+		panic(err)
+	}
+	return g
+})
+
+func withShortGuard(c *BrokerConfig) { c.Endpoint = shortGuard().Endpoint("127.0.0.1:0") }
+
+// tguard is the guard the broker binds through (nil on plain tcp://).
+func (e *env) tguard() *guard.Guard {
+	switch scheme, _, _ := strings.Cut(e.b.Endpoint(), "://"); scheme {
+	case guard.DefaultScheme:
+		return guard.Default()
+	case shortGuard().Scheme():
+		return shortGuard()
+	}
+	return nil
+}
+
+// addr is the broker's bound host:port.
+func (e *env) addr() string {
+	_, a, _ := strings.Cut(e.b.Endpoint(), "://")
+	return a
+}
+
+// connect is the endpoint workers dial: plain tcp:// whatever transport
+// the broker binds (production workers, libzmq ones included, never dial
+// gtcp://).
+func (e *env) connect() string { return "tcp://" + e.addr() }
 
 // module builds an example wasm agent and offers it to workers; it
 // returns the digest (the binding).
@@ -196,7 +251,7 @@ func (e *env) startWorker(id string, tweak ...func(*WorkerConfig)) *testWorker {
 	e.t.Helper()
 	tw := &testWorker{id: id, done: make(chan error, 1), die: make(chan struct{}), gate: newGate()}
 	cfg := WorkerConfig{
-		Connect: e.b.Endpoint(), ID: id, Key: e.keys[id], Pools: []string{"p"}, Capacity: 2,
+		Connect: e.connect(), ID: id, Key: e.keys[id], Pools: []string{"p"}, Capacity: 2,
 		CacheDir: e.t.TempDir(), Wasm: wasm.Config{CacheDir: wasmtest.CacheDir(e.t), TurnTimeout: turnDeadline},
 		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond,
 		hooks: &workerHooks{recvGate: tw.gate.wait, die: tw.die},

@@ -20,7 +20,7 @@ func (e *env) startProcessWorker(bin, id string) *exec.Cmd {
 	before := e.incarnation(id)
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(),
-		"FABRIC_CONNECT="+e.b.Endpoint(), "FABRIC_ID="+id, "FABRIC_KEY="+hex.EncodeToString(e.keys[id]),
+		"FABRIC_CONNECT="+e.connect(), "FABRIC_ID="+id, "FABRIC_KEY="+hex.EncodeToString(e.keys[id]),
 		"FABRIC_POOL=p", "FABRIC_CAPACITY=2", "FABRIC_CACHE_DIR="+e.t.TempDir(),
 		"FABRIC_WASM_CACHE_DIR="+wasmtest.CacheDir(e.t))
 	var stderr bytes.Buffer

@@ -3,6 +3,7 @@ package fabric
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -87,7 +88,15 @@ func (r *rawClient) stopReading() { r.gate.close() }
 // msgQuiet sends a heartbeat acknowledging nothing, ignoring errors.
 func (r *rawClient) msgQuiet(*testing.T) {
 	f := r.sess.Seal(wire.ToHost, wire.KindHeartbeat, r.sess.NextSeq(), []byte(`{"free":1,"running":0,"rx_bytes":0}`))
-	_ = r.sock.Send(zmq4.NewMsg(f))
+	_ = r.sendFn(zmq4.NewMsg(f))
+}
+
+// msgAck sends a heartbeat acknowledging every byte received so far (as
+// a real worker does), ignoring errors.
+func (r *rawClient) msgAck() {
+	body := fmt.Sprintf(`{"free":1,"running":0,"rx_bytes":%d}`, r.rx.Load())
+	f := r.sess.Seal(wire.ToHost, wire.KindHeartbeat, r.sess.NextSeq(), []byte(body))
+	_ = r.sendFn(zmq4.NewMsg(f))
 }
 
 // THE REMAINING GAP on plain tcp:// (closed by the guard transport): a
@@ -98,9 +107,10 @@ func (r *rawClient) msgQuiet(*testing.T) {
 // behind it. The broker detects it after SendTimeout: the worker is marked
 // lost (send_stalled), turns fail fast as not sent (nothing is delayed
 // past its timeouts, but nothing can be sent either) — until the stuck
-// connection breaks. Received results still flow. The guard transport's
-// per-write deadline and duplicate-identity handover bound this at its
-// WriteTimeout; this test pins the behaviour on plain tcp://.
+// connection breaks. Received results still flow. This test pins the
+// behaviour on plain tcp://; over the guard transport (production) the
+// squatter's connection takes the identity over instead of sharing it, so
+// there is no fan-out and no stall: TestGuardedIdentitySquatterIsHandedOver.
 func TestGapIdentitySquatterStallsPlainTCP(t *testing.T) {
 	e := newEnv(t)
 	digest := e.module(wasmtest.Faulty)
@@ -110,8 +120,7 @@ func TestGapIdentitySquatterStallsPlainTCP(t *testing.T) {
 	e.mustReply("h", digest, e.request("", "warm"))
 
 	// The squatter: a raw ZMTP handshake as DEALER "w1", then silence.
-	addr := strings.TrimPrefix(e.b.Endpoint(), "tcp://")
-	nc, err := net.Dial("tcp", addr)
+	nc, err := net.Dial("tcp", e.addr())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -223,12 +223,22 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 // (greetings pre-read off the accept loop, frame sizes capped, stalled
 // writes cut: fabric/guard) for the configured workers.
 func startBroker(ctx context.Context, cfg config.Config, st store.Store, log *slog.Logger, lateResult func(*abi.TurnResult)) (*fabric.Broker, error) {
-	if err := guard.Register(); err != nil {
+	// The guard's write timeout sits below the broker's send timeout and
+	// the heartbeat margin, so a peer that stops reading is cut before it
+	// costs anyone a heartbeat; its frame limit is the broker's message
+	// limit, enforced before allocation.
+	wt := min(cfg.Fabric.SendTimeout, cfg.Fabric.HeartbeatTimeout-cfg.Fabric.HeartbeatInterval) * 3 / 4
+	g, err := guard.New(guard.Options{WriteTimeout: wt, MaxFrameSize: int64(cfg.Fabric.MaxMessageBytes), MaxMessageSize: int64(cfg.Fabric.MaxMessageBytes),
+		Logger: log.With("component", "fabric.guard")})
+	if err != nil {
+		return nil, fmt.Errorf("fabric: guard: %w", err)
+	}
+	if err := g.Register("gtcp-serve"); err != nil {
 		return nil, fmt.Errorf("fabric: %w", err)
 	}
 	endpoint := cfg.Fabric.Listen
 	if rest, ok := strings.CutPrefix(endpoint, "tcp://"); ok {
-		endpoint = guard.DefaultScheme + "://" + rest // workers still dial tcp://
+		endpoint = g.Endpoint(rest) // workers still dial plain tcp://
 	}
 	keys := map[string][]byte{}
 	for _, w := range cfg.Fabric.Workers {
@@ -248,6 +258,7 @@ func startBroker(ctx context.Context, cfg config.Config, st store.Store, log *sl
 			return m.Bytes, err
 		},
 		LateResult: lateResult,
+		Disconnect: g.Disconnect,
 	}, log)
 	if err != nil {
 		return nil, fmt.Errorf("fabric: listen %s: %w", cfg.Fabric.Listen, err)
