@@ -63,25 +63,23 @@ type TurnError struct {
 	Err error
 }
 
-// Error reads like "fabric turn a/s@e3/ev7/r0/d9 pool gpu worker w1:
-// worker_lost (ping_timeout): …".
+// Error reads like "worker_lost (ping_timeout): … [fabric pool gpu worker w1]".
 func (e *TurnError) Error() string {
+	// The cause first (it is what a user reads in an event's last_error);
+	// where it happened after. The turn_ref is in the logs and the event.
 	var b strings.Builder
-	b.WriteString("fabric turn")
-	if e.TurnRef != "" {
-		b.WriteString(" " + e.TurnRef)
-	}
-	fmt.Fprintf(&b, " pool %s", e.Pool)
-	if e.Worker != "" {
-		fmt.Fprintf(&b, " worker %s", e.Worker)
-	}
-	fmt.Fprintf(&b, ": %s", e.Kind)
+	b.WriteString(e.Kind)
 	if e.Code != "" {
 		fmt.Fprintf(&b, " (%s)", e.Code)
 	}
 	if e.Err != nil {
 		fmt.Fprintf(&b, ": %v", e.Err)
 	}
+	fmt.Fprintf(&b, " [fabric pool %s", e.Pool)
+	if e.Worker != "" {
+		fmt.Fprintf(&b, " worker %s", e.Worker)
+	}
+	b.WriteString("]")
 	return b.String()
 }
 

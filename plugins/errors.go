@@ -90,21 +90,21 @@ type TurnError struct {
 // Error reads like `plugin notes (sha256 3f2a…) pid 4242 turn a/s@e3/ev7/r0/d9:
 // crash: plugin process exited during the turn (signal: killed)`.
 func (e *TurnError) Error() string {
+	// The cause first (it is what a user reads in an event's last_error);
+	// where it happened after. The turn_ref is in the logs and the event.
 	var b strings.Builder
-	fmt.Fprintf(&b, "plugin %s", e.Plugin)
+	fmt.Fprintf(&b, "%s: %v", e.Kind, e.Err)
+	if out := strings.TrimSpace(e.Output); out != "" {
+		b.WriteString("; stderr: " + lastLines(out, 6))
+	}
+	fmt.Fprintf(&b, " [plugin %s", e.Plugin)
 	if e.SHA256 != "" {
-		fmt.Fprintf(&b, " (sha256 %s)", short(e.SHA256))
+		fmt.Fprintf(&b, " sha256 %s", short(e.SHA256))
 	}
 	if e.PID != 0 {
 		fmt.Fprintf(&b, " pid %d", e.PID)
 	}
-	if e.TurnRef != "" {
-		b.WriteString(" turn " + e.TurnRef)
-	}
-	fmt.Fprintf(&b, ": %s: %v", e.Kind, e.Err)
-	if out := strings.TrimSpace(e.Output); out != "" {
-		b.WriteString("; stderr: " + lastLines(out, 6))
-	}
+	b.WriteString("]")
 	return b.String()
 }
 

@@ -603,7 +603,8 @@ type ExpireActivationParams struct {
 // FailResult reports what a failed attempt did to its event and session.
 // A counted failure applies the session's crash policy in the same
 // transaction: restart leaves the session active; sleep parks it (sleeping,
-// sleep_ts, reason "crash"); destroy destroys it and discards its open
+// sleep_ts, reason "crash") unless the failure dead-lettered the event,
+// which moves the session on; destroy destroys it and discards its open
 // events (DESIGN "Crash policy").
 type FailResult struct {
 	EventID       int64

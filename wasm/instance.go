@@ -67,16 +67,23 @@ type TurnError struct {
 // Error reads like "wasm turn sha256:…/agent/s1@e3/ev7/r0/d9: exit: guest
 // exited with code 2: module closed with exit_code(2); stderr: panic: …".
 func (e *TurnError) Error() string {
+	// The cause first (it is what a user reads in an event's last_error);
+	// where it happened after. The turn_ref is in the logs and the event.
 	var b strings.Builder
-	fmt.Fprintf(&b, "wasm %s %s", e.Op, e.Digest)
-	if e.TurnRef != "" {
-		b.WriteString(" " + e.TurnRef)
-	}
-	fmt.Fprintf(&b, ": %s: %s", e.Kind, firstLines(fmt.Sprint(e.Err), 8))
+	fmt.Fprintf(&b, "%s: %s", e.Kind, firstLines(fmt.Sprint(e.Err), 8))
 	if e.Output != "" {
 		b.WriteString("; stderr: " + firstLines(e.Output, 4))
 	}
+	fmt.Fprintf(&b, " [wasm %s, module %s]", e.Op, shortDigest(e.Digest))
 	return b.String()
+}
+
+// shortDigest cuts "sha256:<64 hex>" to its first 12 hex digits.
+func shortDigest(d string) string {
+	if len(d) > len("sha256:")+12 {
+		return d[:len("sha256:")+12]
+	}
+	return d
 }
 
 // firstLines cuts s after n lines (wasm stack traces and goroutine dumps

@@ -328,7 +328,8 @@ func detachSteers(b *pgx.Batch, key store.ActorKey, eventID int64) {
 // applyCrashPolicy queues a counted failure's crash policy (DESIGN "Crash
 // policy") and records its outcome in fr: restart changes nothing; sleep
 // parks the session (reason "crash") with the event due at once, so that
-// the wake is its trigger; destroy destroys the session, discards its open
+// the wake is its trigger — unless the event was just dead-lettered, which
+// moves the session on; destroy destroys the session, discards its open
 // events (a dead-lettered one stays dead_letter) and deletes its alarms.
 // Lock order: alarms before the session row (as CommitTurn and
 // FireDueAlarms).
@@ -336,15 +337,18 @@ func applyCrashPolicy(b *pgx.Batch, key store.ActorKey, policy store.CrashPolicy
 	scanStatus := func(row pgx.Row) error { return row.Scan(&fr.SessionStatus) }
 	switch policy {
 	case store.CrashSleep:
-		if !fr.DeadLettered {
-			b.Queue(`UPDATE actor_events SET next_attempt_at = clock_timestamp()
-				WHERE event_id = $1 AND agent_uid = $2 AND session_id = $3 AND status = 'open'
-				RETURNING next_attempt_at`, eventID, key.AgentUID, key.SessionID).QueryRow(func(row pgx.Row) error {
-				err := row.Scan(&fr.NextAttemptAt)
-				fr.NextAttemptAt = utc(fr.NextAttemptAt)
-				return err
-			})
+		if fr.DeadLettered {
+			// The failed event is out of the way: the session moves on to
+			// its next event instead of sleeping behind nothing.
+			break
 		}
+		b.Queue(`UPDATE actor_events SET next_attempt_at = clock_timestamp()
+			WHERE event_id = $1 AND agent_uid = $2 AND session_id = $3 AND status = 'open'
+			RETURNING next_attempt_at`, eventID, key.AgentUID, key.SessionID).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&fr.NextAttemptAt)
+			fr.NextAttemptAt = utc(fr.NextAttemptAt)
+			return err
+		})
 		b.Queue(`
 			UPDATE sessions SET status = 'sleeping', sleep_ts = clock_timestamp(), sleep_reason = 'crash',
 				pending_since = NULL

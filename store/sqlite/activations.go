@@ -265,7 +265,8 @@ type failure struct {
 // reaches maxAttempts (> 0), and one event_errors row. A counted failure
 // then applies the session's crash policy (DESIGN "Crash policy"): restart
 // keeps the backoff; sleep parks the session and makes the event due at
-// once (the wake is the trigger); destroy destroys the session.
+// once (the wake is the trigger) — unless the failure dead-lettered the
+// event, which moves the session on; destroy destroys the session.
 func failEvent(tx *txn, f failure) (store.FailResult, error) {
 	fr := store.FailResult{EventID: f.eventID}
 	var policy store.CrashPolicy
@@ -317,6 +318,11 @@ func failEvent(tx *txn, f failure) (store.FailResult, error) {
 	}
 	switch policy {
 	case store.CrashSleep:
+		if fr.DeadLettered {
+			// The failed event is out of the way: the session moves on to
+			// its next event instead of sleeping behind nothing.
+			break
+		}
 		if _, err := tx.exec(`
 			UPDATE sessions SET status = 'sleeping', sleep_ts = `+nowMS+`, sleep_reason = 'crash', pending_since = NULL
 			WHERE agent_uid = ? AND session_id = ? AND status <> 'destroyed'`,

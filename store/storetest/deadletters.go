@@ -247,7 +247,9 @@ func testRedrive(t *testing.T, b *bundle) {
 	// Redrive wakes a session that crashed to sleep.
 	sleepy := b.sessionWith(store.CrashSleep)
 	dl3 := b.deadLetter(sleepy, "sleepy", 1)
-	wantSleeping(t, b.getSession(sleepy), "crash", "after the dead letter")
+	_, err = b.s.SleepSession(b.ctx, store.SleepSessionParams{Key: sleepy, Reason: "capacity"})
+	noErr(t, err, "SleepSession")
+	wantSleeping(t, b.getSession(sleepy), "capacity", "put to sleep")
 	_, err = b.s.RedriveEvent(b.ctx, sleepy, dl3.ID)
 	noErr(t, err, "RedriveEvent of a sleeping session")
 	wantActive(t, b.getSession(sleepy), "after RedriveEvent")
