@@ -37,7 +37,7 @@ run: build examples ## start `paddock serve` on SQLite under ./data with the exa
 	@echo "  bin/paddock transcript notes \$$S"
 	@echo "  P=\$$(bin/paddock session create notes-plugin)   # the same agent as a plugin worker"
 	@echo "  bin/paddock signal send notes-plugin \$$P 'note same here' --wait"
-	@echo "  bin/paddock worker --id worker-1 --key-file examples/worker-1.key --pool remote &   # a remote worker"
+	@echo "  bin/paddock worker --connect tcp://127.0.0.1:7700 --id worker-1 --key-file examples/worker-1.key --pool remote &"
 	@echo "  R=\$$(bin/paddock session create notes-remote); bin/paddock signal send notes-remote \$$R 'note far' --wait"
 	@echo
 	bin/paddock serve --config examples/paddock.yaml

@@ -58,6 +58,7 @@ type Broker struct {
 	helloSeen  map[wire.ID]time.Time // incarnations seen in HELLOs → forget after
 	helloRate  map[string]*bucket
 	rejectRate map[string]time.Time // last unsolicited REJECT per worker id
+	dropLog    map[string]time.Time // last "dropped" warning per reason+id
 }
 
 // peer is one configured worker id.
@@ -414,6 +415,7 @@ func (b *Broker) handle(msg zmq4.Msg) {
 	p := b.peers[id] // the map never changes after NewBroker
 	if p == nil {
 		b.st.unauthenticated.Add(1)
+		b.warnDrop("unauthenticated", id, "a client connected under an id that is not in the host's fabric.workers")
 		return
 	}
 	if h.Kind == wire.KindHello {
@@ -606,6 +608,7 @@ func (b *Broker) handleHello(p *peer, h wire.Header, data []byte) {
 	_, body, err := ws.Open(wire.ToHost, data)
 	if err != nil {
 		b.st.forged.Add(1)
+		b.warnDrop("forged", p.id, "a HELLO under this id does not open with its key: the worker's key differs from the host's fabric.workers entry")
 		return
 	}
 	now := time.Now()
@@ -1040,4 +1043,24 @@ func truncate(s string, n int) string {
 		return s[:n] + "…"
 	}
 	return s
+}
+
+// warnDrop logs a dropped message's reason at warn, at most once a minute
+// per reason and worker id (a misconfigured worker should be told in the
+// host's log; a flood must not flood it). Receive goroutine only.
+func (b *Broker) warnDrop(reason, id, why string) {
+	if b.dropLog == nil {
+		b.dropLog = map[string]time.Time{}
+	}
+	k := reason + "\x00" + id
+	now := time.Now()
+	if last, ok := b.dropLog[k]; ok && now.Sub(last) < time.Minute {
+		return
+	}
+	if len(b.dropLog) > 1024 {
+		clear(b.dropLog)
+	}
+	b.dropLog[k] = now
+	b.log.LogAttrs(b.ctx, slog.LevelWarn, "fabric dropped a message", slog.String("reason", reason),
+		slog.String("worker", printable(id)), slog.String("why", why))
 }

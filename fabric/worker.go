@@ -386,7 +386,7 @@ func (c *conn) awaitWelcome(frames <-chan []byte, recvErr <-chan error) (wire.We
 		case err := <-recvErr:
 			return wire.Welcome{}, fmt.Errorf("fabric: connection lost before WELCOME: %w", err)
 		case <-t.C:
-			return wire.Welcome{}, fmt.Errorf("fabric: no WELCOME within %s", c.w.cfg.HelloTimeout)
+			return wire.Welcome{}, fmt.Errorf("fabric: no WELCOME within %s (is the host's fabric listening there, and do --id and the key match an entry of its fabric.workers? the host drops what it cannot authenticate)", c.w.cfg.HelloTimeout)
 		case <-c.w.hookDie():
 			return wire.Welcome{}, errKilled
 		case <-c.ctx.Done():

@@ -136,16 +136,21 @@ type agent struct {
 }
 
 type session struct {
-	Agent       string `json:"agent"`
-	SessionID   string `json:"session_id"`
-	Key         string `json:"key"`
-	Status      string `json:"status"`
-	CrashPolicy string `json:"crash_policy"`
-	ActorEpoch  int64  `json:"actor_epoch"`
-	TurnCount   int64  `json:"turn_count"`
-	EventCount  int64  `json:"event_count"`
-	OpenEvents  int64  `json:"open_events"`
-	Created     *bool  `json:"created"`
+	Agent        string     `json:"agent"`
+	SessionID    string     `json:"session_id"`
+	Key          string     `json:"key"`
+	Status       string     `json:"status"`
+	CrashPolicy  string     `json:"crash_policy"`
+	ActorEpoch   int64      `json:"actor_epoch"`
+	TurnCount    int64      `json:"turn_count"`
+	EventCount   int64      `json:"event_count"`
+	OpenEvents   int64      `json:"open_events"`
+	DeadLetters  int64      `json:"dead_letters"`
+	Created      *bool      `json:"created"`
+	SleepTS      *time.Time `json:"sleep_ts"`
+	SleepReason  string     `json:"sleep_reason"`
+	DestroyTS    *time.Time `json:"destroy_ts"`
+	PendingSince *time.Time `json:"pending_since"`
 }
 
 func newModuleCmd(c *client) *cobra.Command {
@@ -249,7 +254,50 @@ func newAgentCmd(c *client) *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(create, list)
+	var upModule, upPlugin, upPolicy string
+	update := &cobra.Command{
+		Use: "update NAME (--module DIGEST|FILE.wasm | --plugin NAME)", Short: "Re-bind an agent: new events run the new module or plugin", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			in := map[string]string{}
+			if upPlugin != "" {
+				in["plugin"] = upPlugin
+			} else {
+				digest := upModule
+				if strings.HasSuffix(upModule, ".wasm") {
+					b, err := os.ReadFile(upModule)
+					if err != nil {
+						return err
+					}
+					var m module
+					if err := c.do(cmd.Context(), "POST", "/v1/modules", bytes.NewReader(b), "application/wasm", &m); err != nil {
+						return err
+					}
+					digest = m.Digest
+				}
+				in["module"] = digest
+			}
+			if upPolicy != "" {
+				in["crash_policy"] = upPolicy
+			}
+			var a agent
+			if err := c.json(cmd.Context(), "PUT", "/v1/agents/"+url.PathEscape(args[0]), in, &a); err != nil {
+				return err
+			}
+			return c.print(cmd, c.raw, func(w io.Writer) {
+				what := "module " + a.Module
+				if a.Plugin != "" {
+					what = "plugin " + a.Plugin
+				}
+				fmt.Fprintf(w, "agent %s now runs %s (crash policy %s); events already started keep their binding\n", a.Name, what, a.CrashPolicy)
+			})
+		},
+	}
+	update.Flags().StringVar(&upModule, "module", "", "module digest (sha256:…) or a .wasm file to upload")
+	update.Flags().StringVar(&upPlugin, "plugin", "", "a registered plugin worker")
+	update.Flags().StringVar(&upPolicy, "crash-policy", "", "restart, sleep or destroy (default: unchanged)")
+	update.MarkFlagsOneRequired("module", "plugin")
+	update.MarkFlagsMutuallyExclusive("module", "plugin")
+	cmd.AddCommand(create, list, update)
 	return cmd
 }
 
@@ -335,8 +383,17 @@ func printSession(w io.Writer, s session) {
 	if s.Key != "" {
 		fmt.Fprintf(w, "key\t%s\n", s.Key)
 	}
-	fmt.Fprintf(w, "agent\t%s\nstatus\t%s\ncrash policy\t%s\nepoch\t%d\nturns\t%d\nevents\t%d (%d open)\n",
-		s.Agent, s.Status, s.CrashPolicy, s.ActorEpoch, s.TurnCount, s.EventCount, s.OpenEvents)
+	status := s.Status
+	switch {
+	case s.SleepTS != nil:
+		status += fmt.Sprintf(" since %s (reason: %s; a signal or `session wake` resumes it)", s.SleepTS.Local().Format(time.DateTime), s.SleepReason)
+	case s.DestroyTS != nil:
+		status += " at " + s.DestroyTS.Local().Format(time.DateTime)
+	case s.PendingSince != nil:
+		status += " (waiting for pool capacity since " + s.PendingSince.Local().Format(time.TimeOnly) + ")"
+	}
+	fmt.Fprintf(w, "agent\t%s\nstatus\t%s\ncrash policy\t%s\nepoch\t%d\nturns\t%d\nevents\t%d (%d open, %d dead-lettered)\n",
+		s.Agent, status, s.CrashPolicy, s.ActorEpoch, s.TurnCount, s.EventCount, s.OpenEvents, s.DeadLetters)
 }
 
 func newSessionCmd(c *client) *cobra.Command {
@@ -437,6 +494,7 @@ func newSignalCmd(c *client) *cobra.Command {
 	cmd := &cobra.Command{Use: "signal", Short: "Send signals to a session"}
 	var idem, data, kind string
 	var force, wait bool
+	var waitFor time.Duration
 	send := &cobra.Command{
 		Use: "send AGENT SESSION MESSAGE", Short: "Send a message; prints the accepted event id", Args: cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -471,7 +529,14 @@ func newSignalCmd(c *client) *cobra.Command {
 				return err
 			}
 			if wait && kind == "message" {
-				return c.waitTurn(cmd, args[0], args[1], out.EventID, before.TurnCount)
+				ctx, cancel := context.WithTimeout(cmd.Context(), waitFor)
+				defer cancel()
+				cmd.SetContext(ctx)
+				err := c.waitTurn(cmd, args[0], args[1], out.EventID, before.TurnCount)
+				if ctx.Err() == context.DeadlineExceeded {
+					return fmt.Errorf("event %d accepted, but its turn did not commit within %s (see `paddock events %s %s`: a failing turn is retried with backoff; a remote pool needs a connected worker)", out.EventID, waitFor, args[0], args[1])
+				}
+				return err
 			}
 			return c.print(cmd, out, func(w io.Writer) {
 				if out.Created && out.Kind == "steer" && out.InFlight {
@@ -489,6 +554,7 @@ func newSignalCmd(c *client) *cobra.Command {
 	send.Flags().StringVar(&kind, "kind", "message", "message or steer")
 	send.Flags().BoolVar(&force, "force-allocation", false, "wait for capacity even if the session's crash policy is sleep")
 	send.Flags().BoolVarP(&wait, "wait", "w", false, "wait until the event's turn commits (or the event ends otherwise) and print the reply")
+	send.Flags().DurationVar(&waitFor, "wait-timeout", 2*time.Minute, "give up waiting after this long (the event stays accepted)")
 	steer := &cobra.Command{
 		Use: "steer AGENT SESSION MESSAGE", Short: "Steer the turn in flight (queued like a message if none runs)", Args: cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -686,7 +752,8 @@ func newEventCmd(c *client) *cobra.Command {
 					if chain, ok := out["errors"].([]any); ok {
 						for _, e := range chain {
 							m, _ := e.(map[string]any)
-							fmt.Fprintf(w, "  attempt %v (epoch %v, counted %v): %v\n", m["attempt"], m["actor_epoch"], m["counted"], oneLine(fmt.Sprint(m["error"]), 200))
+							fmt.Fprintf(w, "  attempt %v (epoch %v, counted %v): %v\n", m["attempt"], m["actor_epoch"], m["counted"],
+								strings.ReplaceAll(firstLines(fmt.Sprint(m["error"]), 6), "\n", "\n    "))
 						}
 					}
 				})
@@ -745,4 +812,13 @@ func oneLine(s string, n int) string {
 		return line + " …"
 	}
 	return line
+}
+
+// firstLines returns the first n lines of s.
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	if len(lines) > n {
+		lines = append(lines[:n], "…")
+	}
+	return strings.Join(lines, "\n")
 }

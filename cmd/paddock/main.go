@@ -14,9 +14,13 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
+	"strconv"
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/paddock-dev/paddock/abi"
 )
 
 func main() {
@@ -41,6 +45,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.Version = version()
 	cl := &client{}
 	pf := root.PersistentFlags()
 	pf.StringVar(&cl.server, "server", envOr("PADDOCK_SERVER", "http://127.0.0.1:8080"), "API address (env PADDOCK_SERVER)")
@@ -49,6 +54,22 @@ func newRoot() *cobra.Command {
 	root.AddCommand(newServe(), newWorkerCmd(), newModuleCmd(cl), newPluginCmd(cl), newAgentCmd(cl), newSessionCmd(cl), newSignalCmd(cl),
 		newTranscriptCmd(cl), newEventsCmd(cl), newEventCmd(cl), newDeadLettersCmd(cl))
 	return root
+}
+
+// version reports the module version and, for a build from a checkout, the
+// commit it was built from.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += " (" + s.Value[:12] + ")"
+		}
+	}
+	return v + ", abi v" + strconv.Itoa(abi.Version) + ", " + bi.GoVersion
 }
 
 func envOr(k, def string) string {

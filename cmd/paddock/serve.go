@@ -32,7 +32,7 @@ import (
 // serveFlags maps `paddock serve` flags to configuration keys.
 var serveFlags = map[string]string{
 	"listen": "listen", "data-dir": "data_dir", "store": "store.driver", "dsn": "store.dsn",
-	"log-level": "log.level", "auth-token": "auth_token",
+	"log-level": "log.level", "auth-token": "auth_token", "fabric-listen": "fabric.listen",
 }
 
 func newServe() *cobra.Command {
@@ -60,6 +60,7 @@ func newServe() *cobra.Command {
 	f.String("dsn", "", "store DSN (postgres://… or a sqlite file)")
 	f.String("log-level", "", "debug, info, warn or error")
 	f.String("auth-token", "", "bearer token the API requires")
+	f.String("fabric-listen", "", "endpoint remote workers connect to, e.g. tcp://127.0.0.1:7700 (\"\" disables the fabric)")
 	return cmd
 }
 
@@ -152,6 +153,7 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	// Late replies of remote turns go through the fences like any other;
 	// the host that submits them is made below.
 	var late atomic.Pointer[host.Host]
+	var broker *fabric.Broker
 	if cfg.Fabric.Listen != "" {
 		b, err := startBroker(ctx, cfg, st, log, func(res *abi.TurnResult) {
 			if h := late.Load(); h != nil {
@@ -171,6 +173,7 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 			}
 		}
 		r.WithFabric(b, remote)
+		broker = b
 	}
 
 	if err := registerPlugins(ctx, cfg, st, r, log); err != nil {
@@ -185,6 +188,9 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 		return err
 	}
 	late.Store(h)
+	if broker != nil {
+		h.Metrics().Registry.MustRegister(newFabricCollector(broker))
+	}
 	srv := &http.Server{
 		Handler: api.New(api.Options{
 			Host: h, Modules: r, Plugins: r, AuthToken: cfg.AuthToken, MaxBodyBytes: cfg.API.MaxBodyBytes,
@@ -263,7 +269,8 @@ func startBroker(ctx context.Context, cfg config.Config, st store.Store, log *sl
 	if err != nil {
 		return nil, fmt.Errorf("fabric: listen %s: %w", cfg.Fabric.Listen, err)
 	}
-	log.Info("fabric listening for remote workers", "endpoint", b.Endpoint(), "workers", len(keys))
+	log.Info("fabric listening for remote workers (they dial tcp://; the host's end runs through the guard transport)",
+		"listen", cfg.Fabric.Listen, "workers", len(keys))
 	return b, nil
 }
 

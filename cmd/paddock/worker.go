@@ -61,7 +61,11 @@ func newWorkerCmd() *cobra.Command {
 				pcs = append(pcs, plugins.Config{Name: name, Path: path, SHA256: sum})
 			}
 			if cacheDir == "" {
-				cacheDir = filepath.Join(os.TempDir(), "paddock-worker-"+id)
+				base, err := os.UserCacheDir()
+				if err != nil {
+					base = os.TempDir()
+				}
+				cacheDir = filepath.Join(base, "paddock", "worker-"+id)
 			}
 			log.Info("paddock worker starting", "connect", connect, "id", id, "pools", pools, "capacity", capacity, "cache_dir", cacheDir)
 			return fabric.RunWorker(cmd.Context(), fabric.WorkerConfig{
@@ -77,7 +81,7 @@ func newWorkerCmd() *cobra.Command {
 	f.StringVar(&keyFile, "key-file", "", "file holding this worker's key (paddock worker keygen)")
 	f.StringArrayVar(&pools, "pool", nil, "a pool this worker serves (repeatable)")
 	f.IntVar(&capacity, "capacity", 4, "turns run at once")
-	f.StringVar(&cacheDir, "cache-dir", "", "where fetched modules and compiled code are cached (default: a temp dir per worker id)")
+	f.StringVar(&cacheDir, "cache-dir", "", "where fetched modules and compiled code are cached (default: <user cache dir>/paddock/worker-<id>)")
 	f.StringArrayVar(&pluginSpecs, "plugin", nil, "NAME=PATH of a plugin worker binary on this machine (repeatable)")
 	f.Uint32Var(&memPages, "wasm-memory-pages", 1024, "wasm memory cap per instance, in 64 KiB pages")
 	f.DurationVar(&turnTimeout, "turn-timeout", 30*time.Minute, "backstop wall-time cap of a turn (the host's turn timeout applies first)")

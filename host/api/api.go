@@ -97,6 +97,7 @@ func Routes() []Route {
 		{"POST", "/v1/agents", (*Server).createAgent},
 		{"GET", "/v1/agents", (*Server).listAgents},
 		{"GET", "/v1/agents/{agent}", (*Server).getAgent},
+		{"PUT", "/v1/agents/{agent}", (*Server).updateAgent},
 		{"POST", "/v1/agents/{agent}/sessions", (*Server).createSession},
 		{"PUT", "/v1/agents/{agent}/sessions", (*Server).getOrCreateSession},
 		{"GET", "/v1/agents/{agent}/sessions", (*Server).listSessions},
@@ -422,8 +423,22 @@ func toAgentJSON(a store.Agent) agentJSON {
 }
 
 func (s *Server) createAgent(w http.ResponseWriter, r *http.Request) error {
+	var in agentIn
+	if err := s.decode(w, r, &in); err != nil {
+		return err
+	}
+	return s.putAgent(w, r, in, false)
+}
+
+// updateAgent re-binds an existing agent (a new module or plugin, or
+// another default crash policy): new events run the new binding, events
+// already started keep theirs (DESIGN invariant 10).
+func (s *Server) updateAgent(w http.ResponseWriter, r *http.Request) error {
+	old, err := s.agent(r)
+	if err != nil {
+		return err
+	}
 	var in struct {
-		Name        string `json:"name"`
 		Module      string `json:"module"`
 		Plugin      string `json:"plugin"`
 		CrashPolicy string `json:"crash_policy"`
@@ -431,6 +446,21 @@ func (s *Server) createAgent(w http.ResponseWriter, r *http.Request) error {
 	if err := s.decode(w, r, &in); err != nil {
 		return err
 	}
+	if in.CrashPolicy == "" {
+		in.CrashPolicy = string(old.CrashPolicy)
+	}
+	return s.putAgent(w, r, agentIn{Name: old.Name, Module: in.Module, Plugin: in.Plugin, CrashPolicy: in.CrashPolicy}, true)
+}
+
+// agentIn is the body of agent registration.
+type agentIn struct {
+	Name        string `json:"name"`
+	Module      string `json:"module"`
+	Plugin      string `json:"plugin"`
+	CrashPolicy string `json:"crash_policy"`
+}
+
+func (s *Server) putAgent(w http.ResponseWriter, r *http.Request, in agentIn, update bool) error {
 	if !nameRE.MatchString(in.Name) {
 		return badRequest("invalid_field", "name", "name %q must match %s", in.Name, nameRE)
 	}
@@ -451,10 +481,12 @@ func (s *Server) createAgent(w http.ResponseWriter, r *http.Request) error {
 	}
 	a, err := s.st.CreateAgent(r.Context(), store.CreateAgentParams{
 		UID: uuid.NewString(), Name: in.Name, Kind: kind, ModuleDigest: in.Module, Plugin: in.Plugin, CrashPolicy: policy,
+		Upsert: update,
 	})
 	switch {
 	case errors.Is(err, store.ErrConflict):
-		return &Error{Status: http.StatusConflict, Code: "agent_exists", Field: "name", Message: fmt.Sprintf("an agent named %q already exists", in.Name)}
+		return &Error{Status: http.StatusConflict, Code: "agent_exists", Field: "name",
+			Message: fmt.Sprintf("an agent named %q already exists; PUT /v1/agents/%s (paddock agent update) re-binds it", in.Name, in.Name)}
 	case errors.Is(err, store.ErrNotFound) && kind == store.KindPlugin:
 		return badRequest("unknown_plugin", "plugin", "no plugin worker named %q; register it first (POST /v1/plugins)", in.Plugin)
 	case errors.Is(err, store.ErrNotFound):
@@ -463,6 +495,9 @@ func (s *Server) createAgent(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.Header().Set("Location", "/v1/agents/"+a.Name)
+	if update {
+		return writeJSON(w, http.StatusOK, toAgentJSON(a))
+	}
 	return writeJSON(w, http.StatusCreated, toAgentJSON(a))
 }
 
@@ -651,7 +686,7 @@ func (s *Server) putSession(w http.ResponseWriter, r *http.Request, getOrCreate 
 	})
 	if errors.Is(err, store.ErrConflict) {
 		return &Error{Status: http.StatusConflict, Code: "session_exists", Field: "key",
-			Message: fmt.Sprintf("agent %q already has a session with key %q (PUT gets it)", a.Name, in.Key)}
+			Message: fmt.Sprintf("agent %q already has a session with key %q (get-or-create: PUT, or paddock session create --get-or-create)", a.Name, in.Key)}
 	}
 	if err != nil {
 		return err
@@ -873,7 +908,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request, a store.Agent, k
 				Message: fmt.Sprintf("agent %q has no session %q", a.Name, key.SessionID)}
 		}
 		return &Error{Status: http.StatusConflict, Code: "nothing_in_flight", Field: "event_id",
-			Message: "no turn is in flight; name a queued event with event_id to cancel it"}
+			Message: "no turn is in flight; name a queued event with event_id (paddock signal cancel --event) to cancel it"}
 	case errors.Is(err, store.ErrNotFound):
 		return &Error{Status: http.StatusNotFound, Code: "event_not_found", Field: "event_id",
 			Message: fmt.Sprintf("session %q has no event %d", key.SessionID, eventID)}
