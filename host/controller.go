@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -30,8 +29,6 @@ type controller struct {
 	panics []time.Time
 	// inflight is the turn being run, for cleanup after a panic.
 	inflight *abi.TurnRef
-	// forced: a caller forced allocation (see Host.EnsureForced).
-	forced atomic.Bool
 	// pol is the agent policy of the current activation.
 	pol AgentPolicy
 }
@@ -141,6 +138,7 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 		}
 	}
 	defer slots.release()
+	h.consumeForce(c.key)
 
 	ctx, cancel = context.WithTimeout(runCtx, 10*time.Second)
 	act, err := h.st.ClaimActivation(ctx, store.ClaimActivationParams{
@@ -187,8 +185,21 @@ func (c *controller) waitForCapacity(runCtx context.Context, slots *pool, pol Ag
 		}
 		c.log.Info("no capacity: session sleeps", "pool", pol.Pool, "reason", reason)
 	}
-	if sess.CrashPolicy == store.CrashSleep && !c.forced.Load() {
+	if sess.CrashPolicy == store.CrashSleep && !h.isForced(c.key) {
 		sleep("capacity")
+		if h.isForced(c.key) {
+			// Forced while we put it to sleep: the forcing signal may have
+			// landed before our sleep and found the session still active.
+			// Wake it and try again, now waiting for a slot.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err := h.st.WakeSession(ctx, c.key)
+			cancel()
+			if err != nil {
+				c.log.Warn("wake a forced session", "err", err)
+				return time.Second, false
+			}
+			return 10 * time.Millisecond, false
+		}
 		return 0, false
 	}
 	setPending := func(on bool) {

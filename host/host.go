@@ -113,6 +113,9 @@ type Host struct {
 	mu     sync.Mutex
 	ctrls  map[store.ActorKey]*controller
 	leases map[string]*lease // by activation uid
+	// forced marks sessions whose next allocation is forced (Force), until
+	// a slot is taken for them or the mark expires.
+	forced map[store.ActorKey]time.Time
 	pools  map[string]*pool
 	// runCtx ends when the host begins to stop: controllers take no new
 	// turns. turnCtx ends ShutdownTimeout later: in-flight turns abort.
@@ -150,7 +153,7 @@ func New(o Options) (*Host, error) {
 	h := &Host{
 		st: o.Store, runner: o.Runner, set: o.Policy, id: o.HostID,
 		log: o.Logger.With("host_id", o.HostID), metrics: o.Metrics,
-		ctrls: map[store.ActorKey]*controller{}, leases: map[string]*lease{}, pools: map[string]*pool{},
+		ctrls: map[store.ActorKey]*controller{}, leases: map[string]*lease{}, forced: map[store.ActorKey]time.Time{}, pools: map[string]*pool{},
 		commitCh: make(chan struct{}),
 	}
 	h.SetPolicy(o.Policy)
@@ -257,7 +260,14 @@ func (h *Host) Run(ctx context.Context) error {
 	case <-time.After(h.set.ShutdownTimeout):
 		h.log.Warn("shutdown timeout: aborting in-flight turns")
 		stopTurns()
-		<-done
+		select {
+		case <-done:
+		case <-time.After(h.set.ShutdownTimeout):
+			// A worker adapter ignores its context. Its activation's lease
+			// lapses and the watchdog of the next host takes over; the
+			// fences reject whatever it sends later.
+			h.log.Error("shutdown: turns did not stop after being aborted; leaving them", "controllers", h.controllerCount())
+		}
 	}
 	stopRenew()
 	loops.Wait()
@@ -265,30 +275,25 @@ func (h *Host) Run(ctx context.Context) error {
 	return nil
 }
 
+func (h *Host) controllerCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.ctrls)
+}
+
 // Ensure makes sure a controller runs for key on this host (idempotent:
 // a second call wakes the existing controller). It returns at once.
-func (h *Host) Ensure(key store.ActorKey) { h.ensure(key, false) }
-
-// EnsureForced is Ensure for a caller that forces allocation: a
-// sleep-policy session waits for capacity instead of going to sleep at once
-// when the pool is full (DESIGN "Capacity").
-func (h *Host) EnsureForced(key store.ActorKey) { h.ensure(key, true) }
-
-func (h *Host) ensure(key store.ActorKey, forced bool) {
+func (h *Host) Ensure(key store.ActorKey) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.runCtx == nil || h.stopping {
 		return
 	}
 	if c, ok := h.ctrls[key]; ok {
-		if forced {
-			c.forced.Store(true)
-		}
 		c.poke()
 		return
 	}
 	c := newController(h, key)
-	c.forced.Store(forced)
 	h.ctrls[key] = c
 	h.metrics.Controllers.Inc()
 	h.wg.Add(1)
@@ -296,6 +301,42 @@ func (h *Host) ensure(key store.ActorKey, forced bool) {
 		defer h.wg.Done()
 		c.run(h.runCtx, h.turnCtx)
 	}()
+}
+
+// Force marks key's next allocation as forced (DESIGN "Capacity"): when
+// the pool is full, a sleep-policy session waits for a slot instead of
+// going to sleep at once. Call it before the store write that makes the
+// session runnable (the signal or wake), then Ensure: a controller started
+// by that write's wake-up then already sees the mark. The mark is consumed
+// when a slot is taken for the session and expires after forceMarkTTL.
+func (h *Host) Force(key store.ActorKey) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := time.Now()
+	for k, until := range h.forced {
+		if now.After(until) {
+			delete(h.forced, k)
+		}
+	}
+	h.forced[key] = now.Add(forceMarkTTL)
+}
+
+// forceMarkTTL bounds how long an unconsumed Force mark lives.
+const forceMarkTTL = 10 * time.Minute
+
+// isForced reports whether key's allocation is forced.
+func (h *Host) isForced(key store.ActorKey) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	until, ok := h.forced[key]
+	return ok && time.Now().Before(until)
+}
+
+// consumeForce drops key's force mark once a slot was taken for it.
+func (h *Host) consumeForce(key store.ActorKey) {
+	h.mu.Lock()
+	delete(h.forced, key)
+	h.mu.Unlock()
 }
 
 // Running reports whether a controller runs for key on this host.

@@ -210,6 +210,19 @@ func (f *fixture) waitFor(what string, cond func() bool) {
 	}
 }
 
+// recv receives from ch, failing the test after a minute (a liveness
+// bound: a lost wake-up must fail the test, not hang the binary).
+func recv[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(time.Minute):
+		t.Fatalf("timed out after a minute waiting on a %T channel", *new(T))
+		panic("unreachable")
+	}
+}
+
 func (f *fixture) get(key store.ActorKey) store.Session {
 	f.t.Helper()
 	s, err := f.st.GetSession(context.Background(), key)

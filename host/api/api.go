@@ -827,13 +827,12 @@ func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 		}
 		return err
 	}
-	ensure := func() {
-		if in.ForceAllocation {
-			s.o.Host.EnsureForced(key)
-		} else {
-			s.o.Host.Ensure(key)
-		}
+	if in.ForceAllocation {
+		// Marked before the store write, so that the controller its
+		// wake-up starts already sees it (Host.Force).
+		s.o.Host.Force(key)
 	}
+	ensure := func() { s.o.Host.Ensure(key) }
 	switch in.Kind {
 	case abi.EventMessage, abi.EventSteer:
 		if in.Message == "" && len(in.Data) == 0 {
