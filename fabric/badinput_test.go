@@ -194,7 +194,7 @@ func badInput(t *testing.T, e *env) {
 	var g0 guard.Stats
 	if e.guarded {
 		transport = "gtcp:// (guard)"
-		g0 = guard.Default().Stats()
+		g0 = e.tguard().Stats()
 	}
 	stop := make(chan struct{})
 	slowest := e.healthy(digest, stop)
@@ -239,15 +239,18 @@ func badInput(t *testing.T, e *env) {
 		// and delivery id. Neither completes w6's turn: (a) is forged,
 		// (b) goes to LateResult, for the fences to reject.
 		//
-		// On gtcp:// the guard's DuplicateHandover policy gives the
-		// rogue's connection the identity and closes w6's: w6 reconnects
-		// at once (its new connection hands the rogue over in turn) under
-		// a new incarnation, so its turn may fail as worker_lost (an
-		// attempt, retried) — but never with the forged content.
+		// On the production guard (DuplicateDistinct) the rogue gets a
+		// connection of its own and w6 keeps its session: the turn
+		// completes with w6's own reply. On guard.Default()
+		// (DuplicateHandover) the rogue's connection takes the identity
+		// and closes w6's: w6 reconnects at once under a new incarnation,
+		// so its turn may fail as worker_lost (an attempt, retried) — but
+		// never with the forged content.
 		before := drops()
+		handover := e.guarded && e.tguard().Options().DuplicateIdentity == guard.DuplicateHandover
 		var hb0 uint64
 		if e.guarded {
-			hb0 = guard.Default().Stats().HandedOver
+			hb0 = e.tguard().Stats().HandedOver
 		}
 		inc0 := e.incarnation("w6")
 		req := e.request("", "sleep 800")
@@ -290,16 +293,25 @@ func badInput(t *testing.T, e *env) {
 			if len(o.res.Messages) == 1 && o.res.Messages[0].Content == "forged" {
 				t.Fatal("w6's turn completed with the forged result")
 			}
-		} else if te := turnError(t, o.err); !e.guarded || te.Kind != KindWorkerLost {
+		} else if te := turnError(t, o.err); !handover || te.Kind != KindWorkerLost {
 			t.Fatalf("w6's turn: %v", o.err)
 		}
-		if e.guarded {
+		if e.guarded && !handover {
+			if inc := e.incarnation("w6"); inc != inc0 {
+				t.Fatalf("w6's incarnation changed from %s to %q: the rogue displaced it", inc0, inc)
+			}
+			if n := e.tguard().Stats().HandedOver - hb0; n != 0 {
+				t.Fatalf("HandedOver +%d under DuplicateDistinct", n)
+			}
+			figure(t, "fabric (gtcp://, DuplicateDistinct): a keyless client claiming w6's identity got a connection of its own; w6 kept its session and its turn completed with its own reply; the forged RESULT was dropped as forged")
+		}
+		if handover {
 			e.waitFor("w6 back under a new incarnation", 15*time.Second, func() bool {
 				inc := e.incarnation("w6")
 				return inc != "" && inc != inc0
 			})
 			figure(t, "fabric (gtcp://): a keyless client squatting w6's identity took its connection (handover, +%d HandedOver); w6's turn ended with %v; w6 rejoined under a new incarnation; the forged RESULT was dropped as forged",
-				guard.Default().Stats().HandedOver-hb0, o.err)
+				e.tguard().Stats().HandedOver-hb0, o.err)
 		}
 	})
 
@@ -377,7 +389,7 @@ func badInput(t *testing.T, e *env) {
 	d := drops()
 	t.Logf("drops: %+v", d)
 	if e.guarded {
-		g := guard.Default().Stats()
+		g := e.tguard().Stats()
 		figure(t, "fabric (gtcp://): broker drops %+v; guard cut %d oversized frame(s), handed over %d connection(s), %d write timeout(s)",
 			d, g.OversizedFrames-g0.OversizedFrames, g.HandedOver-g0.HandedOver, g.WriteTimeouts-g0.WriteTimeouts)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/fabric/guard"
 	"github.com/paddock-dev/paddock/fabric/wire"
 )
 
@@ -86,10 +87,14 @@ const (
 // session is one incarnation of a worker on this broker.
 type session struct {
 	worker string
-	key    sessKey
-	ws     *wire.Session // Open: any goroutine; Accept: receiver; NextSeq: sender
-	hello  wire.Hello
-	dead   chan struct{} // closed when the session ends
+	// routeID is the transport routing identity the session's messages
+	// go to: the worker id, or with the guard's DuplicateDistinct policy
+	// the id of the connection that last sent an authentic message.
+	routeID atomic.Pointer[string]
+	key     sessKey
+	ws      *wire.Session // Open: any goroutine; Accept: receiver; NextSeq: sender
+	hello   wire.Hello
+	dead    chan struct{} // closed when the session ends
 
 	// Guarded by Broker.mu.
 	state       sessState
@@ -117,6 +122,11 @@ type session struct {
 	queue   []*outMsg
 	txBytes uint64
 }
+
+// route returns the routing identity to send the session's messages to.
+func (s *session) route() string { return *s.routeID.Load() }
+
+func (s *session) setRoute(r string) { s.routeID.Store(&r) }
 
 func (s *session) isDead() bool {
 	select {
@@ -150,6 +160,7 @@ const (
 type lifeEvent struct {
 	kind  lifeKind
 	id    string
+	route string // routing identity a HELLO came from
 	inc   wire.ID
 	hello wire.Hello
 	sess  *session
@@ -386,7 +397,12 @@ func (b *Broker) handle(msg zmq4.Msg) {
 		b.st.malformed.Add(1)
 		return
 	}
-	id := string(msg.Frames[0])
+	// The routing identity is the worker id, or the id extended per
+	// connection by the guard (DuplicateDistinct): then a client claiming a
+	// worker's id without its key gets a connection of its own and cannot
+	// displace the worker's.
+	route := string(msg.Frames[0])
+	id := guard.BaseIdentity(route)
 	size := 0
 	for _, f := range msg.Frames[1:] {
 		size += len(f)
@@ -406,7 +422,7 @@ func (b *Broker) handle(msg zmq4.Msg) {
 	switch {
 	case errors.As(err, &verr):
 		b.st.unknownVersion.Add(1)
-		b.rejectVersion(id, int(verr.Got))
+		b.rejectVersion(id, route, int(verr.Got))
 		return
 	case err != nil:
 		b.st.malformed.Add(1)
@@ -419,14 +435,14 @@ func (b *Broker) handle(msg zmq4.Msg) {
 		return
 	}
 	if h.Kind == wire.KindHello {
-		b.handleHello(p, h, data)
+		b.handleHello(p, route, h, data)
 		return
 	}
 	b.mu.Lock()
 	s := b.sessions[sessKey{id, h.Incarnation, h.Session}]
 	b.mu.Unlock()
 	if s == nil {
-		b.handleUnknownSession(p, h, data)
+		b.handleUnknownSession(p, route, h, data)
 		return
 	}
 	_, body, err := s.ws.Open(wire.ToHost, data)
@@ -442,6 +458,11 @@ func (b *Broker) handle(msg zmq4.Msg) {
 		b.st.malformed.Add(1)
 		return
 	}
+	if route != s.route() {
+		// The worker reconnected (a new transport connection, same
+		// session): answer on the connection it now uses.
+		s.setRoute(route)
+	}
 	b.st.in.Add(1)
 	s.lastHeardNs.Store(time.Now().UnixNano())
 	b.mu.Lock()
@@ -453,7 +474,7 @@ func (b *Broker) handle(msg zmq4.Msg) {
 			return
 		}
 		b.st.staleSession.Add(1)
-		b.rejectLimited(p, h.Incarnation, wire.RejectEvicted, "this session ended: "+s.reason)
+		b.rejectLimited(p, route, h.Incarnation, wire.RejectEvicted, "this session ended: "+s.reason)
 		return
 	}
 	if state == statePending {
@@ -591,7 +612,7 @@ func (b *Broker) lifecycle(ev lifeEvent) {
 }
 
 // handleHello authenticates a HELLO and hands it to the lifecycle.
-func (b *Broker) handleHello(p *peer, h wire.Header, data []byte) {
+func (b *Broker) handleHello(p *peer, route string, h wire.Header, data []byte) {
 	if len(data) > wire.MaxHelloBytes {
 		b.st.oversized.Add(1)
 		return
@@ -625,7 +646,7 @@ func (b *Broker) handleHello(p *peer, h wire.Header, data []byte) {
 	var hello wire.Hello
 	if err := json.Unmarshal(body, &hello); err != nil {
 		b.st.malformed.Add(1)
-		b.reject(p, h.Incarnation, wire.Reject{Code: wire.RejectBadHello, Message: "HELLO body does not decode: " + err.Error()})
+		b.reject(p, route, h.Incarnation, wire.Reject{Code: wire.RejectBadHello, Message: "HELLO body does not decode: " + err.Error()})
 		return
 	}
 	skew := now.Sub(time.UnixMilli(hello.TimeMs))
@@ -633,7 +654,7 @@ func (b *Broker) handleHello(p *peer, h wire.Header, data []byte) {
 		// An old HELLO replayed after its incarnation left the seen-set, or
 		// a worker whose clock is off: either way it cannot join.
 		b.st.replayed.Add(1)
-		b.reject(p, h.Incarnation, wire.Reject{Code: wire.RejectClockSkew, TimeMs: now.UnixMilli(),
+		b.reject(p, route, h.Incarnation, wire.Reject{Code: wire.RejectClockSkew, TimeMs: now.UnixMilli(),
 			Message: fmt.Sprintf("HELLO time is %s from the host's clock; the limit is %s", skew.Round(time.Millisecond), b.cfg.ClockSkew)})
 		return
 	}
@@ -642,10 +663,10 @@ func (b *Broker) handleHello(p *peer, h wire.Header, data []byte) {
 		if hello.ABIVersion != abi.Version {
 			code = wire.RejectABIVersion
 		}
-		b.reject(p, h.Incarnation, wire.Reject{Code: code, Message: msg})
+		b.reject(p, route, h.Incarnation, wire.Reject{Code: code, Message: msg})
 		return
 	}
-	b.lifecycle(lifeEvent{kind: lifeHello, id: p.id, inc: h.Incarnation, hello: hello})
+	b.lifecycle(lifeEvent{kind: lifeHello, id: p.id, route: route, inc: h.Incarnation, hello: hello})
 }
 
 // checkHello validates a HELLO body; "" if acceptable.
@@ -677,7 +698,7 @@ func checkHello(h wire.Hello) string {
 // broker does not know (it restarted, or ended the session long ago) with
 // a REJECT, so the worker starts over at once instead of after its
 // heartbeat timeout.
-func (b *Broker) handleUnknownSession(p *peer, h wire.Header, data []byte) {
+func (b *Broker) handleUnknownSession(p *peer, route string, h wire.Header, data []byte) {
 	ws, err := wire.NewSession(p.key, p.id, h.Incarnation, h.Session)
 	if err != nil {
 		b.st.malformed.Add(1)
@@ -688,13 +709,13 @@ func (b *Broker) handleUnknownSession(p *peer, h wire.Header, data []byte) {
 		return
 	}
 	b.st.unknownSession.Add(1)
-	b.rejectLimited(p, h.Incarnation, wire.RejectUnknownSession, "the host does not know this session (it restarted?); send a new HELLO")
+	b.rejectLimited(p, route, h.Incarnation, wire.RejectUnknownSession, "the host does not know this session (it restarted?); send a new HELLO")
 }
 
 // rejectVersion answers a message of an unknown protocol version from an
 // admitted worker with a REJECT naming both versions; other senders get
 // nothing (they are not authenticated).
-func (b *Broker) rejectVersion(id string, got int) {
+func (b *Broker) rejectVersion(id, route string, got int) {
 	p := b.peers[id]
 	if p == nil {
 		return
@@ -710,23 +731,24 @@ func (b *Broker) rejectVersion(id string, got int) {
 		return
 	}
 	b.rejectRate[id] = now
-	b.reject(p, s.key.incarnation, wire.Reject{Code: wire.RejectUnknownVersion, Versions: []int{wire.Version}, GotVersion: got,
+	b.reject(p, route, s.key.incarnation, wire.Reject{Code: wire.RejectUnknownVersion, Versions: []int{wire.Version}, GotVersion: got,
 		Message: fmt.Sprintf("received wire protocol version %d; this host speaks %d", got, wire.Version)})
 }
 
 // rejectLimited sends at most one unsolicited REJECT per worker id and second.
-func (b *Broker) rejectLimited(p *peer, inc wire.ID, code, msg string) {
+func (b *Broker) rejectLimited(p *peer, route string, inc wire.ID, code, msg string) {
 	now := time.Now()
 	if last, ok := b.rejectRate[p.id]; ok && now.Sub(last) < time.Second {
 		return
 	}
 	b.rejectRate[p.id] = now
-	b.reject(p, inc, wire.Reject{Code: code, Message: msg})
+	b.reject(p, route, inc, wire.Reject{Code: code, Message: msg})
 }
 
-// reject sends a REJECT to incarnation inc of worker p, sealed under a
-// fresh session id (wire: a REJECT is accepted under any session id).
-func (b *Broker) reject(p *peer, inc wire.ID, r wire.Reject) {
+// reject sends a REJECT to incarnation inc of worker p over routing
+// identity route, sealed under a fresh session id (wire: a REJECT is
+// accepted under any session id).
+func (b *Broker) reject(p *peer, route string, inc wire.ID, r wire.Reject) {
 	ws, err := wire.NewSession(p.key, p.id, inc, wire.NewID())
 	if err != nil {
 		return
@@ -739,7 +761,7 @@ func (b *Broker) reject(p *peer, inc wire.ID, r wire.Reject) {
 	frame := ws.Seal(wire.ToWorker, wire.KindReject, ws.NextSeq(), body)
 	b.sendMu.Lock()
 	if len(b.control) < b.cfg.QueueLen {
-		b.control = append(b.control, &outMsg{worker: p.id, raw: frame, kind: wire.KindReject, deadline: time.Now().Add(b.cfg.SendTimeout)})
+		b.control = append(b.control, &outMsg{worker: route, raw: frame, kind: wire.KindReject, deadline: time.Now().Add(b.cfg.SendTimeout)})
 	} else {
 		b.st.queueFull.Add(1)
 	}
@@ -784,6 +806,7 @@ func (b *Broker) apply(ev lifeEvent) {
 		}
 		s := &session{worker: p.id, key: sessKey{p.id, ev.inc, sid}, ws: ws, hello: ev.hello, dead: make(chan struct{}),
 			state: statePending, created: now, turns: map[string]*call{}}
+		s.setRoute(ev.route)
 		s.lastHeardNs.Store(now.UnixNano())
 		b.mu.Lock()
 		if b.closed {
@@ -814,6 +837,12 @@ func (b *Broker) apply(ev lifeEvent) {
 			b.endLocked(old, ReasonSuperseded)
 		}
 		b.mu.Unlock()
+		if old != nil && old.route() != s.route() {
+			// The new incarnation came over another connection: the old
+			// one is of no more use (a dead process's half-open socket, or
+			// a copy of the worker that lost the race).
+			b.disconnect(old.route())
+		}
 		b.st.admitted.Add(1)
 		attrs := []slog.Attr{slog.String("worker", s.worker), slog.String("incarnation", s.key.incarnation.String()),
 			slog.Any("pools", s.hello.Pools), slog.Any("kinds", s.hello.Kinds), slog.Int("capacity", s.hello.Capacity)}
@@ -890,9 +919,9 @@ func (b *Broker) clock(now time.Time) {
 			slog.String("incarnation", l.s.key.incarnation.String()), slog.String("reason", l.reason))
 		if l.reason != ReasonHeartbeatTimeout {
 			// It still sends but does not read: cut its connection too.
-			b.disconnect(l.s.worker)
+			b.disconnect(l.s.route())
 		}
-		b.reject(b.peers[l.s.worker], l.s.key.incarnation, wire.Reject{Code: wire.RejectEvicted,
+		b.reject(b.peers[l.s.worker], l.s.route(), l.s.key.incarnation, wire.Reject{Code: wire.RejectEvicted,
 			Message: "the host ended this session: " + l.reason})
 	}
 	for _, s := range pings {
@@ -938,10 +967,10 @@ func (b *Broker) clock(now time.Time) {
 
 // disconnect closes a worker's transport connections through the
 // configured hook (outside b.mu), if any.
-func (b *Broker) disconnect(worker string) {
-	if b.cfg.Disconnect != nil && worker != "" {
-		n := b.cfg.Disconnect(worker)
-		b.log.LogAttrs(b.ctx, slog.LevelInfo, "fabric worker connection cut", slog.String("worker", worker), slog.Int("connections", n))
+func (b *Broker) disconnect(route string) {
+	if b.cfg.Disconnect != nil && route != "" {
+		n := b.cfg.Disconnect(route)
+		b.log.LogAttrs(b.ctx, slog.LevelInfo, "fabric worker connection cut", slog.String("worker", printable(route)), slog.Int("connections", n))
 	}
 }
 

@@ -77,11 +77,13 @@ type BrokerConfig struct {
 	// fences, which reject and count it. Nil: late results are counted and
 	// dropped.
 	LateResult func(*abi.TurnResult)
-	// Disconnect, if set, closes the transport connection(s) of a worker
-	// id (fabric/guard's Guard.Disconnect). The broker calls it when it
-	// gives up on a worker that stopped reading (ping timeout, not reading,
-	// send stalled): a write stuck behind that peer ends at once instead of
-	// at the transport's write timeout, and its buffers are released.
+	// Disconnect, if set, closes the transport connection(s) of a routing
+	// identity (fabric/guard's Guard.Disconnect). The broker calls it when
+	// it gives up on a worker that stopped reading (ping timeout, not
+	// reading, send stalled): a write stuck behind that peer ends at once
+	// instead of at the transport's write timeout, and its buffers are
+	// released. It also closes a superseded incarnation's connection when
+	// the new one came over another (guard.DuplicateDistinct).
 	Disconnect func(id string) int
 	// ClockSkew is how far a HELLO's timestamp may be from the broker's
 	// clock.

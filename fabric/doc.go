@@ -66,8 +66,12 @@
 //     (zmq4 sends to every connection of an identity), can hold the lock;
 //     meanwhile nothing can be sent (turns fail fast, not sent; workers
 //     see no PING and reconnect). TestGapIdentitySquatterStallsPlainTCP
-//     pins it. The guard transport's per-write deadline and identity
-//     identity handover removes the squatter stall, and the broker cuts a stalled peer through BrokerConfig.Disconnect: use a "gtcp://" endpoint.
+//     pins it. Bind through the guard transport (fabric/guard) as
+//     paddock serve does: its per-write deadline bounds the stall, its
+//     DuplicateDistinct policy gives every connection its own routing
+//     identity (a squatter receives nothing and displaces nobody; the
+//     broker maps identities back with guard.BaseIdentity), and the
+//     broker cuts a peer it gave up on through BrokerConfig.Disconnect.
 //
 // Other library gaps, and where they are handled: no heartbeats (the
 // fabric's HEARTBEAT/PING/PONG), sends to a gone identity silently dropped

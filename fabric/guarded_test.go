@@ -1,6 +1,7 @@
 package fabric
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -18,13 +19,15 @@ import (
 
 	"github.com/paddock-dev/paddock/fabric/guard"
 	"github.com/paddock-dev/paddock/fabric/wire"
+	"github.com/paddock-dev/paddock/wasm"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
 
 // The adversarial tests again, with the broker bound as in production
-// (cmd/paddock startBroker): guard.Register() and "gtcp://", default
-// guard options (WriteTimeout 5 s, MaxFrameSize 8 MiB, DuplicateHandover);
-// workers and rogues dial plain tcp://.
+// (cmd/paddock startBroker): through the guard transport with default
+// options (WriteTimeout 5 s, MaxFrameSize 8 MiB) and DuplicateDistinct,
+// the broker cutting connections through it; workers and rogues dial
+// plain tcp://.
 
 // The rogues of TestBadInputIsDroppedAndCounted over the guard: no
 // credentials, wrong key, a forged RESULT with another session's
@@ -38,7 +41,7 @@ func TestGuardedBadInputIsDroppedAndCounted(t *testing.T) { badInput(t, newEnv(t
 // TestPlainTCPOversizedFrameAllocates); the guard cuts the connection at
 // the header, so the broker never sees the message.
 func hugeFrameDeclaration(t *testing.T, e *env) {
-	g0, d0 := guard.Default().Stats(), e.b.Stats().Dropped
+	g0, d0 := e.tguard().Stats(), e.b.Stats().Dropped
 	nc, err := net.Dial("tcp", e.addr())
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +69,7 @@ func hugeFrameDeclaration(t *testing.T, e *env) {
 	runtime.ReadMemStats(&ms)
 	alloc := ms.TotalAlloc - alloc0
 	e.waitFor("guard counted the oversized frame", 5*time.Second, func() bool {
-		return guard.Default().Stats().OversizedFrames > g0.OversizedFrames
+		return e.tguard().Stats().OversizedFrames > g0.OversizedFrames
 	})
 	if d := e.b.Stats().Dropped; d.Oversized != d0.Oversized {
 		t.Fatalf("the broker saw the oversized message (%d drops): the guard did not refuse it first", d.Oversized-d0.Oversized)
@@ -91,13 +94,13 @@ func hugeFrameDeclaration(t *testing.T, e *env) {
 // the other worker's turns keep completing throughout, and no socket
 // send stalls.
 func TestGuardedIdentitySquatterIsHandedOver(t *testing.T) {
-	e := newEnv(t, withGuard)
+	e := newEnv(t, withHandoverGuard)
 	digest := e.module(wasmtest.Faulty)
 	e.startWorker("w1", func(c *WorkerConfig) { c.Capacity = 8 })
 	e.startWorker("w2", func(c *WorkerConfig) { c.Pools = []string{"h"} })
 	e.mustReply("p", digest, e.request("", "warm"))
 	e.mustReply("h", digest, e.request("", "warm"))
-	g := guard.Default()
+	g := e.tguard()
 	g0, s0 := g.Stats(), e.b.Stats()
 
 	stop := make(chan struct{})
@@ -185,7 +188,7 @@ func TestGuardedSlowReaderIsCutOff(t *testing.T) {
 	digest := e.module(wasmtest.Faulty)
 	e.startWorker("w1", func(c *WorkerConfig) { c.Pools = []string{"h"} })
 	e.mustReply("h", digest, e.request("", "warm"))
-	g := guard.Default()
+	g := e.tguard()
 	g0, s0 := g.Stats(), e.b.Stats()
 
 	slow, _ := e.rawConn("w3")
@@ -294,20 +297,25 @@ func lostDelta(a, b LostCounts) LostCounts {
 // connection and frees the lock. Until then nothing can be sent to
 // anyone:
 //
-//   - W = 5 s (guard.Register() defaults, what cmd/paddock uses today) is
+//   - W = 5 s (guard.Register() defaults), no Disconnect hook: W is
 //     longer than the broker's send timeout and the heartbeat timeout:
 //     the broker's watchdog fires, turns fail fast (not sent, no attempt
 //     lost), the healthy worker hears no PING for W, drops its session
 //     and rejoins; healthy turns run again within W + heartbeat timeout.
 //   - W = 1 s (below both): the stall ends before the watchdog fires;
 //     healthy turns are merely delayed by up to W and none fails.
+//   - As in production (cmd/paddock tunes W below the heartbeat margin,
+//     and wires BrokerConfig.Disconnect): here W = 5 s, but the broker
+//     cuts the connection when the PONG is missed, within the heartbeat
+//     timeout.
 func TestGapLyingAckStallsUntilGuardWriteTimeout(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		tweak func(*BrokerConfig)
 	}{
-		{"default guard W=5s", withGuard},
+		{"guard W=5s without broker Disconnect", withHandoverGuard},
 		{"guard W=1s", withShortGuard},
+		{"production: guard W=5s with broker Disconnect", withGuard},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel() // separate guards and brokers: no shared counters
@@ -387,7 +395,13 @@ func lyingAck(t *testing.T, e *env) {
 	for range 8 {
 		wg.Go(func() { _, _ = e.turnIn("slow", digest, e.request("", big)) })
 	}
-	e.waitFor("the guard cut the stalled write", w+lossSlack, func() bool { return g.Stats().WriteTimeouts > g0.WriteTimeouts })
+	// The guard's write timeout cuts the stalled write, or — wired as in
+	// production — the broker cuts the connection first when the worker
+	// misses its PONG (BrokerConfig.Disconnect).
+	e.waitFor("the stalled write cut", w+lossSlack, func() bool {
+		gs := g.Stats()
+		return gs.WriteTimeouts > g0.WriteTimeouts || gs.Disconnected > g0.Disconnected
+	})
 	cut := time.Since(start)
 	wg.Wait()
 	// Healthy turns run again: wait for two more successes.
@@ -403,8 +417,8 @@ func lyingAck(t *testing.T, e *env) {
 	probe.Wait()
 	g1, s1 := g.Stats(), e.b.Stats()
 	rejoined := e.incarnation("w1") != inc0
-	figure(t, "fabric GAP (%s://, guard WriteTimeout %s; broker send timeout %s, heartbeat timeout %s): a keyed worker acknowledging unread bytes, sent 8 × 1 MiB turns, stalled the socket; the guard cut it %s after the turns began (WriteTimeouts +%d, SendStalls +%d); healthy worker: longest gap between completed turns %s, %d turns failed (%d of them as sent), slowest completed %s, rejoined: %v",
-		g.Scheme(), w, testSend, testHBTimeout, cut.Round(time.Millisecond), g1.WriteTimeouts-g0.WriteTimeouts, s1.SendStalls-s0.SendStalls,
+	figure(t, "fabric GAP (%s://, guard WriteTimeout %s; broker send timeout %s, heartbeat timeout %s): a keyed worker acknowledging unread bytes, sent 8 × 1 MiB turns, stalled the socket; it was cut %s after the turns began (guard WriteTimeouts +%d, broker Disconnects +%d, SendStalls +%d); healthy worker: longest gap between completed turns %s, %d turns failed (%d of them as sent), slowest completed %s, rejoined: %v",
+		g.Scheme(), w, testSend, testHBTimeout, cut.Round(time.Millisecond), g1.WriteTimeouts-g0.WriteTimeouts, g1.Disconnected-g0.Disconnected, s1.SendStalls-s0.SendStalls,
 		outage.Round(time.Millisecond), failN, sentFail, slowest.Round(time.Millisecond), rejoined)
 	if sentFail > 0 {
 		t.Fatalf("%d healthy turns failed after they reached the worker (an attempt lost)", sentFail)
@@ -422,5 +436,108 @@ func lyingAck(t *testing.T, e *env) {
 		if bound := w + testSend; slowest > bound {
 			t.Fatalf("a healthy turn took %s (bound %s)", slowest, bound)
 		}
+	}
+}
+
+// The identity squatter again, on the production guard (DuplicateDistinct):
+// three keyless clients connect as live worker w1 (4 KiB receive buffers,
+// never reading), and a real worker process loop with w1's id but a wrong
+// key keeps trying to join, while 1 MiB turns run on w1. Each newcomer
+// gets a connection of its own and never receives w1's traffic, so w1
+// keeps its session, none of its turns fails, and nothing is handed over
+// or stalls. (On guard.Default(), TestGuardedIdentitySquatterIsHandedOver:
+// each squatter costs w1 its connection.)
+func TestGuardedIdentitySquatterCannotDisplaceTheWorker(t *testing.T) {
+	e := newEnv(t, withGuard)
+	if e.tguard().Options().DuplicateIdentity != guard.DuplicateDistinct {
+		t.Fatal("withGuard is not the production guard (DuplicateDistinct)")
+	}
+	digest := e.module(wasmtest.Faulty)
+	e.startWorker("w1", func(c *WorkerConfig) { c.Capacity = 8 })
+	e.mustReply("p", digest, e.request("", "warm"))
+	g := e.tguard()
+	g0, s0 := g.Stats(), e.b.Stats()
+	inc := e.incarnation("w1")
+
+	big := strings.Repeat("x", 1<<20)
+	var (
+		wg             sync.WaitGroup
+		okTurns, fails atomic.Int64
+		firstErr       atomic.Value
+	)
+	sending := make(chan struct{})
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-sending:
+					return
+				default:
+				}
+				if _, err := e.turnIn("p", digest, e.request("", "nap 50 "+big)); err != nil {
+					fails.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+					time.Sleep(20 * time.Millisecond)
+				} else {
+					okTurns.Add(1)
+				}
+			}
+		})
+	}
+	e.waitFor("1 MiB turns in flight on w1", 10*time.Second, func() bool { return e.inflight("w1") >= 2 })
+
+	// A misconfigured copy of w1: right id, wrong key.
+	impostorCtx, stopImpostor := context.WithCancel(context.Background())
+	impostorDone := make(chan error, 1)
+	go func() {
+		impostorDone <- RunWorker(impostorCtx, WorkerConfig{
+			Connect: e.connect(), ID: "w1", Key: wire.NewKey(), Pools: []string{"p"}, Capacity: 1,
+			CacheDir: t.TempDir(), Wasm: wasm.Config{CacheDir: wasmtest.CacheDir(t), TurnTimeout: turnDeadline},
+			ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond,
+		}, testLogger(t).With("side", "impostor"))
+	}()
+	var squatters []net.Conn
+	for range 3 {
+		nc, err := net.Dial("tcp", e.addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = nc.(*net.TCPConn).SetReadBuffer(4 << 10)
+		if _, err := zmq4.Open(nc, null.Security(), zmq4.Dealer, zmq4.SocketIdentity("w1"), false, nil); err != nil {
+			t.Fatal(err)
+		}
+		squatters = append(squatters, nc)
+		time.Sleep(300 * time.Millisecond)
+	}
+	e.waitFor("the impostor's HELLOs dropped as forged", 10*time.Second, func() bool {
+		return e.b.Stats().Dropped.Forged > s0.Dropped.Forged
+	})
+	ok0 := okTurns.Load()
+	e.waitFor("more turns completing on w1 meanwhile", 30*time.Second, func() bool { return okTurns.Load() >= ok0+4 })
+	close(sending)
+	wg.Wait()
+	stopImpostor()
+	select {
+	case <-impostorDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the wrong-key worker did not stop within 10 s of its context ending")
+	}
+	for _, nc := range squatters {
+		nc.Close()
+	}
+
+	g1, s1 := g.Stats(), e.b.Stats()
+	figure(t, "fabric (gtcp://, DuplicateDistinct): 3 keyless squatters and a wrong-key worker claimed w1's id while 1 MiB turns ran on it: w1 kept incarnation %t, its turns %d ok, %d failed; HandedOver +%d, forged HELLOs dropped +%d, SendStalls +%d, guard WriteTimeouts +%d",
+		e.incarnation("w1") == inc, okTurns.Load(), fails.Load(), g1.HandedOver-g0.HandedOver,
+		s1.Dropped.Forged-s0.Dropped.Forged, s1.SendStalls-s0.SendStalls, g1.WriteTimeouts-g0.WriteTimeouts)
+	if cur := e.incarnation("w1"); cur != inc {
+		t.Fatalf("w1's incarnation changed from %s to %q: a newcomer displaced it", inc, cur)
+	}
+	if n := fails.Load(); n != 0 {
+		t.Fatalf("%d of w1's turns failed (first: %v); want none", n, firstErr.Load())
+	}
+	if g1.HandedOver != g0.HandedOver || s1.SendStalls != s0.SendStalls || g1.WriteTimeouts != g0.WriteTimeouts {
+		t.Fatalf("handovers +%d, send stalls +%d, write timeouts +%d; want none",
+			g1.HandedOver-g0.HandedOver, s1.SendStalls-s0.SendStalls, g1.WriteTimeouts-g0.WriteTimeouts)
 	}
 }

@@ -132,13 +132,33 @@ func newEnv(t *testing.T, tweak ...func(*BrokerConfig)) *env {
 	return e
 }
 
-// withGuard binds the broker as production does (cmd/paddock startBroker):
-// through the guard transport registered by guard.Register() under
-// "gtcp", with its default options. zmq4's transport registry is
-// process-global and cannot unregister; guard.Register is idempotent (a
-// sync.Once), so every guarded env of this test binary shares that one
-// registration and guard.Default()'s counters — compare deltas.
+// prodGuard is the guard transport the broker binds through in
+// production (cmd/paddock startBroker): default limits and timeouts, and
+// DuplicateDistinct, so that a client claiming a worker's id gets a
+// connection of its own. zmq4's transport registry is process-global and
+// cannot unregister, so it is registered once per test binary (scheme
+// "gtcp-prod") and its counters are shared: compare deltas.
+var prodGuard = sync.OnceValue(func() *guard.Guard {
+	g, err := guard.New(guard.Options{DuplicateIdentity: guard.DuplicateDistinct})
+	if err == nil {
+		err = g.Register("gtcp-prod")
+	}
+	if err != nil {
+		panic(err)
+	}
+	return g
+})
+
+// withGuard binds the broker as production does: through prodGuard, with
+// the broker cutting connections through it (BrokerConfig.Disconnect).
 func withGuard(c *BrokerConfig) {
+	c.Endpoint = prodGuard().Endpoint("127.0.0.1:0")
+	c.Disconnect = prodGuard().Disconnect
+}
+
+// withHandoverGuard binds the broker through guard.Default() ("gtcp",
+// DuplicateHandover: the newest connection of an identity wins).
+func withHandoverGuard(c *BrokerConfig) {
 	if err := guard.Register(); err != nil {
 		panic(err)
 	}
@@ -169,6 +189,8 @@ func (e *env) tguard() *guard.Guard {
 		return guard.Default()
 	case shortGuard().Scheme():
 		return shortGuard()
+	case prodGuard().Scheme():
+		return prodGuard()
 	}
 	return nil
 }

@@ -207,7 +207,7 @@ func (b *Broker) sendLoop() {
 func (b *Broker) send(m *outMsg) {
 	frame, worker := m.raw, m.worker
 	if m.sess != nil {
-		worker = m.sess.worker
+		worker = m.sess.route()
 		frame = m.sess.ws.Seal(wire.ToWorker, m.kind, m.sess.ws.NextSeq(), m.body)
 	}
 	st := &sendState{sess: m.sess, worker: worker, start: time.Now()}

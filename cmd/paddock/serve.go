@@ -234,8 +234,12 @@ func startBroker(ctx context.Context, cfg config.Config, st store.Store, log *sl
 	// costs anyone a heartbeat; its frame limit is the broker's message
 	// limit, enforced before allocation.
 	wt := min(cfg.Fabric.SendTimeout, cfg.Fabric.HeartbeatTimeout-cfg.Fabric.HeartbeatInterval) * 3 / 4
+	// DuplicateDistinct: a client claiming a worker's id without its key
+	// (or a misconfigured copy of the worker) gets a connection of its own
+	// and cannot displace the worker's; the broker answers whichever
+	// connection last authenticated.
 	g, err := guard.New(guard.Options{WriteTimeout: wt, MaxFrameSize: int64(cfg.Fabric.MaxMessageBytes), MaxMessageSize: int64(cfg.Fabric.MaxMessageBytes),
-		Logger: log.With("component", "fabric.guard")})
+		DuplicateIdentity: guard.DuplicateDistinct, Logger: log.With("component", "fabric.guard")})
 	if err != nil {
 		return nil, fmt.Errorf("fabric: guard: %w", err)
 	}

@@ -56,7 +56,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -96,7 +98,33 @@ const (
 	DuplicateReject
 	// DuplicateAllow admits both (zmq4 then sends each message to both).
 	DuplicateAllow
+	// DuplicateDistinct gives every connection a routing identity of its
+	// own: the peer's identity, IdentitySeparator and a per-guard connection
+	// number (16 hex digits), e.g. "w1\x00000000000000002a". zmq4 never sees
+	// two connections under one identity, so a newcomer claiming a worker's
+	// id — a misconfigured copy, or a client without its key — cannot
+	// displace the open connection. The application maps the routing
+	// identity back with BaseIdentity, decides which connection is
+	// authoritative (fabric's broker: the one that last authenticated) and
+	// closes the others with Disconnect(routingIdentity). An empty identity
+	// is left empty (zmq4 then makes one up).
+	DuplicateDistinct
 )
+
+// IdentitySeparator ends the peer's own identity in a routing identity
+// made by DuplicateDistinct. Peer identities containing it are refused
+// under that policy.
+const IdentitySeparator = "\x00"
+
+// BaseIdentity returns the identity the peer announced, given the routing
+// identity zmq4 reports for it: routing itself unless DuplicateDistinct
+// extended it.
+func BaseIdentity(routing string) string {
+	if i := strings.Index(routing, IdentitySeparator); i >= 0 {
+		return routing[:i]
+	}
+	return routing
+}
 
 // Options configures a Guard. Zero values select the defaults above; for the
 // numeric limits and timeouts a negative value disables the limit.
@@ -188,7 +216,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.PeerSocketTypes == nil {
 		o.PeerSocketTypes = []string{"DEALER", "REQ", "ROUTER"}
 	}
-	if o.DuplicateIdentity < DuplicateHandover || o.DuplicateIdentity > DuplicateAllow {
+	if o.DuplicateIdentity < DuplicateHandover || o.DuplicateIdentity > DuplicateDistinct {
 		return o, fmt.Errorf("guard: invalid DuplicateIdentity %d", o.DuplicateIdentity)
 	}
 	if o.Logger == nil {
@@ -207,6 +235,7 @@ type Guard struct {
 
 	mu        sync.Mutex
 	listeners map[*listener]struct{}
+	connSeq   atomic.Uint64 // DuplicateDistinct's connection numbers
 }
 
 // New returns a Guard with the given options (zero values = defaults).

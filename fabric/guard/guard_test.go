@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/go-zeromq/zmq4"
 )
 
 func TestRegisterIdempotent(t *testing.T) {
@@ -431,4 +433,61 @@ func TestUnadoptedConnectionClosed(t *testing.T) {
 	})
 	d := dialDealer(t, "w", "tcp://"+addr, 2*time.Second)
 	roundTrip(t, d, "ok", 2*time.Second)
+}
+
+// Under DuplicateDistinct two connections announcing one identity both
+// stay open under routing identities of their own: a newcomer displaces
+// nobody, each is addressed on its own, and Disconnect closes just one.
+func TestDuplicateDistinctKeepsBothConnectionsApart(t *testing.T) {
+	g := newTestGuard(t, Options{DuplicateIdentity: DuplicateDistinct})
+	r, addr := startRouter(t, g.Scheme())
+	first := dialDealer(t, "w1", "tcp://"+addr, 2*time.Second)
+	if err := first.Send(zmq4.NewMsgString("from first")); err != nil {
+		t.Fatal(err)
+	}
+	m1, err := recvTimeout(r, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := dialDealer(t, "w1", "tcp://"+addr, 2*time.Second)
+	if err := second.Send(zmq4.NewMsgString("from second")); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := recvTimeout(r, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id1, id2 := string(m1.Frames[0]), string(m2.Frames[0])
+	if id1 == id2 || BaseIdentity(id1) != "w1" || BaseIdentity(id2) != "w1" {
+		t.Fatalf("routing identities %q and %q: want two distinct ones with base w1", id1, id2)
+	}
+	if s := g.Stats(); s.HandedOver != 0 || s.Open != 2 {
+		t.Fatalf("stats %+v: want both open, none handed over", s)
+	}
+	// Each connection gets only its own messages.
+	for _, c := range []struct {
+		id string
+		d  zmq4.Socket
+	}{{id1, first}, {id2, second}} {
+		if err := r.Send(zmq4.NewMsgFrom([]byte(c.id), []byte("to "+c.id))); err != nil {
+			t.Fatal(err)
+		}
+		got, err := recvTimeout(c.d, 2*time.Second)
+		if err != nil {
+			t.Fatalf("%q: %v", c.id, err)
+		}
+		if string(got.Frames[len(got.Frames)-1]) != "to "+c.id {
+			t.Fatalf("%q received %q", c.id, got.Frames)
+		}
+	}
+	if n := g.Disconnect(id1); n != 1 {
+		t.Fatalf("Disconnect(first) = %d, want 1", n)
+	}
+	waitFor(t, "the first connection closed", 2*time.Second, func() bool { return g.Stats().Open == 1 })
+	if p := g.Peers(); len(p) != 1 || p[0] != id2 {
+		t.Fatalf("Peers() = %q, want only the second", p)
+	}
+	if BaseIdentity("plain") != "plain" {
+		t.Fatal("BaseIdentity of an identity without separator changed it")
+	}
 }

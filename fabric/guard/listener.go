@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 )
@@ -243,6 +244,12 @@ func (l *listener) preHandshake(c net.Conn) (*conn, error) {
 	info, err := readHandshake(br, o.PeerSocketTypes)
 	if err != nil {
 		return nil, err
+	}
+	if o.DuplicateIdentity == DuplicateDistinct && info.identity != "" {
+		if strings.Contains(info.identity, IdentitySeparator) {
+			return nil, reject(ReasonBadReady, "identity %q contains the routing separator", info.identity)
+		}
+		info = info.withIdentity(fmt.Sprintf("%s%s%016x", info.identity, IdentitySeparator, l.g.connSeq.Add(1)))
 	}
 	if err := c.SetDeadline(time.Time{}); err != nil {
 		return nil, fmt.Errorf("clear deadline: %w", err)

@@ -61,7 +61,36 @@ func ioReject(what string, err error) error {
 type peerInfo struct {
 	socketType string
 	identity   string
+	identKey   string // the metadata property name carrying identity, as sent
+	meta       map[string]string
 	replay     []byte // the peer's greeting and READY frame, verbatim
+}
+
+// withIdentity returns info with its identity replaced by id and the READY
+// frame in replay re-encoded to carry it (DuplicateDistinct).
+func (info peerInfo) withIdentity(id string) peerInfo {
+	meta := make(map[string]string, len(info.meta))
+	for k, v := range info.meta {
+		meta[k] = v
+	}
+	meta[info.identKey] = id
+	body := []byte{5, 'R', 'E', 'A', 'D', 'Y'}
+	for k, v := range meta {
+		body = append(body, byte(len(k)))
+		body = append(body, k...)
+		body = binary.BigEndian.AppendUint32(body, uint32(len(v)))
+		body = append(body, v...)
+	}
+	frame := append([]byte(nil), info.replay[:greetingSize]...)
+	if len(body) > 255 {
+		frame = append(frame, flagCommand|flagLong)
+		frame = binary.BigEndian.AppendUint64(frame, uint64(len(body)))
+	} else {
+		frame = append(frame, flagCommand, byte(len(body)))
+	}
+	info.replay = append(frame, body...)
+	info.identity, info.meta = id, meta
+	return info
 }
 
 // readHandshake reads and validates the peer's greeting and its READY
@@ -138,7 +167,7 @@ func readHandshake(br *bufio.Reader, allowedTypes []string) (peerInfo, error) {
 		case "socket-type":
 			info.socketType = v
 		case "identity":
-			info.identity = v
+			info.identity, info.identKey = v, k
 		}
 	}
 	ok := false
@@ -151,7 +180,7 @@ func readHandshake(br *bufio.Reader, allowedTypes []string) (peerInfo, error) {
 	if !ok {
 		return info, reject(ReasonPeerType, "peer socket type %q not accepted", info.socketType)
 	}
-	info.replay = buf
+	info.replay, info.meta = buf, meta
 	return info, nil
 }
 
