@@ -8,6 +8,7 @@
 package abi
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -320,4 +321,20 @@ func Run(ctx context.Context, f TurnFunc, req *TurnRequest) (res *TurnResult) {
 		res.Outcome = OutcomeOK
 	}
 	return res
+}
+
+// Marshal encodes v as JSON the way a TurnRequest (or steer) crosses to a
+// worker: like encoding/json.Marshal, but without HTML escaping, so that
+// '<', '>' and '&' stay one byte each instead of six ("\u003c"). The sizes
+// checked against MaxRequestBytes are those of this encoding; with
+// json.Marshal a message of 1 MiB of '<' would grow to 6 MiB and fail its
+// turn although the API accepted it.
+func Marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }

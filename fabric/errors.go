@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/paddock-dev/paddock/fabric/wire"
 )
 
 // Kinds of a TurnError.
@@ -86,9 +88,14 @@ func (e *TurnError) Error() string {
 // Unwrap returns the underlying error.
 func (e *TurnError) Unwrap() error { return e.Err }
 
-// TurnSent reports whether the turn reached a worker (host.SendAware):
-// false means the host may retry it without consuming an attempt.
-func (e *TurnError) TurnSent() bool { return e.Accepted }
+// TurnSent reports whether the turn reached the agent (host.SendAware):
+// false means the host may retry it without consuming an attempt. A turn
+// the worker accepted but could not load the module for
+// (module_unavailable: fetch failed, or the module does not fit the
+// worker's limits) never ran the agent and is not charged to the event.
+func (e *TurnError) TurnSent() bool {
+	return e.Accepted && !(e.Kind == KindRemote && e.Code == wire.ErrCodeModule)
+}
 
 // Sentinel errors, wrapped by the errors that report them.
 var (

@@ -115,7 +115,7 @@ func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnRes
 	if i.closed.Load() {
 		return nil, ErrInstanceClosed
 	}
-	reqJSON, err := json.Marshal(req)
+	reqJSON, err := abi.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("fabric: encode turn request: %w", err)
 	}

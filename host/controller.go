@@ -31,6 +31,10 @@ type controller struct {
 	inflight *abi.TurnRef
 	// pol is the agent policy of the current activation.
 	pol AgentPolicy
+	// notCharged counts failures in a row that consumed no attempt (the
+	// worker never got the turn, or no instance could be made): their
+	// retries back off like counted ones, up to BackoffMax.
+	notCharged int
 }
 
 func newController(h *Host, key store.ActorKey) *controller {
@@ -344,9 +348,13 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			a.closeInstance()
 			inst, err := h.runner.Instantiate(a.leaseCtx, d.Delivery.Binding)
 			if err != nil {
-				// Cut short by a lost lease or a stop: not the event's fault.
-				counted := a.leaseCtx.Err() == nil
-				return "", c.fail(context.Background(), ref, d.Attempt, a.pol, fmt.Errorf("instantiate %s: %w", d.Delivery.Binding, err), counted, "instantiate"), true
+				// No instance: the agent never ran, and nothing in the event
+				// can have caused it (a plugin binary that no longer matches
+				// its checksum, a worker start failure, a full machine). Not
+				// charged to the event — that would dead-letter events or
+				// destroy sessions for an operator's problem — but retried
+				// with backoff until it is fixed; last_error says why.
+				return "", c.fail(context.Background(), ref, d.Attempt, a.pol, fmt.Errorf("instantiate %s: %w", d.Delivery.Binding, err), false, "instantiate"), true
 			}
 			a.inst, a.instBinding = inst, d.Delivery.Binding
 		}
@@ -411,6 +419,7 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			a.log.Error("commit turn", "err", err)
 			return "", c.fail(context.Background(), last, d.Attempt, a.pol, fmt.Errorf("commit: %w", err), true, "commit"), true
 		}
+		c.notCharged = 0
 		a.log.Debug("turn committed", "turn", turn.TurnNo, "event", turn.EventID, "outcome", turn.Outcome)
 		if r, ok := a.inst.(Recycler); ok && r.ShouldRecycle() {
 			a.closeInstance()
@@ -609,8 +618,11 @@ func trimTail(tail []abi.Message, budget int) []abi.Message {
 func (c *controller) fail(ctx context.Context, ref abi.TurnRef, attempt int, pol AgentPolicy, cause error, counted bool, kind string) time.Duration {
 	h := c.h
 	backoff := Backoff(attempt, pol.BackoffMin, pol.BackoffMax, rand.Float64())
-	if !counted {
-		backoff = pol.BackoffMin
+	if counted {
+		c.notCharged = 0
+	} else {
+		c.notCharged++
+		backoff = Backoff(c.notCharged, pol.BackoffMin, pol.BackoffMax, rand.Float64())
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

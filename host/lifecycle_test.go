@@ -705,3 +705,37 @@ func TestLongTranscriptsAreTrimmedToFitTheRequestLimit(t *testing.T) {
 		}
 	})
 }
+
+// A turn whose instance cannot be made (here: the runner has no such
+// function; in production a plugin binary that no longer matches its
+// checksum, or a worker start failure) never ran the agent: it is retried
+// without consuming attempts, so it neither dead-letters the event nor
+// triggers the crash policy, even destroy.
+func TestInstantiateFailuresAreNotChargedToTheEvent(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		pol := testPolicy() // MaxAttempts 3
+		f := start(t, st, map[string]abi.TurnFunc{}, pol)
+		key := f.sessionWith(f.agent("missing"), store.CrashDestroy)
+		e := f.signal(key, "hello")
+		f.waitFor("several failed instantiations", func() bool {
+			errs, err := st.EventErrors(context.Background(), key, e.ID)
+			return err == nil && len(errs) > pol.MaxAttempts
+		})
+		errs, err := st.EventErrors(context.Background(), key, e.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range errs {
+			if x.Counted || !strings.Contains(x.Error, "instantiate") {
+				t.Fatalf("error chain entry %+v: want an uncounted instantiate failure", x)
+			}
+		}
+		ev := f.events(key)[0]
+		if ev.Status != store.EventOpen || ev.Attempts != 0 {
+			t.Fatalf("event after %d instantiate failures: status %s, attempts %d; want open, 0", len(errs), ev.Status, ev.Attempts)
+		}
+		if s := f.get(key); s.Status != store.SessionActive {
+			t.Fatalf("session %s after instantiate failures; want active (destroy policy not triggered)", s.Status)
+		}
+	})
+}

@@ -65,7 +65,7 @@ func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnRes
 	if err != nil {
 		return nil, err
 	}
-	body, err := json.Marshal(req)
+	body, err := abi.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("plugins: encode turn request: %w", err)
 	}

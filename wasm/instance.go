@@ -183,7 +183,7 @@ func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnRes
 	if i.closed.Load() {
 		return nil, ErrInstanceClosed
 	}
-	in, err := json.Marshal(req)
+	in, err := abi.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("wasm: encode turn request: %w", err)
 	}

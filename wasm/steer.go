@@ -2,7 +2,6 @@ package wasm
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 
@@ -64,7 +63,7 @@ func (s *turnSteers) poll(ctx context.Context, mem api.Memory, ptr, capacity uin
 				s.ch = nil // closed: no more steers; a nil channel never receives
 				return 0
 			}
-			b, err := json.Marshal(st)
+			b, err := abi.Marshal(st)
 			if err == nil && len(b) > abi.MaxRequestBytes {
 				err = fmt.Errorf("%d bytes, limit %d", len(b), abi.MaxRequestBytes)
 			}

@@ -1,0 +1,30 @@
+package abi
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// Marshal keeps '<', '>' and '&' as one byte each (json.Marshal makes
+// them six), and decodes back to the same value.
+func TestMarshalDoesNotGrowHTMLCharacters(t *testing.T) {
+	msg := strings.Repeat("<a&b>", 1000)
+	req := &TurnRequest{Event: Event{Kind: EventMessage, Message: msg}}
+	b, err := Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	std, _ := json.Marshal(req)
+	if len(b) >= len(std) || len(b) > len(msg)+512 {
+		t.Fatalf("Marshal gave %d bytes for a %d-byte message (json.Marshal: %d)", len(b), len(msg), len(std))
+	}
+	if bytes.HasSuffix(b, []byte("\n")) {
+		t.Fatal("Marshal left the encoder's trailing newline")
+	}
+	var back TurnRequest
+	if err := json.Unmarshal(b, &back); err != nil || back.Event.Message != msg {
+		t.Fatalf("round trip: %v, message equal: %t", err, back.Event.Message == msg)
+	}
+}
