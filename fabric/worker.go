@@ -54,6 +54,9 @@ type WorkerConfig struct {
 	// SendTimeout bounds one send to the host (default 5 s); a send that
 	// takes longer ends the session.
 	SendTimeout time.Duration
+	// GoodbyeTimeout bounds the GOODBYE a stopping worker sends the host
+	// (default 2 s).
+	GoodbyeTimeout time.Duration
 	// ReconnectMin and ReconnectMax bound the backoff between connection
 	// attempts (defaults 100 ms and 5 s; doubled per failure, jittered).
 	ReconnectMin, ReconnectMax time.Duration
@@ -84,6 +87,7 @@ func (c WorkerConfig) withDefaults() (WorkerConfig, error) {
 	}
 	def(&c.HelloTimeout, 5*time.Second)
 	def(&c.SendTimeout, 5*time.Second)
+	def(&c.GoodbyeTimeout, 2*time.Second)
 	def(&c.ReconnectMin, 100*time.Millisecond)
 	def(&c.ReconnectMax, 5*time.Second)
 	if c.Capacity <= 0 {
@@ -136,7 +140,9 @@ var errSessionLost = errors.New("fabric: session lost")
 // timeout, or the host REJECTs the session, the worker cancels the turns
 // of that incarnation, waits a jittered backoff (ReconnectMin doubling to
 // ReconnectMax; reset after a WELCOME) and joins again under a new
-// incarnation. When ctx ends it sends GOODBYE and returns nil.
+// incarnation. When ctx ends it logs "fabric worker stopping" with
+// context.Cause(ctx), sends GOODBYE (within GoodbyeTimeout) so that the
+// host stops routing turns to it at once, and returns nil.
 //
 // Errors: a *ConfigError, a plugin registration error, or a *RejectError
 // (the host refuses this worker for good).
@@ -172,6 +178,9 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, logger *slog.Logger) error
 	for {
 		welcomed, err := w.session(ctx)
 		if ctx.Err() != nil {
+			if !errors.Is(err, errStopped) { // the session logged its stop
+				w.logStopping(ctx, false)
+			}
 			return nil
 		}
 		var rej *RejectError
@@ -193,6 +202,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, logger *slog.Logger) error
 		select {
 		case <-time.After(wait):
 		case <-ctx.Done():
+			w.logStopping(ctx, false)
 			return nil
 		}
 		backoff = min(2*backoff, cfg.ReconnectMax)
@@ -200,6 +210,18 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, logger *slog.Logger) error
 }
 
 var errKilled = errors.New("fabric: worker killed (test hook)")
+
+// errStopped ends a session whose worker is stopping (ctx ended): the
+// session said GOODBYE, or tried to.
+var errStopped = errors.New("fabric: worker stopping")
+
+// logStopping logs that the worker stops, and why (the cause of ctx, such
+// as "interrupt signal received"); joined tells whether the host had
+// admitted a session, which is then told GOODBYE.
+func (w *worker) logStopping(ctx context.Context, joined bool) {
+	w.log.LogAttrs(context.WithoutCancel(ctx), slog.LevelInfo, "fabric worker stopping",
+		slog.String("reason", fmt.Sprint(context.Cause(ctx))), slog.Bool("joined", joined))
+}
 
 // worker is the state that outlives sessions.
 type worker struct {
@@ -258,16 +280,32 @@ type running struct {
 	steers chan abi.Steer
 }
 
-// session runs one connection and incarnation until it is lost; welcomed
-// reports whether the host admitted it.
+// session runs one connection and incarnation until it is lost, or until
+// ctx ends (it then says GOODBYE and returns errStopped); welcomed reports
+// whether the host admitted it.
+//
+// Neither the session's context (sctx, c.ctx) nor the socket's derive
+// from ctx: were they cancelled with it, the session loop could take the
+// worker's stop for a lost session, and the GOODBYE would have no socket
+// left to go out on. The socket also outlives sctx, so that the sender
+// flushes the GOODBYE after the session ended. Once the host admitted the
+// session only the session loop watches ctx; until then, ctx's end closes
+// the socket at once (there is no session to say GOODBYE to).
 func (w *worker) session(ctx context.Context) (welcomed bool, err error) {
 	cfg := w.cfg
-	sctx, cancel := context.WithCancelCause(ctx)
+	sctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(errSessionLost)
-	sock := zmq4.NewDealer(sctx, zmq4.WithID(zmq4.SocketIdentity(cfg.ID)), zmq4.WithDialerMaxRetries(0),
+	sockCtx, closeSock := context.WithCancel(context.WithoutCancel(ctx))
+	defer closeSock()
+	sock := zmq4.NewDealer(sockCtx, zmq4.WithID(zmq4.SocketIdentity(cfg.ID)), zmq4.WithDialerMaxRetries(0),
 		zmq4.WithDialerTimeout(cfg.HelloTimeout), zmq4.WithTimeout(cfg.SendTimeout),
 		zmq4.WithLogger(slog.NewLogLogger(w.log.Handler(), slog.LevelDebug)))
 	defer sock.Close()
+	joining := context.AfterFunc(ctx, func() {
+		cancel(context.Cause(ctx))
+		closeSock()
+	})
+	defer joining()
 	if err := sock.Dial(cfg.Connect); err != nil {
 		return false, fmt.Errorf("fabric: dial %s: %w", cfg.Connect, err)
 	}
@@ -314,6 +352,9 @@ func (w *worker) session(ctx context.Context) (welcomed bool, err error) {
 	welcome, err := c.awaitWelcome(frames, recvErr)
 	if err != nil {
 		return false, err
+	}
+	if !joining() { // ctx ended while joining: the socket is closing
+		return true, fmt.Errorf("fabric: stopped while joining: %w", context.Cause(ctx))
 	}
 	hbInterval := time.Duration(welcome.HeartbeatIntervalMs) * time.Millisecond
 	hbTimeout := time.Duration(welcome.HeartbeatTimeoutMs) * time.Millisecond
@@ -389,7 +430,7 @@ func (c *conn) awaitWelcome(frames <-chan []byte, recvErr <-chan error) (wire.We
 			return wire.Welcome{}, fmt.Errorf("fabric: no WELCOME within %s (is the host's fabric listening there, and do --id and the key match an entry of its fabric.workers? the host drops what it cannot authenticate)", c.w.cfg.HelloTimeout)
 		case <-c.w.hookDie():
 			return wire.Welcome{}, errKilled
-		case <-c.ctx.Done():
+		case <-c.ctx.Done(): // also when the worker stops while joining
 			return wire.Welcome{}, context.Cause(c.ctx)
 		}
 	}
@@ -429,14 +470,18 @@ func (c *conn) sendLoop() error {
 				return fmt.Errorf("fabric: send %s: %w", f.kind, err)
 			}
 		case <-c.ctx.Done():
-			// Flush what is queued (GOODBYE, last results) before the socket closes.
+			// Flush what is queued (GOODBYE, last results) before the
+			// socket closes; report the first send that failed.
+			var ferr error
 			for {
 				select {
 				case f := <-c.out:
 					frame := c.sess.Seal(wire.ToHost, f.kind, c.sess.NextSeq(), f.body)
-					_ = c.sock.Send(zmq4.NewMsg(frame))
+					if err := c.sock.Send(zmq4.NewMsg(frame)); err != nil && ferr == nil {
+						ferr = fmt.Errorf("fabric: send %s: %w", f.kind, err)
+					}
 				default:
-					return nil
+					return ferr
 				}
 			}
 		}
@@ -522,18 +567,43 @@ func (c *conn) run(ctx context.Context, frames <-chan []byte, recvErr, sendDone 
 		case <-c.ctx.Done():
 			return context.Cause(c.ctx)
 		case <-ctx.Done():
-			for _, t := range turns {
-				t.cancel()
-			}
-			_ = c.send(wire.KindGoodbye, wire.Goodbye{Reason: "worker stopping"})
-			c.cancel(ctx.Err())
-			select { // let the sender flush the GOODBYE
-			case <-sendDone:
-			case <-time.After(500 * time.Millisecond):
-			}
-			return nil
+			return c.goodbye(ctx, turns, sendDone)
 		}
 	}
+}
+
+// goodbye ends the session of a stopping worker (ctx ended): it cancels
+// the running turns and sends the host a GOODBYE, so that the host counts
+// the worker gone at once rather than after its heartbeat timeout, within
+// GoodbyeTimeout. It returns errStopped.
+func (c *conn) goodbye(ctx context.Context, turns map[string]*running, sendDone <-chan error) error {
+	w := c.w
+	w.logStopping(ctx, true)
+	for _, t := range turns {
+		t.cancel()
+	}
+	timeout := time.NewTimer(w.cfg.GoodbyeTimeout)
+	defer timeout.Stop()
+	body, _ := json.Marshal(wire.Goodbye{Reason: "worker stopping: " + fmt.Sprint(context.Cause(ctx))})
+	sent := false
+	select {
+	case c.out <- outFrame{wire.KindGoodbye, body}:
+		// The sender flushes what is queued, GOODBYE last, once the
+		// session's context ends.
+		c.cancel(fmt.Errorf("%w: %w", errStopped, context.Cause(ctx)))
+		select {
+		case err := <-sendDone:
+			sent = err == nil
+		case <-timeout.C:
+		}
+	case <-c.ctx.Done():
+	case <-timeout.C:
+	}
+	if !sent {
+		w.log.LogAttrs(context.WithoutCancel(ctx), slog.LevelWarn, "fabric worker could not say GOODBYE; the host notices after its heartbeat timeout",
+			slog.Duration("timeout", w.cfg.GoodbyeTimeout))
+	}
+	return errStopped
 }
 
 // dispatch handles one authenticated message from the host.
@@ -646,7 +716,7 @@ func (c *conn) startTurn(ctx context.Context, t wire.Turn, turns map[string]*run
 			w.log.LogAttrs(ctx, slog.LevelInfo, "fabric worker turn failed", slog.String("turn_ref", ref.String()),
 				slog.String("error", err.Error()))
 			done.kind, done.msg = wire.KindError, wire.Error{DeliveryID: t.DeliveryID, TurnRef: &ref, Code: errorCode(err), Message: err.Error()}
-		} else if body, err := json.Marshal(res); err == nil {
+		} else if body, err := abi.Marshal(res); err == nil {
 			done.kind, done.msg = wire.KindResult, wire.Result{DeliveryID: t.DeliveryID, TurnRef: res.TurnRef, Result: body}
 		}
 		select {

@@ -22,6 +22,22 @@ var (
 	ErrNotLive = errors.New("activation is not live under this ref")
 )
 
+// NotDeadLetterError is the ErrConflict of RedriveEvent and DiscardEvent
+// on an event that is not dead-lettered (open, done, discarded, ...): it
+// names the event and the status it has.
+type NotDeadLetterError struct {
+	Key     ActorKey
+	EventID int64
+	Status  EventStatus
+}
+
+func (e *NotDeadLetterError) Error() string {
+	return fmt.Sprintf("event %d of %s is %s, not dead_letter", e.EventID, e.Key, e.Status)
+}
+
+// Is makes errors.Is(err, ErrConflict) true for every *NotDeadLetterError.
+func (e *NotDeadLetterError) Is(target error) bool { return target == ErrConflict }
+
 // FenceReason says why a reply was rejected (DESIGN invariant 3).
 type FenceReason string
 

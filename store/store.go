@@ -432,10 +432,11 @@ type Store interface {
 	ListDeadLetters(ctx context.Context, p ListDeadLettersParams) ([]DeadLetter, error)
 	// RedriveEvent re-opens a dead-lettered event for a new attempt under a
 	// new epoch: status open, attempts 0, due now, redrives+1, session epoch
-	// +1, a sleeping session woken. Not dead-lettered: ErrConflict.
+	// +1, a sleeping session woken. Not dead-lettered: a
+	// *NotDeadLetterError (errors.Is ErrConflict).
 	RedriveEvent(ctx context.Context, key ActorKey, eventID int64) (Event, error)
 	// DiscardEvent closes a dead-lettered event as discarded. Not
-	// dead-lettered: ErrConflict.
+	// dead-lettered: a *NotDeadLetterError (errors.Is ErrConflict).
 	DiscardEvent(ctx context.Context, key ActorKey, eventID int64) (Event, error)
 	// EventErrors returns an event's error chain, oldest first.
 	EventErrors(ctx context.Context, key ActorKey, eventID int64) ([]AttemptError, error)

@@ -189,7 +189,7 @@ func newModuleCmd(c *client) *cobra.Command {
 }
 
 func newAgentCmd(c *client) *cobra.Command {
-	cmd := &cobra.Command{Use: "agent", Short: "Register and list agents"}
+	cmd := &cobra.Command{Use: "agent", Short: "Register, update and list agents"}
 	var moduleRef, pluginName, policy string
 	create := &cobra.Command{
 		Use: "create NAME (--module DIGEST|FILE.wasm | --plugin NAME)", Short: "Register an agent bound to a wasm module or a plugin worker", Args: cobra.ExactArgs(1),
@@ -397,7 +397,7 @@ func printSession(w io.Writer, s session) {
 }
 
 func newSessionCmd(c *client) *cobra.Command {
-	cmd := &cobra.Command{Use: "session", Short: "Create, get and list sessions"}
+	cmd := &cobra.Command{Use: "session", Short: "Create, get, list, destroy and wake sessions"}
 	var key, input, policy string
 	var getOrCreate bool
 	create := &cobra.Command{
@@ -491,7 +491,7 @@ func newSessionCmd(c *client) *cobra.Command {
 }
 
 func newSignalCmd(c *client) *cobra.Command {
-	cmd := &cobra.Command{Use: "signal", Short: "Send signals to a session"}
+	cmd := &cobra.Command{Use: "signal", Short: "Send a session signals: a message, a steer or a cancel"}
 	var idem, data, kind string
 	var force, wait bool
 	var waitFor time.Duration
@@ -724,13 +724,27 @@ func newEventsCmd(c *client) *cobra.Command {
 			return c.print(cmd, c.raw, func(w io.Writer) {
 				fmt.Fprintln(w, "EVENT\tSEQ\tKIND\tSTATUS\tFAILED ATTEMPTS\tPAYLOAD\tLAST ERROR")
 				for _, e := range out.Events {
-					fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%d\t%s\t%s\n", e.ID, e.Seq, e.Kind, e.Status, e.Attempts, oneLine(string(e.Payload), 60), oneLine(e.LastError, 100))
+					fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%d\t%s\t%s\n", e.ID, e.Seq, e.Kind, e.Status, e.Attempts, oneLine(string(e.Payload), 60), lastErrorCell(e.Status, e.LastError))
 				}
 			})
 		},
 	}
 	cmd.Flags().StringVar(&status, "status", "", "open, done, cancelled, dead_letter or discarded")
 	return cmd
+}
+
+// lastErrorCell is the LAST ERROR column of `paddock events`. An event
+// keeps the error of its last failed attempt after a later attempt
+// succeeded: on a done event it is labelled "(earlier attempt)" so that it
+// does not read as a failure now.
+func lastErrorCell(status, lastError string) string {
+	if lastError == "" {
+		return ""
+	}
+	if status == "done" {
+		return "(earlier attempt) " + oneLine(lastError, 100)
+	}
+	return oneLine(lastError, 100)
 }
 
 func newEventCmd(c *client) *cobra.Command {

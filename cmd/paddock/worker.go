@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/base64"
 	"fmt"
 	"os"
@@ -68,11 +69,18 @@ func newWorkerCmd() *cobra.Command {
 				cacheDir = filepath.Join(base, "paddock", "worker-"+id)
 			}
 			log.Info("paddock worker starting", "connect", connect, "id", id, "pools", pools, "capacity", capacity, "cache_dir", cacheDir)
-			return fabric.RunWorker(cmd.Context(), fabric.WorkerConfig{
+			// On SIGINT or SIGTERM the context ends (main's signal.NotifyContext):
+			// RunWorker logs why, says GOODBYE to the host and returns nil.
+			ctx := cmd.Context()
+			if err := fabric.RunWorker(ctx, fabric.WorkerConfig{
 				Connect: connect, ID: id, Key: key, Pools: pools, Capacity: capacity, CacheDir: cacheDir,
 				Wasm:    wasm.Config{MemoryLimitPages: memPages, TurnTimeout: turnTimeout},
 				Plugins: pcs,
-			}, log)
+			}, log); err != nil {
+				return err
+			}
+			log.Info("paddock worker stopped", "reason", fmt.Sprint(context.Cause(ctx)))
+			return nil
 		},
 	}
 	f := cmd.Flags()

@@ -79,7 +79,7 @@ func Turn(_ context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 	} else {
 		reply, alarms = s.command(req.Event.Message)
 	}
-	state, err := json.Marshal(s)
+	state, err := abi.Marshal(s) // no HTML escaping: a note of "<" stays one byte
 	if err != nil {
 		return nil, fmt.Errorf("notes: encode state: %w", err)
 	}

@@ -54,6 +54,12 @@ type Plugins interface {
 	CheckPlugin(ctx context.Context, w store.PluginWorker) error
 }
 
+// MaxEventPayloadBytes bounds a signal's encoded message and data
+// (abi.Marshal of {"message","data"}), whatever api.max_body_bytes allows:
+// a quarter of abi.MaxRequestBytes, so that the event, a steer or two, the
+// session state and a trimmed transcript tail still fit in one TurnRequest.
+const MaxEventPayloadBytes = abi.MaxRequestBytes / 4
+
 // Options configure the API.
 type Options struct {
 	Host    *host.Host
@@ -841,12 +847,18 @@ func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 		if in.EventID != 0 {
 			return badRequest("invalid_field", "event_id", "event_id is only for cancel signals")
 		}
-		payload, err := json.Marshal(struct {
+		payload, err := abi.Marshal(struct {
 			Message string          `json:"message,omitempty"`
 			Data    json.RawMessage `json:"data,omitempty"`
 		}{in.Message, in.Data})
 		if err != nil {
 			return err
+		}
+		if len(payload) > MaxEventPayloadBytes {
+			// Refused now rather than accepted and failed at every attempt
+			// (a turn request too large for a worker is not retryable).
+			return &Error{Status: http.StatusRequestEntityTooLarge, Code: "signal_too_large", Field: "message",
+				Message: fmt.Sprintf("message and data encode to %d bytes; a signal may carry at most %d (a quarter of a turn request, abi.MaxRequestBytes)", len(payload), MaxEventPayloadBytes)}
 		}
 		var e store.Event
 		var created, inFlight bool
@@ -897,15 +909,26 @@ func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 }
 
 // cancel cancels an event (0: the turn in flight) and pokes the owning
-// controller, which aborts the worker; its late reply is fenced off.
+// controller, which aborts the worker; its late reply is fenced off. A
+// destroyed session answers 410 session_destroyed, as to any signal.
 func (s *Server) cancel(w http.ResponseWriter, r *http.Request, a store.Agent, key store.ActorKey, eventID int64) error {
 	res, err := s.st.CancelEvent(r.Context(), store.CancelEventParams{Key: key, EventID: eventID, Reason: "cancelled by client"})
-	switch {
-	case errors.Is(err, store.ErrNotFound) && eventID == 0:
-		if _, gerr := s.st.GetSession(r.Context(), key); errors.Is(gerr, store.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrConflict) {
+		// The store cancels nothing in a destroyed session (its events
+		// are closed, its activation failed): say why.
+		x, gerr := s.st.GetSession(r.Context(), key)
+		switch {
+		case errors.Is(gerr, store.ErrNotFound):
 			return &Error{Status: http.StatusNotFound, Code: "session_not_found", Field: "session",
 				Message: fmt.Sprintf("agent %q has no session %q", a.Name, key.SessionID)}
+		case gerr != nil:
+			return gerr
+		case x.Status == store.SessionDestroyed:
+			return fmt.Errorf("cancel in session %s: %w", key, store.ErrSessionDestroyed)
 		}
+	}
+	switch {
+	case errors.Is(err, store.ErrNotFound) && eventID == 0:
 		return &Error{Status: http.StatusConflict, Code: "nothing_in_flight", Field: "event_id",
 			Message: "no turn is in flight; name a queued event with event_id (paddock signal cancel --event) to cancel it"}
 	case errors.Is(err, store.ErrNotFound):
@@ -993,9 +1016,12 @@ func (s *Server) deadLetterOp(w http.ResponseWriter, r *http.Request, redrive bo
 	} else {
 		e, err = s.st.DiscardEvent(r.Context(), x.ActorKey, e.ID)
 	}
-	if errors.Is(err, store.ErrConflict) {
+	// The store's conflict names the event's current status (e, the
+	// store's answer, is zero on error).
+	var ndl *store.NotDeadLetterError
+	if errors.As(err, &ndl) {
 		return &Error{Status: http.StatusConflict, Code: "not_dead_letter", Field: "event",
-			Message: fmt.Sprintf("event %d is %s, not dead_letter", e.ID, e.Status)}
+			Message: fmt.Sprintf("event %d is %s, not dead_letter", ndl.EventID, ndl.Status)}
 	}
 	if err != nil {
 		return err

@@ -289,7 +289,8 @@ func (s *Store) EventErrors(ctx context.Context, key store.ActorKey, eventID int
 }
 
 // deadLetterRefused explains why a redrive or discard matched no
-// dead-lettered event: ErrNotFound or ErrConflict.
+// dead-lettered event: ErrNotFound or a *store.NotDeadLetterError (an
+// ErrConflict naming the event's status).
 func deadLetterRefused(ctx context.Context, tx pgx.Tx, key store.ActorKey, eventID int64) error {
 	var status store.EventStatus
 	err := tx.QueryRow(ctx, `SELECT status FROM actor_events WHERE event_id = $1 AND agent_uid = $2 AND session_id = $3`,
@@ -297,7 +298,7 @@ func deadLetterRefused(ctx context.Context, tx pgx.Tx, key store.ActorKey, event
 	if err != nil {
 		return fmt.Errorf("event %d of %s: %w", eventID, key, notFound(err))
 	}
-	return fmt.Errorf("event %d of %s is %s, not dead_letter: %w", eventID, key, status, store.ErrConflict)
+	return &store.NotDeadLetterError{Key: key, EventID: eventID, Status: status}
 }
 
 // RedriveEvent re-opens a dead-lettered event (compare-and-set on its

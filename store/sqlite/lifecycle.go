@@ -194,13 +194,14 @@ func getEvent(tx *txn, key store.ActorKey, eventID int64) (store.Event, error) {
 }
 
 // notDeadLetter explains a 0-row dead_letter compare-and-set: ErrNotFound
-// or ErrConflict.
+// or a *store.NotDeadLetterError (an ErrConflict naming the event's
+// status).
 func notDeadLetter(tx *txn, key store.ActorKey, eventID int64) error {
 	ev, err := getEvent(tx, key, eventID)
 	if err != nil {
 		return err
 	}
-	return fmt.Errorf("event %d of %s is %s, not dead_letter: %w", eventID, key, ev.Status, store.ErrConflict)
+	return &store.NotDeadLetterError{Key: key, EventID: eventID, Status: ev.Status}
 }
 
 // RedriveEvent re-opens a dead letter under a new epoch; see store.Store.

@@ -1,8 +1,10 @@
 package storetest
 
 import (
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -307,13 +309,33 @@ func testRedriveConflict(t *testing.T, b *bundle) {
 	noErr(t, err, "DiscardEvent")
 	open := b.message(key, "open")
 
-	for _, id := range []int64{done.ID, discarded.ID, open.ID} {
+	for _, c := range []struct {
+		id     int64
+		status store.EventStatus
+	}{{done.ID, store.EventDone}, {discarded.ID, store.EventDiscarded}, {open.ID, store.EventOpen}} {
 		before := b.snapshot(key)
-		_, err := b.s.RedriveEvent(b.ctx, key, id)
-		wantIs(t, err, store.ErrConflict, fmt.Sprintf("RedriveEvent of event %d", id))
-		_, err = b.s.DiscardEvent(b.ctx, key, id)
-		wantIs(t, err, store.ErrConflict, fmt.Sprintf("DiscardEvent of event %d", id))
+		_, err := b.s.RedriveEvent(b.ctx, key, c.id)
+		wantNotDeadLetter(t, err, key, c.id, c.status, fmt.Sprintf("RedriveEvent of event %d", c.id))
+		_, err = b.s.DiscardEvent(b.ctx, key, c.id)
+		wantNotDeadLetter(t, err, key, c.id, c.status, fmt.Sprintf("DiscardEvent of event %d", c.id))
 		b.sameSnapshot(key, before, "refused redrive/discard")
+	}
+}
+
+// wantNotDeadLetter fails unless err is an ErrConflict carrying a
+// *store.NotDeadLetterError that names the event and its status.
+func wantNotDeadLetter(t testing.TB, err error, key store.ActorKey, id int64, status store.EventStatus, what string) {
+	t.Helper()
+	wantIs(t, err, store.ErrConflict, what)
+	var ndl *store.NotDeadLetterError
+	if !errors.As(err, &ndl) {
+		t.Fatalf("%s: error %v (%T) carries no *store.NotDeadLetterError", what, err, err)
+	}
+	if ndl.Key != key || ndl.EventID != id || ndl.Status != status {
+		t.Fatalf("%s: NotDeadLetterError %+v, want event %d of %s with status %s", what, *ndl, id, key, status)
+	}
+	if want := fmt.Sprintf("event %d of %s is %s, not dead_letter", id, key, status); !strings.Contains(err.Error(), want) {
+		t.Fatalf("%s: error %q does not say %q", what, err, want)
 	}
 }
 

@@ -172,7 +172,7 @@ func turn(ptr, size uint32) []byte {
 
 // encode marshals res; it cannot fail for a TurnResult, but stays total.
 func encode(res *abi.TurnResult) []byte {
-	out, err := json.Marshal(res)
+	out, err := abi.Marshal(res)
 	if err != nil {
 		out, _ = json.Marshal(&abi.TurnResult{TurnRef: res.TurnRef, Outcome: abi.OutcomeError,
 			Error: fmt.Sprintf("encode result: %v", err)})

@@ -17,6 +17,8 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/paddock-dev/paddock/abi"
 )
 
 // Handshake constants. The cookie is a fixed UX guard (it stops the binary
@@ -66,13 +68,13 @@ type Frame struct {
 func Encode(typ string, v any) (*wrapperspb.BytesValue, error) {
 	f := Frame{Type: typ}
 	if v != nil {
-		b, err := json.Marshal(v)
+		b, err := abi.Marshal(v) // no HTML escaping: sizes as on every other path
 		if err != nil {
 			return nil, fmt.Errorf("encode %s frame: %w", typ, err)
 		}
 		f.Body = b
 	}
-	b, err := json.Marshal(f)
+	b, err := abi.Marshal(f)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s frame: %w", typ, err)
 	}
