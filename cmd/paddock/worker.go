@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,6 +44,12 @@ func newWorkerCmd() *cobra.Command {
 				return fmt.Errorf("--log-level %q: want debug, info, warn or error", logLevel)
 			}
 			log := newLogger(config.Log{Level: logLevel, Format: "text"})
+			if capacity < 1 || capacity > 4096 {
+				return fmt.Errorf("--capacity %d: want 1..4096 turns at once", capacity)
+			}
+			if err := checkEndpoint(connect); err != nil {
+				return fmt.Errorf("--connect %q: %w", connect, err)
+			}
 			raw, err := os.ReadFile(keyFile)
 			if err != nil {
 				return fmt.Errorf("--key-file: %w", err)
@@ -105,4 +114,21 @@ func newWorkerCmd() *cobra.Command {
 		},
 	})
 	return cmd
+}
+
+// checkEndpoint accepts tcp://HOST:PORT, the endpoint a worker dials;
+// anything else would only be retried forever.
+func checkEndpoint(ep string) error {
+	scheme, addr, ok := strings.Cut(ep, "://")
+	if !ok || scheme != "tcp" {
+		return errors.New("want tcp://HOST:PORT")
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return fmt.Errorf("want tcp://HOST:PORT: %s", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q is not 1..65535", port)
+	}
+	return nil
 }
