@@ -413,7 +413,9 @@ func TestProcesses(t *testing.T) {
 	errs := make(chan error, 4)
 	for i := range 4 {
 		wg.Go(func() {
-			_, err := inst.Turn(context.Background(), request("sleep 500", int64(i), nil))
+			// Long enough that all four overlap even when the second
+			// process starts slowly on a loaded machine (0.4–0.6 s seen).
+			_, err := inst.Turn(context.Background(), request("sleep 4000", int64(i), nil))
 			errs <- err
 		})
 	}
