@@ -617,13 +617,14 @@ func trimTail(tail []abi.Message, budget int) []abi.Message {
 // with the next event at once).
 func (c *controller) fail(ctx context.Context, ref abi.TurnRef, attempt int, pol AgentPolicy, cause error, counted bool, kind string) time.Duration {
 	h := c.h
-	backoff := Backoff(attempt, pol.BackoffMin, pol.BackoffMax, rand.Float64())
+	n := attempt
 	if counted {
 		c.notCharged = 0
 	} else {
 		c.notCharged++
-		backoff = Backoff(c.notCharged, pol.BackoffMin, pol.BackoffMax, rand.Float64())
+		n = c.notCharged
 	}
+	backoff := Backoff(n, pol.BackoffMin, pol.BackoffMax, rand.Float64())
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	res, err := h.st.FailAttempt(ctx, store.FailAttemptParams{

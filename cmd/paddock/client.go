@@ -153,17 +153,43 @@ type session struct {
 	PendingSince *time.Time `json:"pending_since"`
 }
 
+// upload uploads the wasm module in file and returns it as stored.
+func (c *client) upload(ctx context.Context, file string) (module, error) {
+	var m module
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return m, err
+	}
+	err = c.do(ctx, "POST", "/v1/modules", bytes.NewReader(b), "application/wasm", &m)
+	return m, err
+}
+
+// moduleDigest resolves a --module value: a .wasm file is uploaded and
+// its digest returned; anything else is taken as a digest.
+func (c *client) moduleDigest(ctx context.Context, ref string) (string, error) {
+	if !strings.HasSuffix(ref, ".wasm") {
+		return ref, nil
+	}
+	m, err := c.upload(ctx, ref)
+	return m.Digest, err
+}
+
+// runs describes what an agent is bound to: "module sha256:…" or
+// "plugin name@sha256:…".
+func (a agent) runs() string {
+	if a.Plugin != "" {
+		return "plugin " + a.Plugin
+	}
+	return "module " + a.Module
+}
+
 func newModuleCmd(c *client) *cobra.Command {
 	cmd := &cobra.Command{Use: "module", Short: "Upload and list wasm agent modules"}
 	cmd.AddCommand(&cobra.Command{
 		Use: "upload FILE.wasm", Short: "Upload a wasm module; prints its digest", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			b, err := os.ReadFile(args[0])
+			m, err := c.upload(cmd.Context(), args[0])
 			if err != nil {
-				return err
-			}
-			var m module
-			if err := c.do(cmd.Context(), "POST", "/v1/modules", bytes.NewReader(b), "application/wasm", &m); err != nil {
 				return err
 			}
 			return c.print(cmd, c.raw, func(w io.Writer) { fmt.Fprintln(w, m.Digest) })
@@ -194,23 +220,15 @@ func newAgentCmd(c *client) *cobra.Command {
 	create := &cobra.Command{
 		Use: "create NAME (--module DIGEST|FILE.wasm | --plugin NAME)", Short: "Register an agent bound to a wasm module or a plugin worker", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			digest := moduleRef
-			if strings.HasSuffix(moduleRef, ".wasm") {
-				b, err := os.ReadFile(moduleRef)
-				if err != nil {
-					return err
-				}
-				var m module
-				if err := c.do(cmd.Context(), "POST", "/v1/modules", bytes.NewReader(b), "application/wasm", &m); err != nil {
-					return err
-				}
-				digest = m.Digest
-			}
 			var a agent
 			in := map[string]string{"name": args[0]}
 			if pluginName != "" {
 				in["plugin"] = pluginName
 			} else {
+				digest, err := c.moduleDigest(cmd.Context(), moduleRef)
+				if err != nil {
+					return err
+				}
 				in["module"] = digest
 			}
 			if policy != "" {
@@ -220,11 +238,7 @@ func newAgentCmd(c *client) *cobra.Command {
 				return err
 			}
 			return c.print(cmd, c.raw, func(w io.Writer) {
-				what := "module " + a.Module
-				if a.Plugin != "" {
-					what = "plugin " + a.Plugin
-				}
-				fmt.Fprintf(w, "agent %s registered (%s, crash policy %s)\n", a.Name, what, a.CrashPolicy)
+				fmt.Fprintf(w, "agent %s registered (%s, crash policy %s)\n", a.Name, a.runs(), a.CrashPolicy)
 			})
 		},
 	}
@@ -262,17 +276,9 @@ func newAgentCmd(c *client) *cobra.Command {
 			if upPlugin != "" {
 				in["plugin"] = upPlugin
 			} else {
-				digest := upModule
-				if strings.HasSuffix(upModule, ".wasm") {
-					b, err := os.ReadFile(upModule)
-					if err != nil {
-						return err
-					}
-					var m module
-					if err := c.do(cmd.Context(), "POST", "/v1/modules", bytes.NewReader(b), "application/wasm", &m); err != nil {
-						return err
-					}
-					digest = m.Digest
+				digest, err := c.moduleDigest(cmd.Context(), upModule)
+				if err != nil {
+					return err
 				}
 				in["module"] = digest
 			}
@@ -284,11 +290,7 @@ func newAgentCmd(c *client) *cobra.Command {
 				return err
 			}
 			return c.print(cmd, c.raw, func(w io.Writer) {
-				what := "module " + a.Module
-				if a.Plugin != "" {
-					what = "plugin " + a.Plugin
-				}
-				fmt.Fprintf(w, "agent %s now runs %s (crash policy %s); events already started keep their binding\n", a.Name, what, a.CrashPolicy)
+				fmt.Fprintf(w, "agent %s now runs %s (crash policy %s); events already started keep their binding\n", a.Name, a.runs(), a.CrashPolicy)
 			})
 		},
 	}
