@@ -105,31 +105,9 @@ func TestGuardedIdentitySquatterIsHandedOver(t *testing.T) {
 
 	stop := make(chan struct{})
 	slowest := e.healthy(digest, stop)
-	big := strings.Repeat("x", 1<<20)
-	var (
-		wg             sync.WaitGroup
-		okTurns, fails atomic.Int64
-	)
-	sending := make(chan struct{})
-	for range 4 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-sending:
-					return
-				default:
-				}
-				if _, err := e.turnIn("p", digest, e.request("", "nap 50 "+big)); err != nil {
-					fails.Add(1)
-					time.Sleep(20 * time.Millisecond)
-				} else {
-					okTurns.Add(1)
-				}
-			}
-		})
-	}
+	load := e.bigTurns(digest)
 	e.waitFor("1 MiB turns in flight on w1", 10*time.Second, func() bool { return e.inflight("w1") >= 2 })
-	ok0 := okTurns.Load()
+	ok0 := load.ok.Load()
 
 	const rounds = 3
 	var held time.Duration
@@ -158,15 +136,14 @@ func TestGuardedIdentitySquatterIsHandedOver(t *testing.T) {
 		}
 		nc.Close()
 	}
-	close(sending)
-	wg.Wait()
+	load.stop()
 	close(stop)
 	sl := slowest()
 	e.mustReply("p", digest, e.request("", "after the squatter"))
 
 	g1, s1 := g.Stats(), e.b.Stats()
 	figure(t, "fabric (gtcp://, DuplicateHandover): identity squatter ×%d: each time w1 lost its connection and took its identity back within %s (HandedOver +%d); w1's 1 MiB turns meanwhile: %d ok, %d failed (attempts or not sent); SendStalls +%d, guard WriteTimeouts +%d; slowest healthy turn on w2 %s (plain tcp://: the whole socket stalls)",
-		rounds, held.Round(time.Millisecond), g1.HandedOver-g0.HandedOver, okTurns.Load()-ok0, fails.Load(),
+		rounds, held.Round(time.Millisecond), g1.HandedOver-g0.HandedOver, load.ok.Load()-ok0, load.fails.Load(),
 		s1.SendStalls-s0.SendStalls, g1.WriteTimeouts-g0.WriteTimeouts, sl.Round(time.Millisecond))
 	if g1.HandedOver-g0.HandedOver < 2*rounds {
 		t.Fatalf("HandedOver +%d, want ≥ %d", g1.HandedOver-g0.HandedOver, 2*rounds)
@@ -459,31 +436,7 @@ func TestGuardedIdentitySquatterCannotDisplaceTheWorker(t *testing.T) {
 	g0, s0 := g.Stats(), e.b.Stats()
 	inc := e.incarnation("w1")
 
-	big := strings.Repeat("x", 1<<20)
-	var (
-		wg             sync.WaitGroup
-		okTurns, fails atomic.Int64
-		firstErr       atomic.Value
-	)
-	sending := make(chan struct{})
-	for range 4 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-sending:
-					return
-				default:
-				}
-				if _, err := e.turnIn("p", digest, e.request("", "nap 50 "+big)); err != nil {
-					fails.Add(1)
-					firstErr.CompareAndSwap(nil, err.Error())
-					time.Sleep(20 * time.Millisecond)
-				} else {
-					okTurns.Add(1)
-				}
-			}
-		})
-	}
+	load := e.bigTurns(digest)
 	e.waitFor("1 MiB turns in flight on w1", 10*time.Second, func() bool { return e.inflight("w1") >= 2 })
 
 	// A misconfigured copy of w1: right id, wrong key.
@@ -512,10 +465,9 @@ func TestGuardedIdentitySquatterCannotDisplaceTheWorker(t *testing.T) {
 	e.waitFor("the impostor's HELLOs dropped as forged", 10*time.Second, func() bool {
 		return e.b.Stats().Dropped.Forged > s0.Dropped.Forged
 	})
-	ok0 := okTurns.Load()
-	e.waitFor("more turns completing on w1 meanwhile", 30*time.Second, func() bool { return okTurns.Load() >= ok0+4 })
-	close(sending)
-	wg.Wait()
+	ok0 := load.ok.Load()
+	e.waitFor("more turns completing on w1 meanwhile", 30*time.Second, func() bool { return load.ok.Load() >= ok0+4 })
+	load.stop()
 	stopImpostor()
 	select {
 	case <-impostorDone:
@@ -528,16 +480,52 @@ func TestGuardedIdentitySquatterCannotDisplaceTheWorker(t *testing.T) {
 
 	g1, s1 := g.Stats(), e.b.Stats()
 	figure(t, "fabric (gtcp://, DuplicateDistinct): 3 keyless squatters and a wrong-key worker claimed w1's id while 1 MiB turns ran on it: w1 kept incarnation %t, its turns %d ok, %d failed; HandedOver +%d, forged HELLOs dropped +%d, SendStalls +%d, guard WriteTimeouts +%d",
-		e.incarnation("w1") == inc, okTurns.Load(), fails.Load(), g1.HandedOver-g0.HandedOver,
+		e.incarnation("w1") == inc, load.ok.Load(), load.fails.Load(), g1.HandedOver-g0.HandedOver,
 		s1.Dropped.Forged-s0.Dropped.Forged, s1.SendStalls-s0.SendStalls, g1.WriteTimeouts-g0.WriteTimeouts)
 	if cur := e.incarnation("w1"); cur != inc {
 		t.Fatalf("w1's incarnation changed from %s to %q: a newcomer displaced it", inc, cur)
 	}
-	if n := fails.Load(); n != 0 {
-		t.Fatalf("%d of w1's turns failed (first: %v); want none", n, firstErr.Load())
+	if n := load.fails.Load(); n != 0 {
+		t.Fatalf("%d of w1's turns failed (first: %v); want none", n, load.firstErr.Load())
 	}
 	if g1.HandedOver != g0.HandedOver || s1.SendStalls != s0.SendStalls || g1.WriteTimeouts != g0.WriteTimeouts {
 		t.Fatalf("handovers +%d, send stalls +%d, write timeouts +%d; want none",
 			g1.HandedOver-g0.HandedOver, s1.SendStalls-s0.SendStalls, g1.WriteTimeouts-g0.WriteTimeouts)
 	}
+}
+
+// turnLoad is a stream of 1 MiB turns on pool "p" (bigTurns).
+type turnLoad struct {
+	ok, fails atomic.Int64
+	firstErr  atomic.Value // string: the first failure
+	stop      func()       // ends the stream and waits for it
+}
+
+// bigTurns runs "nap 50" turns carrying 1 MiB on pool "p" from 4
+// goroutines until stop is called, counting what completes and fails.
+func (e *env) bigTurns(digest string) *turnLoad {
+	l := &turnLoad{}
+	big := strings.Repeat("x", 1<<20)
+	var wg sync.WaitGroup
+	sending := make(chan struct{})
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-sending:
+					return
+				default:
+				}
+				if _, err := e.turnIn("p", digest, e.request("", "nap 50 "+big)); err != nil {
+					l.fails.Add(1)
+					l.firstErr.CompareAndSwap(nil, err.Error())
+					time.Sleep(20 * time.Millisecond)
+				} else {
+					l.ok.Add(1)
+				}
+			}
+		})
+	}
+	l.stop = func() { close(sending); wg.Wait() }
+	return l
 }

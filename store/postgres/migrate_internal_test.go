@@ -27,27 +27,11 @@ func TestMigration00002UpgradesExistingData(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dsn := pgtest.DSN(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	sub, err := fs.Sub(migrationFS, "migrations")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithDisableGlobalRegistry(true),
-		goose.WithLogger(goose.NopLogger()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, pool, p := migrationProvider(ctx, t)
 	if _, err := p.UpTo(ctx, 1); err != nil {
 		t.Fatalf("up to 1: %v", err)
 	}
-	_, err = pool.Exec(ctx, `
+	_, err := pool.Exec(ctx, `
 		INSERT INTO modules (digest, abi_version, size, bytes) VALUES ('sha256:m', 1, 1, '\x00');
 		INSERT INTO agents (agent_uid, name, module_digest, crash_policy) VALUES ('a', 'agent', 'sha256:m', 'sleep');
 		INSERT INTO sessions (agent_uid, session_id, crash_policy, last_event_seq) VALUES ('a', 's', 'sleep', 1);
@@ -111,27 +95,11 @@ func TestMigration00003AddsAgentKinds(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dsn := pgtest.DSN(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	sub, err := fs.Sub(migrationFS, "migrations")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithDisableGlobalRegistry(true),
-		goose.WithLogger(goose.NopLogger()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	dsn, pool, p := migrationProvider(ctx, t)
 	if _, err := p.UpTo(ctx, 2); err != nil {
 		t.Fatalf("up to 2: %v", err)
 	}
-	_, err = pool.Exec(ctx, `
+	_, err := pool.Exec(ctx, `
 		INSERT INTO modules (digest, abi_version, size, bytes) VALUES ('sha256:m1', 1, 1, '\x00'), ('sha256:m2', 1, 1, '\x01');
 		INSERT INTO agents (agent_uid, name, module_digest, crash_policy) VALUES
 			('a1', 'alpha', 'sha256:m1', 'sleep'), ('a2', 'beta', 'sha256:m2', 'restart');
@@ -240,4 +208,29 @@ func TestMigration00003AddsAgentKinds(t *testing.T) {
 	if _, err := p.Up(ctx); err != nil {
 		t.Fatalf("up again: %v", err)
 	}
+}
+
+// migrationProvider opens a fresh test database and a goose provider over
+// this driver's embedded migrations, none applied yet; both are closed
+// when the test ends.
+func migrationProvider(ctx context.Context, t *testing.T) (dsn string, pool *pgxpool.Pool, p *goose.Provider) {
+	t.Helper()
+	dsn = pgtest.DSN(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { db.Close() })
+	sub, err := fs.Sub(migrationFS, "migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err = goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithDisableGlobalRegistry(true),
+		goose.WithLogger(goose.NopLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dsn, pool, p
 }
