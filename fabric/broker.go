@@ -276,8 +276,9 @@ type WorkerStatus struct {
 	Pools       []string
 	Kinds       []string
 	Capacity    int
-	// InFlight is the broker's count of turns dispatched and not finished.
-	InFlight int
+	// InFlight is the broker's count of turns dispatched and not finished;
+	// Accepted, of those, the ones the worker acknowledged (ACCEPTED).
+	InFlight, Accepted int
 	// Free and Running are from the worker's last HEARTBEAT.
 	Free, Running int
 	LastHeard     time.Time
@@ -293,9 +294,15 @@ func (b *Broker) Workers() []WorkerStatus {
 		if s == nil {
 			continue
 		}
+		accepted := 0
+		for _, c := range s.turns {
+			if c.accepted.Load() {
+				accepted++
+			}
+		}
 		out = append(out, WorkerStatus{
 			ID: p.id, Incarnation: s.key.incarnation.String(), Pools: slices.Clone(s.hello.Pools),
-			Kinds: slices.Clone(s.hello.Kinds), Capacity: s.hello.Capacity, InFlight: s.inflight,
+			Kinds: slices.Clone(s.hello.Kinds), Capacity: s.hello.Capacity, InFlight: s.inflight, Accepted: accepted,
 			Free: s.hbFree, Running: s.hbRunning, LastHeard: time.Unix(0, s.lastHeardNs.Load()),
 		})
 	}

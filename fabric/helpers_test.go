@@ -334,6 +334,17 @@ func (e *env) inflight(id string) int {
 	return -1
 }
 
+// accepted is the broker's count of worker id's turns it acknowledged
+// (ACCEPTED) and not finished (-1 if it has no live session).
+func (e *env) accepted(id string) int {
+	for _, w := range e.b.Workers() {
+		if w.ID == id {
+			return w.Accepted
+		}
+	}
+	return -1
+}
+
 func (e *env) waitFor(what string, limit time.Duration, cond func() bool) {
 	e.t.Helper()
 	deadline := time.Now().Add(limit)

@@ -16,12 +16,15 @@ func (e *env) runLong(binding, id, msg string) (<-chan error, *abi.TurnRequest) 
 	e.t.Helper()
 	req := e.request("", msg)
 	out := make(chan error, 1)
-	before := e.inflight(id)
+	before, acceptedBefore := e.inflight(id), e.accepted(id)
 	go func() {
 		_, err := e.turn(binding, req)
 		out <- err
 	}()
-	e.waitFor("turn running on "+id, 10*time.Second, func() bool { return e.inflight(id) > before })
+	e.waitFor("turn dispatched to "+id, 10*time.Second, func() bool { return e.inflight(id) > before })
+	// Dispatched is not yet accepted: a loss from here on must be of a turn
+	// that reached the worker (TurnSent).
+	e.waitFor("turn accepted by "+id, 10*time.Second, func() bool { return e.accepted(id) > acceptedBefore })
 	return out, req
 }
 

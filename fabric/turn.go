@@ -90,6 +90,8 @@ type laneEvent struct {
 type call struct {
 	deliveryID string
 	events     chan laneEvent
+	// accepted is set once the worker's ACCEPTED arrived (WorkerStatus).
+	accepted atomic.Bool
 }
 
 // Turn runs one turn on a worker of the pool and returns its result after
@@ -248,6 +250,7 @@ func (i *Instance) run(ctx context.Context, s *session, c *call, req *abi.TurnRe
 			switch ev.kind {
 			case wire.KindAccepted:
 				accepted = true
+				c.accepted.Store(true)
 				acceptT.Stop()
 			case wire.KindBusy:
 				if accepted {
