@@ -14,6 +14,7 @@ import (
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/postgres"
+	"github.com/paddock-dev/paddock/store/storetest"
 )
 
 // benchTurn runs one turn on a claimed activation: NextDelivery (marked
@@ -113,3 +114,12 @@ func BenchmarkCommitTurnParallel(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "turns/s")
 }
+
+// BenchmarkClaimActivation: the claim of an idle-stopped session's
+// activation (storetest.BenchClaimActivation, shared with sqlite).
+func BenchmarkClaimActivation(b *testing.B) { storetest.BenchClaimActivation(b, newStore(b)) }
+
+// BenchmarkNextDelivery: the dispatch of a session's next event,
+// NextDelivery + MarkDeliverySent (storetest.BenchNextDelivery, shared
+// with sqlite).
+func BenchmarkNextDelivery(b *testing.B) { storetest.BenchNextDelivery(b, newStore(b)) }

@@ -13,6 +13,7 @@ import (
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/sqlite"
+	"github.com/paddock-dev/paddock/store/storetest"
 )
 
 // benchSession registers a module, an agent and a session, and claims it.
@@ -135,3 +136,12 @@ func BenchmarkCommitTurnParallel(b *testing.B) {
 	})
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "turns/s")
 }
+
+// BenchmarkClaimActivation: the claim of an idle-stopped session's
+// activation (storetest.BenchClaimActivation, shared with postgres).
+func BenchmarkClaimActivation(b *testing.B) { storetest.BenchClaimActivation(b, open(b)) }
+
+// BenchmarkNextDelivery: the dispatch of a session's next event,
+// NextDelivery + MarkDeliverySent (storetest.BenchNextDelivery, shared
+// with postgres).
+func BenchmarkNextDelivery(b *testing.B) { storetest.BenchNextDelivery(b, open(b)) }
