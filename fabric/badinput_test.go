@@ -22,7 +22,7 @@ import (
 // rawClient is a hand-driven DEALER: a rogue, or a worker written against
 // the wire package alone (as one in another language would be).
 type rawClient struct {
-	t      *testing.T
+	t      testing.TB
 	id     string
 	sock   zmq4.Socket // nil for a client on a bare connection (rawConn)
 	sendMu sync.Mutex  // rawConn: zmq4.Conn sends are not concurrent-safe

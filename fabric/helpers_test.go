@@ -80,7 +80,7 @@ func (w *testWriter) Write(p []byte) (int, error) {
 
 // env is a broker on loopback with configured worker ids w1…w6.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	b       *Broker
 	guarded bool // the broker binds through the guard transport (withGuard)
 	keys    map[string][]byte
@@ -90,7 +90,7 @@ type env struct {
 	seq     atomic.Int64
 }
 
-func newEnv(t *testing.T, tweak ...func(*BrokerConfig)) *env {
+func newEnv(t testing.TB, tweak ...func(*BrokerConfig)) *env {
 	t.Helper()
 	e := &env{t: t, keys: map[string][]byte{}, late: make(chan *abi.TurnResult, 16)}
 	for i := 1; i <= 6; i++ {
