@@ -33,6 +33,18 @@ func benchRequest(b *testing.B) *abi.TurnRequest {
 	return req
 }
 
+// benchReply is the notes agent's answer to benchRequest: "count" on 20
+// notes, this turn the 21st.
+const benchReply = "20 notes, 21 turns"
+
+// checkBenchReply fails b unless res is benchReply echoing req's turn_ref,
+// so that a benchmark cannot measure a failing turn.
+func checkBenchReply(b *testing.B, req *abi.TurnRequest, res *abi.TurnResult, err error) {
+	if got := replyOf(b, res, err); got != benchReply || res.TurnRef != req.TurnRef {
+		b.Fatalf("reply %q echoing %s, want %q echoing %s", got, res.TurnRef, benchReply, req.TurnRef)
+	}
+}
+
 // BenchmarkTurnFreshInstance: a new instance for every turn (instantiate
 // with _initialize, one turn, close).
 func BenchmarkTurnFreshInstance(b *testing.B) {
@@ -50,9 +62,8 @@ func BenchmarkTurnFreshInstance(b *testing.B) {
 			b.Fatal(err)
 		}
 		instantiate += time.Since(start)
-		if _, err := inst.Turn(ctx, req); err != nil {
-			b.Fatal(err)
-		}
+		res, err := inst.Turn(ctx, req)
+		checkBenchReply(b, req, res, err)
 		mem = inst.MemoryBytes()
 		inst.Close(ctx)
 	}
@@ -72,9 +83,8 @@ func BenchmarkTurnWarmInstance(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := inst.Turn(ctx, req); err != nil {
-			b.Fatal(err)
-		}
+		res, err := inst.Turn(ctx, req)
+		checkBenchReply(b, req, res, err)
 	}
 	b.ReportMetric(float64(inst.MemoryBytes()), "guest-mem-bytes")
 }
