@@ -53,8 +53,8 @@ test: fmt-check vet examples ## gofmt check, vet, race tests on both store drive
 	FIGURES_FILE=$(CURDIR)/bin/figures.txt $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
 	@echo "Figures measured by the tests:"; cat bin/figures.txt 2>/dev/null || echo "  (none)"
 
-bench: examples ## benchmarks (store commit path, wasm instances)
-	$(GO) test -run '^$$' -bench . -benchmem ./store/... ./wasm/... ./examples/
+bench: examples ## benchmarks (store claim/dispatch/commit, wasm instances, plugin and fabric round trips, wake latency)
+	$(GO) test -run '^$$' -bench . -benchmem ./store/... ./wasm/... ./plugins/... ./fabric/... ./examples/
 
 clean: ## remove build outputs and ./data
 	rm -rf bin data $(WASM)
