@@ -386,6 +386,20 @@ func BenchmarkWakeLatency(b *testing.B) {
 		w.settle(key)
 	}
 	b.StopTimer()
+	// Every signal ran once and committed: the last turn counts them all.
+	s, err := w.st.GetSession(context.Background(), key)
+	if err != nil {
+		b.Fatal(err)
+	}
+	turns, err := w.st.Transcript(context.Background(), store.TranscriptParams{Key: key, AfterTurn: int64(b.N - 1), Limit: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	want := fmt.Sprintf("0 notes, %d turns", b.N)
+	if s.TurnCount != int64(b.N) || s.DeadLetters != 0 || len(turns) != 1 || turns[0].Outcome != abi.OutcomeOK ||
+		turns[0].Messages[len(turns[0].Messages)-1].Content != want {
+		b.Fatalf("after %d signals: %d turns, %d dead letters, last turn %+v; want its reply %q", b.N, s.TurnCount, s.DeadLetters, turns, want)
+	}
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50_ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99_ms")
