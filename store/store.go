@@ -404,7 +404,9 @@ type Store interface {
 	// ExpireActivation is the watchdog's write: compare-and-set on ref with
 	// the lease expired, it fails the activation; a current event whose
 	// delivery was sent counts an attempt (the worker had it), one only
-	// created does not. Returns ErrNotLive when ref no longer matches.
+	// created does not. Returns ErrNotLive when ref no longer matches, and
+	// without waiting when a transaction in progress holds the activation
+	// (a commit, or a host stalled mid-turn): the next scan looks again.
 	ExpireActivation(ctx context.Context, p ExpireActivationParams) (FailResult, error)
 	// RunnableSessions lists active sessions with a due open event and no
 	// live activation, oldest due first; sessions of p.BlockedAgents that

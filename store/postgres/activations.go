@@ -185,6 +185,14 @@ func (s *Store) ExpiredActivations(ctx context.Context, limit int) ([]store.Acti
 // lease expired; see store.Store. The UPDATE takes the activation's row
 // lock, so it serialises with a commit of the same activation: whichever
 // comes second sees the other's outcome.
+//
+// It does not wait for that lock (SKIP LOCKED): an activation whose row a
+// transaction holds is not expired now (ErrNotLive; the next watchdog scan
+// looks again, once that transaction decided). The holder may be a host
+// stalled inside a turn transaction — a GC pause, SIGSTOP, a partition that
+// leaves its connection open — whose lease runs out meanwhile; waiting for
+// it would stop every host's watchdog, which walks all expired activations
+// in one loop, behind one session (found by cmd/paddock-chaos).
 func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationParams) (store.FailResult, error) {
 	ref := p.Ref
 	var fr store.FailResult
@@ -197,7 +205,7 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 			FROM (SELECT activation_uid, current_event_id FROM activations
 				WHERE activation_uid = $1 AND agent_uid = $2 AND session_id = $3 AND actor_epoch = $4
 				  AND lease_id = $5 AND state IN `+liveStates+` AND lease_expires_at <= clock_timestamp()
-				FOR UPDATE) old
+				FOR UPDATE SKIP LOCKED) old
 			WHERE a.activation_uid = old.activation_uid
 			RETURNING old.current_event_id`,
 			ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID).Scan(&current)
