@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -130,12 +131,15 @@ type Instance struct {
 	mu     sync.Mutex // serialises Turn, guards turns and mod's memory
 	turns  int
 	closed atomic.Bool
+	// callStart is when the guest call being made started (its deadline is
+	// reported as a duration from there).
+	callStart time.Time
 }
 
 // instantiate makes an instance of compiled in the sandbox, running its
 // _initialize within InitTimeout.
 func (r *Runtime) instantiate(ctx context.Context, digest string, compiled wazero.CompiledModule) (*Instance, error) {
-	inst := &Instance{rt: r, digest: digest, glog: newGuestLog(r.log, digest, r.cfg.MaxLogBytesPerTurn)}
+	inst := &Instance{rt: r, digest: digest, glog: newGuestLog(r.log, digest, r.cfg.MaxLogBytesPerTurn), callStart: time.Now()}
 	cfg := r.modCfg.WithStdout(inst.glog.stdout()).WithStderr(inst.glog.stderr())
 	ictx, cancel := context.WithTimeout(ctx, r.cfg.InitTimeout)
 	defer cancel()
@@ -190,6 +194,7 @@ func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnRes
 	if len(in) > abi.MaxRequestBytes {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrRequestTooLarge, len(in), abi.MaxRequestBytes)
 	}
+	i.callStart = time.Now()
 	ctx, cancel := context.WithTimeout(ctx, i.rt.cfg.TurnTimeout)
 	defer cancel()
 	ref := req.TurnRef.String()
@@ -272,6 +277,17 @@ func (i *Instance) invalid(op, format string, args ...any) *TurnError {
 	return &TurnError{Kind: KindInvalidResult, Op: op, Digest: i.digest, Err: fmt.Errorf(format, args...)}
 }
 
+// opName names the guest call of op in a timeout's message.
+func opName(op string) string {
+	switch op {
+	case "instantiate":
+		return "instantiation"
+	case ExportABIVersion:
+		return "the ABI version probe"
+	}
+	return "turn"
+}
+
 // classify turns an error of a guest call into a TurnError.
 func (i *Instance) classify(ctx context.Context, op string, err error) *TurnError {
 	te := &TurnError{Op: op, Digest: i.digest, Err: err, Output: i.glog.stderrHead()}
@@ -286,8 +302,11 @@ func (i *Instance) classify(ctx context.Context, op string, err error) *TurnErro
 		!errors.As(err, &exit) && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		te.Kind = KindTimeout
 		if dl, ok := ctx.Deadline(); ok {
-			te.Err = fmt.Errorf("turn exceeded its deadline (turn timeout %s, deadline %s): %w",
-				i.rt.cfg.TurnTimeout, dl.Format("15:04:05.000"), err)
+			// The deadline is the runtime's cap or the caller's, whichever
+			// is earlier (the host's per-agent turn timeout): name the one
+			// that applied, as a duration from the call's start.
+			te.Err = fmt.Errorf("%s exceeded its deadline of %s (deadline %s): %w",
+				opName(op), dl.Sub(i.callStart).Round(time.Millisecond), dl.Format("15:04:05.000"), err)
 		}
 	case errors.As(err, &exit) && exit.ExitCode() == sys.ExitCodeContextCanceled,
 		!errors.As(err, &exit) && ctx.Err() != nil,
@@ -299,7 +318,11 @@ func (i *Instance) classify(ctx context.Context, op string, err error) *TurnErro
 	default:
 		te.Kind = KindTrap
 	}
-	if (te.Kind == KindExit || te.Kind == KindTrap) && i.glog.outOfMemory() {
+	if (te.Kind == KindExit || te.Kind == KindTrap || te.Kind == KindTimeout) && i.glog.outOfMemory() {
+		// A guest that reported running out of memory and then hit the
+		// deadline was still dying (a Go runtime printing its goroutine
+		// dump under the loop-check overhead can take seconds): the cause
+		// is the memory, not the time.
 		te.Kind = KindOOM
 		te.Err = fmt.Errorf("guest ran out of memory (cap %d MiB): %w", i.rt.cfg.MemoryLimitPages/16, te.Err)
 	}

@@ -393,6 +393,7 @@ func (r *Runtime) probeVersion(ctx context.Context, digest string, compiled waze
 		return 0, &ModuleError{Digest: digest, Reason: ReasonInitFailed, Err: err}
 	}
 	defer inst.Close(ctx)
+	inst.callStart = time.Now()
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.InitTimeout)
 	defer cancel()
 	out, err := inst.mod.ExportedFunction(ExportABIVersion).Call(withGuestLog(cctx, inst.glog))

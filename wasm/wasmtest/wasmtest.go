@@ -16,10 +16,13 @@ import (
 	"testing"
 )
 
-// Packages of the example agents' wasip1 mains, for BuildExample.
+// Packages of wasip1 mains for BuildExample: the example agents, and the
+// hostile module of the host's sandbox suite (a testdata package: go
+// builds it when named, and ./... patterns skip it).
 const (
-	Notes  = "./examples/notes/cmd"
-	Faulty = "./examples/faulty/cmd"
+	Notes   = "./examples/notes/cmd"
+	Faulty  = "./examples/faulty/cmd"
+	Hostile = "./host/testdata/hostile"
 )
 
 // Package state of this test helper, kept for the life of the test binary
