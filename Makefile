@@ -7,7 +7,7 @@ WASM := $(foreach e,$(EXAMPLES),examples/$(e)/$(e).wasm)
 # cluster from the installed server binaries unless DATABASE_URL is set.
 TEST_TIMEOUT ?= 20m
 
-.PHONY: help build examples plugins run test vet fmt-check bench clean
+.PHONY: help build examples plugins run test vet fmt-check bench chaos clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -55,6 +55,12 @@ test: fmt-check vet examples ## gofmt check, vet, race tests on both store drive
 
 bench: examples ## benchmarks (store claim/dispatch/commit, wasm instances, plugin and fabric round trips, wake latency)
 	$(GO) test -run '^$$' -bench . -benchmem ./store/... ./wasm/... ./plugins/... ./fabric/... ./examples/
+
+# The long fault-injection run; CHAOS_FLAGS changes it (go run ./cmd/paddock-chaos -h lists the flags).
+CHAOS_FLAGS ?= -sessions 24 -signals 3000 -faults 50 -fault-interval 1200ms
+
+chaos: build examples ## fault injection: 3 hosts, remote workers and plugins on a throwaway PostgreSQL, ≥ 50 faults of each kind, then the invariants checked in SQL (≈ 6 min)
+	$(GO) run ./cmd/paddock-chaos $(CHAOS_FLAGS)
 
 clean: ## remove build outputs and ./data
 	rm -rf bin data $(WASM)
