@@ -242,6 +242,11 @@ func (r *TurnResult) Validate() error {
 	if r.Outcome == OutcomeError && r.Error == "" {
 		return fmt.Errorf("%w: outcome error without an error message", ErrInvalidResult)
 	}
+	if err := ValidText(r.Error); err != nil {
+		// The text becomes the event's last_error, stored like transcript
+		// text (PostgreSQL refuses NUL).
+		return fmt.Errorf("%w: error %v", ErrInvalidResult, err)
+	}
 	if len(r.Alarms) > MaxAlarmOps {
 		return fmt.Errorf("%w: %d alarm operations, limit %d", ErrInvalidResult, len(r.Alarms), MaxAlarmOps)
 	}
@@ -265,9 +270,23 @@ func ValidText(s string) error {
 	return nil
 }
 
+// SafeText returns s made storable as text everywhere (see ValidText):
+// invalid UTF-8 sequences and NUL characters become U+FFFD. Hosts pass
+// text a worker or guest controls — a failure's message, a guest's stderr —
+// through it before storing it.
+func SafeText(s string) string {
+	if ValidText(s) == nil {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
+
 func (a AlarmOp) validate() error {
 	if a.Name == "" || len(a.Name) > 100 {
 		return fmt.Errorf("name must be 1–100 bytes")
+	}
+	if err := ValidText(a.Name); err != nil {
+		return fmt.Errorf("name %v", err)
 	}
 	set := 0
 	if a.InMs != 0 {

@@ -628,7 +628,11 @@ func (c *controller) fail(ctx context.Context, ref abi.TurnRef, attempt int, pol
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	res, err := h.st.FailAttempt(ctx, store.FailAttemptParams{
-		Ref: ref, Error: cause.Error(), Counted: counted, Backoff: backoff, MaxAttempts: pol.MaxAttempts,
+		// The cause may quote a guest or worker (its stderr, its error
+		// text): make it storable, or the failure could not be recorded and
+		// the turn would run again and again (PostgreSQL refuses NUL and
+		// invalid UTF-8 in text).
+		Ref: ref, Error: abi.SafeText(cause.Error()), Counted: counted, Backoff: backoff, MaxAttempts: pol.MaxAttempts,
 	})
 	var fe *store.FenceError
 	switch {

@@ -251,7 +251,7 @@ func TestHostileModulesFailTheirAttemptsWhileOtherSessionsCommit(t *testing.T) {
 			// The controller sets the deadline just before the call: a
 			// little less than the timeout is left when the turn starts.
 			{msg: "loop", kind: wasm.KindTimeout, want: []string{`re:turn exceeded its deadline of (4\.\d+|5)s `, "module closed with context deadline exceeded"}},
-			{msg: "huge", kind: wasm.KindOversized, want: []string{"result is 10485", fmt.Sprintf("limit %d", hostileResultBytes)}},
+			{msg: "huge", kind: wasm.KindOversized, want: []string{"result is 1048", fmt.Sprintf("limit %d", hostileResultBytes)}},
 			{msg: "files " + secretPath, want: []string{
 				"read " + secretPath + `: 0 bytes "", err=open ` + secretPath + ": Bad file number",
 				`read /etc/passwd: 0 bytes ""`, `list /: 0 bytes ""`, "create /tmp/paddock-hostile: 0 bytes \"\", err=",
@@ -260,6 +260,10 @@ func TestHostileModulesFailTheirAttemptsWhileOtherSessionsCommit(t *testing.T) {
 			{msg: "socket " + ln.Addr().String(), want: []string{
 				"dial " + ln.Addr().String() + ": ", "connect: Connection refused", "sock_accept(3): errno 8",
 			}, never: []string{"CONNECTED"}},
+			// Text no database column can hold (PostgreSQL text refuses NUL
+			// and invalid UTF-8): the failure is still recorded, once.
+			{msg: "nul", kind: wasm.KindInvalidResult, want: []string{"error contains a NUL character"}},
+			{msg: "binary", kind: wasm.KindTrap, want: []string{"garbage", "hostile: crash after binary stderr"}},
 			{msg: "env", want: []string{`environ=[] args=[] PATH="" HOME=""`}},
 		}
 		for _, v := range []string{"PATH", "HOME", "USER", "PWD"} {
@@ -337,6 +341,9 @@ func TestHostileModulesFailTheirAttemptsWhileOtherSessionsCommit(t *testing.T) {
 					} else if !strings.Contains(text, w) {
 						t.Errorf("error does not say %q:\n%s", w, text)
 					}
+				}
+				if a.msg == "binary" && !strings.Contains(es[0].LastError, "garbage \uFFFD") {
+					t.Errorf("last_error %q does not keep the guest's stderr, made storable", es[0].LastError)
 				}
 				t.Logf("%s: %s", a.msg, firstLine(es[0].LastError))
 			})

@@ -13,6 +13,8 @@
 //	            and ., create a file, and open files by raw WASI calls
 //	socket ADDR tries to dial ADDR, listen, and accept or read on raw fds
 //	env         reads the environment and the arguments
+//	nul         an error outcome whose text holds a NUL character
+//	binary      writes bytes that are not UTF-8 (and a NUL) to stderr, then crashes
 //
 // The last three never fail by themselves: they answer an error outcome
 // (a failed attempt) whose text reports everything they got back, so the
@@ -65,6 +67,16 @@ func turn(_ context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 		return nil, errors.New(files(arg))
 	case "socket":
 		return nil, errors.New(socket(arg))
+	case "nul":
+		return nil, errors.New("nul \x00 here")
+	case "binary":
+		os.Stderr.Write([]byte("garbage \xff\xfe\x00\xc3 on stderr\n"))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			panic("hostile: crash after binary stderr")
+		}()
+		<-done
 	case "env":
 		return nil, fmt.Errorf("environ=%q args=%q PATH=%q HOME=%q", os.Environ(), os.Args, os.Getenv("PATH"), os.Getenv("HOME"))
 	}
