@@ -175,6 +175,11 @@ const MaxAlarmOps = 32
 // MinAlarmPeriodMs is the shortest repeat period of an alarm.
 const MinAlarmPeriodMs = 1000
 
+// MaxAlarmDelayMs bounds an alarm's in_ms and every_ms: 100 years (of
+// 365.25 days). Due times must stay in the years RFC 3339 can write
+// (0000–9999), or the alarm could be stored but neither listed nor fired.
+const MaxAlarmDelayMs = 3_155_760_000_000
+
 // Outcome says how a turn ended.
 type Outcome string
 
@@ -297,6 +302,12 @@ func (a AlarmOp) validate() error {
 	}
 	if a.At != nil {
 		set++
+		if y := a.At.UTC().Year(); y < 0 || y > 9999 {
+			return fmt.Errorf("alarm %q: at %s is outside the years 0000–9999 (UTC)", a.Name, a.At.Format(time.RFC3339))
+		}
+	}
+	if a.InMs > MaxAlarmDelayMs || a.EveryMs > MaxAlarmDelayMs {
+		return fmt.Errorf("alarm %q: in_ms and every_ms must be at most %d (100 years)", a.Name, int64(MaxAlarmDelayMs))
 	}
 	if a.Clear {
 		set++

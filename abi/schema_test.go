@@ -45,7 +45,7 @@ func readSchemaDoc(t *testing.T) schemaDoc {
 
 // compileSchema compiles the schema (which checks it against the draft
 // 2020-12 meta-schema) and returns the validator of one $defs entry.
-func compileSchema(t *testing.T, def string) *jsonschema.Schema {
+func compileSchema(t testing.TB, def string) *jsonschema.Schema {
 	t.Helper()
 	f, err := os.Open(schemaFile)
 	if err != nil {
@@ -73,7 +73,7 @@ func compileSchema(t *testing.T, def string) *jsonschema.Schema {
 	return s
 }
 
-func validate(t *testing.T, s *jsonschema.Schema, encoded []byte) error {
+func validate(t testing.TB, s *jsonschema.Schema, encoded []byte) error {
 	t.Helper()
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(encoded))
 	if err != nil {
@@ -209,6 +209,11 @@ func TestSchemaMatchesGoConstants(t *testing.T) {
 	}
 	if got := prop("AlarmOp", "every_ms")["minimum"]; got != float64(abi.MinAlarmPeriodMs) {
 		t.Errorf("every_ms minimum %v, abi.MinAlarmPeriodMs %d", got, abi.MinAlarmPeriodMs)
+	}
+	for _, p := range []string{"in_ms", "every_ms"} {
+		if got := prop("AlarmOp", p)["maximum"]; got != float64(abi.MaxAlarmDelayMs) {
+			t.Errorf("%s maximum %v, abi.MaxAlarmDelayMs %d", p, got, int64(abi.MaxAlarmDelayMs))
+		}
 	}
 	stateLen := float64(base64.StdEncoding.EncodedLen(abi.MaxStateBytes))
 	for _, def := range []string{"TurnRequest", "TurnResult"} {
