@@ -1,16 +1,16 @@
 # Paddock — run `make help` for the targets.
 SHELL := /bin/bash
 GO ?= go
-EXAMPLES := notes faulty
+EXAMPLES := notes faulty hasher
 WASM := $(foreach e,$(EXAMPLES),examples/$(e)/$(e).wasm)
 # Test packages need no external server: PostgreSQL tests start a throwaway
 # cluster from the installed server binaries unless DATABASE_URL is set.
 TEST_TIMEOUT ?= 20m
 
-.PHONY: help build examples plugins run test vet fmt-check bench chaos clean
+.PHONY: help build examples plugins run test vet fmt-check bench bench-go bench-paddock bench-peers chaos clean
 
 help: ## list targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 build: ## build bin/paddock
 	$(GO) build -o bin/paddock ./cmd/paddock
@@ -22,10 +22,11 @@ examples/%.wasm: FORCE
 
 FORCE:
 
-plugins: ## build the example plugin worker bin/notes-plugin and its checksum file
+plugins: ## build the example plugin workers bin/notes-plugin, bin/hasher-plugin and their checksum files
 	@mkdir -p bin
 	$(GO) build -o bin/notes-plugin ./examples/notes/plugin
-	cd bin && sha256sum notes-plugin > notes-plugin.sha256
+	$(GO) build -o bin/hasher-plugin ./examples/hasher/plugin
+	cd bin && sha256sum notes-plugin > notes-plugin.sha256 && sha256sum hasher-plugin > hasher-plugin.sha256
 
 run: build examples ## start `paddock serve` on SQLite under ./data with the example agents registered
 	@echo
@@ -53,8 +54,19 @@ test: fmt-check vet examples ## gofmt check, vet, race tests on both store drive
 	FIGURES_FILE=$(CURDIR)/bin/figures.txt $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
 	@echo "Figures measured by the tests:"; cat bin/figures.txt 2>/dev/null || echo "  (none)"
 
-bench: examples ## benchmarks (store claim/dispatch/commit, wasm instances, plugin and fabric round trips, wake latency)
+bench: bench-go bench-paddock ## the Go benchmarks, then `paddock bench` (the peers' workload) on SQLite, and on PostgreSQL when DATABASE_URL is set
+
+bench-go: examples ## Go benchmarks (store claim/dispatch/commit, wasm instances, plugin and fabric round trips, wake latency)
 	$(GO) test -run '^$$' -bench . -benchmem ./store/... ./wasm/... ./plugins/... ./fabric/... ./examples/
+
+# BENCH_FLAGS are passed to `paddock bench` (bin/paddock bench -h lists them).
+BENCH_FLAGS ?=
+bench-paddock: build examples ## `paddock bench`: N turns over K sessions from P producers, durable before each signal returns
+	bin/paddock bench --store sqlite $(BENCH_FLAGS)
+	@if [ -n "$$DATABASE_URL" ]; then bin/paddock bench --store postgres $(BENCH_FLAGS); fi
+
+bench-peers: build examples ## Paddock beside River, DBOS and pgbench (../shared/peers) on one PostgreSQL, with the ratios (≈ 10 min)
+	bash cmd/bench-peers.sh
 
 # The long fault-injection run; CHAOS_FLAGS changes it (go run ./cmd/paddock-chaos -h lists the flags).
 CHAOS_FLAGS ?= -sessions 24 -signals 3000 -faults 50 -fault-interval 1200ms

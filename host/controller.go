@@ -551,6 +551,9 @@ func (h *Host) Commit(ctx context.Context, res *abi.TurnResult) (store.Turn, err
 	}
 	h.metrics.Turns.WithLabelValues(string(turn.Outcome)).Inc()
 	h.signalCommit()
+	if h.onCommit != nil {
+		h.onCommit(turn)
+	}
 	return turn, nil
 }
 

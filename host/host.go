@@ -98,6 +98,10 @@ type Options struct {
 	HostID  string
 	Logger  *slog.Logger
 	Metrics *Metrics
+	// OnCommit, when set, is called after each turn this host committed,
+	// on the committing goroutine (keep it short). Benchmarks use it to
+	// observe signal→commit latency.
+	OnCommit func(store.Turn)
 }
 
 // Host runs the controllers of one `paddock serve` process.
@@ -125,6 +129,7 @@ type Host struct {
 
 	commitMu sync.Mutex
 	commitCh chan struct{}
+	onCommit func(store.Turn)
 }
 
 // New creates a host. Call Run to start it.
@@ -154,7 +159,7 @@ func New(o Options) (*Host, error) {
 		st: o.Store, runner: o.Runner, set: o.Policy, id: o.HostID,
 		log: o.Logger.With("host_id", o.HostID), metrics: o.Metrics,
 		ctrls: map[store.ActorKey]*controller{}, leases: map[string]*lease{}, forced: map[store.ActorKey]time.Time{}, pools: map[string]*pool{},
-		commitCh: make(chan struct{}),
+		commitCh: make(chan struct{}), onCommit: o.OnCommit,
 	}
 	h.SetPolicy(o.Policy)
 	return h, nil

@@ -51,7 +51,7 @@ func newRoot() *cobra.Command {
 	pf.StringVar(&cl.server, "server", envOr("PADDOCK_SERVER", "http://127.0.0.1:8080"), "API address (env PADDOCK_SERVER)")
 	pf.StringVar(&cl.token, "token", os.Getenv("PADDOCK_TOKEN"), "bearer token (env PADDOCK_TOKEN)")
 	pf.StringVarP(&cl.output, "output", "o", "text", "output format of client commands: text or json")
-	root.AddCommand(newServe(), newWorkerCmd(), newModuleCmd(cl), newPluginCmd(cl), newAgentCmd(cl), newSessionCmd(cl), newSignalCmd(cl),
+	root.AddCommand(newServe(), newWorkerCmd(), newBenchCmd(), newModuleCmd(cl), newPluginCmd(cl), newAgentCmd(cl), newSessionCmd(cl), newSignalCmd(cl),
 		newTranscriptCmd(cl), newEventsCmd(cl), newEventCmd(cl), newDeadLettersCmd(cl))
 	return root
 }

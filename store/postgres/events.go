@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -93,7 +94,7 @@ const insertEventSQL = `
 			status = CASE status WHEN 'sleeping' THEN 'active' ELSE status END,
 			sleep_ts = CASE status WHEN 'sleeping' THEN NULL ELSE sleep_ts END,
 			sleep_reason = CASE status WHEN 'sleeping' THEN NULL ELSE sleep_reason END
-		WHERE agent_uid = $1 AND session_id = $2
+		WHERE agent_uid = $1 AND session_id = $2 /*writable*/
 		  AND ($5::text IS NULL OR NOT EXISTS (SELECT 1 FROM actor_events
 			WHERE agent_uid = $1 AND session_id = $2 AND idempotency_key = $5))
 		RETURNING last_event_seq),
@@ -104,6 +105,13 @@ const insertEventSQL = `
 		SELECT $1, $2, seq.last_event_seq, $3, $4, $5, now.t, now.t, $6 FROM seq, now
 		RETURNING *)
 	SELECT ` + eventCols + ` FROM ins, LATERAL (SELECT pg_notify('` + notifyChannel + `', $1 || '/' || $2)) n`
+
+// appendEventSQL is insertEventSQL for a caller that holds no lock: it
+// also requires the session not to be destroyed, so that it can run alone,
+// as one implicit transaction (AppendEvent's fast path). The UPDATE takes
+// the session row lock that lockSession would; no row means "not found,
+// destroyed or idempotency key used", which the locked path sorts out.
+var appendEventSQL = strings.Replace(insertEventSQL, "/*writable*/", "AND status <> 'destroyed'", 1)
 
 func insertEventArgs(key store.ActorKey, ne newEvent) []any {
 	var steerOf *int64
@@ -145,15 +153,32 @@ func insertResult(e store.Event, err error) (store.Event, bool, error) {
 // writes nothing (invariant 7).
 func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (store.Event, bool, error) {
 	key := p.Key
+	// Fast path: one statement, one round trip, its own transaction.
+	ne := newEvent{kind: p.Kind, payload: string(p.Payload), idempotencyKey: p.IdempotencyKey}
 	var e store.Event
 	var created bool
-	err := s.tx(ctx, "append event", func(ctx context.Context, tx pgx.Tx) error {
+	err := s.call(ctx, "append event", func(ctx context.Context) error {
+		var err error
+		e, created, err = insertResult(scanEvent(s.pool.QueryRow(ctx, appendEventSQL, insertEventArgs(key, ne)...)))
+		return err
+	})
+	switch {
+	case err == nil && created:
+		return e, true, nil
+	case err != nil && !errors.Is(err, errLockRace):
+		// Not retried here: the statement may have committed before the
+		// connection failed, and only the caller (with an idempotency key)
+		// can retry without appending twice.
+		return store.Event{}, false, err
+	}
+	// Not appended (a missing or destroyed session, a used idempotency
+	// key) or an idempotency race: decide under the session lock.
+	err = s.tx(ctx, "append event", func(ctx context.Context, tx pgx.Tx) error {
 		if err := sessionWritable(ctx, tx, key); err != nil {
 			return err
 		}
 		var err error
-		e, created, err = insertEvent(ctx, tx, key, newEvent{kind: p.Kind, payload: string(p.Payload),
-			idempotencyKey: p.IdempotencyKey})
+		e, created, err = insertEvent(ctx, tx, key, ne)
 		if err != nil || created {
 			return err
 		}

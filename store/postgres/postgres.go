@@ -125,6 +125,15 @@ type Option func(*config)
 type config struct {
 	callTimeout time.Duration
 	maxConns    int32
+	tracer      pgx.QueryTracer
+}
+
+// WithTracer installs a pgx tracer on every connection of the main pool
+// (not the lease pool or subscriptions). It may also implement
+// pgx.BatchTracer and pgx.PrepareTracer. `paddock bench` counts round trips
+// with it.
+func WithTracer(t pgx.QueryTracer) Option {
+	return func(c *config) { c.tracer = t }
 }
 
 // WithCallTimeout sets the deadline given to calls whose context has none
@@ -169,6 +178,10 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 	}
 	ctx, cancel := withDeadline(ctx, max(cfg.callTimeout, time.Minute))
 	defer cancel()
+	lcfg := pcfg.Copy()
+	if cfg.tracer != nil {
+		pcfg.ConnConfig.Tracer = cfg.tracer
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("store/postgres: open: %w", err)
@@ -181,7 +194,6 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("store/postgres: open: migrate: %w", err)
 	}
-	lcfg := pcfg.Copy()
 	lcfg.MaxConns, lcfg.MinConns = 2, 1
 	leases, err := pgxpool.NewWithConfig(ctx, lcfg)
 	if err != nil {

@@ -217,24 +217,92 @@ func (s *Store) CancelEvent(ctx context.Context, p store.CancelEventParams) (sto
 // open steers, from one snapshot; otherwise ErrNotLive. Session, State and
 // Tail are left empty.
 func (s *Store) InFlight(ctx context.Context, ref store.ActivationRef) (store.Dispatch, error) {
-	var d store.Dispatch
-	err := s.readTx(ctx, "in flight", func(ctx context.Context, tx pgx.Tx) error {
-		d = store.Dispatch{Delivery: store.Delivery{ActorKey: ref.ActorKey, ActivationUID: ref.UID}}
-		notLive := fmt.Errorf("activation %s of %s at epoch %d (or it has no current event): %w",
-			ref.UID, ref.ActorKey, ref.ActorEpoch, store.ErrNotLive)
-		err := tx.QueryRow(ctx, `
+	// Fast path: the three reads in one round trip, without a snapshot
+	// transaction; when a commit slipped in between them (the event read is
+	// not the delivery's), the snapshot path below decides.
+	if d, ok, err := s.inFlightBatch(ctx, ref); ok || err != nil {
+		return d, err
+	}
+	return s.inFlightSnapshot(ctx, ref)
+}
+
+// inFlightSQL reads the newest delivery of a live activation's current
+// event (parameters: the activation ref).
+const inFlightSQL = `
 			SELECT d.delivery_id, d.actor_epoch, d.event_id, d.revision, d.state, d.binding
 			FROM activations a
 			JOIN LATERAL (SELECT * FROM deliveries
 				WHERE activation_uid = a.activation_uid AND event_id = a.current_event_id
 				ORDER BY revision DESC LIMIT 1) d ON true
 			WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3 AND a.actor_epoch = $4
-			  AND a.lease_id = $5 AND a.state IN `+liveStates+` AND a.current_event_id IS NOT NULL`,
-			ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID).Scan(
-			&d.Delivery.ID, &d.Delivery.ActorEpoch, &d.Delivery.EventID, &d.Delivery.Revision, &d.Delivery.State,
-			&d.Delivery.Binding)
+			  AND a.lease_id = $5 AND a.state IN ` + liveStates + ` AND a.current_event_id IS NOT NULL`
+
+func inFlightNotLive(ref store.ActivationRef) error {
+	return fmt.Errorf("activation %s of %s at epoch %d (or it has no current event): %w",
+		ref.UID, ref.ActorKey, ref.ActorEpoch, store.ErrNotLive)
+}
+
+func scanInFlight(row pgx.Row, d *store.Dispatch) error {
+	return row.Scan(&d.Delivery.ID, &d.Delivery.ActorEpoch, &d.Delivery.EventID, &d.Delivery.Revision, &d.Delivery.State,
+		&d.Delivery.Binding)
+}
+
+// inFlightBatch is InFlight in one batch; ok is false when its reads did
+// not see the same current event.
+func (s *Store) inFlightBatch(ctx context.Context, ref store.ActivationRef) (d store.Dispatch, ok bool, err error) {
+	err = s.call(ctx, "in flight", func(ctx context.Context) error {
+		d = store.Dispatch{Delivery: store.Delivery{ActorKey: ref.ActorKey, ActivationUID: ref.UID}}
+		var found, eventFound bool
+		b := &pgx.Batch{}
+		b.Queue(inFlightSQL, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID).QueryRow(func(row pgx.Row) error {
+			err := scanInFlight(row, &d)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			found = err == nil
+			return err
+		})
+		cur := `(SELECT current_event_id FROM activations WHERE activation_uid = $1)`
+		b.Queue(`SELECT `+eventCols+` FROM actor_events WHERE event_id = `+cur, ref.UID).QueryRow(func(row pgx.Row) (err error) {
+			d.Event, err = scanEvent(row)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			eventFound = err == nil
+			return err
+		})
+		b.Queue(`SELECT `+eventCols+` FROM actor_events
+			WHERE agent_uid = $2 AND session_id = $3 AND steer_of = `+cur+` AND status = 'open'
+			ORDER BY seq`, ref.UID, ref.AgentUID, ref.SessionID).Query(func(rows pgx.Rows) (err error) {
+			d.Steers, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Event, error) { return scanEvent(r) })
+			return err
+		})
+		if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		switch {
+		case !found:
+			return inFlightNotLive(ref)
+		case eventFound && d.Event.ID == d.Delivery.EventID:
+			ok = true
+			d.Attempt = d.Event.Attempts + 1
+		}
+		return nil
+	})
+	if err != nil {
+		return store.Dispatch{}, false, err
+	}
+	return d, ok, nil
+}
+
+// inFlightSnapshot is InFlight in one read-only snapshot.
+func (s *Store) inFlightSnapshot(ctx context.Context, ref store.ActivationRef) (store.Dispatch, error) {
+	var d store.Dispatch
+	err := s.readTx(ctx, "in flight", func(ctx context.Context, tx pgx.Tx) error {
+		d = store.Dispatch{Delivery: store.Delivery{ActorKey: ref.ActorKey, ActivationUID: ref.UID}}
+		err := scanInFlight(tx.QueryRow(ctx, inFlightSQL, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID), &d)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return notLive
+			return inFlightNotLive(ref)
 		}
 		if err != nil {
 			return err

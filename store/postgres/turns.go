@@ -20,8 +20,14 @@ import (
 // creates its delivery; see store.Store.
 func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (store.Dispatch, error) {
 	ref := p.Activation
+	if nd, err := s.probeNoDue(ctx, p); err != nil || nd != nil {
+		if err != nil {
+			return store.Dispatch{}, err
+		}
+		return store.Dispatch{}, nd
+	}
 	var d store.Dispatch
-	err := s.tx(ctx, "next delivery", func(ctx context.Context, tx pgx.Tx) error {
+	err := s.pipeTxDo(ctx, "next delivery", func(ctx context.Context, tx txConn) error {
 		d = store.Dispatch{}
 		// Lock the activation under its ref (live, idle, lease unexpired)
 		// and, in the same statement, find the session's oldest open event.
@@ -34,22 +40,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		var eventID *int64
 		var nextAt *time.Time
 		var due, blocked, steered *bool
-		err := tx.QueryRow(ctx, `
-			SELECT a.actor_epoch, a.revision, e.event_id, e.next_attempt_at, e.next_attempt_at <= clock_timestamp(),
-				$6::boolean AND EXISTS (SELECT 1 FROM actor_events d
-					WHERE d.agent_uid = a.agent_uid AND d.session_id = a.session_id AND d.status = 'dead_letter'
-					  AND d.seq < e.seq),
-				EXISTS (SELECT 1 FROM actor_events st
-					WHERE st.agent_uid = a.agent_uid AND st.session_id = a.session_id AND st.steer_of = e.event_id
-					  AND st.status = 'open')
-			FROM activations a
-			LEFT JOIN LATERAL (SELECT event_id, seq, next_attempt_at FROM actor_events
-				WHERE agent_uid = a.agent_uid AND session_id = a.session_id AND status = 'open' AND steer_of IS NULL
-				ORDER BY seq LIMIT 1) e ON true
-			WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3 AND a.actor_epoch = $4
-			  AND a.lease_id = $5 AND a.state IN `+liveStates+` AND a.current_event_id IS NULL
-			  AND a.lease_expires_at > clock_timestamp()
-			FOR UPDATE OF a`, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID,
+		err := tx.QueryRow(ctx, nextDeliverySQL+` FOR UPDATE OF a`, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID,
 			p.BlockOnDeadLetter).Scan(&epoch, &revision, &eventID, &nextAt, &due, &blocked, &steered)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("activation %s of %s at epoch %d (or it has a current event, or its lease expired): %w",
@@ -151,6 +142,59 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 	return d, nil
 }
 
+// nextDeliverySQL reads a live activation (by its ref: parameters $1-$5)
+// and its session's oldest open event that is not a steer: the event's id,
+// next attempt time, whether it is due by the database clock, whether a
+// dead letter blocks it ($6: the block policy) and whether steers are
+// attached to it.
+const nextDeliverySQL = `
+			SELECT a.actor_epoch, a.revision, e.event_id, e.next_attempt_at, e.next_attempt_at <= clock_timestamp(),
+				$6::boolean AND EXISTS (SELECT 1 FROM actor_events d
+					WHERE d.agent_uid = a.agent_uid AND d.session_id = a.session_id AND d.status = 'dead_letter'
+					  AND d.seq < e.seq),
+				EXISTS (SELECT 1 FROM actor_events st
+					WHERE st.agent_uid = a.agent_uid AND st.session_id = a.session_id AND st.steer_of = e.event_id
+					  AND st.status = 'open')
+			FROM activations a
+			LEFT JOIN LATERAL (SELECT event_id, seq, next_attempt_at FROM actor_events
+				WHERE agent_uid = a.agent_uid AND session_id = a.session_id AND status = 'open' AND steer_of IS NULL
+				ORDER BY seq LIMIT 1) e ON true
+			WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3 AND a.actor_epoch = $4
+			  AND a.lease_id = $5 AND a.state IN ` + liveStates + ` AND a.current_event_id IS NULL
+			  AND a.lease_expires_at > clock_timestamp()`
+
+// probeNoDue answers NextDelivery's most common question — a live
+// activation whose session has nothing due — with one read outside a
+// transaction (one round trip instead of BEGIN, the locking read and
+// ROLLBACK). It returns the *store.NoDueEventError, or nil when the locked
+// path must decide (something is due, or the activation is not live). A
+// snapshot that says "nothing due" is safe to act on: an event appended
+// after it wakes the controller, which asks again.
+func (s *Store) probeNoDue(ctx context.Context, p store.NextDeliveryParams) (*store.NoDueEventError, error) {
+	ref := p.Activation
+	var nd *store.NoDueEventError
+	err := s.call(ctx, "next delivery", func(ctx context.Context) error {
+		var epoch, revision int64
+		var eventID *int64
+		var nextAt *time.Time
+		var due, blocked, steered *bool
+		err := s.pool.QueryRow(ctx, nextDeliverySQL, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID,
+			p.BlockOnDeadLetter).Scan(&epoch, &revision, &eventID, &nextAt, &due, &blocked, &steered)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil
+		case err != nil:
+			return err
+		case eventID == nil || (blocked != nil && *blocked):
+			nd = &store.NoDueEventError{}
+		case !*due:
+			nd = &store.NoDueEventError{NextDueAt: utc(*nextAt)}
+		}
+		return nil
+	})
+	return nd, err
+}
+
 // deliveryWhere guards a write on the delivery a turn_ref names: every field
 // of the ref by equality (parameters $1-$7, see refArgs).
 const deliveryWhere = `delivery_id = $1 AND agent_uid = $2 AND session_id = $3 AND activation_uid = $4
@@ -202,7 +246,7 @@ const (
 // fence sends the batch lock (which locks the activation row) with the
 // fence statement queued after it, so that the lock is taken first and both
 // cost one round trip, and classifies a refusal.
-func fence(ctx context.Context, tx pgx.Tx, ref abi.TurnRef, op fenceOp, lock *pgx.Batch, fenceStmt string, args []any) error {
+func fence(ctx context.Context, tx txConn, ref abi.TurnRef, op fenceOp, lock *pgx.Batch, fenceStmt string, args []any) error {
 	var dOK, aOK bool
 	lock.Queue(fenceStmt, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&dOK, &aOK) })
 	if err := tx.SendBatch(ctx, lock).Close(); err != nil {
@@ -256,7 +300,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		outcome = abi.OutcomeOK
 	}
 	var t store.Turn
-	err := s.tx(ctx, "commit turn", func(ctx context.Context, tx pgx.Tx) error {
+	err := s.pipeTxDo(ctx, "commit turn", func(ctx context.Context, tx txConn) error {
 		t = store.Turn{}
 		// Lock the activation row first (and read the event's payload);
 		// then the guarded UPDATEs. One round trip.

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# make bench-peers: Paddock's durable-turn benchmark beside River, DBOS and
+# pgbench (../shared/peers), all on ONE PostgreSQL in one run, with ratios.
+#
+#   make bench-peers                          # throwaway PostgreSQL 15 cluster (stock durable settings), removed after
+#   DATABASE_URL=postgres://… make bench-peers  # that database instead (river_*, dbos, pgbench_* and schema paddock_bench are reset in it)
+#
+# Env: N (20000) KEYS (1000) PRODUCERS (8) PG_BIN (/usr/lib/postgresql/15/bin)
+#      PEERS_DIR (../shared/peers) ONLY (regex over the peers' run names, default all)
+#      PADDOCK_RUNS (space-separated worker/signal pairs, default "wasm/go wasm/http plugin/go fabric/go")
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+N="${N:-20000}"; KEYS="${KEYS:-1000}"; PRODUCERS="${PRODUCERS:-8}"
+PADDOCK_RUNS="${PADDOCK_RUNS:-wasm/go wasm/http plugin/go fabric/go}"
+PEERS_DIR="${PEERS_DIR:-$ROOT/../shared/peers}"
+if [ ! -x "$PEERS_DIR/run.sh" ]; then
+	echo "bench-peers: no peers at $PEERS_DIR (set PEERS_DIR to the peersbench directory)" >&2
+	exit 2
+fi
+WORK="$(mktemp -d /tmp/paddock-bench-peers.XXXXXX)"
+RESULTS="$WORK/results.jsonl"
+STARTED=""
+log() { echo "[bench-peers $(date +%H:%M:%S)] $*" >&2; }
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+cleanup() {
+	if [ -n "$STARTED" ]; then
+		log "stopping the throwaway cluster"
+		as_pg "$PG_BIN/pg_ctl" -D "$WORK/data" -m fast -w stop >/dev/null 2>&1 || true
+	fi
+	rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+
+if [ -z "${DATABASE_URL:-}" ]; then
+	PORT=55433
+	while (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null; do PORT=$((PORT + 1)); done
+	log "starting a throwaway cluster (stock settings: fsync=on, synchronous_commit=on) on port $PORT"
+	if [ "$(id -u)" = 0 ]; then chown postgres "$WORK"; chmod 755 "$WORK"; fi
+	as_pg "$PG_BIN/initdb" -D "$WORK/data" -U postgres -A trust -E UTF8 >"$WORK/initdb.log" 2>&1 ||
+		{ cat "$WORK/initdb.log" >&2; exit 1; }
+	as_pg "$PG_BIN/pg_ctl" -D "$WORK/data" -l "$WORK/data/server.log" -w \
+		-o "-p $PORT -c listen_addresses=127.0.0.1 -c unix_socket_directories=$WORK" start >/dev/null
+	STARTED=1
+	"$PG_BIN/createdb" -h 127.0.0.1 -p "$PORT" -U postgres bench_peers
+	export DATABASE_URL="postgres://postgres@127.0.0.1:$PORT/bench_peers?sslmode=disable"
+fi
+
+log "peers: River, DBOS, pgbench (N=$N keys=$KEYS producers=$PRODUCERS)"
+RESULTS="$RESULTS" N="$N" KEYS="$KEYS" PRODUCERS="$PRODUCERS" PG_BIN="$PG_BIN" "$PEERS_DIR/run.sh" >"$WORK/peers.out"
+for run in $PADDOCK_RUNS; do
+	worker="${run%/*}"; signal="${run#*/}"
+	"$PG_BIN/psql" "$DATABASE_URL" -qAtc CHECKPOINT >/dev/null
+	sleep 1
+	log "paddock: worker=$worker signal=$signal"
+	"$ROOT/bin/paddock" bench --store postgres --dsn "$DATABASE_URL" --n "$N" --keys "$KEYS" --producers "$PRODUCERS" \
+		--worker "$worker" --signal "$signal" --module "$ROOT/examples/hasher/hasher.wasm" --plugin "$ROOT/bin/hasher-plugin" \
+		2> >(sed "s/^/  [paddock $run] /" >&2) | tee -a "$RESULTS" | grep '^peer=' >&2 || log "paddock $run FAILED"
+done
+echo
+"$ROOT/bin/paddock" bench report "$RESULTS"

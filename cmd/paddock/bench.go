@@ -1,0 +1,807 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/examples/hasher"
+	"github.com/paddock-dev/paddock/fabric"
+	"github.com/paddock-dev/paddock/fabric/wire"
+	"github.com/paddock-dev/paddock/host"
+	"github.com/paddock-dev/paddock/host/api"
+	"github.com/paddock-dev/paddock/host/runner"
+	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/store"
+	"github.com/paddock-dev/paddock/store/postgres"
+	"github.com/paddock-dev/paddock/store/sqlite"
+	"github.com/paddock-dev/paddock/wasm"
+)
+
+// benchOptions are `paddock bench`'s flags: the workload of
+// ../shared/peers/README.md (N turns over K keys from P producers).
+type benchOptions struct {
+	n, keys, producers, warmup, pool, capacity, processes int
+	storeKind, dsn, worker, signalPath                    string
+	module, plugin, schema, cpuProfile, dataDir           string
+	sqlStats                                              bool
+	timeout                                               time.Duration
+	idle                                                  time.Duration
+}
+
+// BenchResult is the JSON line `paddock bench` prints. Field names follow
+// the peers' results (../shared/peers/internal/bench) where they mean the
+// same; latencies are milliseconds.
+type BenchResult struct {
+	Peer      string `json:"peer"`
+	Mode      string `json:"mode"`
+	Store     string `json:"store"`
+	Worker    string `json:"worker"`
+	Signal    string `json:"signal_path"`
+	N         int    `json:"n"`
+	Keys      int    `json:"keys"`
+	Producers int    `json:"producers"`
+	Pool      int    `json:"pool"`
+	Completed int    `json:"completed"`
+	// WallS is barrier open → last turn committed.
+	WallS      float64 `json:"wall_s"`
+	JobsPerS   float64 `json:"jobs_per_s"`
+	InsertS    float64 `json:"insert_s"`
+	InsertPerS float64 `json:"inserts_per_s"`
+	// Latency is signal call start → turn committed, per turn.
+	Latency    benchPct `json:"latency_ms"`
+	InsertCall benchPct `json:"insert_call_ms"`
+	// RoundTrips and Transactions are per committed turn, counted on the
+	// host's main PostgreSQL pool by a pgx tracer (transactions: each BEGIN,
+	// and each statement or batch sent outside one); -1 on SQLite. The
+	// lease pool (renewal every ttl/3) is not counted.
+	RoundTrips   float64 `json:"db_round_trips_per_turn"`
+	Transactions float64 `json:"db_transactions_per_turn"`
+	PeakRSSMB    float64 `json:"peak_rss_mb"`
+	// WorkerMeanMS is the mean time of a turn in the worker (the host's
+	// paddock_turn_seconds), the per-turn overhead of the worker kind.
+	WorkerMeanMS float64 `json:"worker_turn_mean_ms"`
+	Postgres     string  `json:"postgres,omitempty"`
+	GoVersion    string  `json:"go"`
+	CPUs         int     `json:"cpus"`
+	Time         string  `json:"time"`
+}
+
+type benchPct struct {
+	N    int     `json:"n"`
+	P50  float64 `json:"p50"`
+	P95  float64 `json:"p95"`
+	P99  float64 `json:"p99"`
+	Max  float64 `json:"max"`
+	Mean float64 `json:"mean"`
+}
+
+func newBenchCmd() *cobra.Command {
+	var o benchOptions
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure turns/s and signal→commit latency on the peers' durable-turn workload",
+		Long: "Run the durable-turn workload of ../shared/peers/README.md on an in-process host: N turns over\n" +
+			"K session keys from P producers, each signal returning once it is durable, the agent hashing 1 KiB\n" +
+			"per turn (examples/hasher), turns per key serial. Prints one JSON line and one human line.\n" +
+			"PostgreSQL: --dsn or DATABASE_URL; the bench works in its own schema (--schema), dropped first.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.n < 1 || o.keys < 1 || o.producers < 1 || o.keys%o.producers != 0 {
+				return fmt.Errorf("--n %d --keys %d --producers %d: want positive values with keys a multiple of producers (each key belongs to one producer)", o.n, o.keys, o.producers)
+			}
+			switch o.storeKind {
+			case "sqlite", "postgres":
+			default:
+				return fmt.Errorf("--store %q: want sqlite or postgres", o.storeKind)
+			}
+			switch o.worker {
+			case "wasm", "plugin", "fabric":
+			default:
+				return fmt.Errorf("--worker %q: want wasm, plugin or fabric", o.worker)
+			}
+			switch o.signalPath {
+			case "go", "http":
+			default:
+				return fmt.Errorf("--signal %q: want go (in-process client) or http (the API over loopback)", o.signalPath)
+			}
+			if o.storeKind == "postgres" && o.dsn == "" {
+				o.dsn = os.Getenv("DATABASE_URL")
+				if o.dsn == "" {
+					return errors.New("--store postgres needs --dsn or DATABASE_URL")
+				}
+			}
+			res, err := runBench(cmd.Context(), o, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			b, _ := json.Marshal(res)
+			out := cmd.OutOrStdout()
+			fmt.Fprintln(out, string(b))
+			fmt.Fprintf(out, "peer=paddock mode=%s store=%s worker=%s signal=%s n=%d completed=%d wall_s=%.2f jobs_per_s=%.0f p50_ms=%.1f p95_ms=%.1f p99_ms=%.1f max_ms=%.1f insert_call_p50_ms=%.2f round_trips/turn=%.2f tx/turn=%.2f peak_rss_mb=%.0f worker_turn_mean_ms=%.3f\n",
+				res.Mode, res.Store, res.Worker, res.Signal, res.N, res.Completed, res.WallS, res.JobsPerS, res.Latency.P50, res.Latency.P95, res.Latency.P99, res.Latency.Max,
+				res.InsertCall.P50, res.RoundTrips, res.Transactions, res.PeakRSSMB, res.WorkerMeanMS)
+			return nil
+		},
+	}
+	cmd.AddCommand(newBenchReportCmd())
+	f := cmd.Flags()
+	f.IntVar(&o.n, "n", 20000, "turns (signals) in the measured run")
+	f.IntVar(&o.keys, "keys", 1000, "session keys; turn i goes to key i mod K")
+	f.IntVar(&o.producers, "producers", 8, "concurrent producers; producer p sends turns p, p+P, … (one call each, returning when durable)")
+	f.IntVar(&o.warmup, "warmup", 200, "untimed warm-up turns run to completion before the measured run")
+	f.IntVar(&o.pool, "pool", 20, "PostgreSQL connections of the host's pool")
+	f.IntVar(&o.capacity, "capacity", 0, "pool capacity: activations at once (default: --keys)")
+	f.IntVar(&o.processes, "processes", 2, "plugin processes (--worker plugin)")
+	f.StringVar(&o.storeKind, "store", "sqlite", "store driver: sqlite or postgres")
+	f.StringVar(&o.dsn, "dsn", "", "PostgreSQL DSN (default $DATABASE_URL)")
+	f.StringVar(&o.schema, "schema", "paddock_bench", "PostgreSQL schema the bench creates (dropping it first) and works in")
+	f.StringVar(&o.dataDir, "data-dir", "", "SQLite directory (default: a temporary one, removed after)")
+	f.StringVar(&o.worker, "worker", "wasm", "worker kind: wasm (in-process wazero), plugin (go-plugin processes) or fabric (a remote `paddock worker` over ZeroMQ)")
+	f.StringVar(&o.signalPath, "signal", "go", "signal path: go (in-process client) or http (the API over loopback)")
+	f.StringVar(&o.module, "module", "examples/hasher/hasher.wasm", "the hasher wasm module (make examples)")
+	f.StringVar(&o.plugin, "plugin", "bin/hasher-plugin", "the hasher plugin binary (make plugins)")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured run to this file")
+	f.BoolVar(&o.sqlStats, "sql-stats", false, "print the statements sent per turn, most frequent first (PostgreSQL)")
+	f.DurationVar(&o.timeout, "timeout", 15*time.Minute, "give up after this long")
+	f.DurationVar(&o.idle, "idle-timeout", 30*time.Second, "sessions' idle timeout")
+	return cmd
+}
+
+// roundTrips counts the queries, batches and prepares a pgx pool sends:
+// each is one round trip to the server.
+type roundTrips struct {
+	n atomic.Int64
+	// xacts counts transactions: explicit ones at BEGIN, and every
+	// statement or batch sent outside one (an implicit transaction).
+	xacts atomic.Int64
+	txMu  sync.Mutex
+	inTx  map[*pgx.Conn]bool
+	// bySQL counts statements by text when set (--sql-stats).
+	mu    sync.Mutex
+	bySQL map[string]int
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	r.count(d.SQL)
+	r.tx(c, []string{d.SQL})
+	return ctx
+}
+
+// tx follows a connection's transaction state through the statements it
+// sends in one round trip.
+func (r *roundTrips) tx(c *pgx.Conn, stmts []string) {
+	r.txMu.Lock()
+	defer r.txMu.Unlock()
+	if r.inTx == nil {
+		r.inTx = map[*pgx.Conn]bool{}
+	}
+	implicit := false
+	for _, sql := range stmts {
+		verb := strings.ToLower(strings.TrimSpace(sql))
+		if i := strings.IndexAny(verb, " \n\t;"); i > 0 {
+			verb = verb[:i]
+		}
+		switch verb {
+		case "begin", "start":
+			r.inTx[c] = true
+			r.xacts.Add(1)
+		case "commit", "rollback", "end", "abort":
+			r.inTx[c] = false
+		default:
+			if !r.inTx[c] {
+				implicit = true
+			}
+		}
+	}
+	if implicit {
+		r.xacts.Add(1)
+	}
+}
+
+func (r *roundTrips) count(sql string) {
+	if r.bySQL == nil {
+		return
+	}
+	sql = strings.Join(strings.Fields(sql), " ")
+	r.mu.Lock()
+	r.bySQL[sql[:min(len(sql), 110)]]++
+	r.mu.Unlock()
+}
+
+// report writes the statements by count, most frequent first.
+func (r *roundTrips) report(w io.Writer, turns int) {
+	if r.bySQL == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	type kv struct {
+		sql string
+		n   int
+	}
+	var all []kv
+	for s, n := range r.bySQL {
+		all = append(all, kv{s, n})
+	}
+	slices.SortFunc(all, func(a, b kv) int { return b.n - a.n })
+	for _, e := range all[:min(len(all), 25)] {
+		fmt.Fprintf(w, "  %6.2f/turn  %s\n", float64(e.n)/float64(turns), e.sql)
+	}
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, c *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	if d.Batch != nil {
+		stmts := make([]string, len(d.Batch.QueuedQueries))
+		for i, q := range d.Batch.QueuedQueries {
+			stmts[i] = q.SQL
+		}
+		r.tx(c, stmts)
+	}
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	r.count("(batch) " + d.SQL)
+}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+func (r *roundTrips) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
+
+// benchSink records commit times by event id.
+type benchSink struct {
+	mu        sync.Mutex
+	committed map[int64]time.Time
+	waiters   map[int64]chan struct{}
+	count     atomic.Int64
+	last      atomic.Int64 // unix ns of the latest commit
+}
+
+func (s *benchSink) onCommit(t store.Turn) {
+	now := time.Now()
+	s.mu.Lock()
+	if _, dup := s.committed[t.EventID]; !dup {
+		s.committed[t.EventID] = now
+		s.count.Add(1)
+		s.last.Store(now.UnixNano())
+	}
+	if ch, ok := s.waiters[t.EventID]; ok {
+		close(ch)
+		delete(s.waiters, t.EventID)
+	}
+	s.mu.Unlock()
+}
+
+// waitAll waits until every id in ids committed.
+func (s *benchSink) waitAll(ctx context.Context, ids []int64) error {
+	for _, id := range ids {
+		s.mu.Lock()
+		if _, ok := s.committed[id]; ok {
+			s.mu.Unlock()
+			continue
+		}
+		ch := make(chan struct{})
+		s.waiters[id] = ch
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("event %d not committed: %w", id, ctx.Err())
+		}
+	}
+	return nil
+}
+
+// signaller sends one signal and returns its event id once it is durable.
+type signaller func(ctx context.Context, key store.ActorKey, sessionKey string, data []byte) (int64, error)
+
+func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	progress := func(format string, args ...any) {
+		fmt.Fprintf(logw, "[bench %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+	}
+	if o.capacity <= 0 {
+		o.capacity = o.keys
+	}
+	res := &BenchResult{Peer: "paddock", Mode: "single", Store: o.storeKind, Worker: o.worker, Signal: o.signalPath,
+		N: o.n, Keys: o.keys, Producers: o.producers, Pool: o.pool, RoundTrips: -1, Transactions: -1}
+
+	// The store, in a fresh schema (PostgreSQL) or a fresh file (SQLite).
+	var st store.Store
+	rt := &roundTrips{}
+	if o.sqlStats {
+		rt.bySQL = map[string]int{}
+	}
+	var pgConn *pgx.Conn
+	switch o.storeKind {
+	case "postgres":
+		admin, err := pgx.Connect(ctx, o.dsn)
+		if err != nil {
+			return nil, fmt.Errorf("connect %s: %w", redactDSN(o.dsn), err)
+		}
+		defer admin.Close(context.Background())
+		schema := pgx.Identifier{o.schema}.Sanitize()
+		if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+			return nil, fmt.Errorf("reset schema %s: %w", o.schema, err)
+		}
+		if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+			return nil, fmt.Errorf("create schema %s: %w", o.schema, err)
+		}
+		_ = admin.QueryRow(ctx, "SHOW server_version").Scan(&res.Postgres)
+		pgConn = admin
+		dsn, err := withSearchPath(o.dsn, o.schema)
+		if err != nil {
+			return nil, err
+		}
+		pst, err := postgres.Open(ctx, dsn, postgres.WithMaxConns(int32(o.pool)), postgres.WithTracer(rt))
+		if err != nil {
+			return nil, err
+		}
+		st = pst
+	default:
+		dir := o.dataDir
+		if dir == "" {
+			d, err := os.MkdirTemp("", "paddock-bench-")
+			if err != nil {
+				return nil, err
+			}
+			defer os.RemoveAll(d)
+			dir = d
+		}
+		sst, err := sqlite.Open(ctx, filepath.Join(dir, "bench.db"))
+		if err != nil {
+			return nil, err
+		}
+		st = sst
+	}
+	defer st.Close()
+
+	// The worker kind and the agent bound to it.
+	cacheDir, err := os.UserCacheDir()
+	if err != nil {
+		cacheDir = os.TempDir()
+	}
+	wrt, err := wasm.New(ctx, wasm.Config{CacheDir: filepath.Join(cacheDir, "paddock", "bench-wasm"), TurnTimeout: time.Hour}, log)
+	if err != nil {
+		return nil, err
+	}
+	defer wrt.Close(context.Background())
+	pm := plugins.NewManager(log, plugins.Options{})
+	defer pm.Close(context.Background())
+	r := runner.New(runner.NewWasm(wrt, st), pm, st)
+	pol := host.DefaultPolicy()
+	pol.IdleTimeout = o.idle
+	pol.Pools = map[string]int{"default": o.capacity}
+	agent := store.CreateAgentParams{UID: uuid.NewString(), Name: "hasher", Kind: store.KindWasm, CrashPolicy: store.CrashRestart, Upsert: true}
+	if o.worker == "plugin" {
+		sum, err := plugins.FileSHA256(o.plugin)
+		if err != nil {
+			return nil, fmt.Errorf("--plugin %s (make plugins builds it): %w", o.plugin, err)
+		}
+		w := store.PluginWorker{Name: "hasher", Path: o.plugin, SHA256: sum, Processes: max(o.processes, 1)}
+		if err := r.CheckPlugin(ctx, w); err != nil {
+			return nil, err
+		}
+		if _, _, err := st.PutPluginWorker(ctx, w); err != nil {
+			return nil, err
+		}
+		agent.Kind, agent.Plugin = store.KindPlugin, "hasher"
+	} else {
+		b, err := os.ReadFile(o.module)
+		if err != nil {
+			return nil, fmt.Errorf("--module (make examples builds it): %w", err)
+		}
+		digest, version, err := r.Inspect(ctx, b)
+		if err != nil {
+			return nil, fmt.Errorf("--module %s: %w", o.module, err)
+		}
+		if _, _, err := st.PutModule(ctx, store.PutModuleParams{Digest: digest, ABIVersion: version, Bytes: b}); err != nil {
+			return nil, err
+		}
+		agent.ModuleDigest = digest
+	}
+	if o.worker == "fabric" {
+		stop, err := startBenchFabric(ctx, st, r, o, log)
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+		pol.Pool = "remote"
+		pol.Pools["remote"] = o.capacity
+	}
+	ag, err := st.CreateAgent(ctx, agent)
+	if err != nil {
+		return nil, err
+	}
+
+	sink := &benchSink{committed: map[int64]time.Time{}, waiters: map[int64]chan struct{}{}}
+	metrics := host.NewMetrics()
+	h, err := host.New(host.Options{Store: st, Runner: r, Policy: pol, Logger: log, Metrics: metrics, OnCommit: sink.onCommit})
+	if err != nil {
+		return nil, err
+	}
+	hctx, hstop := context.WithCancel(context.Background())
+	hostDone := make(chan error, 1)
+	go func() { hostDone <- h.Run(hctx) }()
+	defer func() { hstop(); <-hostDone }()
+	time.Sleep(50 * time.Millisecond) // Run has set the host up
+
+	send, stopHTTP, err := benchSignaller(ctx, o, h, st, r, log)
+	if err != nil {
+		return nil, err
+	}
+	defer stopHTTP()
+
+	// Sessions, created before the clock starts (like the peers' queues).
+	progress("creating %d sessions (%s store, %s worker, %s signals)", o.keys, o.storeKind, o.worker, o.signalPath)
+	keys := make([]store.ActorKey, o.keys)
+	for k := range keys {
+		s, _, err := st.CreateSession(ctx, store.CreateSessionParams{AgentUID: ag.UID, SessionID: uuid.NewString(), Key: benchKeyName(k), CrashPolicy: store.CrashRestart, GetOrCreate: true})
+		if err != nil {
+			return nil, err
+		}
+		keys[k] = s.ActorKey
+	}
+
+	// Warm-up: untimed turns, run to completion (they also compile the
+	// module and start plugin processes). They take seqs the measured run
+	// does not use.
+	if o.warmup > 0 {
+		progress("warm-up: %d turns", o.warmup)
+		ids := make([]int64, 0, o.warmup)
+		for i := range o.warmup {
+			k := i % o.keys
+			data, _ := json.Marshal(hasher.Job{Idx: -1 - i, Key: benchKeyName(k), Seq: -1 - i/o.keys, T: time.Now().UnixNano()})
+			id, err := send(ctx, keys[k], benchKeyName(k), data)
+			if err != nil {
+				return nil, fmt.Errorf("warm-up signal: %w", err)
+			}
+			ids = append(ids, id)
+		}
+		if err := sink.waitAll(ctx, ids); err != nil {
+			return nil, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+
+	// The measured run.
+	stopProfile := func() {}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return nil, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, err
+		}
+		stopProfile = func() { pprof.StopCPUProfile(); f.Close() }
+	}
+	defer stopProfile()
+	rt0, xact0 := rt.n.Load(), rt.xacts.Load()
+	if o.sqlStats {
+		rt.mu.Lock()
+		clear(rt.bySQL)
+		rt.mu.Unlock()
+	}
+	turns0 := turnStats(metrics)
+	base := sink.count.Load()
+	progress("measured run: %d turns over %d keys from %d producers", o.n, o.keys, o.producers)
+	type sent struct {
+		id    int64
+		t     time.Time
+		took  time.Duration
+		fails error
+	}
+	results := make([][]sent, o.producers)
+	var barrier sync.WaitGroup
+	barrier.Add(1)
+	var wg sync.WaitGroup
+	var insertEnd atomic.Int64
+	for p := range o.producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			barrier.Wait()
+			for i := p; i < o.n; i += o.producers {
+				k := i % o.keys
+				t := time.Now()
+				data, _ := json.Marshal(hasher.Job{Idx: i, Key: benchKeyName(k), Seq: i / o.keys, T: t.UnixNano()})
+				id, err := send(ctx, keys[k], benchKeyName(k), data)
+				results[p] = append(results[p], sent{id: id, t: t, took: time.Since(t), fails: err})
+				if err != nil {
+					return
+				}
+			}
+			if now := time.Now().UnixNano(); now > insertEnd.Load() {
+				insertEnd.Store(now) // close enough: the max of P stores
+			}
+		}()
+	}
+	start := time.Now()
+	barrier.Done()
+	wg.Wait()
+	var ids []int64
+	var calls []time.Duration
+	for _, rs := range results {
+		for _, s := range rs {
+			if s.fails != nil {
+				return nil, fmt.Errorf("signal: %w", s.fails)
+			}
+			ids = append(ids, s.id)
+			calls = append(calls, s.took)
+		}
+	}
+	if err := sink.waitAll(ctx, ids); err != nil {
+		return nil, err
+	}
+	wall := time.Unix(0, sink.last.Load()).Sub(start)
+	stopProfile()
+
+	var lat []time.Duration
+	sink.mu.Lock()
+	for _, rs := range results {
+		for _, s := range rs {
+			lat = append(lat, sink.committed[s.id].Sub(s.t))
+		}
+	}
+	sink.mu.Unlock()
+	done := int(sink.count.Load() - base)
+	res.Completed = min(done, o.n)
+	res.WallS = round3(wall.Seconds())
+	res.JobsPerS = math.Round(float64(o.n) / wall.Seconds())
+	res.InsertS = round3(time.Unix(0, insertEnd.Load()).Sub(start).Seconds())
+	if res.InsertS > 0 {
+		res.InsertPerS = math.Round(float64(o.n) / res.InsertS)
+	}
+	res.Latency = percentiles(lat)
+	res.InsertCall = percentiles(calls)
+	if pgConn != nil {
+		res.RoundTrips = round3(float64(rt.n.Load()-rt0) / float64(o.n))
+		res.Transactions = round3(float64(rt.xacts.Load()-xact0) / float64(o.n))
+	}
+	if o.sqlStats {
+		fmt.Fprintln(logw, "statements per turn (measured run):")
+		rt.report(logw, o.n)
+	}
+	turns1 := turnStats(metrics)
+	if n := turns1.n - turns0.n; n > 0 {
+		res.WorkerMeanMS = round3((turns1.sum - turns0.sum) / float64(n) * 1000)
+	}
+	res.PeakRSSMB = peakRSSMB()
+	res.GoVersion, res.CPUs, res.Time = runtime.Version(), runtime.NumCPU(), time.Now().UTC().Format(time.RFC3339)
+	return res, nil
+}
+
+// benchSignaller returns the signal path: the in-process client (the
+// store append plus the host's wake-up, as the API does) or the HTTP API on
+// a loopback listener.
+func benchSignaller(ctx context.Context, o benchOptions, h *host.Host, st store.Store, r *runner.Runner, log *slog.Logger) (signaller, func(), error) {
+	if o.signalPath == "go" {
+		return func(ctx context.Context, key store.ActorKey, _ string, data []byte) (int64, error) {
+			payload, err := abi.Marshal(struct {
+				Data json.RawMessage `json:"data"`
+			}{data})
+			if err != nil {
+				return 0, err
+			}
+			e, _, err := st.AppendEvent(ctx, store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload})
+			if err != nil {
+				return 0, err
+			}
+			h.Ensure(key)
+			return e.ID, nil
+		}, func() {}, nil
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	srv := &http.Server{Handler: api.New(api.Options{Host: h, Modules: r, Plugins: r, Logger: log,
+		MaxBodyBytes: 1 << 20, MaxModuleBytes: 64 << 20}), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	base := "http://" + ln.Addr().String()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.producers * 2}}
+	return func(ctx context.Context, key store.ActorKey, _ string, data []byte) (int64, error) {
+			body, _ := json.Marshal(map[string]any{"kind": "message", "data": json.RawMessage(data)})
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/agents/hasher/sessions/"+key.SessionID+"/signals", bytes.NewReader(body))
+			if err != nil {
+				return 0, err
+			}
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := client.Do(req)
+			if err != nil {
+				return 0, err
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusAccepted {
+				return 0, fmt.Errorf("POST signal: %s: %s", resp.Status, b)
+			}
+			var out struct {
+				EventID int64 `json:"event_id"`
+			}
+			if err := json.Unmarshal(b, &out); err != nil {
+				return 0, fmt.Errorf("POST signal: %w", err)
+			}
+			return out.EventID, nil
+		}, func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}, nil
+}
+
+// startBenchFabric starts a broker on a loopback port and one `paddock
+// worker` process (this binary) serving pool "remote" with capacity
+// --capacity.
+func startBenchFabric(ctx context.Context, st store.Store, r *runner.Runner, o benchOptions, log *slog.Logger) (func(), error) {
+	key := wire.NewKey()
+	dir, err := os.MkdirTemp("", "paddock-bench-fabric-")
+	if err != nil {
+		return nil, err
+	}
+	keyFile := filepath.Join(dir, "worker.key")
+	if err := os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	endpoint := "tcp://127.0.0.1:" + strconv.Itoa(port)
+	b, err := fabric.NewBroker(ctx, fabric.BrokerConfig{
+		Endpoint: endpoint, Workers: map[string][]byte{"bench-1": key},
+		Modules: func(ctx context.Context, digest string) ([]byte, error) {
+			m, err := st.GetModule(ctx, digest)
+			return m.Bytes, err
+		},
+	}, log)
+	if err != nil {
+		return nil, fmt.Errorf("fabric broker: %w", err)
+	}
+	r.WithFabric(b, []string{"remote"})
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, "worker", "--connect", endpoint, "--id", "bench-1", "--key-file", keyFile, "--pool", "remote",
+		"--capacity", strconv.Itoa(min(max(o.capacity, 1), 4096)), "--cache-dir", filepath.Join(dir, "cache"), "--log-level", "warn")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	// Wait for the worker to announce itself.
+	deadline := time.Now().Add(30 * time.Second)
+	for len(b.Workers()) == 0 {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			return nil, errors.New("fabric: the bench worker did not connect within 30 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		_ = b.Close(context.Background())
+		os.RemoveAll(dir)
+	}, nil
+}
+
+func benchKeyName(k int) string { return fmt.Sprintf("k%05d", k) }
+
+// withSearchPath adds search_path=schema to a DSN (URL or keyword/value).
+func withSearchPath(dsn, schema string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		sep := "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+		return dsn + sep + "search_path=" + schema, nil
+	}
+	return dsn + " search_path=" + schema, nil
+}
+
+// redactDSN drops a password from a URL DSN for messages.
+func redactDSN(dsn string) string {
+	if i := strings.Index(dsn, "@"); i > 0 {
+		if j := strings.Index(dsn, "://"); j > 0 && j < i {
+			return dsn[:j+3] + "…" + dsn[i:]
+		}
+	}
+	return dsn
+}
+
+type histSum struct {
+	n   uint64
+	sum float64
+}
+
+// turnStats reads paddock_turn_seconds' count and sum.
+func turnStats(m *host.Metrics) histSum {
+	mfs, err := m.Registry.Gather()
+	if err != nil {
+		return histSum{}
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "paddock_turn_seconds" && len(mf.GetMetric()) > 0 {
+			h := mf.GetMetric()[0].GetHistogram()
+			return histSum{n: h.GetSampleCount(), sum: h.GetSampleSum()}
+		}
+	}
+	return histSum{}
+}
+
+// peakRSSMB is this process's peak resident set (VmHWM), in MiB.
+func peakRSSMB() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			return math.Round(kb / 1024)
+		}
+	}
+	return -1
+}
+
+func percentiles(ds []time.Duration) benchPct {
+	if len(ds) == 0 {
+		return benchPct{}
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	at := func(q float64) float64 {
+		i := int(math.Ceil(q*float64(len(s)))) - 1
+		return ms(s[max(0, min(i, len(s)-1))])
+	}
+	var sum time.Duration
+	for _, d := range s {
+		sum += d
+	}
+	return benchPct{N: len(s), P50: at(0.50), P95: at(0.95), P99: at(0.99), Max: ms(s[len(s)-1]), Mean: ms(sum / time.Duration(len(s)))}
+}
+
+func ms(d time.Duration) float64 { return math.Round(float64(d.Microseconds())) / 1000 }
+
+func round3(v float64) float64 { return math.Round(v*1000) / 1000 }

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/paddock-dev/paddock/plugins/plugintest"
+	"github.com/paddock-dev/paddock/store/pgtest"
+	"github.com/paddock-dev/paddock/wasm/wasmtest"
+)
+
+// TestBenchRunsTheWorkloadOnEveryStoreAndWorker runs `paddock bench` small
+// on each store driver and worker kind and both signal paths, and checks
+// that every turn committed and the figures are there.
+func TestBenchRunsTheWorkloadOnEveryStoreAndWorker(t *testing.T) {
+	t.Parallel()
+	bin := paddockBin(t)
+	module, _ := wasmtest.BuildExample(t, "./examples/hasher/cmd")
+	plugin, _ := plugintest.Build(t, "./examples/hasher/plugin")
+	dsn := pgtest.DSN(t)
+	for _, c := range []struct{ store, worker, signal string }{
+		{"sqlite", "wasm", "go"},
+		{"sqlite", "wasm", "http"},
+		{"postgres", "wasm", "go"},
+		{"postgres", "plugin", "http"},
+		{"postgres", "fabric", "go"},
+	} {
+		t.Run(c.store+"/"+c.worker+"/"+c.signal, func(t *testing.T) {
+			args := []string{"bench", "--store", c.store, "--worker", c.worker, "--signal", c.signal,
+				"--n", "48", "--keys", "8", "--producers", "4", "--warmup", "4", "--module", module, "--plugin", plugin,
+				"--timeout", "3m"}
+			if c.store == "postgres" {
+				args = append(args, "--dsn", dsn, "--schema", "bench_"+c.worker+"_"+c.signal)
+			}
+			var stdout, stderr bytes.Buffer
+			cmd := exec.Command(bin, args...)
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Run(); err != nil {
+				t.Fatalf("paddock %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+			}
+			lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+			if len(lines) != 2 || !strings.HasPrefix(lines[1], "peer=paddock ") {
+				t.Fatalf("want a JSON line and a human line, got:\n%s", stdout.String())
+			}
+			var r BenchResult
+			if err := json.Unmarshal([]byte(lines[0]), &r); err != nil {
+				t.Fatal(err)
+			}
+			if r.Completed != 48 || r.Latency.N != 48 || r.JobsPerS <= 0 || r.Latency.P50 <= 0 || r.Latency.Max < r.Latency.P99 ||
+				r.Worker != c.worker || r.Store != c.store || r.PeakRSSMB <= 0 || r.WorkerMeanMS <= 0 {
+				t.Fatalf("figures: %+v", r)
+			}
+			if c.store == "postgres" && (r.RoundTrips < 1 || r.Transactions < 1) {
+				t.Fatalf("PostgreSQL round trips %.2f and transactions %.2f per turn: want ≥ 1 each", r.RoundTrips, r.Transactions)
+			}
+			if c.store == "sqlite" && r.RoundTrips != -1 {
+				t.Fatalf("SQLite round trips %.2f: want -1 (not measured)", r.RoundTrips)
+			}
+		})
+	}
+}
+
+// TestBenchRefusesBadFlags: a workload that cannot be split among the
+// producers, or an unknown store, worker or signal path, is refused by name.
+func TestBenchRefusesBadFlags(t *testing.T) {
+	t.Parallel()
+	bin := paddockBin(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--keys", "10", "--producers", "3"}, "keys a multiple of producers"},
+		{[]string{"--store", "mysql"}, `--store "mysql"`},
+		{[]string{"--worker", "lambda"}, `--worker "lambda"`},
+		{[]string{"--signal", "grpc"}, `--signal "grpc"`},
+		{[]string{"--module", "/nonexistent.wasm", "--warmup", "0", "--n", "1", "--keys", "1", "--producers", "1"}, "--module"},
+	} {
+		out, err := exec.Command(bin, append([]string{"bench"}, c.args...)...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("paddock bench %v: err %v, output %q; want a refusal naming %q", c.args, err, out, c.want)
+		}
+	}
+}
+
+// TestBenchReportComputesTheRatios: the report reads peers' and Paddock's
+// lines and gives the goals' ratios.
+func TestBenchReportComputesTheRatios(t *testing.T) {
+	t.Parallel()
+	in := strings.Join([]string{
+		`{"peer":"pgbench","mode":"simple-update","tps":4000,"latency_avg_ms":2}`,
+		`{"peer":"river","mode":"single","tuning":"default","jobs_per_s":990,"latency_ms":{"p50":7000,"p99":15000}}`,
+		`{"peer":"river","mode":"single","tuning":"fetch_cooldown=10ms","jobs_per_s":3000,"latency_ms":{"p50":46,"p99":150}}`,
+		`not json: a log line`,
+		`{"peer":"paddock","mode":"single","worker":"wasm","signal_path":"go","n":100,"completed":100,"jobs_per_s":4500,"latency_ms":{"p50":5,"p99":20},"db_round_trips_per_turn":6.5}`,
+	}, "\n")
+	var out bytes.Buffer
+	if err := benchReport(strings.NewReader(in), &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"pgbench -N (ceiling)", "river single fetch_cooldown=10ms", "1.50× River single fetch_cooldown=10ms", "1.12× pgbench TPS", "6.5"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	if err := benchReport(strings.NewReader(`{"peer": 3}`), &out); err == nil {
+		t.Error("a malformed results line was accepted")
+	}
+}

@@ -1,0 +1,10 @@
+// Command hasher-plugin is the benchmark agent served as a Paddock plugin
+// worker (go build -o bin/hasher-plugin ./examples/hasher/plugin).
+package main
+
+import (
+	"github.com/paddock-dev/paddock/examples/hasher"
+	"github.com/paddock-dev/paddock/plugins"
+)
+
+func main() { plugins.Serve(hasher.Turn) }

@@ -1,0 +1,170 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// txConn is what the body of a pipelined transaction uses.
+type txConn interface {
+	querier
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// beginSQL opens a pipelined transaction.
+const beginSQL = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
+// pipeTx is a READ COMMITTED transaction on one connection whose BEGIN
+// travels in the same round trip as its first statement or batch, instead
+// of a round trip of its own (pgx's Begin). The hot paths (NextDelivery,
+// CommitTurn) save one round trip per transaction with it.
+//
+// Batches sent through it must consume their results with callbacks and
+// Close (as every batch of this package does): a BEGIN queued in front of
+// the first batch has a result of its own.
+type pipeTx struct {
+	conn  *pgxpool.Conn
+	begun bool
+}
+
+var _ txConn = (*pipeTx)(nil)
+
+func (t *pipeTx) begin(ctx context.Context) error {
+	if t.begun {
+		return nil
+	}
+	if _, err := t.conn.Exec(ctx, beginSQL); err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	t.begun = true
+	return nil
+}
+
+// SendBatch sends b, with BEGIN in front if the transaction has not begun.
+func (t *pipeTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if !t.begun {
+		nb := &pgx.Batch{}
+		nb.Queue(beginSQL)
+		nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
+		b, t.begun = nb, true
+	}
+	return t.conn.SendBatch(ctx, b)
+}
+
+// QueryRow runs sql, with BEGIN in the same round trip if the transaction
+// has not begun.
+func (t *pipeTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.begun {
+		return t.conn.QueryRow(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.Queue(beginSQL)
+	b.Queue(sql, args...)
+	t.begun = true
+	br := t.conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return errRow{fmt.Errorf("begin: %w", err)}
+	}
+	return batchRow{row: br.QueryRow(), br: br}
+}
+
+// Query runs sql in the transaction.
+func (t *pipeTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.begin(ctx); err != nil {
+		return nil, err
+	}
+	return t.conn.Query(ctx, sql, args...)
+}
+
+// Exec runs sql in the transaction.
+func (t *pipeTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := t.begin(ctx); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return t.conn.Exec(ctx, sql, args...)
+}
+
+// batchRow is the row of a batch; Scan closes the batch.
+type batchRow struct {
+	row pgx.Row
+	br  pgx.BatchResults
+}
+
+func (r batchRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	if cerr := r.br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// errRow is a row that failed before it was read.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// pipeTxDo runs fn in a pipelined transaction (see pipeTx) under the call
+// deadline, with tx's semantics: commit when fn returns nil, roll back
+// otherwise, rerun fn on a deadlock or serialisation failure.
+func (s *Store) pipeTxDo(ctx context.Context, op string, fn func(ctx context.Context, tx txConn) error) error {
+	ctx, cancel := withDeadline(ctx, s.callTimeout)
+	defer cancel()
+	var err error
+	for attempt := 1; ; attempt++ {
+		err = s.pipeTxOnce(ctx, fn)
+		if !retryable(err) || attempt == txAttempts || ctx.Err() != nil {
+			break
+		}
+		d := time.Duration(1<<(attempt-1)) * time.Millisecond
+		d += rand.N(d)
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+		}
+	}
+	return wrap(op, err)
+}
+
+func (s *Store) pipeTxOnce(ctx context.Context, fn func(ctx context.Context, tx txConn) error) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquire: %w", err)
+	}
+	// A connection left inside a transaction (a failed ROLLBACK) is not
+	// idle, and pgxpool destroys it on Release instead of reusing it.
+	defer conn.Release()
+	t := &pipeTx{conn: conn}
+	if err := fn(ctx, t); err != nil {
+		if t.begun {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_, _ = conn.Exec(rctx, "ROLLBACK")
+			cancel()
+		}
+		return err
+	}
+	if !t.begun {
+		return nil
+	}
+	tag, err := conn.Exec(ctx, "COMMIT")
+	if err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	if tag.String() == "ROLLBACK" {
+		// The transaction had failed without fn noticing: nothing was
+		// written.
+		return fmt.Errorf("commit: %w", errTxRolledBack)
+	}
+	return nil
+}
+
+// errTxRolledBack: COMMIT found the transaction failed and rolled it back.
+var errTxRolledBack = errors.New("transaction was rolled back")
