@@ -210,26 +210,34 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	// The chaos phase: the driver and the injector run side by side.
 	t := time.Now()
 	scrape := startScraper(ctx, e)
-	inj := newInjector(e, cfg.Seed)
+	inj := newInjector(ctx, e, cfg.Seed)
 	drv := newDriver(e, sessions, cfg.Seed+1)
 	planned := inj.planned()
 	var wg sync.WaitGroup
 	wg.Add(2)
-	injCtx, stopInj := context.WithCancel(ctx)
+	// The injector gives up on its targets well after the plan (a host
+	// that cannot come back makes host faults ineligible forever).
+	injCtx, stopInj := context.WithTimeout(ctx, 2*planned+2*time.Minute)
 	defer stopInj()
 	go func() { defer wg.Done(); inj.run(injCtx) }()
 	go func() { defer wg.Done(); drv.run(ctx, planned) }()
 	wg.Wait()
 	rep.Times.Chaos = time.Since(t)
 	if err := ctx.Err(); err != nil {
+		rep.setFaults(inj)
+		rep.setDriver(drv)
 		return rep, fmt.Errorf("interrupted: %w", context.Cause(ctx))
 	}
-	// Everything back up before the wait for quiescence.
+	// Everything back up before the wait for quiescence; what cannot be
+	// restored fails the run, and the checks still run on the rest.
 	healErr := inj.heal(ctx)
 	rep.setFaults(inj)
 	rep.setDriver(drv)
 	if healErr != nil {
-		return rep, fmt.Errorf("restore processes after the faults: %w", healErr)
+		rep.fail(checkRun, "", fmt.Sprintf("restore processes after the faults: %v", healErr))
+		if !e.anyHostUp() {
+			return rep, fmt.Errorf("no host could be restored: %w", healErr)
+		}
 	}
 	cfg.logf("chaos phase done in %v: %s; %d/%d signals accepted", rep.Times.Chaos.Round(time.Millisecond), rep.faultLine(), drv.accepted(), cfg.Signals)
 
@@ -256,6 +264,15 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	rep.Times.Check = time.Since(t)
 	rep.setFences(scrape.stop(), e)
 	return rep, nil
+}
+
+func (e *env) anyHostUp() bool {
+	for _, h := range e.hosts {
+		if h.isUp() {
+			return true
+		}
+	}
+	return false
 }
 
 func (e *env) pgDesc() string {
@@ -302,6 +319,21 @@ func (e *env) setup(ctx context.Context) error {
 		e.cluster = c
 		e.dsn = c.dsn(dbName)
 	}
+	// The run uses copies of the binaries and the module: a rebuild in the
+	// working tree meanwhile (make build, make plugins) must not change
+	// what a restarted host runs, nor the plugin's checksum under it.
+	binDir := filepath.Join(work, "bin")
+	if err := os.MkdirAll(binDir, 0o755); err != nil {
+		return err
+	}
+	for _, f := range []*string{&e.cfg.Paddock, &e.cfg.Plugin, &e.cfg.NotesWasm} {
+		dst := filepath.Join(binDir, filepath.Base(*f))
+		if err := copyFile(*f, dst); err != nil {
+			return fmt.Errorf("copy %s: %w", *f, err)
+		}
+		*f = dst
+	}
+	cfg = e.cfg
 	pluginSum, err := fileSHA256(cfg.Plugin)
 	if err != nil {
 		return fmt.Errorf("plugin binary: %w", err)
@@ -454,6 +486,28 @@ func (e *env) teardown(passed bool) {
 	if passed && e.cfg.WorkDir == "" && e.work != "" {
 		_ = os.RemoveAll(e.work)
 	}
+}
+
+// copyFile copies src to dst with src's mode.
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, fi.Mode().Perm())
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // pluginComm is the command name (/proc/PID/stat) of plugin processes.

@@ -216,6 +216,9 @@ func check(ctx context.Context, conn *pgx.Conn, e *env, sessions []*session, rep
 			rep.fail(checkRun, id, fmt.Sprintf("a session the driver did not create (status %s, %d events)", d.status, len(d.events)))
 		}
 	}
+	if err := checkFencedCommits(ctx, conn, rep); err != nil {
+		return err
+	}
 	if err := checkLiveActivations(ctx, conn, e.cfg, rep); err != nil {
 		return err
 	}
@@ -253,7 +256,29 @@ func latencyStats(ctx context.Context, conn *pgx.Conn, rep *Report) error {
 	q := func(p float64) float64 { return secs[min(len(secs)-1, int(p*float64(len(secs))))] }
 	rep.Latency = map[string]float64{"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": secs[len(secs)-1]}
 	rep.Slowest = fmt.Sprintf("event %d of session %s", slowEvent, slowSession)
-	return nil
+	// Why the slowest took so long: its failed attempts.
+	erows, err := conn.Query(ctx, `SELECT attempt_seq, counted, actor_epoch, error,
+			extract(epoch FROM failed_at - (SELECT accepted_at FROM actor_events WHERE event_id = $1))::float8
+		FROM event_errors WHERE event_id = $1 ORDER BY attempt_seq`, slowEvent)
+	if err != nil {
+		return err
+	}
+	defer erows.Close()
+	for erows.Next() {
+		var seq int
+		var counted bool
+		var epoch int64
+		var msg string
+		var at float64
+		if err := erows.Scan(&seq, &counted, &epoch, &msg, &at); err != nil {
+			return err
+		}
+		if len(msg) > 160 {
+			msg = msg[:160] + "…"
+		}
+		rep.SlowestErrors = append(rep.SlowestErrors, fmt.Sprintf("+%.3f s: attempt %d failed (epoch %d, counted %t): %s", at, seq, epoch, counted, msg))
+	}
+	return erows.Err()
 }
 
 // checkSession runs checks 1, 2, 3 and 5 on one session.
@@ -446,6 +471,116 @@ func firstDiff(got, want []string) string {
 		}
 	}
 	return "none"
+}
+
+// checkFencedCommits is the rest of check 3, from the fence rows: every
+// turn was committed through its delivery (accepted, same event, same epoch
+// as the activation it was sent under), no event has two accepted
+// deliveries, and no turn committed under epoch E after an activation of a
+// higher epoch had been created for its session (by then E's activation had
+// ended, and its reply had to be refused).
+func checkFencedCommits(ctx context.Context, conn *pgx.Conn, rep *Report) error {
+	rows, err := conn.Query(ctx, `
+		SELECT t.session_id, t.turn_no, t.event_id, t.actor_epoch, t.delivery_id, d.state, d.event_id, d.actor_epoch, a.actor_epoch
+		FROM turns t
+		LEFT JOIN deliveries d ON d.delivery_id = t.delivery_id
+		LEFT JOIN activations a ON a.activation_uid = d.activation_uid
+		WHERE d.delivery_id IS NULL OR d.state <> 'accepted' OR d.event_id <> t.event_id
+		   OR d.actor_epoch <> t.actor_epoch OR a.actor_epoch IS DISTINCT FROM t.actor_epoch`)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var session, delivery string
+		var turn, event, epoch int64
+		var dState *string
+		var dEvent, dEpoch, aEpoch *int64
+		if err := rows.Scan(&session, &turn, &event, &epoch, &delivery, &dState, &dEvent, &dEpoch, &aEpoch); err != nil {
+			rows.Close()
+			return err
+		}
+		rep.fail(checkEpochs, "session "+session, fmt.Sprintf("turn %d (event %d, epoch %d) names delivery %s: state %s, event %s, epoch %s, its activation's epoch %s",
+			turn, event, epoch, delivery, str(dState), str(dEvent), str(dEpoch), str(aEpoch)))
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	rows, err = conn.Query(ctx, `SELECT session_id, event_id, count(*) FROM deliveries WHERE state = 'accepted'
+		GROUP BY session_id, event_id HAVING count(*) > 1`)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var session string
+		var event, n int64
+		if err := rows.Scan(&session, &event, &n); err != nil {
+			rows.Close()
+			return err
+		}
+		rep.fail(checkEpochs, "session "+session, fmt.Sprintf("event %d has %d accepted deliveries", event, n))
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	// The activations of each session by creation time, then each turn
+	// against the first activation of a higher epoch.
+	type act struct {
+		uid     string
+		epoch   int64
+		created time.Time
+	}
+	acts := map[string][]act{}
+	rows, err = conn.Query(ctx, `SELECT session_id, activation_uid, actor_epoch, created_at FROM activations ORDER BY created_at`)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var session string
+		var a act
+		if err := rows.Scan(&session, &a.uid, &a.epoch, &a.created); err != nil {
+			rows.Close()
+			return err
+		}
+		acts[session] = append(acts[session], a)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	rows, err = conn.Query(ctx, `SELECT session_id, turn_no, event_id, actor_epoch, committed_at FROM turns`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var session string
+		var turn, event, epoch int64
+		var committed time.Time
+		if err := rows.Scan(&session, &turn, &event, &epoch, &committed); err != nil {
+			return err
+		}
+		for _, a := range acts[session] {
+			if !a.created.Before(committed) {
+				break
+			}
+			if a.epoch > epoch {
+				rep.fail(checkEpochs, "session "+session, fmt.Sprintf("turn %d (event %d) committed under epoch %d at %s, after activation %s of epoch %d was created at %s",
+					turn, event, epoch, committed.Format(time.RFC3339Nano), a.uid, a.epoch, a.created.Format(time.RFC3339Nano)))
+				break
+			}
+		}
+	}
+	return rows.Err()
+}
+
+// str prints a nullable value.
+func str[T any](p *T) string {
+	if p == nil {
+		return "none"
+	}
+	return fmt.Sprint(*p)
 }
 
 // checkLiveActivations is check 4: no session holds a live activation whose

@@ -68,9 +68,14 @@ func (a *api) pick(avoid *host) *host {
 	if len(up) == 0 {
 		up = a.e.hosts
 	}
+	return up[a.intN(len(up))]
+}
+
+// intN is a random int in [0, n); a's generator is shared by the senders.
+func (a *api) intN(n int) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return up[a.rnd.IntN(len(up))]
+	return a.rnd.IntN(n)
 }
 
 // errRefused is a 4xx answer: retrying the same call cannot help.
@@ -126,7 +131,7 @@ func (a *api) do(ctx context.Context, method, path string, body any, out any) (i
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(time.Duration(50+a.rnd.IntN(150)) * time.Millisecond):
+		case <-time.After(time.Duration(50+a.intN(150)) * time.Millisecond):
 		}
 	}
 }

@@ -31,10 +31,13 @@ type injector struct {
 	unexpected []string
 	errs       []error
 	bg         sync.WaitGroup
+	// bgCtx is the run's context, for the background restarts and
+	// SIGCONTs: they outlive the injection loop's own deadline.
+	bgCtx context.Context
 }
 
-func newInjector(e *env, seed int64) *injector {
-	in := &injector{e: e, rnd: rand.New(rand.NewPCG(uint64(seed), 1)), targets: map[string]int{},
+func newInjector(ctx context.Context, e *env, seed int64) *injector {
+	in := &injector{e: e, bgCtx: ctx, rnd: rand.New(rand.NewPCG(uint64(seed), 1)), targets: map[string]int{},
 		counts: map[string]int{}, stallsOf: map[string]int{}, stopped: map[int]bool{}}
 	for _, k := range e.cfg.Kinds {
 		switch k {
@@ -92,14 +95,14 @@ func (in *injector) run(ctx context.Context) {
 			return
 		case <-time.After(in.randDur(iv/2, iv*3/2)):
 		}
-		in.supervise(ctx)
+		in.supervise(in.bgCtx)
 		// PostgreSQL restarts once, half-way through.
 		if in.targets[kindPGRestart] > 0 && in.count(kindPGRestart) == 0 && done >= want/2 {
-			in.pgRestart(ctx)
+			in.pgRestart(in.bgCtx)
 			continue
 		}
 		for _, k := range in.order() {
-			if in.inject(ctx, k) {
+			if in.inject(in.bgCtx, k) {
 				break
 			}
 		}
@@ -202,15 +205,17 @@ func (in *injector) hostKill(ctx context.Context) bool {
 func (in *injector) restartHost(ctx context.Context, h *host) {
 	t := time.Now()
 	err := h.start(ctx, in.e.cfg.Paddock, 2*time.Minute)
-	h.mu.Lock()
-	h.busy = false
-	h.mu.Unlock()
 	if err != nil {
+		// It stays busy: no further fault picks it, nor a supervisor
+		// restart; heal reports it down.
 		if ctx.Err() == nil {
 			in.fail(fmt.Errorf("restart %s: %w", h.name(), err))
 		}
 		return
 	}
+	h.mu.Lock()
+	h.busy = false
+	h.mu.Unlock()
 	_, inc := h.current()
 	in.logf("%s back (incarnation %d) after %v", h.name(), inc, time.Since(t).Round(time.Millisecond))
 }
@@ -467,5 +472,16 @@ func (in *injector) heal(ctx context.Context) error {
 	for pid := range in.stopped { // unreachable after bg.Wait, but cheap
 		_ = syscall.Kill(pid, syscall.SIGCONT)
 	}
-	return errors.Join(in.errs...)
+	errs := in.errs
+	for _, h := range in.e.hosts {
+		if !h.isUp() {
+			errs = append(errs, fmt.Errorf("%s is down", h.name()))
+		}
+	}
+	for _, w := range in.e.workers {
+		if p := w.current(); p == nil || p.exited() {
+			errs = append(errs, fmt.Errorf("worker %s is down", w.id))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -115,6 +115,7 @@ func (h *host) current() (*proc, int) {
 func (h *host) start(ctx context.Context, bin string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	client := &http.Client{Timeout: 2 * time.Second}
+	pause := 200 * time.Millisecond
 	for {
 		h.mu.Lock()
 		h.inc++
@@ -152,7 +153,9 @@ func (h *host) start(ctx context.Context, bin string, timeout time.Duration) err
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("%s exited before it became healthy (log %s):\n%s", h.name(), h.logPath(inc), tail(h.logPath(inc), 2048))
 		}
-		time.Sleep(300 * time.Millisecond)
+		// PostgreSQL restarting, most likely: again, less and less often.
+		time.Sleep(pause)
+		pause = min(2*pause, 3*time.Second)
 	}
 }
 

@@ -57,6 +57,8 @@ type Report struct {
 	// (p50, p90, p99, max), by the database clock; Slowest names the max.
 	Latency map[string]float64 `json:"commit_latency_seconds"`
 	Slowest string             `json:"-"`
+	// SlowestErrors is the error chain of the slowest event.
+	SlowestErrors []string `json:"-"`
 
 	DeadLetters []string `json:"-"`
 	// Failures by check; empty when the run passed.
@@ -199,6 +201,9 @@ func (r *Report) Print(w io.Writer, runErr error) {
 	if len(r.Latency) > 0 {
 		fmt.Fprintf(w, "acceptance → commit: p50 %.3f s, p90 %.3f s, p99 %.3f s, max %.3f s (%s)\n",
 			r.Latency["p50"], r.Latency["p90"], r.Latency["p99"], r.Latency["max"], r.Slowest)
+		for _, e := range r.SlowestErrors {
+			fmt.Fprintf(w, "  %s\n", e)
+		}
 	}
 	for _, d := range r.DeadLetters {
 		fmt.Fprintf(w, "  dead letter: %s\n", d)
