@@ -1,12 +1,14 @@
 package fabric
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/paddock-dev/paddock/wasm"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
 
@@ -46,6 +48,17 @@ func (e *env) benchTurn(binding, session, message string) error {
 func BenchmarkTurnRoundTrip(b *testing.B) {
 	e := newEnv(b, withGuard)
 	digest := e.module(wasmtest.Faulty)
+	// Compile into the workers' compilation cache first, without a
+	// deadline: a cold compile under -race can outlast a turn's.
+	_, body := wasmtest.BuildExample(b, wasmtest.Faulty)
+	rt, err := wasm.New(context.Background(), wasm.Config{CacheDir: wasmtest.CacheDir(b)}, nil)
+	if err == nil {
+		_, err = rt.Validate(context.Background(), body)
+		rt.Close(context.Background())
+	}
+	if err != nil {
+		b.Fatalf("compile the faulty module: %v", err)
+	}
 	pc, pbinding := e.plugin("faulty", "./examples/faulty/plugin")
 	goroutines := 2 * runtime.GOMAXPROCS(0)
 	worker := func(c *WorkerConfig) {
