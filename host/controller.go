@@ -247,6 +247,14 @@ type activationRun struct {
 	instBinding string
 }
 
+// tail is how many transcript messages the agent's requests carry.
+func (a *activationRun) tail() int {
+	if a.pol.TranscriptTail != nil {
+		return *a.pol.TranscriptTail
+	}
+	return a.h.set.TranscriptTail
+}
+
 func (a *activationRun) closeInstance() {
 	if a.inst != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -283,7 +291,7 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 		}
 		d, err := h.st.NextDelivery(ctx, store.NextDeliveryParams{
 			Activation: a.act.Ref(), DeliveryID: uuid.NewString(), Binding: binding,
-			BlockOnDeadLetter: a.pol.BlockOnDeadLetter, MarkSent: true, TailMessages: h.set.TranscriptTail,
+			BlockOnDeadLetter: a.pol.BlockOnDeadLetter, MarkSent: true, TailMessages: a.tail(),
 		})
 		cancel()
 		var noDue *store.NoDueEventError

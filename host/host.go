@@ -40,6 +40,9 @@ type AgentPolicy struct {
 	RestartPendingTimeout time.Duration
 	// Pool is the capacity pool of the agent's activations.
 	Pool string
+	// TranscriptTail, when set, overrides Policy.TranscriptTail for the
+	// agent (messages per TurnRequest).
+	TranscriptTail *int
 }
 
 // Policy is everything a host runs with: host-wide settings, fixed at

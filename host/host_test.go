@@ -457,3 +457,39 @@ func TestBackoffIsBoundedExponentialWithJitter(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentTranscriptTailOverridesTheHosts: an agent whose policy sets a
+// transcript tail gets that many messages in its requests (0: none), the
+// others the host's.
+func TestAgentTranscriptTailOverridesTheHosts(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		tails := make(chan int, 16)
+		seen := func(_ context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			tails <- len(req.Transcript)
+			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "ok"}}}, nil
+		}
+		pol := testPolicy()
+		pol.TranscriptTail = 3
+		f := start(t, st, map[string]abi.TurnFunc{"seen": seen}, pol)
+		quiet, chatty := f.agent("seen"), f.agent("seen")
+		zero := 0
+		pol.Agents = map[string]host.AgentPolicy{quiet.Name: func() host.AgentPolicy { p := pol.AgentPolicy; p.TranscriptTail = &zero; return p }()}
+		f.h.SetPolicy(pol)
+		for _, c := range []struct {
+			a    store.Agent
+			want int
+		}{{quiet, 0}, {chatty, 3}} {
+			key := f.session(c.a)
+			for i := range 3 {
+				f.signal(key, fmt.Sprint("m", i))
+				got := recv(t, tails)
+				// A request carries at most the tail, and at most what the
+				// session's transcript holds: the earlier turns' two
+				// messages each.
+				if want := min(c.want, 2*i); got != want {
+					t.Fatalf("agent %s turn %d: %d transcript messages, want %d", c.a.Name, i+1, got, want)
+				}
+			}
+		}
+	})
+}

@@ -46,6 +46,7 @@ import (
 // ../shared/peers/README.md (N turns over K keys from P producers).
 type benchOptions struct {
 	n, keys, producers, warmup, pool, capacity, processes int
+	tail                                                  int
 	storeKind, dsn, worker, signalPath                    string
 	module, plugin, schema, cpuProfile, dataDir           string
 	sqlStats                                              bool
@@ -66,7 +67,9 @@ type BenchResult struct {
 	Keys      int    `json:"keys"`
 	Producers int    `json:"producers"`
 	Pool      int    `json:"pool"`
-	Completed int    `json:"completed"`
+	// TranscriptTail is the agent's transcript_tail policy.
+	TranscriptTail int `json:"transcript_tail"`
+	Completed      int `json:"completed"`
 	// WallS is barrier open → last turn committed.
 	WallS      float64 `json:"wall_s"`
 	JobsPerS   float64 `json:"jobs_per_s"`
@@ -114,6 +117,9 @@ func newBenchCmd() *cobra.Command {
 			if o.n < 1 || o.keys < 1 || o.producers < 1 || o.keys%o.producers != 0 {
 				return fmt.Errorf("--n %d --keys %d --producers %d: want positive values with keys a multiple of producers (each key belongs to one producer)", o.n, o.keys, o.producers)
 			}
+			if o.tail < 0 || o.tail > 1000 {
+				return fmt.Errorf("--transcript-tail %d: want 0..1000", o.tail)
+			}
 			switch o.storeKind {
 			case "sqlite", "postgres":
 			default:
@@ -156,6 +162,7 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&o.warmup, "warmup", 200, "untimed warm-up turns run to completion before the measured run")
 	f.IntVar(&o.pool, "pool", 20, "PostgreSQL connections of the host's pool")
 	f.IntVar(&o.capacity, "capacity", 0, "pool capacity: activations at once (default: --keys)")
+	f.IntVar(&o.tail, "transcript-tail", 0, "the hasher's transcript_tail policy: messages per TurnRequest (it reads none; the host default is 20)")
 	f.IntVar(&o.processes, "processes", 2, "plugin processes (--worker plugin)")
 	f.StringVar(&o.storeKind, "store", "sqlite", "store driver: sqlite or postgres")
 	f.StringVar(&o.dsn, "dsn", "", "PostgreSQL DSN (default $DATABASE_URL)")
@@ -334,7 +341,7 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 		o.capacity = o.keys
 	}
 	res := &BenchResult{Peer: "paddock", Mode: "single", Store: o.storeKind, Worker: o.worker, Signal: o.signalPath,
-		N: o.n, Keys: o.keys, Producers: o.producers, Pool: o.pool, RoundTrips: -1, Transactions: -1}
+		N: o.n, Keys: o.keys, Producers: o.producers, Pool: o.pool, TranscriptTail: o.tail, RoundTrips: -1, Transactions: -1}
 
 	// The store, in a fresh schema (PostgreSQL) or a fresh file (SQLite).
 	var st store.Store
@@ -401,6 +408,7 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	r := runner.New(runner.NewWasm(wrt, st), pm, st)
 	pol := host.DefaultPolicy()
 	pol.IdleTimeout = o.idle
+	pol.AgentPolicy.TranscriptTail = &o.tail
 	pol.Pools = map[string]int{"default": o.capacity}
 	agent := store.CreateAgentParams{UID: uuid.NewString(), Name: "hasher", Kind: store.KindWasm, CrashPolicy: store.CrashRestart, Upsert: true}
 	if o.worker == "plugin" {

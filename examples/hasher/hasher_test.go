@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -84,5 +85,43 @@ func TestModuleAnswersLikeTheLogic(t *testing.T) {
 	}
 	if res.Outcome != abi.OutcomeError || !strings.Contains(res.Error, "event 9 has no data") {
 		t.Fatalf("a job without data: %+v, want an error outcome naming the event", res)
+	}
+}
+
+// BenchmarkModuleTurn is the wasm per-turn cost of the bench agent on a
+// warm instance, with a transcript tail of tail messages in the request
+// (paddock bench sends up to 20: the host's runtime.transcript_tail).
+func BenchmarkModuleTurn(b *testing.B) {
+	ctx := context.Background()
+	_, body := wasmtest.BuildExample(b, "./examples/hasher/cmd")
+	rt, err := wasm.New(ctx, wasm.Config{CacheDir: wasmtest.CacheDir(b)}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rt.Close(ctx)
+	info, err := rt.Load(ctx, wasm.Digest(body), body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, tail := range []int{0, 20} {
+		b.Run("tail="+strconv.Itoa(tail), func(b *testing.B) {
+			inst, err := rt.Instantiate(ctx, info.Digest)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer inst.Close(ctx)
+			req := request(1, `{"idx":7,"key":"k00007","seq":3,"t":1}`)
+			for i := range tail {
+				req.Transcript = append(req.Transcript, abi.Message{Role: abi.RoleUser, Content: `{"idx":7,"key":"k00007","seq":` + strconv.Itoa(i) + `,"t":1764490000000000000}`})
+			}
+			want := hasher.Work("k00007", 3)
+			b.ResetTimer()
+			for range b.N {
+				res, err := inst.Turn(ctx, req)
+				if err != nil || res.Messages[0].Content != want {
+					b.Fatalf("turn: %v %+v", err, res)
+				}
+			}
+		})
 	}
 }

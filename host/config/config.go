@@ -135,6 +135,11 @@ type Policy struct {
 	RestartPendingTimeout time.Duration `koanf:"restart_pending_timeout"`
 	// Pool is the capacity pool the agent's activations use.
 	Pool string `koanf:"pool"`
+	// TranscriptTail overrides runtime.transcript_tail for the agent: how
+	// many recent transcript messages its TurnRequests carry (0..1000; 0
+	// for an agent that keeps what it needs in its state — decoding the
+	// tail is most of a small Go guest's turn). Unset: the runtime's.
+	TranscriptTail *int `koanf:"transcript_tail"`
 }
 
 // Pool is one capacity pool.
@@ -305,6 +310,9 @@ func (p Policy) over(o Policy) Policy {
 	}
 	if p.Pool != "" {
 		o.Pool = p.Pool
+	}
+	if p.TranscriptTail != nil {
+		o.TranscriptTail = p.TranscriptTail
 	}
 	return o
 }
@@ -751,6 +759,9 @@ func (p Policy) validate(prefix string, pools map[string]Pool, full bool) []erro
 	}
 	if (full || p.RestartPendingTimeout != 0) && p.RestartPendingTimeout <= 0 {
 		bad("restart_pending_timeout", p.RestartPendingTimeout, "must be positive")
+	}
+	if p.TranscriptTail != nil && (*p.TranscriptTail < 0 || *p.TranscriptTail > 1000) {
+		bad("transcript_tail", *p.TranscriptTail, "must be between 0 and 1000")
 	}
 	if full || p.Pool != "" {
 		if _, ok := pools[p.Pool]; !ok {

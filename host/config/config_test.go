@@ -110,6 +110,7 @@ func TestBadConfigIsRefusedNamingKeyValueAndReason(t *testing.T) {
 		{"crash policy", "policy:\n  crash_policy: reboot\n", nil, []string{"policy.crash_policy", "reboot"}},
 		{"agent override", "agents:\n  - name: a\n    policy:\n      dead_letter: maybe\n", nil, []string{"agents[0].policy.dead_letter", "maybe"}},
 		{"unknown pool", "policy:\n  pool: gpu\n", nil, []string{"policy.pool", "gpu", "not a configured pool"}},
+		{"agent transcript tail", "agents:\n  - name: a\n    policy:\n      transcript_tail: -1\n", nil, []string{"agents[0].policy.transcript_tail", "-1", "between 0 and 1000"}},
 		{"zero capacity", "pools:\n  default:\n    capacity: 0\n", nil, []string{"pools.default.capacity", "0"}},
 		{"remote pool without fabric", "pools:\n  gpu:\n    capacity: 2\n    remote: true\n", nil, []string{"fabric.listen", "remote"}},
 		{"fabric without workers", "fabric:\n  listen: tcp://127.0.0.1:7700\n", nil, []string{"fabric.workers"}},
@@ -142,5 +143,20 @@ func TestMissingConfigFileIsAnError(t *testing.T) {
 	_, err := Load(Sources{File: filepath.Join(t.TempDir(), "nope.yaml")})
 	if err == nil || !strings.Contains(err.Error(), "nope.yaml") {
 		t.Fatalf("err = %v, want it to name the missing file", err)
+	}
+}
+
+// TestAgentTranscriptTailOverridesTheRuntimes: an agent's transcript_tail,
+// even 0, replaces runtime.transcript_tail for that agent only.
+func TestAgentTranscriptTailOverridesTheRuntimes(t *testing.T) {
+	cfg, err := Load(Sources{File: writeFile(t, "runtime:\n  transcript_tail: 7\nagents:\n  - name: quiet\n    policy:\n      transcript_tail: 0\n  - name: chatty\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := cfg.AgentPolicy("quiet"); p.TranscriptTail == nil || *p.TranscriptTail != 0 {
+		t.Fatalf("quiet: transcript_tail %v, want 0", p.TranscriptTail)
+	}
+	if p := cfg.AgentPolicy("chatty"); p.TranscriptTail != nil || cfg.Runtime.TranscriptTail != 7 {
+		t.Fatalf("chatty: transcript_tail %v (runtime %d), want unset and the runtime's 7", p.TranscriptTail, cfg.Runtime.TranscriptTail)
 	}
 }
