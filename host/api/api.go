@@ -328,6 +328,17 @@ var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 // sha256RE matches a lowercase hex sha256.
 var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
+// envNameRE matches the environment variable names a plugin may be given.
+var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func boolKeys(m map[string]string) map[string]bool {
+	out := make(map[string]bool, len(m))
+	for k := range m {
+		out[k] = true
+	}
+	return out
+}
+
 // keyRE bounds session keys and idempotency keys: printable, 1–200 bytes.
 var keyRE = regexp.MustCompile(`^[\x21-\x7e]{1,200}$`)
 
@@ -529,6 +540,16 @@ func (s *Server) registerPlugin(w http.ResponseWriter, r *http.Request) error {
 		return badRequest("invalid_field", "sha256", "sha256 %q must be the binary's 64 lowercase hex digits (sha256sum)", in.SHA256)
 	case in.Processes < 0 || in.Processes > 64:
 		return badRequest("invalid_field", "processes", "processes %d must be between 1 and 64 (0: 1)", in.Processes)
+	}
+	for _, k := range sortedKeys(boolKeys(in.Env)) {
+		// "A=B": "x" would reach the plugin as A="B=x"; NUL cannot be
+		// passed to a process (nor stored by PostgreSQL).
+		if !envNameRE.MatchString(k) {
+			return badRequest("invalid_field", "env", "env name %q must be letters, digits and '_', not starting with a digit", k)
+		}
+		if strings.IndexByte(in.Env[k], 0) >= 0 {
+			return badRequest("invalid_field", "env", "env %s holds a NUL character", k)
+		}
 	}
 	if in.Processes == 0 {
 		in.Processes = 1
