@@ -164,25 +164,18 @@ func (c *call) run(ctx context.Context, in *wrapperspb.BytesValue) (*abi.TurnRes
 	for {
 		select {
 		case f := <-frames:
-			switch f.Type {
-			case wire.TypeAccepted:
-				c.accepted = true
-			case wire.TypeSteerTaken:
-				var ref abi.TurnRef
-				if err := json.Unmarshal(f.Body, &ref); err != nil {
-					close(abandon)
-					scancel()
-					c.w.retire(c.p, "malformed steer_taken frame", true)
-					return nil, c.fail(KindProtocol, fmt.Errorf("malformed steer_taken frame: %w", err))
-				}
-				c.taken = append(c.taken, ref)
-			case wire.TypeResult:
+			result, ended, err := c.frame(f)
+			switch {
+			case err != nil:
+				close(abandon)
+				scancel()
+				c.w.retire(c.p, err.Error(), true)
+				return nil, c.fail(KindProtocol, err)
+			case ended:
 				close(abandon)
 				out.close()
 				scancel()
-				return c.result(f.Body)
-			default:
-				// A later protocol version's frame: ignore it.
+				return c.result(result)
 			}
 		case st, ok := <-steers:
 			if !ok {
@@ -212,6 +205,26 @@ func (c *call) run(ctx context.Context, in *wrapperspb.BytesValue) (*abi.TurnRes
 			return nil, te
 		}
 	}
+}
+
+// frame applies one frame from the plugin: accepted and steer_taken update
+// the call; a result frame ends the turn (ended, with its body, for
+// result). err is a frame that breaks the protocol (the process is then
+// replaced). Frames of a later protocol version are ignored.
+func (c *call) frame(f wire.Frame) (result json.RawMessage, ended bool, err error) {
+	switch f.Type {
+	case wire.TypeAccepted:
+		c.accepted = true
+	case wire.TypeSteerTaken:
+		var ref abi.TurnRef
+		if err := json.Unmarshal(f.Body, &ref); err != nil {
+			return nil, false, fmt.Errorf("malformed steer_taken frame: %w", err)
+		}
+		c.taken = append(c.taken, ref)
+	case wire.TypeResult:
+		return f.Body, true, nil
+	}
+	return nil, false, nil
 }
 
 // result decodes and checks the plugin's result.
