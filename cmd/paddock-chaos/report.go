@@ -27,6 +27,9 @@ type Report struct {
 	Faults      map[string]int `json:"faults"`
 	FaultTarget map[string]int `json:"faults_wanted"`
 	Stalls      map[string]int `json:"stalls_by_target"`
+	// PGRestartSkipped: pg_restart was asked for, but the server is
+	// DATABASE_URL's, which the run does not own.
+	PGRestartSkipped bool `json:"pg_restart_skipped,omitempty"`
 
 	Accepted     int `json:"accepted"`
 	NotAccepted  int `json:"not_accepted"`
@@ -54,11 +57,13 @@ type Report struct {
 	FailedAttempts    map[string]int `json:"failed_attempts_by_cause"`
 
 	// Latency is acceptance → commit of the committed events, in seconds
-	// (p50, p90, p99, max), by the database clock; Slowest names the max.
-	Latency map[string]float64 `json:"commit_latency_seconds"`
-	Slowest string             `json:"-"`
-	// SlowestErrors is the error chain of the slowest event.
-	SlowestErrors []string `json:"-"`
+	// (p50, p90, p99, max), by the database clock; OwnLatency counts from
+	// when the event headed its session's queue (see latencyStats), also
+	// per agent. Slowest describes the slowest events by that measure.
+	Latency           map[string]float64            `json:"commit_latency_seconds"`
+	OwnLatency        map[string]float64            `json:"head_to_commit_seconds"`
+	OwnLatencyByAgent map[string]map[string]float64 `json:"head_to_commit_seconds_by_agent"`
+	Slowest           []string                      `json:"-"`
 
 	DeadLetters []string `json:"-"`
 	// Failures by check; empty when the run passed.
@@ -109,6 +114,7 @@ func (r *Report) setFaults(in *injector) {
 			r.fail(checkRun, "", fmt.Sprintf("%d faults of kind %s injected, %d wanted", in.counts[k], k, t))
 		}
 	}
+	r.PGRestartSkipped = in.e.cluster == nil && contains(in.e.cfg.Kinds, kindPGRestart)
 	for k, v := range in.stallsOf {
 		r.Stalls[k] = v
 	}
@@ -153,6 +159,7 @@ func (r *Report) setFences(metrics map[string]int, e *env) {
 
 func (r *Report) faultLine() string {
 	var parts []string
+
 	for _, k := range AllKinds {
 		t, ok := r.FaultTarget[k]
 		if !ok {
@@ -169,6 +176,9 @@ func (r *Report) faultLine() string {
 			s += fmt.Sprintf(" [wanted %d]", t)
 		}
 		parts = append(parts, s)
+	}
+	if r.PGRestartSkipped {
+		parts = append(parts, "pg_restart skipped (DATABASE_URL: not this run's server to restart)")
 	}
 	return strings.Join(parts, ", ")
 }
@@ -199,10 +209,16 @@ func (r *Report) Print(w io.Writer, runErr error) {
 	fmt.Fprintf(w, "  from /metrics scrapes (misses what a killed host counted after its last scrape): %s\n", mapLine(nonZero(r.FenceRejectionsMetrics)))
 	fmt.Fprintf(w, "failed attempts: %d counted, %d not counted; by cause: %s\n", r.CountedAttempts, r.UncountedAttempts, mapLine(r.FailedAttempts))
 	if len(r.Latency) > 0 {
-		fmt.Fprintf(w, "acceptance → commit: p50 %.3f s, p90 %.3f s, p99 %.3f s, max %.3f s (%s)\n",
-			r.Latency["p50"], r.Latency["p90"], r.Latency["p99"], r.Latency["max"], r.Slowest)
-		for _, e := range r.SlowestErrors {
-			fmt.Fprintf(w, "  %s\n", e)
+		ql := func(m map[string]float64) string {
+			return fmt.Sprintf("p50 %.3f s, p90 %.3f s, p99 %.3f s, max %.3f s", m["p50"], m["p90"], m["p99"], m["max"])
+		}
+		fmt.Fprintf(w, "acceptance → commit: %s\n", ql(r.Latency))
+		fmt.Fprintf(w, "head of its session's queue → commit: %s\n", ql(r.OwnLatency))
+		for _, a := range sortedKeys(r.OwnLatencyByAgent) {
+			fmt.Fprintf(w, "  %s: %s\n", a, ql(r.OwnLatencyByAgent[a]))
+		}
+		for _, sl := range r.Slowest {
+			fmt.Fprintf(w, "  slow: %s\n", sl)
 		}
 	}
 	for _, d := range r.DeadLetters {
