@@ -37,8 +37,11 @@ func (e *env) benchTurn(binding, session, message string) error {
 //	serial/wasm     one turn at a time, the wasm module (warm instance)
 //	serial/plugin   one turn at a time, the same agent as a plugin process
 //	                on the worker's machine
-//	parallel/wasm   GOMAXPROCS×2 sessions turning at once over two
-//	                workers; latency-µs is the mean latency of one turn
+//	parallel/wasm/1-worker, parallel/wasm/2-workers
+//	                GOMAXPROCS×2 sessions turning at once on one worker,
+//	                then spread over two (the broker keeps no session
+//	                affinity: a session's turns alternate between them);
+//	                latency-µs is the mean latency of one turn
 //
 // msgs/turn is the broker's messages per turn, both directions, heartbeats
 // included. The broker must end without a BUSY, a lost receipt, a late
@@ -67,7 +70,7 @@ func BenchmarkTurnRoundTrip(b *testing.B) {
 	}
 	e.startWorker("w1", worker)
 	warm := func(b *testing.B, binding, session string) {
-		for i := range 4 { // fetch, compile, instantiate; instances on both workers
+		for i := range 4 { // fetch, instantiate; an instance on each worker
 			if err := e.benchTurn(binding, session, fmt.Sprint("warm ", i)); err != nil {
 				b.Fatal(err)
 			}
@@ -92,8 +95,7 @@ func BenchmarkTurnRoundTrip(b *testing.B) {
 	b.Run("serial/wasm", serial(digest))
 	b.Run("serial/plugin", serial(pbinding))
 
-	e.startWorker("w2", worker)
-	b.Run("parallel/wasm", func(b *testing.B) {
+	parallel := func(b *testing.B) {
 		for i := range goroutines {
 			warm(b, digest, fmt.Sprint("parallel-", i))
 		}
@@ -118,7 +120,10 @@ func BenchmarkTurnRoundTrip(b *testing.B) {
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "turns/s")
 		b.ReportMetric(float64(latency.Load())/float64(b.N)/1e3, "latency-µs")
 		e.msgsPerTurn(b, before)
-	})
+	}
+	b.Run("parallel/wasm/1-worker", parallel)
+	e.startWorker("w2", worker)
+	b.Run("parallel/wasm/2-workers", parallel)
 
 	if st := e.b.Stats(); st.Busy+st.AcceptTimeouts+st.LateResults+st.SendStalls+st.SendQueueFull+st.SendExpired+st.SendFailed != 0 {
 		b.Fatalf("broker stats %+v: a turn met a busy worker, a lost receipt, a late result or a failed send", st)
