@@ -10,6 +10,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"reflect"
@@ -188,7 +189,7 @@ type FabricWorker struct {
 func (w FabricWorker) WorkerKey() ([]byte, error) {
 	k := w.Key
 	if k == "" {
-		b, err := os.ReadFile(w.KeyFile)
+		b, err := readSmallFile(w.KeyFile, 4<<10)
 		if err != nil {
 			return nil, fmt.Errorf("fabric worker %s: key_file: %w", w.ID, err)
 		}
@@ -705,6 +706,33 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// readSmallFile reads a file the configuration names (a key, a checksum),
+// refusing what is not a regular file or is larger than limit bytes: a
+// key_file of /dev/zero would otherwise be read until memory runs out, and
+// a FIFO or /dev/stdin would block the start (or a reload) forever.
+func readSmallFile(path string, limit int64) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, fi.Mode().Type())
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
+	}
+	return b, nil
+}
+
 // sha256RE matches a lowercase hex sha256.
 var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
@@ -713,7 +741,7 @@ func (p PluginSpec) PluginSHA256() (string, error) {
 	if p.SHA256 != "" {
 		return p.SHA256, nil
 	}
-	b, err := os.ReadFile(p.SHA256File)
+	b, err := readSmallFile(p.SHA256File, 64<<10)
 	if err != nil {
 		return "", fmt.Errorf("plugin %s: sha256_file: %w", p.Name, err)
 	}
