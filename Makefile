@@ -6,8 +6,15 @@ WASM := $(foreach e,$(EXAMPLES),examples/$(e)/$(e).wasm)
 # Test packages need no external server: PostgreSQL tests start a throwaway
 # cluster from the installed server binaries unless DATABASE_URL is set.
 TEST_TIMEOUT ?= 20m
+# Fuzz targets as package:Target (`go test -fuzz` takes one target per run);
+# their seed corpora (testdata/fuzz/<Target>) also run in every `go test`.
+FUZZTIME ?= 10s
+FUZZ_TARGETS := ./abi:FuzzTurnResult ./abi:FuzzTurnRequest ./wasm:FuzzGuestMemory \
+	./host/api:FuzzSignal ./host/api:FuzzSession ./host/api:FuzzAgent ./host/api:FuzzPlugin ./host/api:FuzzQuery \
+	./host/config:FuzzLoad ./plugins:FuzzPluginFrames ./plugins:FuzzFrameRoundTrip \
+	./fabric:FuzzBrokerReceive ./fabric:FuzzRemoteResult ./fabric/wire:FuzzParseHeader ./fabric/wire:FuzzSessionOpen
 
-.PHONY: help build examples plugins run test vet fmt-check bench bench-go bench-paddock bench-peers chaos clean
+.PHONY: help build examples plugins run test vet fmt-check bench bench-go bench-paddock bench-peers chaos fuzz clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -53,6 +60,13 @@ test: fmt-check vet examples ## gofmt check, vet, race tests on both store drive
 	@mkdir -p bin && rm -f bin/figures.txt
 	FIGURES_FILE=$(CURDIR)/bin/figures.txt $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
 	@echo "Figures measured by the tests:"; cat bin/figures.txt 2>/dev/null || echo "  (none)"
+	$(MAKE) fuzz FUZZTIME=3s
+
+fuzz: ## run every fuzz target for FUZZTIME each (default 10s); a failing input lands in the package's testdata/fuzz
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} ($${t%%:*}) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) $${t%%:*}; \
+	done
 
 bench: bench-go bench-paddock ## the Go benchmarks, then `paddock bench` (the peers' workload) on SQLite, and on PostgreSQL when DATABASE_URL is set
 
