@@ -220,9 +220,11 @@ func (in *injector) restartHost(ctx context.Context, h *host) {
 	in.logf("%s back (incarnation %d) after %v", h.name(), inc, time.Since(t).Round(time.Millisecond))
 }
 
-// hostStall: SIGSTOP of a host past its lease, then SIGCONT: its leases
-// expire, other hosts take its sessions over, and whatever it still tries
-// to commit when it wakes must be refused by the fences.
+// hostStall: SIGSTOP of a host, then SIGCONT. Most stalls outlast its
+// lease: its leases expire, other hosts take its sessions over, and
+// whatever it still tries to commit when it wakes must be refused by the
+// fences. Some end just before or around the expiry, where its renewals
+// and commits race the other hosts' watchdogs.
 func (in *injector) hostStall(ctx context.Context) bool {
 	h := in.quietHost()
 	if h == nil {
@@ -230,7 +232,7 @@ func (in *injector) hostStall(ctx context.Context) bool {
 	}
 	p, inc := h.current()
 	ttl := in.e.cfg.LeaseTTL
-	d := in.randDur(ttl+500*time.Millisecond, 2*ttl+500*time.Millisecond)
+	d := in.randDur(ttl/2, 2*ttl+500*time.Millisecond)
 	_ = syscall.Kill(p.pid, syscall.SIGSTOP)
 	in.add(kindHostStall, fmt.Sprintf("SIGSTOP %s (pid %d, incarnation %d) for %v", h.name(), p.pid, inc, d))
 	in.bg.Add(1)
