@@ -283,6 +283,11 @@ func (h *Host) Run(ctx context.Context) error {
 	return nil
 }
 
+// Controllers returns the number of live controllers (sessions with a
+// goroutine on this host: running, waiting for a turn or idle until their
+// idle timeout).
+func (h *Host) Controllers() int { return h.controllerCount() }
+
 func (h *Host) controllerCount() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -47,6 +48,8 @@ import (
 type benchOptions struct {
 	n, keys, producers, warmup, pool, capacity, processes int
 	tail                                                  int
+	sleeping, warm                                        int
+	rate                                                  float64
 	storeKind, dsn, worker, signalPath                    string
 	module, plugin, schema, cpuProfile, dataDir           string
 	sqlStats                                              bool
@@ -58,15 +61,18 @@ type benchOptions struct {
 // the peers' results (../shared/peers/internal/bench) where they mean the
 // same; latencies are milliseconds.
 type BenchResult struct {
-	Peer      string `json:"peer"`
-	Mode      string `json:"mode"`
-	Store     string `json:"store"`
-	Worker    string `json:"worker"`
-	Signal    string `json:"signal_path"`
-	N         int    `json:"n"`
-	Keys      int    `json:"keys"`
-	Producers int    `json:"producers"`
-	Pool      int    `json:"pool"`
+	Peer string `json:"peer"`
+	Mode string `json:"mode"`
+	// RateTarget is the open-loop target rate (signals/s), 0 for the
+	// closed loop.
+	RateTarget float64 `json:"rate_target,omitempty"`
+	Store      string  `json:"store"`
+	Worker     string  `json:"worker"`
+	Signal     string  `json:"signal_path"`
+	N          int     `json:"n"`
+	Keys       int     `json:"keys"`
+	Producers  int     `json:"producers"`
+	Pool       int     `json:"pool"`
 	// TranscriptTail is the agent's transcript_tail policy.
 	TranscriptTail int `json:"transcript_tail"`
 	Completed      int `json:"completed"`
@@ -85,6 +91,8 @@ type BenchResult struct {
 	RoundTrips   float64 `json:"db_round_trips_per_turn"`
 	Transactions float64 `json:"db_transactions_per_turn"`
 	PeakRSSMB    float64 `json:"peak_rss_mb"`
+	// Memory is the --sleeping/--warm phase, when run.
+	Memory *BenchMemory `json:"memory,omitempty"`
 	// WorkerMeanMS is the mean time of a turn in the worker (the host's
 	// paddock_turn_seconds), the per-turn overhead of the worker kind.
 	WorkerMeanMS float64 `json:"worker_turn_mean_ms"`
@@ -114,8 +122,14 @@ func newBenchCmd() *cobra.Command {
 			"PostgreSQL: --dsn or DATABASE_URL; the bench works in its own schema (--schema), dropped first.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if o.n < 1 || o.keys < 1 || o.producers < 1 || o.keys%o.producers != 0 {
+			if o.keys < 1 || o.producers < 1 || o.keys%o.producers != 0 {
 				return fmt.Errorf("--n %d --keys %d --producers %d: want positive values with keys a multiple of producers (each key belongs to one producer)", o.n, o.keys, o.producers)
+			}
+			if o.n < 0 || o.sleeping < 0 || o.warm < 0 || (o.n == 0 && o.sleeping == 0 && o.warm == 0) {
+				return fmt.Errorf("--n %d --sleeping %d --warm %d: want a measured run (--n) or a memory phase (--sleeping, --warm)", o.n, o.sleeping, o.warm)
+			}
+			if o.rate < 0 {
+				return fmt.Errorf("--rate %g: want 0 (closed loop) or a positive rate", o.rate)
 			}
 			if o.tail < 0 || o.tail > 1000 {
 				return fmt.Errorf("--transcript-tail %d: want 0..1000", o.tail)
@@ -148,6 +162,13 @@ func newBenchCmd() *cobra.Command {
 			b, _ := json.Marshal(res)
 			out := cmd.OutOrStdout()
 			fmt.Fprintln(out, string(b))
+			if m := res.Memory; m != nil {
+				fmt.Fprintf(out, "memory: rss_base_mb=%.1f sleeping=%d rss_sleeping_mb=%.1f warm=%d rss_warm_mb=%.1f (%.1f KiB per warm session) controllers=%d\n",
+					m.BaseMB, m.Sleeping, m.SleepingMB, m.Warm, m.WarmMB, m.WarmKiBPerSession, m.Controllers)
+			}
+			if res.N == 0 {
+				return nil
+			}
 			fmt.Fprintf(out, "peer=paddock mode=%s store=%s worker=%s signal=%s n=%d completed=%d wall_s=%.2f jobs_per_s=%.0f p50_ms=%.1f p95_ms=%.1f p99_ms=%.1f max_ms=%.1f insert_call_p50_ms=%.2f round_trips/turn=%.2f tx/turn=%.2f peak_rss_mb=%.0f worker_turn_mean_ms=%.3f\n",
 				res.Mode, res.Store, res.Worker, res.Signal, res.N, res.Completed, res.WallS, res.JobsPerS, res.Latency.P50, res.Latency.P95, res.Latency.P99, res.Latency.Max,
 				res.InsertCall.P50, res.RoundTrips, res.Transactions, res.PeakRSSMB, res.WorkerMeanMS)
@@ -161,7 +182,10 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&o.producers, "producers", 8, "concurrent producers; producer p sends turns p, p+P, … (one call each, returning when durable)")
 	f.IntVar(&o.warmup, "warmup", 200, "untimed warm-up turns run to completion before the measured run")
 	f.IntVar(&o.pool, "pool", 20, "PostgreSQL connections of the host's pool")
-	f.IntVar(&o.capacity, "capacity", 0, "pool capacity: activations at once (default: --keys)")
+	f.IntVar(&o.capacity, "capacity", 0, "pool capacity: activations at once (default: --keys + --sleeping + --warm)")
+	f.Float64Var(&o.rate, "rate", 0, "open loop: send at this many signals/s in all (0: closed loop, each producer sends its next signal when the last returns)")
+	f.IntVar(&o.sleeping, "sleeping", 0, "memory: first give this many extra sessions one turn each and let them go idle (no activation, controller or instance), and report the host's RSS before and after")
+	f.IntVar(&o.warm, "warm", 0, "memory: then give this many extra sessions one turn each and keep their activations live, and report the RSS")
 	f.IntVar(&o.tail, "transcript-tail", 0, "the hasher's transcript_tail policy: messages per TurnRequest (it reads none; the host default is 20)")
 	f.IntVar(&o.processes, "processes", 2, "plugin processes (--worker plugin)")
 	f.StringVar(&o.storeKind, "store", "sqlite", "store driver: sqlite or postgres")
@@ -338,9 +362,13 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 		fmt.Fprintf(logw, "[bench %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 	}
 	if o.capacity <= 0 {
-		o.capacity = o.keys
+		o.capacity = o.keys + o.sleeping + o.warm // every session may hold an activation
 	}
-	res := &BenchResult{Peer: "paddock", Mode: "single", Store: o.storeKind, Worker: o.worker, Signal: o.signalPath,
+	mode := "single"
+	if o.rate > 0 {
+		mode = fmt.Sprintf("rate=%g/s", o.rate)
+	}
+	res := &BenchResult{Peer: "paddock", Mode: mode, RateTarget: o.rate, Store: o.storeKind, Worker: o.worker, Signal: o.signalPath,
 		N: o.n, Keys: o.keys, Producers: o.producers, Pool: o.pool, TranscriptTail: o.tail, RoundTrips: -1, Transactions: -1}
 
 	// The store, in a fresh schema (PostgreSQL) or a fresh file (SQLite).
@@ -501,6 +529,19 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 		}
 	}
 
+	if o.sleeping > 0 || o.warm > 0 {
+		m, err := memoryPhase(ctx, o, st, h, ag, send, sink, progress)
+		if err != nil {
+			return nil, err
+		}
+		res.Memory = m
+		if o.n == 0 {
+			res.PeakRSSMB = peakRSSMB()
+			res.GoVersion, res.CPUs, res.Time = runtime.Version(), runtime.NumCPU(), time.Now().UTC().Format(time.RFC3339)
+			return res, nil
+		}
+	}
+
 	// The measured run.
 	stopProfile := func() {}
 	if o.cpuProfile != "" {
@@ -533,6 +574,7 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	results := make([][]sent, o.producers)
 	var barrier sync.WaitGroup
 	barrier.Add(1)
+	var start time.Time // set before the barrier opens
 	var wg sync.WaitGroup
 	var insertEnd atomic.Int64
 	for p := range o.producers {
@@ -542,6 +584,14 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 			barrier.Wait()
 			for i := p; i < o.n; i += o.producers {
 				k := i % o.keys
+				if o.rate > 0 {
+					// Open loop: signal i is due at i/rate after the start;
+					// a producer that is late sends at once (the latency
+					// then counts from the call, like the closed loop's).
+					if d := time.Until(start.Add(time.Duration(float64(i) / o.rate * float64(time.Second)))); d > 0 {
+						time.Sleep(d)
+					}
+				}
 				t := time.Now()
 				data, _ := json.Marshal(hasher.Job{Idx: i, Key: benchKeyName(k), Seq: i / o.keys, T: t.UnixNano()})
 				id, err := send(ctx, keys[k], benchKeyName(k), data)
@@ -555,7 +605,7 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 			}
 		}()
 	}
-	start := time.Now()
+	start = time.Now()
 	barrier.Done()
 	wg.Wait()
 	var ids []int64
@@ -779,15 +829,18 @@ func turnStats(m *host.Metrics) histSum {
 }
 
 // peakRSSMB is this process's peak resident set (VmHWM), in MiB.
-func peakRSSMB() float64 {
+func peakRSSMB() float64 { return math.Round(procStatusMB("VmHWM:")) }
+
+// procStatusMB reads a kB field of /proc/self/status, in MiB (-1: none).
+func procStatusMB(field string) float64 {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		return -1
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if rest, ok := strings.CutPrefix(line, field); ok {
 			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
-			return math.Round(kb / 1024)
+			return math.Round(kb/1024*10) / 10
 		}
 	}
 	return -1
@@ -813,3 +866,95 @@ func percentiles(ds []time.Duration) benchPct {
 func ms(d time.Duration) float64 { return math.Round(float64(d.Microseconds())) / 1000 }
 
 func round3(v float64) float64 { return math.Round(v*1000) / 1000 }
+
+// BenchMemory is the memory phase of `paddock bench`: the host's resident
+// set (VmRSS after a GC that returns freed memory to the OS), in MiB,
+// before the phase, with Sleeping idle-stopped sessions and with Warm
+// sessions whose activations are live.
+type BenchMemory struct {
+	BaseMB            float64 `json:"rss_base_mb"`
+	Sleeping          int     `json:"sleeping"`
+	SleepingMB        float64 `json:"rss_sleeping_mb"`
+	Warm              int     `json:"warm"`
+	WarmMB            float64 `json:"rss_warm_mb"`
+	WarmKiBPerSession float64 `json:"warm_kib_per_session"`
+	// Controllers is the host's live controllers when WarmMB was read.
+	Controllers int `json:"controllers"`
+}
+
+// memoryPhase creates the sleeping, then the warm sessions, one turn each,
+// and reads the RSS at each step.
+func memoryPhase(ctx context.Context, o benchOptions, st store.Store, h *host.Host, ag store.Agent, send signaller, sink *benchSink, progress func(string, ...any)) (*BenchMemory, error) {
+	settle := func() float64 {
+		runtime.GC()
+		debug.FreeOSMemory()
+		return rssMB()
+	}
+	m := &BenchMemory{BaseMB: settle(), Sleeping: o.sleeping, Warm: o.warm}
+	// one gives n new sessions one turn each, from P producers.
+	one := func(prefix string, n int) error {
+		var wg sync.WaitGroup
+		errs := make([]error, o.producers)
+		for p := range o.producers {
+			wg.Go(func() {
+				var ids []int64
+				for i := p; i < n; i += o.producers {
+					name := fmt.Sprintf("%s%06d", prefix, i)
+					s, _, err := st.CreateSession(ctx, store.CreateSessionParams{AgentUID: ag.UID, SessionID: uuid.NewString(), Key: name, CrashPolicy: store.CrashRestart, GetOrCreate: true})
+					if err != nil {
+						errs[p] = err
+						return
+					}
+					data, _ := json.Marshal(hasher.Job{Idx: i, Key: name, T: time.Now().UnixNano()})
+					id, err := send(ctx, s.ActorKey, name, data)
+					if err != nil {
+						errs[p] = err
+						return
+					}
+					ids = append(ids, id)
+				}
+				errs[p] = sink.waitAll(ctx, ids)
+			})
+		}
+		wg.Wait()
+		return errors.Join(errs...)
+	}
+	pol := *h.Policy()
+	if o.sleeping > 0 {
+		progress("memory: %d sessions, one turn each, then idle (RSS before: %.1f MiB)", o.sleeping, m.BaseMB)
+		short := pol
+		short.IdleTimeout = 100 * time.Millisecond
+		h.SetPolicy(short)
+		if err := one("s", o.sleeping); err != nil {
+			return nil, fmt.Errorf("sleeping sessions: %w", err)
+		}
+		for h.Controllers() > 0 {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("sleeping sessions: %d controllers still live: %w", h.Controllers(), ctx.Err())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		m.SleepingMB = settle()
+	}
+	if o.warm > 0 {
+		progress("memory: %d sessions, one turn each, kept warm", o.warm)
+		long := pol
+		long.IdleTimeout = time.Hour
+		h.SetPolicy(long)
+		if err := one("w", o.warm); err != nil {
+			return nil, fmt.Errorf("warm sessions: %w", err)
+		}
+		m.WarmMB = settle()
+		m.Controllers = h.Controllers()
+		base := m.BaseMB
+		if o.sleeping > 0 {
+			base = m.SleepingMB
+		}
+		m.WarmKiBPerSession = math.Round((m.WarmMB-base)*1024/float64(o.warm)*10) / 10
+	}
+	h.SetPolicy(pol)
+	return m, nil
+}
+
+// rssMB is this process's resident set (VmRSS), in MiB.
+func rssMB() float64 { return procStatusMB("VmRSS:") }

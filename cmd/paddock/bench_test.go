@@ -63,6 +63,30 @@ func TestBenchRunsTheWorkloadOnEveryStoreAndWorker(t *testing.T) {
 	}
 }
 
+// TestBenchMemoryPhase: --sleeping sessions end idle (no controller), the
+// --warm ones keep theirs, and the RSS is read at each step.
+func TestBenchMemoryPhase(t *testing.T) {
+	t.Parallel()
+	bin := paddockBin(t)
+	module, _ := wasmtest.BuildExample(t, "./examples/hasher/cmd")
+	out, err := exec.Command(bin, "bench", "--n", "0", "--sleeping", "24", "--warm", "12", "--keys", "4", "--producers", "4",
+		"--warmup", "4", "--module", module, "--timeout", "3m").Output()
+	if err != nil {
+		t.Fatalf("paddock bench: %v", err)
+	}
+	var r BenchResult
+	if err := json.Unmarshal([]byte(strings.SplitN(string(out), "\n", 2)[0]), &r); err != nil {
+		t.Fatal(err)
+	}
+	m := r.Memory
+	if m == nil || m.Sleeping != 24 || m.Warm != 12 || m.Controllers != 12 || m.BaseMB <= 0 || m.SleepingMB <= 0 || m.WarmMB <= 0 {
+		t.Fatalf("memory phase: %+v", m)
+	}
+	if !strings.Contains(string(out), "memory: rss_base_mb=") {
+		t.Fatalf("no human memory line:\n%s", out)
+	}
+}
+
 // TestBenchRefusesBadFlags: a workload that cannot be split among the
 // producers, or an unknown store, worker or signal path, is refused by name.
 func TestBenchRefusesBadFlags(t *testing.T) {
@@ -76,6 +100,9 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 		{[]string{"--store", "mysql"}, `--store "mysql"`},
 		{[]string{"--worker", "lambda"}, `--worker "lambda"`},
 		{[]string{"--signal", "grpc"}, `--signal "grpc"`},
+		{[]string{"--n", "0"}, "want a measured run"},
+		{[]string{"--rate", "-5"}, "--rate -5"},
+		{[]string{"--transcript-tail", "2000"}, "--transcript-tail 2000"},
 		{[]string{"--module", "/nonexistent.wasm", "--warmup", "0", "--n", "1", "--keys", "1", "--producers", "1"}, "--module"},
 	} {
 		out, err := exec.Command(bin, append([]string{"bench"}, c.args...)...).CombinedOutput()
