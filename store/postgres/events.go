@@ -157,11 +157,22 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 	ne := newEvent{kind: p.Kind, payload: string(p.Payload), idempotencyKey: p.IdempotencyKey}
 	var e store.Event
 	var created bool
-	err := s.call(ctx, "append event", func(ctx context.Context) error {
-		var err error
-		e, created, err = insertResult(scanEvent(s.pool.QueryRow(ctx, appendEventSQL, insertEventArgs(key, ne)...)))
-		return err
-	})
+	var err error
+	if s.groupCommit {
+		// With the appends of other sessions that arrived meanwhile
+		// (groupcommit.go); a batch that could not decide it says solo.
+		r := s.appends.append(ctx, key, ne)
+		e, created, err = r.e, r.created, r.err
+		if r.solo {
+			err = errLockRace // the locked path below decides
+		}
+	} else {
+		err = s.call(ctx, "append event", func(ctx context.Context) error {
+			var err error
+			e, created, err = insertResult(scanEvent(s.pool.QueryRow(ctx, appendEventSQL, insertEventArgs(key, ne)...)))
+			return err
+		})
+	}
 	switch {
 	case err == nil && created:
 		return e, true, nil

@@ -115,6 +115,10 @@ type Store struct {
 	mu        sync.Mutex // guards isClosed and subs.Add
 	isClosed  bool
 	subs      sync.WaitGroup
+
+	// groupCommit sends concurrent appends in shared batches (appends).
+	groupCommit bool
+	appends     appendGroup
 }
 
 var _ store.Store = (*Store)(nil)
@@ -123,9 +127,16 @@ var _ store.Store = (*Store)(nil)
 type Option func(*config)
 
 type config struct {
-	callTimeout time.Duration
-	maxConns    int32
-	tracer      pgx.QueryTracer
+	callTimeout   time.Duration
+	maxConns      int32
+	tracer        pgx.QueryTracer
+	noGroupCommit bool
+}
+
+// WithoutGroupCommit sends every AppendEvent on its own (default: group
+// commit, groupcommit.go).
+func WithoutGroupCommit() Option {
+	return func(c *config) { c.noGroupCommit = true }
 }
 
 // WithTracer installs a pgx tracer on every connection of the main pool
@@ -205,14 +216,17 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		listenCfg.RuntimeParams["application_name"] = ListenerApplicationName
 	}
 	closedCtx, closeCtx := context.WithCancel(context.Background())
-	return &Store{
+	s := &Store{
 		pool:        pool,
 		leases:      leases,
 		listenCfg:   listenCfg,
 		callTimeout: cfg.callTimeout,
 		closedCtx:   closedCtx,
 		closeCtx:    closeCtx,
-	}, nil
+		groupCommit: !cfg.noGroupCommit,
+	}
+	s.appends.s = s
+	return s, nil
 }
 
 // migrate applies the embedded goose migrations through a database/sql view
