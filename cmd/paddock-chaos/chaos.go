@@ -210,6 +210,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	// The chaos phase: the driver and the injector run side by side.
 	t := time.Now()
 	scrape := startScraper(ctx, e)
+	defer scrape.stop()
 	inj := newInjector(ctx, e, cfg.Seed)
 	drv := newDriver(e, sessions, cfg.Seed+1)
 	planned := inj.planned()

@@ -27,6 +27,7 @@ import (
 var fenceMetricRE = regexp.MustCompile(`^paddock_fence_rejections_total\{reason="([a-z_]+)"\} ([0-9.e+]+)$`)
 
 type scraper struct {
+	once  sync.Once
 	stopc chan struct{}
 	done  chan struct{}
 	mu    sync.Mutex
@@ -94,7 +95,7 @@ func scrapeFences(client *http.Client, addr string) map[string]float64 {
 // stop ends the scraping (after one last round) and returns the sums by
 // reason over every host incarnation.
 func (s *scraper) stop() map[string]int {
-	close(s.stopc)
+	s.once.Do(func() { close(s.stopc) })
 	<-s.done
 	s.mu.Lock()
 	defer s.mu.Unlock()
