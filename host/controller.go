@@ -245,6 +245,9 @@ type activationRun struct {
 
 	inst        Instance
 	instBinding string
+	// nothingOpen: the last commit saw no other open event, so the next
+	// look at the store waits for a wake-up (Turn.NextOpen).
+	nothingOpen bool
 }
 
 // tail is how many transcript messages the agent's requests carry.
@@ -289,10 +292,18 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			a.stop()
 			return time.Second
 		}
-		d, err := h.st.NextDelivery(ctx, store.NextDeliveryParams{
-			Activation: a.act.Ref(), DeliveryID: uuid.NewString(), Binding: binding,
-			BlockOnDeadLetter: a.pol.BlockOnDeadLetter, MarkSent: true, TailMessages: a.tail(),
-		})
+		var d store.Dispatch
+		if a.nothingOpen {
+			// Nothing was open when the last turn committed: wait for the
+			// wake-up of the next signal instead of asking now.
+			a.nothingOpen = false
+			err = &store.NoDueEventError{}
+		} else {
+			d, err = h.st.NextDelivery(ctx, store.NextDeliveryParams{
+				Activation: a.act.Ref(), DeliveryID: uuid.NewString(), Binding: binding,
+				BlockOnDeadLetter: a.pol.BlockOnDeadLetter, MarkSent: true, TailMessages: a.tail(),
+			})
+		}
 		cancel()
 		var noDue *store.NoDueEventError
 		switch {
@@ -428,6 +439,7 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			return "", c.fail(context.Background(), last, d.Attempt, a.pol, fmt.Errorf("commit: %w", err), true, "commit"), true
 		}
 		c.notCharged = 0
+		a.nothingOpen = !turn.NextOpen
 		a.log.Debug("turn committed", "turn", turn.TurnNo, "event", turn.EventID, "outcome", turn.Outcome)
 		if r, ok := a.inst.(Recycler); ok && r.ShouldRecycle() {
 			a.closeInstance()

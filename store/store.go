@@ -296,6 +296,12 @@ type Turn struct {
 	Outcome     abi.Outcome         `json:"outcome"`
 	CommittedAt time.Time           `json:"committed_at"`
 	Messages    []TranscriptMessage `json:"messages"`
+	// NextOpen is a hint set by CommitTurn: whether the session had another
+	// open event (not a steer) when the turn committed. False lets a
+	// controller wait for a wake-up instead of asking NextDelivery at once
+	// (an event appended later wakes it). A driver that does not compute it
+	// reports true.
+	NextOpen bool `json:"-"`
 }
 
 // Dispatch is everything a controller needs to run one turn: the delivery

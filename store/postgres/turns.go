@@ -362,6 +362,11 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 				return nil
 			})
 		}
+		// The controller's hint: is anything else open (after the close
+		// above, in this transaction)?
+		b.Queue(`SELECT EXISTS (SELECT 1 FROM actor_events
+			WHERE agent_uid = $1 AND session_id = $2 AND status = 'open' AND steer_of IS NULL)`,
+			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) error { return row.Scan(&t.NextOpen) })
 		// Alarms before the session row: the lock order of FireDueAlarms.
 		queueAlarmOps(b, store.KeyOf(ref), p.Alarms)
 		b.Queue(`

@@ -260,7 +260,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		}
 		t = store.Turn{ActorKey: key, EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
 			ActorEpoch: ref.ActorEpoch, Outcome: outcome, CommittedAt: msTime(closedAt),
-			Messages: turnMessages(payloads, p.Messages)}
+			Messages: turnMessages(payloads, p.Messages), NextOpen: true}
 		if t.TurnNo, err = insertTurn(tx, t); err != nil {
 			return err
 		}
