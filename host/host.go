@@ -486,7 +486,7 @@ func (h *Host) watchdog(ctx context.Context) {
 			Ref: ref, Backoff: 0, MaxAttempts: h.pol.Load().MaxAttempts,
 		})
 		if errors.Is(err, store.ErrNotLive) {
-			continue // renewed, stopped or expired by another host meanwhile
+			continue // renewed, stopped or expired by another host meanwhile, or locked by a stalled commit (the next scan looks again)
 		}
 		if err != nil {
 			h.log.Warn("watchdog: expire activation", "err", err, "activation", ref.UID)
