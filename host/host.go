@@ -373,6 +373,11 @@ func (h *Host) exit(c *controller) bool {
 	default:
 	}
 	delete(h.ctrls, c.key)
+	if len(h.ctrls) == 0 {
+		// Go maps never shrink: after a burst of sessions, an idle host
+		// would keep the burst's buckets. Start afresh.
+		h.ctrls = map[store.ActorKey]*controller{}
+	}
 	h.metrics.Controllers.Dec()
 	return true
 }
@@ -392,6 +397,9 @@ func (h *Host) holdLease(ref store.ActivationRef, lost context.CancelFunc) {
 func (h *Host) dropLease(uid string) {
 	h.mu.Lock()
 	delete(h.leases, uid)
+	if len(h.leases) == 0 {
+		h.leases = map[string]*lease{} // see exit
+	}
 	h.mu.Unlock()
 }
 

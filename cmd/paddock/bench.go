@@ -331,6 +331,14 @@ func (s *benchSink) onCommit(t store.Turn) {
 	s.mu.Unlock()
 }
 
+// reset forgets the commits recorded so far (with a fresh map: maps
+// never shrink).
+func (s *benchSink) reset() {
+	s.mu.Lock()
+	s.committed = map[int64]time.Time{}
+	s.mu.Unlock()
+}
+
 // waitAll waits until every id in ids committed.
 func (s *benchSink) waitAll(ctx context.Context, ids []int64) error {
 	for _, id := range ids {
@@ -919,6 +927,9 @@ func memoryPhase(ctx context.Context, o benchOptions, st store.Store, h *host.Ho
 		wg.Wait()
 		return errors.Join(errs...)
 	}
+	// The harness keeps only what a phase waits for: the commit times of
+	// earlier runs are dropped, so that the RSS read is the host's.
+	sink.reset()
 	pol := *h.Policy()
 	if o.sleeping > 0 {
 		progress("memory: %d sessions, one turn each, then idle (RSS before: %.1f MiB)", o.sleeping, m.BaseMB)
@@ -934,6 +945,7 @@ func memoryPhase(ctx context.Context, o benchOptions, st store.Store, h *host.Ho
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
+		sink.reset()
 		m.SleepingMB = settle()
 	}
 	if o.warm > 0 {
@@ -944,6 +956,7 @@ func memoryPhase(ctx context.Context, o benchOptions, st store.Store, h *host.Ho
 		if err := one("w", o.warm); err != nil {
 			return nil, fmt.Errorf("warm sessions: %w", err)
 		}
+		sink.reset()
 		m.WarmMB = settle()
 		m.Controllers = h.Controllers()
 		base := m.BaseMB

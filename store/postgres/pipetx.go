@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paddock-dev/paddock/store"
 )
 
 // txConn is what the body of a pipelined transaction uses.
@@ -31,8 +34,9 @@ const beginSQL = "BEGIN ISOLATION LEVEL READ COMMITTED"
 // Close (as every batch of this package does): a BEGIN queued in front of
 // the first batch has a result of its own.
 type pipeTx struct {
-	conn  *pgxpool.Conn
-	begun bool
+	conn      *pgxpool.Conn
+	begun     bool
+	committed bool // the last batch carried COMMIT (SendBatchCommit)
 }
 
 var _ txConn = (*pipeTx)(nil)
@@ -57,6 +61,29 @@ func (t *pipeTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 		b, t.begun = nb, true
 	}
 	return t.conn.SendBatch(ctx, b)
+}
+
+// SendBatchCommit sends b with COMMIT queued after it: the transaction's
+// last round trip. b's callbacks run after the COMMIT was sent, so they
+// must not veto: a guard that must refuse the transaction raises inside
+// the database (paddock_check), which aborts it before the COMMIT runs
+// (the server skips the rest of a failed pipeline; pipeTxDo then rolls
+// back). A nil error from Close means committed.
+func (t *pipeTx) SendBatchCommit(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	nb := &pgx.Batch{}
+	if !t.begun {
+		nb.Queue(beginSQL)
+		t.begun = true
+	}
+	nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
+	nb.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() == "ROLLBACK" {
+			return fmt.Errorf("commit: %w", errTxRolledBack)
+		}
+		t.committed = true
+		return nil
+	})
+	return t.conn.SendBatch(ctx, nb)
 }
 
 // QueryRow runs sql, with BEGIN in the same round trip if the transaction
@@ -151,7 +178,7 @@ func (s *Store) pipeTxOnce(ctx context.Context, fn func(ctx context.Context, tx 
 		}
 		return err
 	}
-	if !t.begun {
+	if !t.begun || t.committed {
 		return nil
 	}
 	tag, err := conn.Exec(ctx, "COMMIT")
@@ -168,3 +195,28 @@ func (s *Store) pipeTxOnce(ctx context.Context, fn func(ctx context.Context, tx 
 
 // errTxRolledBack: COMMIT found the transaction failed and rolled it back.
 var errTxRolledBack = errors.New("transaction was rolled back")
+
+// codeCheckFailed is paddock_check's SQLSTATE (migration 00004).
+const codeCheckFailed = "PD001"
+
+// Prefixes of paddock_check messages that map to typed errors.
+const (
+	checkSuperseded = "superseded: "
+	checkLockRace   = "lock race: "
+)
+
+// checkErr maps a paddock_check refusal to its typed error: a superseded
+// delivery's *store.FenceError, or errLockRace (the transaction reruns).
+func checkErr(err error) error {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != codeCheckFailed {
+		return err
+	}
+	switch {
+	case strings.HasPrefix(pe.Message, checkSuperseded):
+		return &store.FenceError{Reason: store.FenceSupersededDelivery, Detail: strings.TrimPrefix(pe.Message, checkSuperseded)}
+	case strings.HasPrefix(pe.Message, checkLockRace):
+		return fmt.Errorf("%s: %w", strings.TrimPrefix(pe.Message, checkLockRace), errLockRace)
+	}
+	return err
+}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
@@ -341,26 +340,23 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		b = &pgx.Batch{}
 		// Invariant 4: the event closes once (and turns.event_id is UNIQUE).
 		b.Queue(`
-			UPDATE actor_events SET status = 'done', closed_at = clock_timestamp()
-			WHERE event_id = $1 AND agent_uid = $2 AND session_id = $3 AND status = 'open'`,
-			ref.ActorEventID, ref.AgentUID, ref.SessionID).Exec(func(tag pgconn.CommandTag) error {
-			if tag.RowsAffected() == 0 {
-				return &store.FenceError{Reason: store.FenceSupersededDelivery,
-					Detail: fmt.Sprintf("event %d is no longer open", ref.ActorEventID)}
-			}
-			return nil
-		})
+			WITH closed AS (
+				UPDATE actor_events SET status = 'done', closed_at = clock_timestamp()
+				WHERE event_id = $1 AND agent_uid = $2 AND session_id = $3 AND status = 'open'
+				RETURNING 1)
+			SELECT paddock_check(count(*) = 1, $4) FROM closed`,
+			ref.ActorEventID, ref.AgentUID, ref.SessionID,
+			fmt.Sprintf("%sevent %d is no longer open", checkSuperseded, ref.ActorEventID))
 		if len(steers) > 0 {
 			// The steers close with the event they were attached to.
 			b.Queue(`
-				UPDATE actor_events SET status = 'done', closed_at = clock_timestamp()
-				WHERE agent_uid = $1 AND session_id = $2 AND steer_of = $3 AND status = 'open'`,
-				ref.AgentUID, ref.SessionID, ref.ActorEventID).Exec(func(tag pgconn.CommandTag) error {
-				if tag.RowsAffected() != int64(len(steers)) {
-					return fmt.Errorf("steers of event %d changed during the commit: %w", ref.ActorEventID, errLockRace)
-				}
-				return nil
-			})
+				WITH closed AS (
+					UPDATE actor_events SET status = 'done', closed_at = clock_timestamp()
+					WHERE agent_uid = $1 AND session_id = $2 AND steer_of = $3 AND status = 'open'
+					RETURNING 1)
+				SELECT paddock_check(count(*) = $4, $5) FROM closed`,
+				ref.AgentUID, ref.SessionID, ref.ActorEventID, len(steers),
+				fmt.Sprintf("%ssteers of event %d changed during the commit", checkLockRace, ref.ActorEventID))
 		}
 		// The controller's hint: is anything else open (after the close
 		// above, in this transaction)?
@@ -405,8 +401,10 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 				  AND NOT EXISTS (SELECT 1 FROM actor_events
 					WHERE agent_uid = $1 AND session_id = $2 AND status = 'open')`, ref.AgentUID, ref.SessionID)
 		}
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return err
+		// COMMIT rides with the writes: one round trip. The guards above
+		// refuse inside the database (paddock_check), before it.
+		if err := tx.(*pipeTx).SendBatchCommit(ctx, b).Close(); err != nil {
+			return checkErr(err)
 		}
 		t.CommittedAt = utc(t.CommittedAt)
 		return nil
