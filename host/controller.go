@@ -365,7 +365,7 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 		ref := d.Delivery.TurnRef()
 		if a.inst == nil || a.instBinding != d.Delivery.Binding {
 			a.closeInstance()
-			inst, err := h.runner.Instantiate(a.leaseCtx, d.Delivery.Binding)
+			inst, err := h.runner.Instantiate(WithInstanceScope(a.leaseCtx, a.pol.InstanceReuse), d.Delivery.Binding)
 			if err != nil {
 				// No instance: the agent never ran, and nothing in the event
 				// can have caused it (a plugin binary that no longer matches
@@ -459,6 +459,7 @@ func (a *activationRun) run(d store.Dispatch) (res *abi.TurnResult, latest store
 	tctx, tcancel := context.WithTimeout(a.leaseCtx, a.pol.TurnTimeout)
 	defer tcancel()
 	tctx = abi.WithSteers(tctx, steers)
+	tctx = WithInstanceScope(tctx, a.pol.InstanceReuse)
 	type reply struct {
 		res   *abi.TurnResult
 		err   error

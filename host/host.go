@@ -43,6 +43,9 @@ type AgentPolicy struct {
 	// TranscriptTail, when set, overrides Policy.TranscriptTail for the
 	// agent (messages per TurnRequest).
 	TranscriptTail *int
+	// InstanceReuse is the scope of a wasm instance (ScopeSession when
+	// empty).
+	InstanceReuse InstanceScope
 }
 
 // Policy is everything a host runs with: host-wide settings, fixed at

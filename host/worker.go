@@ -47,3 +47,36 @@ type Recycler interface {
 type SendAware interface {
 	TurnSent() bool
 }
+
+// InstanceScope says who may see a wasm instance's globals after whom: the
+// agent's instance_reuse policy.
+type InstanceScope string
+
+const (
+	// ScopeSession: an instance serves the turns of one activation of one
+	// session (the guest ABI's default contract, abi/README.md).
+	ScopeSession InstanceScope = "session"
+	// ScopeAgent: warm instances are kept per agent and lent to any of
+	// its sessions' turns, one turn at a time; a session's turn may see
+	// globals another session's turn left. No cost of instantiating on a
+	// wake, and memory bounded by the turns running at once, not by the
+	// live sessions. For agents that keep everything in the session state.
+	ScopeAgent InstanceScope = "agent"
+)
+
+type scopeKey struct{}
+
+// WithInstanceScope returns ctx carrying the turn's instance scope; the
+// controller sets it on every turn from the agent's policy.
+func WithInstanceScope(ctx context.Context, s InstanceScope) context.Context {
+	return context.WithValue(ctx, scopeKey{}, s)
+}
+
+// InstanceScopeOf returns the instance scope ctx carries (ScopeSession by
+// default).
+func InstanceScopeOf(ctx context.Context) InstanceScope {
+	if s, ok := ctx.Value(scopeKey{}).(InstanceScope); ok && s != "" {
+		return s
+	}
+	return ScopeSession
+}

@@ -31,8 +31,10 @@
 // ~12 MB of host allocations per turn; a warm instance ~2.5 ms and ~20 KB.
 // The warm floor is the Go guest's encoding/json running as wasm (~120 us
 // per turn) multiplied ~4x by WithCloseOnContextDone (below). Isolation
-// between sessions does not need a fresh instance: one instance only ever
-// serves one session, whose state arrives in every request anyway. What a
+// between sessions does not need a fresh instance: by default one instance
+// only ever serves one session, whose state arrives in every request
+// anyway (an agent may opt into sharing warm instances among its sessions:
+// Pool, and host/runner's instance scopes). What a
 // long-lived instance accumulates is linear memory (wasm memory never
 // shrinks: the notes instance settles at 8 MiB), so the host recycles an
 // instance when ShouldRecycle says its memory passed the high-water mark or

@@ -52,6 +52,7 @@ type benchOptions struct {
 	rate                                                  float64
 	storeKind, dsn, worker, signalPath                    string
 	module, plugin, schema, cpuProfile, dataDir           string
+	reuse                                                 string
 	sqlStats                                              bool
 	timeout                                               time.Duration
 	idle                                                  time.Duration
@@ -73,9 +74,10 @@ type BenchResult struct {
 	Keys       int     `json:"keys"`
 	Producers  int     `json:"producers"`
 	Pool       int     `json:"pool"`
-	// TranscriptTail is the agent's transcript_tail policy.
-	TranscriptTail int `json:"transcript_tail"`
-	Completed      int `json:"completed"`
+	// TranscriptTail and InstanceReuse are the agent's policies.
+	TranscriptTail int    `json:"transcript_tail"`
+	InstanceReuse  string `json:"instance_reuse"`
+	Completed      int    `json:"completed"`
 	// WallS is barrier open → last turn committed.
 	WallS      float64 `json:"wall_s"`
 	JobsPerS   float64 `json:"jobs_per_s"`
@@ -130,6 +132,9 @@ func newBenchCmd() *cobra.Command {
 			}
 			if o.rate < 0 {
 				return fmt.Errorf("--rate %g: want 0 (closed loop) or a positive rate", o.rate)
+			}
+			if o.reuse != "agent" && o.reuse != "session" {
+				return fmt.Errorf("--instance-reuse %q: want agent or session", o.reuse)
 			}
 			if o.tail < 0 || o.tail > 1000 {
 				return fmt.Errorf("--transcript-tail %d: want 0..1000", o.tail)
@@ -186,6 +191,7 @@ func newBenchCmd() *cobra.Command {
 	f.Float64Var(&o.rate, "rate", 0, "open loop: send at this many signals/s in all (0: closed loop, each producer sends its next signal when the last returns)")
 	f.IntVar(&o.sleeping, "sleeping", 0, "memory: first give this many extra sessions one turn each and let them go idle (no activation, controller or instance), and report the host's RSS before and after")
 	f.IntVar(&o.warm, "warm", 0, "memory: then give this many extra sessions one turn each and keep their activations live, and report the RSS")
+	f.StringVar(&o.reuse, "instance-reuse", "agent", "the hasher's instance_reuse policy: agent (warm wasm instances lent to any of its sessions; it keeps nothing in globals) or session (an instance per live session)")
 	f.IntVar(&o.tail, "transcript-tail", 0, "the hasher's transcript_tail policy: messages per TurnRequest (it reads none; the host default is 20)")
 	f.IntVar(&o.processes, "processes", 2, "plugin processes (--worker plugin)")
 	f.StringVar(&o.storeKind, "store", "sqlite", "store driver: sqlite or postgres")
@@ -377,7 +383,7 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 		mode = fmt.Sprintf("rate=%g/s", o.rate)
 	}
 	res := &BenchResult{Peer: "paddock", Mode: mode, RateTarget: o.rate, Store: o.storeKind, Worker: o.worker, Signal: o.signalPath,
-		N: o.n, Keys: o.keys, Producers: o.producers, Pool: o.pool, TranscriptTail: o.tail, RoundTrips: -1, Transactions: -1}
+		N: o.n, Keys: o.keys, Producers: o.producers, Pool: o.pool, TranscriptTail: o.tail, InstanceReuse: o.reuse, RoundTrips: -1, Transactions: -1}
 
 	// The store, in a fresh schema (PostgreSQL) or a fresh file (SQLite).
 	var st store.Store
@@ -445,6 +451,7 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	pol := host.DefaultPolicy()
 	pol.IdleTimeout = o.idle
 	pol.AgentPolicy.TranscriptTail = &o.tail
+	pol.AgentPolicy.InstanceReuse = host.InstanceScope(o.reuse)
 	pol.Pools = map[string]int{"default": o.capacity}
 	agent := store.CreateAgentParams{UID: uuid.NewString(), Name: "hasher", Kind: store.KindWasm, CrashPolicy: store.CrashRestart, Upsert: true}
 	if o.worker == "plugin" {

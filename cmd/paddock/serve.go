@@ -97,7 +97,7 @@ func agentPolicy(p config.Policy) host.AgentPolicy {
 		CrashPolicy: store.CrashPolicy(p.CrashPolicy), MaxAttempts: p.MaxAttempts,
 		BackoffMin: p.BackoffMin, BackoffMax: p.BackoffMax, BlockOnDeadLetter: p.DeadLetter == "block",
 		IdleTimeout: p.IdleTimeout, TurnTimeout: p.TurnTimeout, RestartPendingTimeout: p.RestartPendingTimeout,
-		Pool: p.Pool, TranscriptTail: p.TranscriptTail,
+		Pool: p.Pool, TranscriptTail: p.TranscriptTail, InstanceReuse: host.InstanceScope(p.InstanceReuse),
 	}
 }
 

@@ -141,6 +141,13 @@ type Policy struct {
 	// for an agent that keeps what it needs in its state — decoding the
 	// tail is most of a small Go guest's turn). Unset: the runtime's.
 	TranscriptTail *int `koanf:"transcript_tail"`
+	// InstanceReuse is who may see a wasm instance's globals after whom:
+	// "session" (default; an instance serves one activation of one session,
+	// abi/README.md) or "agent" (warm instances are kept per agent and lent
+	// to any of its sessions' turns: no instantiation on a wake, and memory
+	// bounded by the turns running at once — for agents that keep
+	// everything in the session state).
+	InstanceReuse string `koanf:"instance_reuse"`
 }
 
 // Pool is one capacity pool.
@@ -259,7 +266,7 @@ func Default() Config {
 		Policy: Policy{
 			CrashPolicy: "restart", MaxAttempts: 5, BackoffMin: 5 * time.Second, BackoffMax: 120 * time.Second,
 			DeadLetter: "continue", IdleTimeout: 30 * time.Second, TurnTimeout: 30 * time.Second,
-			RestartPendingTimeout: 60 * time.Second, Pool: "default",
+			RestartPendingTimeout: 60 * time.Second, Pool: "default", InstanceReuse: "session",
 		},
 		// 64 activations × the 64 MiB memory cap bounds guest memory near
 		// 4 GiB per host; raise it with the machine.
@@ -314,6 +321,9 @@ func (p Policy) over(o Policy) Policy {
 	}
 	if p.TranscriptTail != nil {
 		o.TranscriptTail = p.TranscriptTail
+	}
+	if p.InstanceReuse != "" {
+		o.InstanceReuse = p.InstanceReuse
 	}
 	return o
 }
@@ -787,6 +797,9 @@ func (p Policy) validate(prefix string, pools map[string]Pool, full bool) []erro
 	}
 	if (full || p.RestartPendingTimeout != 0) && p.RestartPendingTimeout <= 0 {
 		bad("restart_pending_timeout", p.RestartPendingTimeout, "must be positive")
+	}
+	if (full || p.InstanceReuse != "") && p.InstanceReuse != "session" && p.InstanceReuse != "agent" {
+		bad("instance_reuse", p.InstanceReuse, "must be session or agent")
 	}
 	if p.TranscriptTail != nil && (*p.TranscriptTail < 0 || *p.TranscriptTail > 1000) {
 		bad("transcript_tail", *p.TranscriptTail, "must be between 0 and 1000")

@@ -39,42 +39,95 @@ func NewWasm(rt *wasm.Runtime, st store.Store, poolIdle ...int) *Wasm {
 func (w *Wasm) Close(ctx context.Context) { w.pool.Close(ctx) }
 
 // Instantiate returns the host's instance of the module with digest
-// binding: a handle that borrows a pooled wasm instance for each turn. One
-// instance is made (or taken from the pool) at once, so a module that
-// cannot instantiate fails here, as a fresh instance would.
+// binding for one activation. What it holds between turns depends on the
+// turn's instance scope (host.InstanceScopeOf, the agent's instance_reuse
+// policy): for ScopeSession, one wasm instance of its own, kept across the
+// activation's turns (the guest's globals are the session's); for
+// ScopeAgent (ctx says which), nothing — each turn borrows a warm
+// instance kept for the agent and returns it after. For session scope the
+// instance is made at once, so that a module that cannot instantiate fails
+// here; for agent scope the module is compiled here and a failure to
+// instantiate fails the turn as not sent.
 func (w *Wasm) Instantiate(ctx context.Context, binding string) (host.Instance, error) {
 	if err := w.load(ctx, binding); err != nil {
 		return nil, err
 	}
-	inst, err := w.pool.Get(ctx, binding)
+	if host.InstanceScopeOf(ctx) == host.ScopeAgent {
+		// Turns borrow from the agent's warm instances; one that cannot
+		// be made fails its turn as not sent.
+		return &pooled{w: w, digest: binding}, nil
+	}
+	inst, err := w.rt.Instantiate(ctx, binding)
 	if err != nil {
 		return nil, err
 	}
-	w.pool.Put(inst)
-	return &pooled{w: w, digest: binding}, nil
+	return &pooled{w: w, digest: binding, own: inst}, nil
 }
 
-// pooled is a host.Instance that borrows an instance per turn.
+// pooled is the host.Instance of one activation.
 type pooled struct {
 	w      *Wasm
 	digest string
+	// own is the activation's own instance (session scope), or the one
+	// made by Instantiate until the first agent-scoped turn pools it.
+	own *wasm.Instance
 }
 
-// Turn borrows an instance, runs the turn and returns the instance to the
-// pool (a failed one closed itself). An instance that cannot be made fails
-// the turn as not sent: the agent never ran.
+// Turn runs the turn in the activation's own instance (session scope) or
+// in one borrowed for it (agent scope). An instance that failed — an error,
+// or an error outcome, whose retry must run in a new instance
+// (abi/README.md) — is closed; an instance that cannot be made fails the
+// turn as not sent: the agent never ran.
 func (p *pooled) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
-	inst, err := p.w.pool.Get(ctx, p.digest)
-	if err != nil {
-		return nil, notSentError{fmt.Errorf("runner: instantiate %s: %w", p.digest, err)}
+	agentScope := host.InstanceScopeOf(ctx) == host.ScopeAgent
+	key := p.digest + "\x00" + req.TurnRef.AgentUID
+	inst := p.own
+	switch {
+	case agentScope:
+		if inst != nil {
+			// Made for session scope by Instantiate (the policy changed
+			// since): start the agent's pool with it.
+			p.w.pool.Put(key, inst)
+			p.own = nil
+		}
+		var err error
+		if inst, err = p.w.pool.Get(ctx, key, p.digest); err != nil {
+			return nil, notSentError{fmt.Errorf("runner: instantiate %s: %w", p.digest, err)}
+		}
+	case inst == nil || inst.ShouldRecycle():
+		if inst != nil {
+			_ = inst.Close(context.WithoutCancel(ctx))
+		}
+		var err error
+		if inst, err = p.w.rt.Instantiate(ctx, p.digest); err != nil {
+			p.own = nil
+			return nil, notSentError{fmt.Errorf("runner: instantiate %s: %w", p.digest, err)}
+		}
+		p.own = inst
 	}
 	res, err := inst.Turn(ctx, req)
-	p.w.pool.Put(inst)
+	failed := err != nil || res.Outcome == abi.OutcomeError
+	switch {
+	case failed:
+		_ = inst.Close(context.WithoutCancel(ctx))
+		if !agentScope {
+			p.own = nil
+		}
+	case agentScope:
+		p.w.pool.Put(key, inst)
+	}
 	return res, err
 }
 
-// Close releases nothing: the handle holds no instance between turns.
-func (p *pooled) Close(context.Context) error { return nil }
+// Close closes the activation's own instance, if it has one.
+func (p *pooled) Close(ctx context.Context) error {
+	if p.own != nil {
+		err := p.own.Close(ctx)
+		p.own = nil
+		return err
+	}
+	return nil
+}
 
 // notSentError is a turn failure before the agent ran (host.SendAware).
 type notSentError struct{ err error }

@@ -1,9 +1,12 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -55,23 +58,32 @@ type appendGroup struct {
 	s     *Store
 	queue chan *appendReq
 	once  sync.Once
+	// stopped is closed when no flusher runs any more (or none started):
+	// a request not answered by then never will be.
+	stopped chan struct{}
 }
 
 func (g *appendGroup) start() {
 	g.once.Do(func() {
 		g.queue = make(chan *appendReq, 4*groupMax)
+		g.stopped = make(chan struct{})
 		g.s.mu.Lock()
 		defer g.s.mu.Unlock()
 		if g.s.isClosed {
+			close(g.stopped)
 			return // appends then fail with "store closed"
 		}
+		var flushers sync.WaitGroup
 		for range groupFlushers {
 			g.s.subs.Add(1)
+			flushers.Add(1)
 			go func() {
 				defer g.s.subs.Done()
+				defer flushers.Done()
 				g.flushLoop()
 			}()
 		}
+		go func() { flushers.Wait(); close(g.stopped) }()
 	})
 }
 
@@ -93,6 +105,15 @@ func (g *appendGroup) append(ctx context.Context, key store.ActorKey, ne newEven
 		// The append may still commit; like a single statement whose
 		// caller gave up, its outcome is unknown to the caller.
 		return appendRes{err: ctx.Err()}
+	case <-g.stopped:
+		// Every flusher has returned (the store closed): r was answered
+		// or never will be.
+		select {
+		case res := <-r.done:
+			return res
+		default:
+			return appendRes{err: errors.New("store closed")}
+		}
 	}
 }
 
@@ -131,6 +152,12 @@ func (g *appendGroup) flush(batch []*appendReq) {
 	if len(live) == 0 {
 		return
 	}
+	// One lock order for every batch (sessions sorted), so that two
+	// batches in flight cannot deadlock on each other's session rows; a
+	// session's own appends keep their arrival order (stable sort).
+	slices.SortStableFunc(live, func(a, b *appendReq) int {
+		return cmp.Or(strings.Compare(a.key.AgentUID, b.key.AgentUID), strings.Compare(a.key.SessionID, b.key.SessionID))
+	})
 	ctx, cancel := withDeadline(context.WithoutCancel(live[0].ctx), g.s.callTimeout)
 	defer cancel()
 	res := make([]appendRes, len(live))

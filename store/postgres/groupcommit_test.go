@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -121,5 +122,40 @@ func TestGroupCommitOfConcurrentAppends(t *testing.T) {
 		t.Fatalf("%d batches for %d appends: nothing was grouped", b, total)
 	} else {
 		t.Logf("%d appends in %d batches", total, b)
+	}
+}
+
+// TestAppendsEndWhenTheStoreCloses: appends queued for group commit, or
+// made after Close, return (an error or their event) instead of waiting
+// for flushers that are gone.
+func TestAppendsEndWhenTheStoreCloses(t *testing.T) {
+	t.Parallel()
+	s, err := postgres.Open(context.Background(), pgtest.DSN(t))
+	must(t, err, "Open")
+	f := newFixtureOn(t, s)
+	keys := make([]store.ActorKey, 20)
+	for i := range keys {
+		keys[i] = f.session(f.key.AgentUID)
+	}
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Go(func() {
+			_, _, _ = s.AppendEvent(context.Background(), store.AppendEventParams{Key: keys[i%len(keys)], Kind: abi.EventMessage, Payload: []byte(`{"message":"x"}`)})
+		})
+	}
+	_ = s.Close()
+	for range 20 {
+		wg.Go(func() {
+			if _, _, err := s.AppendEvent(context.Background(), store.AppendEventParams{Key: f.key, Kind: abi.EventMessage, Payload: []byte(`{"message":"late"}`)}); err == nil {
+				t.Error("an append after Close succeeded")
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute): // a liveness bound, not a timing one
+		t.Fatal("appends still blocked a minute after Close")
 	}
 }

@@ -43,7 +43,10 @@
 // One module instance serves many turns of one session, one at a time, so
 // package-level variables of the agent survive between turns of an
 // activation — but not across activations, hosts or failures. Keep anything
-// that must last in the session state.
+// that must last in the session state. An agent whose policy says
+// instance_reuse: agent shares warm instances among its sessions: a turn
+// may then see package variables another session's turn left
+// (abi/README.md, "Instances and state").
 //
 // On platforms other than wasip1, Handle does nothing, PollSteer reports no
 // steer and Log writes to standard error, so agent packages that call them
