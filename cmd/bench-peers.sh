@@ -7,13 +7,15 @@
 #
 # Env: N (20000) KEYS (1000) PRODUCERS (8) PG_BIN (/usr/lib/postgresql/15/bin)
 #      PEERS_DIR (../shared/peers) ONLY (regex over the peers' run names, default all)
-#      PADDOCK_RUNS (space-separated worker/signal pairs, default "wasm/go wasm/http plugin/go fabric/go")
+#      PADDOCK_RUNS (space-separated worker/signal pairs, default "wasm/go wasm/http plugin/go"; fabric/go
+#      too, with KEYS ≤ 64: one remote worker's send queue holds 64 turns)
+#      RESULTS_DIR (bin): where the run's JSON lines are kept, bench-peers-<UTC time>.jsonl
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 N="${N:-20000}"; KEYS="${KEYS:-1000}"; PRODUCERS="${PRODUCERS:-8}"
-PADDOCK_RUNS="${PADDOCK_RUNS:-wasm/go wasm/http plugin/go fabric/go}"
+PADDOCK_RUNS="${PADDOCK_RUNS:-wasm/go wasm/http plugin/go}"
 PEERS_DIR="${PEERS_DIR:-$ROOT/../shared/peers}"
 if [ ! -x "$PEERS_DIR/run.sh" ]; then
 	echo "bench-peers: no peers at $PEERS_DIR (set PEERS_DIR to the peersbench directory)" >&2
@@ -33,7 +35,9 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-if [ -z "${DATABASE_URL:-}" ]; then
+if [ -n "${DATABASE_URL:-}" ]; then
+	log "using DATABASE_URL: river_*, schema dbos, pgbench_* and schema paddock_bench are reset in it"
+else
 	PORT=55433
 	while (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null; do PORT=$((PORT + 1)); done
 	log "starting a throwaway cluster (stock settings: fsync=on, synchronous_commit=on) on port $PORT"
@@ -60,3 +64,7 @@ for run in $PADDOCK_RUNS; do
 done
 echo
 "$ROOT/bin/paddock" bench report "$RESULTS"
+mkdir -p "${RESULTS_DIR:-$ROOT/bin}"
+KEEP="${RESULTS_DIR:-$ROOT/bin}/bench-peers-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
+cp "$RESULTS" "$KEEP"
+echo "JSON lines kept in $KEEP (bin/paddock bench report $KEEP prints the table again)"

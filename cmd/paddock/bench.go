@@ -154,6 +154,9 @@ func newBenchCmd() *cobra.Command {
 			default:
 				return fmt.Errorf("--signal %q: want go (in-process client) or http (the API over loopback)", o.signalPath)
 			}
+			if o.storeKind == "sqlite" && o.dsn != "" {
+				return errors.New("--dsn is for --store postgres; SQLite works in --data-dir (default: a temporary directory)")
+			}
 			if o.storeKind == "postgres" && o.dsn == "" {
 				o.dsn = os.Getenv("DATABASE_URL")
 				if o.dsn == "" {
@@ -174,9 +177,19 @@ func newBenchCmd() *cobra.Command {
 			if res.N == 0 {
 				return nil
 			}
-			fmt.Fprintf(out, "peer=paddock mode=%s store=%s worker=%s signal=%s n=%d completed=%d wall_s=%.2f jobs_per_s=%.0f p50_ms=%.1f p95_ms=%.1f p99_ms=%.1f max_ms=%.1f insert_call_p50_ms=%.2f round_trips/turn=%.2f tx/turn=%.2f peak_rss_mb=%.0f worker_turn_mean_ms=%.3f\n",
+			perTurn := func(v float64) string {
+				if v < 0 {
+					return "n/a" // SQLite: in-process, no round trips
+				}
+				return fmt.Sprintf("%.2f", v)
+			}
+			fmt.Fprintf(out, "peer=paddock mode=%s store=%s worker=%s signal=%s n=%d completed=%d wall_s=%.2f turns_per_s=%.0f p50_ms=%.1f p95_ms=%.1f p99_ms=%.1f max_ms=%.1f signal_call_p50_ms=%.2f round_trips/turn=%s tx/turn=%s peak_rss_mib=%.0f worker_turn_mean_ms=%.3f\n",
 				res.Mode, res.Store, res.Worker, res.Signal, res.N, res.Completed, res.WallS, res.JobsPerS, res.Latency.P50, res.Latency.P95, res.Latency.P99, res.Latency.Max,
-				res.InsertCall.P50, res.RoundTrips, res.Transactions, res.PeakRSSMB, res.WorkerMeanMS)
+				res.InsertCall.P50, perTurn(res.RoundTrips), perTurn(res.Transactions), res.PeakRSSMB, res.WorkerMeanMS)
+			if o.rate > 0 && res.InsertPerS < 0.95*o.rate {
+				fmt.Fprintf(out, "note: the producers sent %.0f signals/s, below the --rate target %g/s: %d producers each wait for their call (signal_call_p50_ms), so latencies here count from the call, not from when the signal was due; add --producers\n",
+					res.InsertPerS, o.rate, o.producers)
+			}
 			return nil
 		},
 	}
@@ -198,7 +211,7 @@ func newBenchCmd() *cobra.Command {
 	f.StringVar(&o.dsn, "dsn", "", "PostgreSQL DSN (default $DATABASE_URL)")
 	f.StringVar(&o.schema, "schema", "paddock_bench", "PostgreSQL schema the bench creates (dropping it first) and works in")
 	f.StringVar(&o.dataDir, "data-dir", "", "SQLite directory (default: a temporary one, removed after)")
-	f.StringVar(&o.worker, "worker", "wasm", "worker kind: wasm (in-process wazero), plugin (go-plugin processes) or fabric (a remote `paddock worker` over ZeroMQ)")
+	f.StringVar(&o.worker, "worker", "wasm", "worker kind: wasm (in-process wazero), plugin (go-plugin processes) or fabric (a remote paddock worker process over ZeroMQ)")
 	f.StringVar(&o.signalPath, "signal", "go", "signal path: go (in-process client) or http (the API over loopback)")
 	f.StringVar(&o.module, "module", "examples/hasher/hasher.wasm", "the hasher wasm module (make examples)")
 	f.StringVar(&o.plugin, "plugin", "bin/hasher-plugin", "the hasher plugin binary (make plugins)")
@@ -663,8 +676,12 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 		res.Transactions = round3(float64(rt.xacts.Load()-xact0) / float64(o.n))
 	}
 	if o.sqlStats {
-		fmt.Fprintln(logw, "statements per turn (measured run):")
-		rt.report(logw, o.n)
+		if rt.bySQL == nil || pgConn == nil {
+			fmt.Fprintln(logw, "--sql-stats: statements are counted on PostgreSQL only")
+		} else {
+			fmt.Fprintln(logw, "statements per turn (measured run):")
+			rt.report(logw, o.n)
+		}
 	}
 	turns1 := turnStats(metrics)
 	if n := turns1.n - turns0.n; n > 0 {

@@ -101,6 +101,8 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 		{[]string{"--worker", "lambda"}, `--worker "lambda"`},
 		{[]string{"--signal", "grpc"}, `--signal "grpc"`},
 		{[]string{"--n", "0"}, "want a measured run"},
+		{[]string{"--dsn", "postgres://x"}, "--dsn is for --store postgres"},
+		{[]string{"--instance-reuse", "module"}, `--instance-reuse "module"`},
 		{[]string{"--rate", "-5"}, "--rate -5"},
 		{[]string{"--transcript-tail", "2000"}, "--transcript-tail 2000"},
 		{[]string{"--module", "/nonexistent.wasm", "--warmup", "0", "--n", "1", "--keys", "1", "--producers", "1"}, "--module"},
@@ -127,7 +129,7 @@ func TestBenchReportComputesTheRatios(t *testing.T) {
 	if err := benchReport(strings.NewReader(in), &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"pgbench -N (ceiling)", "river single fetch_cooldown=10ms", "1.50× River single fetch_cooldown=10ms", "1.12× pgbench TPS", "6.5"} {
+	for _, want := range []string{"pgbench -N (ceiling)", "river single fetch_cooldown=10ms", "1.50× River single fetch_cooldown=10ms", "1.12× pgbench TPS", "6.5", "paddock  wasm/go"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}

@@ -18,6 +18,7 @@ type peerLine struct {
 	Mode      string   `json:"mode"`
 	Tuning    string   `json:"tuning"`
 	Worker    string   `json:"worker"`
+	Store     string   `json:"store"`
 	Signal    string   `json:"signal_path"`
 	JobsPerS  float64  `json:"jobs_per_s"`
 	TPS       float64  `json:"tps"`
@@ -32,7 +33,11 @@ type peerLine struct {
 func (l peerLine) name() string {
 	switch l.Peer {
 	case "paddock":
-		return fmt.Sprintf("paddock %s/%s", l.Worker, l.Signal)
+		name := fmt.Sprintf("paddock %s %s/%s", l.Store, l.Worker, l.Signal)
+		if l.Mode != "" && l.Mode != "single" {
+			name += " " + l.Mode
+		}
+		return name
 	case "pgbench":
 		return "pgbench -N (ceiling)"
 	}
@@ -71,6 +76,9 @@ func benchReport(r io.Reader, w io.Writer) error {
 		if err := json.Unmarshal([]byte(t), &l); err != nil {
 			return fmt.Errorf("results: %w in %.80s", err, t)
 		}
+		if l.Peer == "paddock" && l.N == 0 {
+			continue // a memory-phase run: no turns/s to compare
+		}
 		lines = append(lines, l)
 	}
 	if err := sc.Err(); err != nil {
@@ -100,6 +108,10 @@ func benchReport(r io.Reader, w io.Writer) error {
 		fmt.Fprintf(w, "%-40s %10.0f %10.1f %10.1f %10.1f %8s %8s %8s\n", l.name(), rate, l.Latency.P50, l.Latency.P99, l.Latency.Max, opt(l.RTs), opt(l.Xacts), opt(l.RSS))
 	}
 	fmt.Fprintln(w)
+	if riverBest == 0 && pgTPS == 0 {
+		fmt.Fprintln(w, "no River (single, fetch_cooldown=10ms) or pgbench results: no ratios (make bench-peers runs them)")
+		return nil
+	}
 	for _, l := range lines {
 		if l.Peer != "paddock" {
 			continue
