@@ -362,12 +362,22 @@ func (i startedInstance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.T
 //
 //	go test -run '^$' -bench WakeLatency -benchtime 200x ./examples/
 func BenchmarkWakeLatency(b *testing.B) {
+	// session: the default instance_reuse (a fresh instance per wake);
+	// agent: warm instances lent to the agent's sessions.
+	for _, scope := range []host.InstanceScope{host.ScopeSession, host.ScopeAgent} {
+		b.Run("reuse="+string(scope), func(b *testing.B) { wakeLatency(b, scope) })
+	}
+}
+
+func wakeLatency(b *testing.B, scope host.InstanceScope) {
 	started := make(chan time.Time, 1)
 	w := startHostWith(b, filepath.Join(b.TempDir(), "paddock.db"), 30*time.Second, func(r host.Runner) host.Runner {
 		return startedRunner{r, started}
 	})
 	pol := *w.h.Policy()
 	pol.IdleTimeout = time.Millisecond // sleep right after each turn
+	pol.InstanceReuse = scope
+	pol.Agents = nil // the default policy for every agent
 	w.h.SetPolicy(pol)
 	key := w.session("notes")
 	payload, _ := json.Marshal(map[string]string{"message": "count"})

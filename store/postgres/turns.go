@@ -58,19 +58,25 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		if p.MarkSent {
 			state = store.DeliverySent
 		}
-		// The rest in one round trip. Invariant 10: the binding is recorded
-		// at the first attempt only.
+		// The rest in one round trip, COMMIT included. Invariant 10: the
+		// binding is recorded at the first attempt only.
 		b := &pgx.Batch{}
+		// The lock statement's snapshot predates its wait for the row lock:
+		// the event may have been closed (cancelled) meanwhile. This later
+		// statement sees it; under the lock nothing closes it after (every
+		// closer takes the activation row first). A refusal aborts the
+		// transaction before its COMMIT, and it runs again.
+		b.Queue(`SELECT paddock_check(EXISTS (SELECT 1 FROM actor_events WHERE event_id = $1 AND status = 'open'), $2)`,
+			*eventID, fmt.Sprintf("%sevent %d closed concurrently", checkLockRace, *eventID))
 		b.Queue(`
 			UPDATE actor_events SET binding = CASE WHEN coalesce(binding, '') = '' THEN nullif($1, '') ELSE binding END
 			WHERE event_id = $2 AND status = 'open'
 			RETURNING `+eventCols, p.Binding, *eventID).QueryRow(func(row pgx.Row) (err error) {
 			d.Event, err = scanEvent(row)
 			if errors.Is(err, pgx.ErrNoRows) {
-				// Closed (cancelled) while the lock statement waited for
-				// the activation's row lock: its snapshot predates the
-				// wait. Run again.
-				return fmt.Errorf("event %d closed concurrently: %w", *eventID, errLockRace)
+				// Unreachable: the guard above saw the event open under the
+				// activation's row lock.
+				return fmt.Errorf("event %d closed concurrently (after the guard)", *eventID)
 			}
 			return err
 		})
@@ -121,11 +127,11 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 				return err
 			})
 		}
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		if err := tx.(*pipeTx).SendBatchCommit(ctx, b).Close(); err != nil {
 			if pgCode(err) == codeUniqueViolation {
 				return fmt.Errorf("delivery %s: %w", p.DeliveryID, store.ErrConflict)
 			}
-			return err
+			return checkErr(err)
 		}
 		d.State = nilIfEmpty(d.State)
 		d.Delivery = store.Delivery{
