@@ -53,6 +53,7 @@ fi
 
 log "peers: River, DBOS, pgbench (N=$N keys=$KEYS producers=$PRODUCERS)"
 RESULTS="$RESULTS" N="$N" KEYS="$KEYS" PRODUCERS="$PRODUCERS" PG_BIN="$PG_BIN" "$PEERS_DIR/run.sh" >"$WORK/peers.out"
+FAILED=""
 for run in $PADDOCK_RUNS; do
 	worker="${run%/*}"; signal="${run#*/}"
 	"$PG_BIN/psql" "$DATABASE_URL" -qAtc CHECKPOINT >/dev/null
@@ -60,7 +61,7 @@ for run in $PADDOCK_RUNS; do
 	log "paddock: worker=$worker signal=$signal"
 	"$ROOT/bin/paddock" bench --store postgres --dsn "$DATABASE_URL" --n "$N" --keys "$KEYS" --producers "$PRODUCERS" \
 		--worker "$worker" --signal "$signal" --module "$ROOT/examples/hasher/hasher.wasm" --plugin "$ROOT/bin/hasher-plugin" \
-		2> >(sed "s/^/  [paddock $run] /" >&2) | tee -a "$RESULTS" | grep '^peer=' >&2 || log "paddock $run FAILED"
+		2> >(sed "s|^|  [paddock $run] |" >&2) | tee -a "$RESULTS" | grep '^peer=' >&2 || { log "paddock $run FAILED"; FAILED=1; }
 done
 echo
 "$ROOT/bin/paddock" bench report "$RESULTS"
@@ -68,3 +69,7 @@ mkdir -p "${RESULTS_DIR:-$ROOT/bin}"
 KEEP="${RESULTS_DIR:-$ROOT/bin}/bench-peers-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
 cp "$RESULTS" "$KEEP"
 echo "JSON lines kept in $KEEP (bin/paddock bench report $KEEP prints the table again)"
+if [ -n "$FAILED" ]; then
+	log "a Paddock run failed (its output is above)"
+	exit 1
+fi

@@ -253,10 +253,11 @@ func (r *roundTrips) tx(c *pgx.Conn, stmts []string) {
 	}
 	implicit := false
 	for _, sql := range stmts {
-		verb := strings.ToLower(strings.TrimSpace(sql))
+		verb := strings.TrimSpace(sql)
 		if i := strings.IndexAny(verb, " \n\t;"); i > 0 {
 			verb = verb[:i]
 		}
+		verb = strings.ToLower(verb)
 		switch verb {
 		case "begin", "start":
 			r.inTx[c] = true
