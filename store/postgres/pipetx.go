@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -143,22 +142,7 @@ func (r errRow) Scan(...any) error { return r.err }
 // deadline, with tx's semantics: commit when fn returns nil, roll back
 // otherwise, rerun fn on a deadlock or serialisation failure.
 func (s *Store) pipeTxDo(ctx context.Context, op string, fn func(ctx context.Context, tx txConn) error) error {
-	ctx, cancel := withDeadline(ctx, s.callTimeout)
-	defer cancel()
-	var err error
-	for attempt := 1; ; attempt++ {
-		err = s.pipeTxOnce(ctx, fn)
-		if !retryable(err) || attempt == txAttempts || ctx.Err() != nil {
-			break
-		}
-		d := time.Duration(1<<(attempt-1)) * time.Millisecond
-		d += rand.N(d)
-		select {
-		case <-time.After(d):
-		case <-ctx.Done():
-		}
-	}
-	return wrap(op, err)
+	return s.rerun(ctx, op, func(ctx context.Context) error { return s.pipeTxOnce(ctx, fn) })
 }
 
 func (s *Store) pipeTxOnce(ctx context.Context, fn func(ctx context.Context, tx txConn) error) error {

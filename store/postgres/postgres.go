@@ -308,15 +308,21 @@ func (s *Store) readTx(ctx context.Context, op string, fn func(ctx context.Conte
 
 // txWith is tx with the given transaction options.
 func (s *Store) txWith(ctx context.Context, op string, opts pgx.TxOptions, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return s.rerun(ctx, op, func(ctx context.Context) error { return s.txOnce(ctx, opts, fn) })
+}
+
+// rerun runs one transaction attempt under the call deadline, again (up
+// to txAttempts times, after a jittered 1-2, 2-4, 4-8 ms) while it fails
+// with a deadlock, a serialisation failure or errLockRace.
+func (s *Store) rerun(ctx context.Context, op string, once func(ctx context.Context) error) error {
 	ctx, cancel := withDeadline(ctx, s.callTimeout)
 	defer cancel()
 	var err error
 	for attempt := 1; ; attempt++ {
-		err = s.txOnce(ctx, opts, fn)
+		err = once(ctx)
 		if !retryable(err) || attempt == txAttempts || ctx.Err() != nil {
 			break
 		}
-		// Jittered backoff: 1-2 ms, 2-4 ms, 4-8 ms.
 		d := time.Duration(1<<(attempt-1)) * time.Millisecond
 		d += rand.N(d)
 		select {
