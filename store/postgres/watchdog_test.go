@@ -35,14 +35,17 @@ func TestWatchdogDoesNotQueueBehindAStalledTransaction(t *testing.T) {
 
 	// Two live activations whose leases expire; the stalled one first, so
 	// that it heads the watchdog's list.
+	// The leases are long enough for NextDelivery to run under a loaded
+	// machine (a 50 ms one expired before it), then waited out.
+	const ttl = 2 * time.Second
 	f.append("stalled turn")
-	stalled := f.claim(50 * time.Millisecond)
+	stalled := f.claim(ttl)
 	f.next(stalled) // its turn is in flight
 	f.key = other
 	f.append("other turn")
-	f.claim(50 * time.Millisecond)
+	f.claim(ttl)
 	f.key = stalledKey
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(ttl + 200*time.Millisecond)
 
 	// The stalled host's transaction: the activation row lock that
 	// NextDelivery, CommitTurn and FailAttempt take first.
