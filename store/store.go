@@ -381,7 +381,9 @@ type Store interface {
 	ClaimActivation(ctx context.Context, p ClaimActivationParams) (Activation, error)
 	// RenewLeases extends, in one statement, the leases of the given live,
 	// unexpired activations held by p.HostID (compare-and-set on uid, key,
-	// epoch and lease id). It returns the refs it renewed; the others are lost.
+	// epoch and lease id). It returns the refs still held — renewed, or (a
+	// driver may do this) skipped because a turn transaction held the row
+	// at that instant, to be renewed next time; the others are lost.
 	RenewLeases(ctx context.Context, p RenewLeasesParams) ([]ActivationRef, error)
 	// StopActivation ends a live activation with no current event
 	// (compare-and-set). It returns ErrNotLive when the activation is no

@@ -116,18 +116,34 @@ func (s *Store) RenewLeases(ctx context.Context, p store.RenewLeasesParams) ([]s
 		uids[i], agents[i], sessions[i], epochs[i], leases[i] = r.UID, r.AgentUID, r.SessionID, r.ActorEpoch, r.LeaseID
 	}
 	var out []store.ActivationRef
-	// One statement, autocommit. It locks only the rows it renews; the
-	// turn paths lock one activation row each, so there is no lock cycle
-	// with them.
+	// One statement, autocommit. It renews the rows it can lock at once
+	// and skips those a turn transaction holds (NextDelivery, CommitTurn,
+	// FailAttempt lock their activation row first): waiting for them, while
+	// holding the rows already renewed, queued every turn of this host
+	// behind the slowest one. A skipped row still matches the ref and
+	// is unexpired; it is returned as held and renewed on the next round,
+	// ttl/3 later. Were it skipped until it expired, the fences would
+	// refuse its commit by the database clock, as for any lost lease.
 	err := s.call(ctx, "renew leases", func(ctx context.Context) error {
 		rows, err := s.leases.Query(ctx, `
-			UPDATE activations a SET lease_expires_at = clock_timestamp() + $6 * interval '1 microsecond'
-			FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[])
-				AS r(activation_uid, agent_uid, session_id, actor_epoch, lease_id)
-			WHERE a.activation_uid = r.activation_uid AND a.agent_uid = r.agent_uid
-			  AND a.session_id = r.session_id AND a.actor_epoch = r.actor_epoch AND a.lease_id = r.lease_id
-			  AND a.host_id = $7 AND a.state IN `+liveStates+` AND a.lease_expires_at > clock_timestamp()
-			RETURNING a.activation_uid, a.agent_uid, a.session_id, a.actor_epoch, a.lease_id`,
+			WITH r AS (
+				SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[]) WITH ORDINALITY
+					AS r(activation_uid, agent_uid, session_id, actor_epoch, lease_id, n)),
+			held AS (
+				SELECT r.n, a.activation_uid FROM activations a JOIN r USING (activation_uid, agent_uid, session_id, actor_epoch, lease_id)
+				WHERE a.host_id = $7 AND a.state IN `+liveStates+` AND a.lease_expires_at > clock_timestamp()),
+			locked AS (
+				SELECT a.activation_uid FROM activations a
+				WHERE a.activation_uid IN (SELECT activation_uid FROM held)
+				FOR UPDATE OF a SKIP LOCKED),
+			renewed AS (
+				UPDATE activations a SET lease_expires_at = clock_timestamp() + $6 * interval '1 microsecond'
+				FROM locked WHERE a.activation_uid = locked.activation_uid
+				  AND a.host_id = $7 AND a.state IN `+liveStates+` AND a.lease_expires_at > clock_timestamp()
+				RETURNING a.activation_uid)
+			SELECT r.activation_uid, r.agent_uid, r.session_id, r.actor_epoch, r.lease_id FROM r JOIN held USING (n)
+			WHERE held.activation_uid IN (SELECT activation_uid FROM renewed)
+			   OR held.activation_uid NOT IN (SELECT activation_uid FROM locked)`,
 			uids, agents, sessions, epochs, leases, micros(p.LeaseTTL), p.HostID)
 		if err != nil {
 			return err
