@@ -43,13 +43,7 @@ func TestRenewLeasesSkipsRowsATurnHolds(t *testing.T) {
 	busyBefore := expiry(busy.UID)
 
 	// A turn transaction holds the busy activation's row.
-	conn, err := pgx.Connect(f.ctx, dsn)
-	must(t, err, "connect")
-	defer conn.Close(context.Background())
-	tx, err := conn.Begin(f.ctx)
-	must(t, err, "begin")
-	_, err = tx.Exec(f.ctx, `SELECT 1 FROM activations WHERE activation_uid = $1 FOR UPDATE`, busy.UID)
-	must(t, err, "lock")
+	release := holdActivationRow(t, dsn, busy.UID)
 
 	ctx, cancel := context.WithTimeout(f.ctx, 5*time.Second)
 	defer cancel()
@@ -66,7 +60,7 @@ func TestRenewLeasesSkipsRowsATurnHolds(t *testing.T) {
 	if !expiry(busy.UID).Equal(busyBefore) {
 		t.Fatal("the busy activation's lease changed under another transaction's lock")
 	}
-	must(t, tx.Rollback(f.ctx), "rollback")
+	release()
 
 	held, err = s.RenewLeases(ctx, store.RenewLeasesParams{HostID: busy.HostID, LeaseTTL: 2 * time.Minute, Refs: refs[:1]})
 	must(t, err, "RenewLeases")

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,14 +50,7 @@ func TestWatchdogDoesNotQueueBehindAStalledTransaction(t *testing.T) {
 
 	// The stalled host's transaction: the activation row lock that
 	// NextDelivery, CommitTurn and FailAttempt take first.
-	conn, err := pgx.Connect(f.ctx, dsn)
-	must(t, err, "connect")
-	defer conn.Close(context.Background())
-	tx, err := conn.Begin(f.ctx)
-	must(t, err, "begin")
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	_, err = tx.Exec(f.ctx, `SELECT 1 FROM activations WHERE activation_uid = $1 FOR UPDATE`, stalled.UID)
-	must(t, err, "lock the stalled activation")
+	release := holdActivationRow(t, dsn, stalled.UID)
 
 	expired, err := s.ExpiredActivations(f.ctx, 100)
 	must(t, err, "ExpiredActivations")
@@ -82,10 +76,33 @@ func TestWatchdogDoesNotQueueBehindAStalledTransaction(t *testing.T) {
 
 	// The stalled host resumes and its transaction ends; the next walk
 	// fails the activation and counts the attempt its turn had.
-	must(t, tx.Rollback(f.ctx), "rollback")
+	release()
 	fr, err := s.ExpireActivation(f.ctx, store.ExpireActivationParams{Ref: expired[0], MaxAttempts: 10})
 	must(t, err, "ExpireActivation after the stall")
 	if fr.Attempts != 1 {
 		t.Errorf("the stalled turn's event has %d attempts, want 1", fr.Attempts)
 	}
+}
+
+// holdActivationRow locks the activation row uid from a connection of its
+// own, as a turn transaction (NextDelivery, CommitTurn, FailAttempt) does
+// first, until release is called (or the test ends).
+func holdActivationRow(t *testing.T, dsn, uid string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	must(t, err, "connect")
+	tx, err := conn.Begin(ctx)
+	must(t, err, "begin")
+	_, err = tx.Exec(ctx, `SELECT 1 FROM activations WHERE activation_uid = $1 FOR UPDATE`, uid)
+	must(t, err, "lock activation "+uid)
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			must(t, tx.Rollback(ctx), "rollback")
+			_ = conn.Close(ctx)
+		})
+	}
+	t.Cleanup(release)
+	return release
 }
