@@ -14,7 +14,7 @@ FUZZ_TARGETS := ./abi:FuzzTurnResult ./abi:FuzzTurnRequest ./wasm:FuzzGuestMemor
 	./host/config:FuzzLoad ./plugins:FuzzPluginFrames ./plugins:FuzzFrameRoundTrip \
 	./fabric:FuzzBrokerReceive ./fabric:FuzzRemoteResult ./fabric/wire:FuzzParseHeader ./fabric/wire:FuzzSessionOpen
 
-.PHONY: help build examples plugins run test vet fmt-check bench bench-go bench-paddock bench-peers chaos fuzz clean
+.PHONY: help build examples plugins run test vet lint fmt-check bench bench-go bench-paddock bench-peers chaos fuzz clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ run: build examples ## start `paddock serve` on SQLite under ./data with the exa
 
 vet: ## go vet
 	$(GO) vet ./...
+
+lint: ## staticcheck (pinned in go.mod's tool block: `go tool staticcheck`)
+	$(GO) tool staticcheck ./...
 
 fmt-check: ## fail if gofmt would change a file
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
