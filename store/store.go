@@ -1,13 +1,3 @@
-// Package store is Paddock's durable truth: the interface the host needs and
-// the types it speaks, implemented by the postgres and sqlite drivers.
-//
-// Every fence decision lives here and is made in SQL: a turn commits only if
-// the echoed turn_ref equals the delivery and activation rows inside the
-// commit transaction (DESIGN invariant 3). Nothing in this package trusts a
-// value the caller read earlier. Every time comparison that decides
-// correctness uses the database's clock (DESIGN invariant 8).
-//
-// The conformance suite in store/storetest runs against every driver.
 package store
 
 import (
