@@ -794,7 +794,7 @@ func testHammerLifecycle(t *testing.T, b *bundle) {
 		keys[i] = b.sessionWith(p)
 		b.message(keys[i], "first")
 	}
-	const chaosOps, maxTurns = 20, 40
+	const chaosOps, maxTurns = 16, 30
 	var chaosDone atomic.Bool
 	claimed := make([][]int64, len(keys))
 	var commits, failed, fenced, steered, cancelled, redriven, fired atomic.Int64
