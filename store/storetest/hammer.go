@@ -317,6 +317,33 @@ func (l *ledger) watchdog(ctx context.Context, t *testing.T, b *bundle) {
 	}
 }
 
+// waitLapsed waits until the store's clock agrees that a's lease ran out:
+// ExpiredActivations lists it, or a watchdog expired it already.
+func (l *ledger) waitLapsed(t *testing.T, b *bundle, a store.Activation) bool {
+	deadline := time.Now().Add(hammerDeadline)
+	for {
+		l.mu.Lock()
+		_, gone := l.expiries[a.UID]
+		l.mu.Unlock()
+		if gone {
+			return true
+		}
+		expired, err := b.s.ExpiredActivations(b.ctx, 1000)
+		if err != nil {
+			unexpected(t, "ExpiredActivations", err)
+			return false
+		}
+		if slices.Contains(expired, a.Ref()) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("activation %s: lease of %v not expired by the store's clock after %v", a.UID, ShortTTL, hammerDeadline)
+			return false
+		}
+		time.Sleep(ShortTTL / 20)
+	}
+}
+
 // stop ends an idle activation after its commit; the watchdog may have
 // expired it first (its lease is short).
 func (l *ledger) stop(t *testing.T, b *bundle, a store.Activation) {
@@ -445,8 +472,8 @@ func (b *bundle) sessionsWith(n, eventsPer int) []store.ActorKey {
 
 // testHammerCommitsRaceWatchdog: one worker per session runs its events
 // under ShortTTL leases, committing each dispatched turn at once, near the
-// end of the lease, or after it; two watchdogs expire lapsed leases
-// meanwhile. Each event ends done exactly once with one transcript turn
+// end of the lease, or once the store reports the lease expired (that
+// commit must be refused); two watchdogs expire lapsed leases meanwhile. Each event ends done exactly once with one transcript turn
 // under the delivery and epoch whose commit succeeded; a commit is refused
 // (expired_lease or stale_epoch, nothing else) exactly when the watchdog
 // failed its activation with the event current, and each such expiry
@@ -479,15 +506,22 @@ func testHammerCommitsRaceWatchdog(t *testing.T, b *bundle) {
 					unexpected(t, "NextDelivery", err)
 					return
 				}
+				lapsed := false
 				switch turn % 4 {
 				case 2: // commit racing the end of the lease
 					time.Sleep(ShortTTL - time.Duration(rand.N(40))*time.Millisecond)
 				case 3: // commit racing the watchdog after the lease
 					time.Sleep(ShortTTL + time.Duration(rand.N(40))*time.Millisecond)
+					if lapsed = l.waitLapsed(t, b, a); !lapsed {
+						return
+					}
 				}
 				turn++
 				_, err = b.s.CommitTurn(b.ctx, commitParams(d.Delivery.TurnRef()))
 				switch {
+				case err == nil && lapsed:
+					t.Errorf("activation %s committed event %d after the store reported its lease expired", a.UID, d.Event.ID)
+					return
 				case err == nil:
 					l.mu.Lock()
 					l.commits[a.UID] = d.Delivery
