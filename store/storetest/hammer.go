@@ -819,7 +819,8 @@ func testHammerAppends(t *testing.T, b *bundle) {
 // turn numbers are dense, each turn closed its event (ok → done, cancelled
 // → cancelled) under an epoch the worker claimed, each event is in at most
 // one turn, a done event has its turn unless it was a steer attached to a
-// done event, and a destroyed session has no open event.
+// done event, a destroyed session has no open event, and each in-flight
+// cancellation left exactly one cancelled turn.
 func testHammerLifecycle(t *testing.T, b *bundle) {
 	policies := []store.CrashPolicy{store.CrashRestart, store.CrashRestart, store.CrashRestart, store.CrashSleep,
 		store.CrashSleep, store.CrashDestroy}
@@ -831,7 +832,7 @@ func testHammerLifecycle(t *testing.T, b *bundle) {
 	const chaosOps, maxTurns = 16, 30
 	var chaosDone atomic.Bool
 	claimed := make([][]int64, len(keys))
-	var commits, failed, fenced, steered, cancelled, redriven, fired atomic.Int64
+	var commits, failed, fenced, steered, cancelled, cancelledInFlight, redriven, fired atomic.Int64
 	payload := json.RawMessage(`{"message":"m"}`)
 
 	var workers sync.WaitGroup
@@ -933,10 +934,13 @@ func testHammerLifecycle(t *testing.T, b *bundle) {
 					unexpected(t, "Steer", err)
 					return
 				}
-				_, err = b.s.CancelEvent(b.ctx, store.CancelEventParams{Key: keys[rand.N(len(keys))], Reason: "hammer"})
+				cr, err := b.s.CancelEvent(b.ctx, store.CancelEventParams{Key: keys[rand.N(len(keys))], Reason: "hammer"})
 				switch {
 				case err == nil:
 					cancelled.Add(1)
+					if cr.InFlight {
+						cancelledInFlight.Add(1)
+					}
 				case isAny(err, store.ErrNotFound, store.ErrConflict):
 				default:
 					unexpected(t, "CancelEvent of the current event", err)
@@ -950,10 +954,13 @@ func testHammerLifecycle(t *testing.T, b *bundle) {
 				}
 				if len(open) > 0 {
 					ev := open[rand.N(len(open))]
-					_, err = b.s.CancelEvent(b.ctx, store.CancelEventParams{Key: key, EventID: ev.ID, Reason: "queued"})
+					cr, err := b.s.CancelEvent(b.ctx, store.CancelEventParams{Key: key, EventID: ev.ID, Reason: "queued"})
 					switch {
 					case err == nil:
 						cancelled.Add(1)
+						if cr.InFlight {
+							cancelledInFlight.Add(1)
+						}
 					case errors.Is(err, store.ErrConflict): // closed meanwhile
 					default:
 						unexpected(t, "CancelEvent by id", err)
@@ -1033,6 +1040,7 @@ func testHammerLifecycle(t *testing.T, b *bundle) {
 		t.Fatalf("no turn committed during the storm")
 	}
 
+	var cancelTurns, cancelledEvents int64
 	for i, key := range keys {
 		what := func(s string) string { return fmt.Sprintf("session %d (%s): %s", i, policies[i], s) }
 		for j := 1; j < len(claimed[i]); j++ {
@@ -1073,6 +1081,7 @@ func testHammerLifecycle(t *testing.T, b *bundle) {
 			case abi.OutcomeOK:
 				wantEq(t, ev.Status, store.EventDone, what(fmt.Sprintf("status of event %d of ok turn %d", ev.ID, tr.TurnNo)))
 			case store.OutcomeCancelled:
+				cancelTurns++
 				wantEq(t, ev.Status, store.EventCancelled, what(fmt.Sprintf("status of event %d of cancelled turn %d", ev.ID, tr.TurnNo)))
 			default:
 				t.Fatalf("%s", what(fmt.Sprintf("turn %d outcome %q", tr.TurnNo, tr.Outcome)))
@@ -1081,6 +1090,7 @@ func testHammerLifecycle(t *testing.T, b *bundle) {
 				t.Fatalf("%s", what(fmt.Sprintf("turn %d under epoch %d, which no claim issued (claims %v)", tr.TurnNo, tr.ActorEpoch, claimed[i])))
 			}
 		}
+		cancelledEvents += int64(countEvents(evs, store.EventCancelled))
 		for _, ev := range evs {
 			if ev.Status != store.EventDone {
 				continue
@@ -1095,5 +1105,12 @@ func testHammerLifecycle(t *testing.T, b *bundle) {
 				t.Fatalf("%s", what(fmt.Sprintf("steer %d is done but its event %d is %s", ev.ID, ev.SteerOf, byID[ev.SteerOf].Status)))
 			}
 		}
+	}
+	// Each in-flight cancellation recorded one cancelled turn; every
+	// successful cancellation closed an event as cancelled (its steers may
+	// have gone with it).
+	wantEq(t, cancelTurns, cancelledInFlight.Load(), "cancelled turns (CancelEvent results in flight)")
+	if cancelledEvents < cancelled.Load() {
+		t.Fatalf("%d events cancelled, but %d CancelEvent calls succeeded", cancelledEvents, cancelled.Load())
 	}
 }
