@@ -395,7 +395,8 @@ func (l *ledger) check(t *testing.T, b *bundle, keys []store.ActorKey, eventsPer
 		}
 		committed[d.EventID] = d
 		if fr, ok := l.expiries[uid]; ok && fr.EventID != 0 {
-			t.Fatalf("activation %s committed event %d, and its expiry failed event %d: a commit passed the fences of an expired activation",
+			t.Fatalf("activation %s committed event %d, and its expiry failed event %d: "+
+				"a commit passed the fences of an expired activation",
 				uid, d.EventID, fr.EventID)
 		}
 	}
@@ -473,8 +474,9 @@ func (b *bundle) sessionsWith(n, eventsPer int) []store.ActorKey {
 // testHammerCommitsRaceWatchdog: one worker per session runs its events
 // under ShortTTL leases, committing each dispatched turn at once, near the
 // end of the lease, or once the store reports the lease expired (that
-// commit must be refused); two watchdogs expire lapsed leases meanwhile. Each event ends done exactly once with one transcript turn
-// under the delivery and epoch whose commit succeeded; a commit is refused
+// commit must be refused); two watchdogs expire lapsed leases meanwhile.
+// Each event ends done exactly once with one transcript turn under the
+// delivery and epoch whose commit succeeded; a commit is refused
 // (expired_lease or stale_epoch, nothing else) exactly when the watchdog
 // failed its activation with the event current, and each such expiry
 // counted one attempt (invariants 3 and 4).
@@ -1087,7 +1089,8 @@ func testHammerLifecycle(t *testing.T, b *bundle) {
 				t.Fatalf("%s", what(fmt.Sprintf("turn %d outcome %q", tr.TurnNo, tr.Outcome)))
 			}
 			if !slices.Contains(claimed[i], tr.ActorEpoch) {
-				t.Fatalf("%s", what(fmt.Sprintf("turn %d under epoch %d, which no claim issued (claims %v)", tr.TurnNo, tr.ActorEpoch, claimed[i])))
+				t.Fatalf("%s", what(fmt.Sprintf("turn %d under epoch %d, which no claim issued (claims %v)",
+					tr.TurnNo, tr.ActorEpoch, claimed[i])))
 			}
 		}
 		cancelledEvents += int64(countEvents(evs, store.EventCancelled))
