@@ -474,7 +474,8 @@ func (b *bundle) sessionsWith(n, eventsPer int) []store.ActorKey {
 // testHammerCommitsRaceWatchdog: one worker per session runs its events
 // under ShortTTL leases, committing each dispatched turn at once, near the
 // end of the lease, or once the store reports the lease expired (that
-// commit must be refused); two watchdogs expire lapsed leases meanwhile.
+// commit must be refused), or twice at once (a duplicated reply: at most
+// one copy commits); two watchdogs expire lapsed leases meanwhile.
 // Each event ends done exactly once with one transcript turn under the
 // delivery and epoch whose commit succeeded; a commit is refused
 // (expired_lease or stale_epoch, nothing else) exactly when the watchdog
@@ -518,8 +519,12 @@ func testHammerCommitsRaceWatchdog(t *testing.T, b *bundle) {
 						return
 					}
 				}
+				if turn%4 == 0 {
+					err = duplicateReplies(t, b, d.Delivery.TurnRef())
+				} else {
+					_, err = b.s.CommitTurn(b.ctx, commitParams(d.Delivery.TurnRef()))
+				}
 				turn++
-				_, err = b.s.CommitTurn(b.ctx, commitParams(d.Delivery.TurnRef()))
 				switch {
 				case err == nil && lapsed:
 					t.Errorf("activation %s committed event %d after the store reported its lease expired", a.UID, d.Event.ID)
@@ -551,6 +556,36 @@ func testHammerCommitsRaceWatchdog(t *testing.T, b *bundle) {
 		t.Fatalf("no commit was fenced: the storm never let a lease lapse")
 	}
 	l.check(t, b, keys, eventsPer)
+}
+
+// duplicateReplies sends the same reply twice at once, as a worker's retry
+// of a reply whose answer was lost would: at most one commits, the other is
+// fenced. It returns nil when one committed, else the first one's error.
+func duplicateReplies(t *testing.T, b *bundle, ref abi.TurnRef) error {
+	var errs [2]error
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range errs {
+		wg.Go(func() {
+			<-start
+			_, errs[i] = b.s.CommitTurn(b.ctx, commitParams(ref))
+		})
+	}
+	close(start)
+	wg.Wait()
+	switch {
+	case errs[0] == nil && errs[1] == nil:
+		t.Errorf("event %d: both copies of one reply committed", ref.ActorEventID)
+		return errs[0]
+	case errs[0] == nil || errs[1] == nil:
+		if err := errors.Join(errs[0], errs[1]); !errors.Is(err, store.ErrFence) {
+			t.Errorf("event %d: the duplicate of a committed reply got %v, want a *store.FenceError", ref.ActorEventID, err)
+		}
+		return nil
+	case !lateFence(errs[1]):
+		return errs[1] // both refused: the caller judges the error
+	}
+	return errs[0]
 }
 
 // testHammerRenewRacesWatchdog: one worker per session holds each turn for
