@@ -63,6 +63,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) store.Store) {
 		steerCases(),
 		cancelCases(),
 		alarmCases(),
+		hammerCases(),
 	}
 	for _, g := range groups {
 		for _, c := range g {
