@@ -509,14 +509,20 @@ func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (sto
 		if p.Counted {
 			newState = store.DeliverySuperseded
 		}
+		f := failure{key: store.KeyOf(ref), eventID: ref.ActorEventID, epoch: ref.ActorEpoch,
+			counted: p.Counted, msg: p.Error, backoff: p.Backoff, maxAttempts: p.MaxAttempts}
 		b := &pgx.Batch{}
 		b.Queue(`SELECT 1 FROM activations WHERE activation_uid = $1 FOR UPDATE`, ref.ActivationUID)
+		// What store.PlanFailure decides on, read under the row lock in the
+		// same round trip (a refused fence makes it moot; a ref naming no
+		// session reads no row).
+		b.Queue(`SELECT `+failFactsCols+` FROM `+failFactsFrom(1, 2, 3), ref.AgentUID, ref.SessionID, ref.ActorEventID).
+			QueryRow(ignoreNoRows(func(row pgx.Row) error { return row.Scan(f.factsDest()...) }))
 		if err := fence(ctx, tx, ref, fenceFail, b, failFence, refArgs(ref, string(newState), p.Error)); err != nil {
 			return err
 		}
 		var err error
-		fr, err = failEvent(ctx, tx, failure{key: store.KeyOf(ref), eventID: ref.ActorEventID, epoch: ref.ActorEpoch,
-			counted: p.Counted, msg: p.Error, backoff: p.Backoff, maxAttempts: p.MaxAttempts})
+		fr, err = failEvent(ctx, tx, f)
 		return err
 	})
 	if err != nil {

@@ -260,44 +260,42 @@ type failure struct {
 }
 
 // failEvent records a failed attempt on an open event, after the caller's
-// fences passed, in its transaction: attempts+1 when counted, last_error,
-// next_attempt_at = DB now + backoff, dead_letter once a counted attempt
-// reaches maxAttempts (> 0), and one event_errors row. A counted failure
-// then applies the session's crash policy (DESIGN "Crash policy"): restart
-// keeps the backoff; sleep parks the session and makes the event due at
-// once (the wake is the trigger) — unless the failure dead-lettered the
-// event, which moves the session on; destroy destroys the session.
+// fences passed, in its transaction: it reads the event's attempts and the
+// session's policy and status, lets store.PlanFailure decide, and writes the
+// plan — the event (attempts, last_error, next_attempt_at = DB now + delay,
+// dead_letter), one event_errors row, the steers detached, the session
+// parked or destroyed. An event no longer open is left alone.
 func failEvent(tx *txn, f failure) (store.FailResult, error) {
 	fr := store.FailResult{EventID: f.eventID}
-	var policy store.CrashPolicy
-	if err := tx.queryRow(`SELECT crash_policy, status FROM sessions WHERE agent_uid = ? AND session_id = ?`,
-		f.key.AgentUID, f.key.SessionID).Scan(&policy, &fr.SessionStatus); err != nil {
+	in := store.FailureInput{Counted: f.counted, MaxAttempts: f.maxAttempts, Backoff: f.backoff}
+	var evStatus store.EventStatus
+	err := tx.queryRow(`
+		SELECT s.crash_policy, s.status, coalesce(e.attempts, 0), coalesce(e.status, '')
+		FROM sessions s LEFT JOIN actor_events e
+			ON e.event_id = ?3 AND e.agent_uid = s.agent_uid AND e.session_id = s.session_id
+		WHERE s.agent_uid = ?1 AND s.session_id = ?2`,
+		f.key.AgentUID, f.key.SessionID, f.eventID).Scan(&in.Policy, &in.SessionStatus, &in.AttemptsBefore, &evStatus)
+	if err != nil {
 		return fr, fmt.Errorf("session %s: %w", f.key, notFound(err))
 	}
-	backoff := max(f.backoff, 0)
-	if f.counted && policy == store.CrashSleep {
-		backoff = 0
-	}
-	var status store.EventStatus
-	var next int64
-	err := tx.queryRow(`
-		UPDATE actor_events
-		SET attempts = attempts + ?1,
-		    last_error = ?2,
-		    next_attempt_at = `+nowMS+` + ?3,
-		    status = CASE WHEN ?1 = 1 AND ?4 > 0 AND attempts + 1 >= ?4 THEN 'dead_letter' ELSE status END,
-		    closed_at = CASE WHEN ?1 = 1 AND ?4 > 0 AND attempts + 1 >= ?4 THEN `+nowMS+` ELSE closed_at END
-		WHERE event_id = ?5 AND agent_uid = ?6 AND session_id = ?7 AND status = 'open'
-		RETURNING attempts, status, next_attempt_at`,
-		boolInt(f.counted), f.msg, backoff.Milliseconds(), f.maxAttempts, f.eventID, f.key.AgentUID, f.key.SessionID,
-	).Scan(&fr.Attempts, &status, &next)
-	if errors.Is(err, sql.ErrNoRows) {
+	fr.SessionStatus = in.SessionStatus
+	if evStatus != store.EventOpen {
 		return fr, nil // the event was closed meanwhile: nothing to retry
 	}
-	if err != nil {
-		return fr, err
+	plan := store.PlanFailure(in)
+	var next int64
+	if err := tx.queryRow(`
+		UPDATE actor_events
+		SET attempts = ?1, last_error = ?2, next_attempt_at = `+nowMS+` + ?3, status = ?4,
+		    closed_at = CASE WHEN ?4 = 'open' THEN closed_at ELSE `+nowMS+` END
+		WHERE event_id = ?5 AND agent_uid = ?6 AND session_id = ?7 AND status = 'open' AND attempts = ?8
+		RETURNING next_attempt_at`,
+		plan.Attempts, f.msg, plan.Delay.Milliseconds(), string(plan.Status), f.eventID, f.key.AgentUID, f.key.SessionID,
+		in.AttemptsBefore).Scan(&next); err != nil {
+		return fr, err // no row is unreachable: the write transaction read it open just now
 	}
-	fr.DeadLettered = status == store.EventDeadLetter
+	fr.Attempts = plan.Attempts
+	fr.DeadLettered = plan.Status == store.EventDeadLetter
 	fr.NextAttemptAt = msTime(next)
 	if _, err := tx.exec(`
 		INSERT INTO event_errors (agent_uid, session_id, event_id, attempt_seq, attempt, actor_epoch, counted, error, failed_at)
@@ -308,29 +306,26 @@ func failEvent(tx *txn, f failure) (store.FailResult, error) {
 		f.key.AgentUID, f.key.SessionID, f.eventID, fr.Attempts, f.epoch, boolInt(f.counted), f.msg); err != nil {
 		return fr, err
 	}
-	if fr.DeadLettered {
+	if plan.DetachSteers {
 		if err := detachSteers(tx, f.key, f.eventID); err != nil {
 			return fr, err
 		}
 	}
-	if !f.counted || fr.SessionStatus == store.SessionDestroyed {
-		return fr, nil
-	}
-	switch policy {
-	case store.CrashSleep:
-		if fr.DeadLettered {
-			// The failed event is out of the way: the session moves on to
-			// its next event instead of sleeping behind nothing.
-			break
-		}
-		if _, err := tx.exec(`
-			UPDATE sessions SET status = 'sleeping', sleep_ts = `+nowMS+`, sleep_reason = 'crash', pending_since = NULL
-			WHERE agent_uid = ? AND session_id = ? AND status <> 'destroyed'`,
-			f.key.AgentUID, f.key.SessionID); err != nil {
+	switch plan.Session {
+	case store.SessionSleep:
+		res, err := tx.exec(`
+			UPDATE sessions SET status = 'sleeping', sleep_ts = `+nowMS+`, sleep_reason = ?3, pending_since = NULL
+			WHERE agent_uid = ?1 AND session_id = ?2 AND status = 'active'`,
+			f.key.AgentUID, f.key.SessionID, store.SleepReasonCrash)
+		if err != nil {
 			return fr, err
 		}
-		fr.SessionStatus = store.SessionSleeping
-	case store.CrashDestroy:
+		if n, err := res.RowsAffected(); err != nil {
+			return fr, err
+		} else if n == 1 {
+			fr.SessionStatus = store.SessionSleeping
+		}
+	case store.SessionDestroy:
 		if err := destroySession(tx, f.key); err != nil {
 			return fr, err
 		}
