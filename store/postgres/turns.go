@@ -251,7 +251,7 @@ const (
 // fence sends the batch lock (which locks the activation row) with the
 // fence statement queued after it, so that the lock is taken first and both
 // cost one round trip, and classifies a refusal.
-func fence(ctx context.Context, tx txConn, ref abi.TurnRef, op fenceOp, lock *pgx.Batch, fenceStmt string, args []any) error {
+func fence(ctx context.Context, tx txConn, ref abi.TurnRef, op store.FenceOp, lock *pgx.Batch, fenceStmt string, args []any) error {
 	var dOK, aOK bool
 	lock.Queue(fenceStmt, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&dOK, &aOK) })
 	if err := tx.SendBatch(ctx, lock).Close(); err != nil {
@@ -282,7 +282,7 @@ func (s *Store) MarkDeliverySent(ctx context.Context, ref abi.TurnRef) error {
 		if tag.RowsAffected() == 1 {
 			return nil
 		}
-		return classify(ctx, s.pool, ref, fenceMarkSent, false)
+		return classify(ctx, s.pool, ref, store.FenceMarkSent, false)
 	})
 }
 
@@ -329,7 +329,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 			}
 			return err
 		})
-		if err := fence(ctx, tx, ref, fenceCommit, b, commitFence, refArgs(ref)); err != nil {
+		if err := fence(ctx, tx, ref, store.FenceCommit, b, commitFence, refArgs(ref)); err != nil {
 			return err
 		}
 		if payload == nil { // unreachable: the delivery's event exists (foreign key)
@@ -518,7 +518,7 @@ func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (sto
 		// session reads no row).
 		b.Queue(`SELECT `+failFactsCols+` FROM `+failFactsFrom(1, 2, 3), ref.AgentUID, ref.SessionID, ref.ActorEventID).
 			QueryRow(ignoreNoRows(func(row pgx.Row) error { return row.Scan(f.factsDest()...) }))
-		if err := fence(ctx, tx, ref, fenceFail, b, failFence, refArgs(ref, string(newState), p.Error)); err != nil {
+		if err := fence(ctx, tx, ref, store.FenceFail, b, failFence, refArgs(ref, string(newState), p.Error)); err != nil {
 			return err
 		}
 		var err error
@@ -531,97 +531,47 @@ func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (sto
 	return fr, nil
 }
 
-// fenceOp says which write a classification explains.
-type fenceOp int
-
-const (
-	fenceCommit   fenceOp = iota // delivery must be sent; lease must be unexpired
-	fenceFail                    // delivery created or sent; lease not checked
-	fenceMarkSent                // delivery must be created; activation not checked
-)
-
-// classify explains, with reads in the same transaction (the activation row
-// is locked by the caller; MarkDeliverySent, which wrote nothing, reads
-// outside one), why a guarded UPDATE matched no row, as a
-// *store.FenceError. It decides nothing: the guarded UPDATE already refused
-// and the caller rolls back. deliveryMatched says the delivery's guard
-// passed (and this transaction has since written the delivery), so its
-// checks are skipped. Order (store/storetest/README.md): unknown_delivery,
-// wrong_actor_key, the delivery's copied epoch (stale_epoch), revision
-// (stale_revision), activation or event (superseded_delivery); then the
-// activation: gone, not live or another epoch (stale_epoch), revision
-// (stale_revision), current event (superseded_delivery); then the delivery's
-// state (superseded_delivery); then the lease (expired_lease).
-func classify(ctx context.Context, tx querier, ref abi.TurnRef, op fenceOp, deliveryMatched bool) error {
-	fe := func(r store.FenceReason, format string, args ...any) error {
-		return &store.FenceError{Reason: r, Detail: fmt.Sprintf(format, args...)}
-	}
-	var d store.Delivery
+// classify reads, in the same transaction (the activation row is locked by
+// the caller; MarkDeliverySent, which wrote nothing, reads outside one), the
+// rows that explain why a guarded UPDATE matched no row, and lets
+// store.ClassifyFence name the reason. It decides nothing: the guarded
+// UPDATE already refused and the caller rolls back. deliveryMatched says
+// the delivery's guard passed (and this transaction has since written the
+// delivery), so the delivery is not read.
+func classify(ctx context.Context, tx querier, ref abi.TurnRef, op store.FenceOp, deliveryMatched bool) error {
+	rows := store.FenceRows{DeliveryMatched: deliveryMatched}
 	if !deliveryMatched {
+		d := store.Delivery{ID: ref.DeliveryID}
 		err := tx.QueryRow(ctx, `
 			SELECT agent_uid, session_id, activation_uid, actor_epoch, event_id, revision, state
 			FROM deliveries WHERE delivery_id = $1`, ref.DeliveryID).Scan(
 			&d.AgentUID, &d.SessionID, &d.ActivationUID, &d.ActorEpoch, &d.EventID, &d.Revision, &d.State)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
-			return fe(store.FenceUnknownDelivery, "delivery %s does not exist", ref.DeliveryID)
 		case err != nil:
 			return err
-		case d.AgentUID != ref.AgentUID || d.SessionID != ref.SessionID:
-			return fe(store.FenceWrongActorKey, "delivery %s belongs to %s, ref names %s", ref.DeliveryID, d.ActorKey, store.KeyOf(ref))
-		case d.ActorEpoch != ref.ActorEpoch:
-			return fe(store.FenceStaleEpoch, "delivery epoch %d, ref epoch %d", d.ActorEpoch, ref.ActorEpoch)
-		case d.Revision != ref.Revision:
-			return fe(store.FenceStaleRevision, "delivery revision %d, ref revision %d", d.Revision, ref.Revision)
-		case d.ActivationUID != ref.ActivationUID:
-			return fe(store.FenceSupersededDelivery, "delivery activation %s, ref activation %s", d.ActivationUID, ref.ActivationUID)
-		case d.EventID != ref.ActorEventID:
-			return fe(store.FenceSupersededDelivery, "delivery event %d, ref event %d", d.EventID, ref.ActorEventID)
+		default:
+			rows.Delivery = &d
 		}
-		if op == fenceMarkSent {
-			return fe(store.FenceSupersededDelivery, "delivery %s is %s, not created", ref.DeliveryID, d.State)
+		if rows.Delivery == nil || op == store.FenceMarkSent {
+			return store.ClassifyFence(ref, op, rows)
 		}
 	}
-	var a store.Activation
+	a := store.Activation{UID: ref.ActivationUID}
 	var current *int64
-	var expired bool
 	err := tx.QueryRow(ctx, `
 		SELECT actor_epoch, revision, current_event_id, state, lease_expires_at <= clock_timestamp()
 		FROM activations WHERE activation_uid = $1`, ref.ActivationUID).Scan(
-		&a.ActorEpoch, &a.Revision, &current, &a.State, &expired)
+		&a.ActorEpoch, &a.Revision, &current, &a.State, &rows.LeaseExpired)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return fe(store.FenceStaleEpoch, "activation %s does not exist", ref.ActivationUID)
 	case err != nil:
 		return err
-	case !live(a.State):
-		return fe(store.FenceStaleEpoch, "activation %s is %s", ref.ActivationUID, a.State)
-	case a.ActorEpoch != ref.ActorEpoch:
-		return fe(store.FenceStaleEpoch, "activation epoch %d, ref epoch %d", a.ActorEpoch, ref.ActorEpoch)
-	case a.Revision != ref.Revision:
-		return fe(store.FenceStaleRevision, "activation revision %d, ref revision %d", a.Revision, ref.Revision)
-	case current == nil || *current != ref.ActorEventID:
-		cur := int64(0)
+	default:
 		if current != nil {
-			cur = *current
+			a.CurrentEventID = *current
 		}
-		return fe(store.FenceSupersededDelivery, "activation current event %d, ref event %d", cur, ref.ActorEventID)
+		rows.Activation = &a
 	}
-	if !deliveryMatched {
-		switch {
-		case op == fenceCommit && d.State != store.DeliverySent:
-			return fe(store.FenceSupersededDelivery, "delivery %s is %s, not sent", ref.DeliveryID, d.State)
-		case op == fenceFail && d.State != store.DeliveryCreated && d.State != store.DeliverySent:
-			return fe(store.FenceSupersededDelivery, "delivery %s is %s", ref.DeliveryID, d.State)
-		}
-	}
-	if op == fenceCommit && expired {
-		return fe(store.FenceExpiredLease, "activation %s lease expired", ref.ActivationUID)
-	}
-	// Unreachable while the guards and this order agree; refuse anyway.
-	return fe(store.FenceSupersededDelivery, "turn_ref %s does not match", ref)
-}
-
-func live(s store.ActivationState) bool {
-	return s == store.ActivationStarting || s == store.ActivationActive || s == store.ActivationDraining
+	return store.ClassifyFence(ref, op, rows)
 }
