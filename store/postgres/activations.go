@@ -28,6 +28,9 @@ const (
 // a fast path (and keeps a claim from queueing on the session row behind a
 // commit of the live activation): it takes no lock.
 func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationParams) (store.Activation, error) {
+	if err := store.CheckLeaseTTL(p.LeaseTTL); err != nil {
+		return store.Activation{}, fmt.Errorf("store/postgres: claim activation: %w", err)
+	}
 	key := p.Key
 	a := store.Activation{UID: p.UID, ActorKey: key, LeaseID: p.LeaseID, State: store.ActivationActive, HostID: p.HostID}
 	err := s.tx(ctx, "claim activation", func(ctx context.Context, tx pgx.Tx) error {
@@ -109,6 +112,9 @@ func (s *Store) RenewLeases(ctx context.Context, p store.RenewLeasesParams) ([]s
 	if len(p.Refs) == 0 {
 		return nil, nil
 	}
+	if err := store.CheckLeaseTTL(p.LeaseTTL); err != nil {
+		return nil, fmt.Errorf("store/postgres: renew leases: %w", err)
+	}
 	n := len(p.Refs)
 	uids, agents, sessions, leases := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	epochs := make([]int64, n)
@@ -187,7 +193,7 @@ func (s *Store) ExpiredActivations(ctx context.Context, limit int) ([]store.Acti
 		rows, err := s.leases.Query(ctx, `
 			SELECT activation_uid, agent_uid, session_id, actor_epoch, lease_id FROM activations
 			WHERE state IN `+liveStates+` AND lease_expires_at <= clock_timestamp()
-			ORDER BY lease_expires_at LIMIT $1`, pageLimit(limit))
+			ORDER BY lease_expires_at LIMIT $1`, store.PageLimit(limit))
 		if err != nil {
 			return err
 		}
@@ -448,7 +454,7 @@ func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsPa
 				WHERE d.agent_uid = o.agent_uid AND d.session_id = o.session_id AND d.status = 'dead_letter'
 				  AND d.seq < o.seq))
 			ORDER BY o.next_attempt_at, o.event_id
-			LIMIT $1`, pageLimit(p.Limit), blocked)
+			LIMIT $1`, store.PageLimit(p.Limit), blocked)
 		if err != nil {
 			return err
 		}

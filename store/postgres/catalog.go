@@ -92,33 +92,11 @@ func scanAgent(row pgx.Row) (store.Agent, error) {
 	return a, err
 }
 
-// agentKind validates the worker binding of p (the API validates first, so
-// a wrong combination is a plain error) and returns its kind, "" meaning
-// wasm.
-func agentKind(p store.CreateAgentParams) (string, error) {
-	switch p.Kind {
-	case "", store.KindWasm:
-		if p.Plugin != "" {
-			return "", fmt.Errorf("a wasm agent names no plugin worker (got %q)", p.Plugin)
-		}
-		return store.KindWasm, nil
-	case store.KindPlugin:
-		if p.ModuleDigest != "" {
-			return "", fmt.Errorf("a plugin agent names no module (got %q)", p.ModuleDigest)
-		}
-		return store.KindPlugin, nil
-	}
-	return "", fmt.Errorf("invalid agent kind %q", p.Kind)
-}
-
 // CreateAgent registers an agent; a taken name returns ErrConflict unless
 // p.Upsert (then kind, binding and policy are updated). A wasm agent's
 // module and a plugin agent's plugin worker must exist (else ErrNotFound).
 func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (store.Agent, error) {
-	if !p.CrashPolicy.Valid() {
-		return store.Agent{}, fmt.Errorf("store/postgres: create agent: invalid crash policy %q", p.CrashPolicy)
-	}
-	kind, err := agentKind(p)
+	kind, err := store.AgentKind(p)
 	if err != nil {
 		return store.Agent{}, fmt.Errorf("store/postgres: create agent: %w", err)
 	}
@@ -294,7 +272,7 @@ func (s *Store) ListSessions(ctx context.Context, p store.ListSessionsParams) ([
 	err := s.call(ctx, "list sessions", func(ctx context.Context) error {
 		rows, err := s.pool.Query(ctx, `SELECT `+sessionCols+` FROM sessions s
 			WHERE s.agent_uid = $1 AND s.session_id > $2
-			ORDER BY s.session_id LIMIT $3`, p.AgentUID, p.After, pageLimit(p.Limit))
+			ORDER BY s.session_id LIMIT $3`, p.AgentUID, p.After, store.PageLimit(p.Limit))
 		if err != nil {
 			return err
 		}

@@ -209,7 +209,7 @@ func (s *Store) ListEvents(ctx context.Context, p store.ListEventsParams) ([]sto
 		rows, err := s.pool.Query(ctx, `SELECT `+eventCols+` FROM actor_events
 			WHERE agent_uid = $1 AND session_id = $2 AND event_id > $3 AND ($4 = '' OR status = $4)
 			ORDER BY event_id LIMIT $5`,
-			p.Key.AgentUID, p.Key.SessionID, p.After, string(p.Status), pageLimit(p.Limit))
+			p.Key.AgentUID, p.Key.SessionID, p.After, string(p.Status), store.PageLimit(p.Limit))
 		if err != nil {
 			return err
 		}
@@ -227,7 +227,7 @@ func (s *Store) Transcript(ctx context.Context, p store.TranscriptParams) ([]sto
 		rows, err := s.pool.Query(ctx, `
 			SELECT turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at FROM turns
 			WHERE agent_uid = $1 AND session_id = $2 AND turn_no > $3
-			ORDER BY turn_no LIMIT $4`, p.Key.AgentUID, p.Key.SessionID, p.AfterTurn, pageLimit(p.Limit))
+			ORDER BY turn_no LIMIT $4`, p.Key.AgentUID, p.Key.SessionID, p.AfterTurn, store.PageLimit(p.Limit))
 		if err != nil {
 			return err
 		}

@@ -29,30 +29,12 @@ func scanPluginWorker(row pgx.Row) (store.PluginWorker, error) {
 	return w, nil
 }
 
-// pluginEnv validates p and encodes its environment (nil: an empty object).
-func pluginEnv(p store.PluginWorker) (string, error) {
-	if p.Name == "" {
-		return "", errors.New("empty plugin worker name")
-	}
-	if p.Processes < 1 {
-		return "", fmt.Errorf("plugin worker %q: processes %d, want at least 1", p.Name, p.Processes)
-	}
-	if p.Env == nil {
-		return "{}", nil
-	}
-	env, err := json.Marshal(p.Env)
-	if err != nil {
-		return "", fmt.Errorf("plugin worker %q: env: %w", p.Name, err)
-	}
-	return string(env), nil
-}
-
 // PutPluginWorker registers a plugin worker or replaces the registration of
 // that name (created false; CreatedAt kept, UpdatedAt now). Two puts of a
 // new name race safely: the second INSERT waits for the first and then
 // updates its row.
 func (s *Store) PutPluginWorker(ctx context.Context, p store.PluginWorker) (store.PluginWorker, bool, error) {
-	env, err := pluginEnv(p)
+	env, err := store.PluginEnv(p)
 	if err != nil {
 		return store.PluginWorker{}, false, fmt.Errorf("store/postgres: put plugin worker: %w", err)
 	}

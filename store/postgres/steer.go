@@ -183,7 +183,7 @@ func (s *Store) CancelEvent(ctx context.Context, p store.CancelEventParams) (sto
 		// The transcript records the cancellation: the event's message,
 		// then a system message with the reason.
 		var roles, contents []string
-		if m, ok := payloadMessage(payload); ok {
+		if m, ok := store.PayloadMessage(payload); ok {
 			roles, contents = append(roles, abi.RoleUser), append(contents, m)
 		}
 		note := "cancelled"

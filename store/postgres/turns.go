@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -336,7 +335,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 			return fmt.Errorf("event %d of %s not found", ref.ActorEventID, store.KeyOf(ref))
 		}
 		t = store.Turn{ActorKey: store.KeyOf(ref), EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
-			ActorEpoch: ref.ActorEpoch, Outcome: outcome, Messages: turnMessages(*payload, steers, p.Messages)}
+			ActorEpoch: ref.ActorEpoch, Outcome: outcome, Messages: store.TurnMessages(append([]string{*payload}, steers...), p.Messages)}
 		n := len(t.Messages)
 		idx, roles, contents := make([]int32, n), make([]string, n), make([]string, n)
 		for i, m := range t.Messages {
@@ -419,35 +418,6 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		return store.Turn{}, err
 	}
 	return t, nil
-}
-
-// turnMessages is a turn's transcript: the event's own message (role user,
-// from the payload's "message" string; none when absent or empty), then
-// each attached steer's message the same way, in acceptance order, then the
-// worker's messages.
-func turnMessages(payload string, steers []string, msgs []abi.Message) []store.TranscriptMessage {
-	out := make([]store.TranscriptMessage, 0, len(msgs)+len(steers)+1)
-	for _, pl := range append([]string{payload}, steers...) {
-		if m, ok := payloadMessage(pl); ok {
-			out = append(out, store.TranscriptMessage{Index: len(out), Role: abi.RoleUser, Content: m})
-		}
-	}
-	for _, m := range msgs {
-		out = append(out, store.TranscriptMessage{Index: len(out), Role: m.Role, Content: m.Content})
-	}
-	return out
-}
-
-// payloadMessage returns the payload's "message" string, if it has a
-// non-empty one.
-func payloadMessage(payload string) (string, bool) {
-	var pl struct {
-		Message *string `json:"message"`
-	}
-	if json.Unmarshal([]byte(payload), &pl) != nil || pl.Message == nil || *pl.Message == "" {
-		return "", false
-	}
-	return *pl.Message, true
 }
 
 // queueAlarmOps queues a commit's alarm operations: per name the last

@@ -29,8 +29,8 @@ func scanActivation(sc scanner) (store.Activation, error) {
 // epoch bump and the insert are one transaction: when the partial unique
 // index refuses the insert, both roll back.
 func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationParams) (store.Activation, error) {
-	if p.LeaseTTL <= 0 {
-		return store.Activation{}, errors.New("store/sqlite: claim activation: lease TTL must be positive")
+	if err := store.CheckLeaseTTL(p.LeaseTTL); err != nil {
+		return store.Activation{}, fmt.Errorf("store/sqlite: claim activation: %w", err)
 	}
 	var a store.Activation
 	err := s.write(ctx, "claim activation", func(tx *txn) error {
@@ -81,8 +81,8 @@ func (s *Store) RenewLeases(ctx context.Context, p store.RenewLeasesParams) ([]s
 	if len(p.Refs) == 0 {
 		return nil, nil
 	}
-	if p.LeaseTTL <= 0 {
-		return nil, errors.New("store/sqlite: renew leases: lease TTL must be positive")
+	if err := store.CheckLeaseTTL(p.LeaseTTL); err != nil {
+		return nil, fmt.Errorf("store/sqlite: renew leases: %w", err)
 	}
 	refs := make([]renewRef, len(p.Refs))
 	for i, r := range p.Refs {
@@ -161,7 +161,7 @@ func (s *Store) ExpiredActivations(ctx context.Context, limit int) ([]store.Acti
 		rows, err := tx.query(`
 			SELECT activation_uid, agent_uid, session_id, actor_epoch, lease_id FROM activations
 			WHERE state IN `+liveStates+` AND lease_expires_at <= `+nowMS+`
-			ORDER BY lease_expires_at, activation_uid LIMIT ?`, pageLimit(limit))
+			ORDER BY lease_expires_at, activation_uid LIMIT ?`, store.PageLimit(limit))
 		if err != nil {
 			return err
 		}
@@ -406,7 +406,7 @@ func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsPa
 			                       WHERE dl.agent_uid = e.agent_uid AND dl.session_id = e.session_id
 			                         AND dl.status = 'dead_letter' AND dl.seq < e.seq))
 			ORDER BY e.next_attempt_at, e.event_id
-			LIMIT ?2`, string(blocked), pageLimit(p.Limit))
+			LIMIT ?2`, string(blocked), store.PageLimit(p.Limit))
 		if err != nil {
 			return err
 		}

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
-	"fmt"
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
@@ -88,7 +87,7 @@ type dueAlarm struct {
 func (s *Store) FireDueAlarms(ctx context.Context, limit int) ([]store.ActorKey, error) {
 	var out []store.ActorKey
 	seen := map[store.ActorKey]bool{}
-	for range pageLimit(limit) {
+	for range store.PageLimit(limit) {
 		a, fired, err := s.fireNextAlarm(ctx)
 		if err != nil {
 			return out, err
@@ -148,17 +147,14 @@ func (s *Store) fireNextAlarm(ctx context.Context) (picked *dueAlarm, fired bool
 		if destroyed {
 			return nil // dropped with its session
 		}
-		af := abi.AlarmFired{Name: a.name, DueAt: msTime(a.dueAt)}
-		if data.Valid {
-			af.Data = json.RawMessage(data.String)
-		}
-		payload, err := json.Marshal(map[string]abi.AlarmFired{"alarm": af})
+		due := msTime(a.dueAt)
+		payload, err := store.AlarmPayload(a.name, due, data.String)
 		if err != nil {
 			return err
 		}
 		// The idempotency key makes each (session, alarm, due time) one
 		// event; a duplicate means it fired already.
-		_, fired, err = appendEvent(tx, a.key, abi.EventAlarm, string(payload), fmt.Sprintf("alarm:%s:%d", a.name, a.dueAt))
+		_, fired, err = appendEvent(tx, a.key, abi.EventAlarm, payload, store.AlarmIdempotencyKey(a.name, due))
 		return err
 	})
 	return picked, fired, err

@@ -133,7 +133,7 @@ func (s *Store) ListEvents(ctx context.Context, p store.ListEventsParams) ([]sto
 			SELECT `+eventCols+` FROM actor_events e
 			WHERE e.agent_uid = ? AND e.session_id = ? AND e.event_id > ? AND (?4 = '' OR e.status = ?4)
 			ORDER BY e.event_id LIMIT ?`,
-			p.Key.AgentUID, p.Key.SessionID, p.After, string(p.Status), pageLimit(p.Limit))
+			p.Key.AgentUID, p.Key.SessionID, p.After, string(p.Status), store.PageLimit(p.Limit))
 		if err != nil {
 			return err
 		}
@@ -158,7 +158,7 @@ func (s *Store) Transcript(ctx context.Context, p store.TranscriptParams) ([]sto
 			SELECT turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at FROM turns
 			WHERE agent_uid = ? AND session_id = ? AND turn_no > ?
 			ORDER BY turn_no LIMIT ?`,
-			p.Key.AgentUID, p.Key.SessionID, p.AfterTurn, pageLimit(p.Limit))
+			p.Key.AgentUID, p.Key.SessionID, p.AfterTurn, store.PageLimit(p.Limit))
 		if err != nil {
 			return err
 		}

@@ -260,7 +260,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		}
 		t = store.Turn{ActorKey: key, EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
 			ActorEpoch: ref.ActorEpoch, Outcome: outcome, CommittedAt: msTime(closedAt),
-			Messages: turnMessages(payloads, p.Messages), NextOpen: true}
+			Messages: store.TurnMessages(payloads, p.Messages), NextOpen: true}
 		if t.TurnNo, err = insertTurn(tx, t); err != nil {
 			return err
 		}
@@ -315,33 +315,6 @@ func insertTurn(tx *txn, t store.Turn) (int64, error) {
 		}
 	}
 	return turnNo, nil
-}
-
-// turnMessages is a turn's transcript: the user message of each payload
-// (the event's, then its steers'; from the payload's "message" string, none
-// when absent or empty), then the worker's messages.
-func turnMessages(payloads []string, msgs []abi.Message) []store.TranscriptMessage {
-	out := make([]store.TranscriptMessage, 0, len(payloads)+len(msgs))
-	for _, p := range payloads {
-		if text, ok := payloadMessage(p); ok {
-			out = append(out, store.TranscriptMessage{Index: len(out), Role: abi.RoleUser, Content: text})
-		}
-	}
-	for _, m := range msgs {
-		out = append(out, store.TranscriptMessage{Index: len(out), Role: m.Role, Content: m.Content})
-	}
-	return out
-}
-
-// payloadMessage returns a signal payload's non-empty "message" string.
-func payloadMessage(payload string) (string, bool) {
-	var pl struct {
-		Message *string `json:"message"`
-	}
-	if json.Unmarshal([]byte(payload), &pl) == nil && pl.Message != nil && *pl.Message != "" {
-		return *pl.Message, true
-	}
-	return "", false
 }
 
 // FailAttempt records a failed attempt under the same fences as a commit,
