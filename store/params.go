@@ -87,6 +87,19 @@ func PluginEnv(p PluginWorker) (string, error) {
 	return string(env), nil
 }
 
+// DecodePluginEnv decodes a plugin worker's stored environment (PluginEnv's
+// encoding of worker name) into Env: never nil, empty for "{}" or "null".
+func DecodePluginEnv(name, env string) (map[string]string, error) {
+	var m map[string]string
+	if err := json.Unmarshal([]byte(env), &m); err != nil {
+		return nil, fmt.Errorf("plugin worker %q: env: %w", name, err)
+	}
+	if m == nil {
+		m = map[string]string{}
+	}
+	return m, nil
+}
+
 // PayloadMessage returns a signal payload's "message" string
 // ({"message": "...", "data": {...}}) when it has a non-empty one.
 func PayloadMessage(payload string) (string, bool) {

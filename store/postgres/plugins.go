@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -19,11 +18,9 @@ func scanPluginWorker(row pgx.Row) (store.PluginWorker, error) {
 	if err := row.Scan(&w.Name, &w.Path, &w.SHA256, &env, &w.Processes, &w.CreatedAt, &w.UpdatedAt); err != nil {
 		return w, err
 	}
-	if err := json.Unmarshal([]byte(env), &w.Env); err != nil {
-		return w, fmt.Errorf("plugin worker %q: env: %w", w.Name, err)
-	}
-	if w.Env == nil {
-		w.Env = map[string]string{}
+	var err error
+	if w.Env, err = store.DecodePluginEnv(w.Name, env); err != nil {
+		return w, err
 	}
 	w.CreatedAt, w.UpdatedAt = utc(w.CreatedAt), utc(w.UpdatedAt)
 	return w, nil

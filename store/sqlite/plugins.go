@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -19,11 +18,9 @@ func scanPluginWorker(sc scanner) (store.PluginWorker, error) {
 	if err := sc.Scan(&w.Name, &w.Path, &w.SHA256, &env, &w.Processes, &created, &updated); err != nil {
 		return w, err
 	}
-	if err := json.Unmarshal([]byte(env), &w.Env); err != nil {
-		return w, fmt.Errorf("plugin worker %q: env: %w", w.Name, err)
-	}
-	if w.Env == nil {
-		w.Env = map[string]string{}
+	var err error
+	if w.Env, err = store.DecodePluginEnv(w.Name, env); err != nil {
+		return w, err
 	}
 	w.CreatedAt, w.UpdatedAt = msTime(created), msTime(updated)
 	return w, nil
