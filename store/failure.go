@@ -100,3 +100,23 @@ func PlanFailure(in FailureInput) FailurePlan {
 	}
 	return p
 }
+
+// Last errors the watchdog records on an event whose activation's lease
+// expired.
+const (
+	ErrTextLeaseLostSent    = "lease expired: host lost while the turn ran"
+	ErrTextLeaseLostCreated = "lease expired: host lost before the turn was sent"
+)
+
+// LeaseLost is the watchdog's failure of the event in flight when a lease
+// expired, from the state its delivery was closed with (the SQL moves sent
+// to superseded, created to send_failed): a superseded delivery — a worker
+// had the turn — counts an attempt and waits out backoff; a send_failed one
+// was never sent, so it counts nothing and is due at once (DESIGN "What
+// counts as an attempt"). lastError is recorded on the event.
+func LeaseLost(closed DeliveryState, backoff time.Duration) (counted bool, delay time.Duration, lastError string) {
+	if closed == DeliverySuperseded {
+		return true, backoff, ErrTextLeaseLostSent
+	}
+	return false, 0, ErrTextLeaseLostCreated
+}

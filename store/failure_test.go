@@ -55,3 +55,12 @@ func TestPlanFailure(t *testing.T) {
 		}
 	}
 }
+
+func TestLeaseLost(t *testing.T) {
+	if c, d, msg := LeaseLost(DeliverySuperseded, time.Minute); !c || d != time.Minute || msg != ErrTextLeaseLostSent {
+		t.Errorf("LeaseLost(superseded) = %v, %v, %q", c, d, msg)
+	}
+	if c, d, msg := LeaseLost(DeliverySendFailed, time.Minute); c || d != 0 || msg != ErrTextLeaseLostCreated {
+		t.Errorf("LeaseLost(send_failed) = %v, %v, %q", c, d, msg)
+	}
+}

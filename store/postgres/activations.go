@@ -11,13 +11,6 @@ import (
 	"github.com/paddock-dev/paddock/store"
 )
 
-// Last errors the watchdog records on an event whose activation's lease
-// expired.
-const (
-	errLeaseLostSent    = "lease expired: host lost while the turn ran"
-	errLeaseLostCreated = "lease expired: host lost before the turn was sent"
-)
-
 // ClaimActivation starts a new activation for the key (epoch = session epoch
 // + 1); a live one present returns ErrActivationLive. See store.Store.
 //
@@ -265,11 +258,7 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 		if err != nil {
 			return err
 		}
-		f.counted = state == store.DeliverySuperseded
-		f.backoff, f.msg = p.Backoff, errLeaseLostSent
-		if !f.counted {
-			f.backoff, f.msg = 0, errLeaseLostCreated
-		}
+		f.counted, f.backoff, f.msg = store.LeaseLost(state, p.Backoff)
 		fr, err = failEvent(ctx, tx, f)
 		return err
 	})

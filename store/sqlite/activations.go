@@ -178,12 +178,6 @@ func (s *Store) ExpiredActivations(ctx context.Context, limit int) ([]store.Acti
 	return out, err
 }
 
-// Watchdog texts recorded on the event.
-const (
-	errLeaseLostSent    = "lease expired: host lost while the turn ran"
-	errLeaseLostCreated = "lease expired: host lost before the turn was sent"
-)
-
 // ExpireActivation fails a live activation whose lease expired (compare-and-
 // set on ref and the database clock); see store.Store.
 func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationParams) (store.FailResult, error) {
@@ -235,12 +229,7 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 		if err != nil {
 			return err
 		}
-		counted := state == store.DeliverySuperseded
-		backoff := p.Backoff
-		msg := errLeaseLostSent
-		if !counted {
-			backoff, msg = 0, errLeaseLostCreated
-		}
+		counted, backoff, msg := store.LeaseLost(state, p.Backoff)
 		fr, err = failEvent(tx, failure{key: ref.ActorKey, eventID: current.Int64, epoch: ref.ActorEpoch,
 			counted: counted, msg: msg, backoff: backoff, maxAttempts: p.MaxAttempts})
 		return err
