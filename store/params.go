@@ -100,6 +100,33 @@ func DecodePluginEnv(name, env string) (map[string]string, error) {
 	return m, nil
 }
 
+// EventPayload checks a signal's payload (AppendEvent, Steer) and returns
+// it as stored: empty means {}; anything else must be valid JSON (else an
+// error wrapping ErrInvalid).
+func EventPayload(payload json.RawMessage) (string, error) {
+	if len(payload) == 0 {
+		return "{}", nil
+	}
+	if !json.Valid(payload) {
+		return "", fmt.Errorf("payload is not valid JSON: %w", ErrInvalid)
+	}
+	return string(payload), nil
+}
+
+// ClaimRefusal is ClaimActivation's answer for a session in status: nil
+// when active, else ErrSessionSleeping or ErrSessionDestroyed naming key.
+func ClaimRefusal(key ActorKey, status SessionStatus) error {
+	switch status {
+	case SessionActive:
+		return nil
+	case SessionDestroyed:
+		return fmt.Errorf("session %s: %w", key, ErrSessionDestroyed)
+	case SessionSleeping:
+		return fmt.Errorf("session %s: %w", key, ErrSessionSleeping)
+	}
+	return fmt.Errorf("session %s: status %q", key, status)
+}
+
 // PayloadMessage returns a signal payload's "message" string
 // ({"message": "...", "data": {...}}) when it has a non-empty one.
 func PayloadMessage(payload string) (string, bool) {

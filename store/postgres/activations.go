@@ -34,12 +34,13 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 				WHERE a.agent_uid = s.agent_uid AND a.session_id = s.session_id AND a.state IN `+liveStates+`)
 			FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`,
 			key.AgentUID, key.SessionID).Scan(&status, &live)
-		switch {
-		case err != nil:
+		if err != nil {
 			return fmt.Errorf("session %s: %w", key, notFound(err))
-		case status != store.SessionActive:
-			return claimRefused(key, status)
-		case live:
+		}
+		if err := store.ClaimRefusal(key, status); err != nil {
+			return err
+		}
+		if live {
 			return fmt.Errorf("session %s: %w", key, store.ErrActivationLive)
 		}
 		// The session lock; the status is checked again under it (a sleep
@@ -58,7 +59,7 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 				// session row: run it again.
 				return fmt.Errorf("session %s changed status: %w", key, errLockRace)
 			}
-			return claimRefused(key, status)
+			return store.ClaimRefusal(key, status)
 		}
 		if err != nil {
 			return err
@@ -86,17 +87,6 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 		return store.Activation{}, err
 	}
 	return a, nil
-}
-
-// claimRefused is ClaimActivation's error for a session that is not active.
-func claimRefused(key store.ActorKey, status store.SessionStatus) error {
-	switch status {
-	case store.SessionDestroyed:
-		return fmt.Errorf("session %s: %w", key, store.ErrSessionDestroyed)
-	case store.SessionSleeping:
-		return fmt.Errorf("session %s: %w", key, store.ErrSessionSleeping)
-	}
-	return fmt.Errorf("session %s: status %q", key, status)
 }
 
 // RenewLeases extends, in one statement, the leases of the given live,

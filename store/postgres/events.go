@@ -153,11 +153,14 @@ func insertResult(e store.Event, err error) (store.Event, bool, error) {
 // writes nothing (invariant 7).
 func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (store.Event, bool, error) {
 	key := p.Key
+	payload, err := store.EventPayload(p.Payload)
+	if err != nil {
+		return store.Event{}, false, fmt.Errorf("store/postgres: append event: %w", err)
+	}
 	// Fast path: one statement, one round trip, its own transaction.
-	ne := newEvent{kind: p.Kind, payload: string(p.Payload), idempotencyKey: p.IdempotencyKey}
+	ne := newEvent{kind: p.Kind, payload: payload, idempotencyKey: p.IdempotencyKey}
 	var e store.Event
 	var created bool
-	var err error
 	if s.groupCommit {
 		// With the appends of other sessions that arrived meanwhile
 		// (groupcommit.go); a batch that could not decide it says solo.

@@ -38,8 +38,8 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 		if err != nil {
 			return err
 		}
-		if status == store.SessionSleeping {
-			return fmt.Errorf("session %s: %w", p.Key, store.ErrSessionSleeping)
+		if err := store.ClaimRefusal(p.Key, status); err != nil {
+			return err
 		}
 		var epoch int64
 		if err := tx.queryRow(`

@@ -56,7 +56,7 @@ func sessionStatus(tx *txn, key store.ActorKey) (store.SessionStatus, error) {
 // a sleeping session; see store.Store. The payload is stored verbatim; it
 // must be JSON (empty means {}).
 func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (store.Event, bool, error) {
-	payload, err := eventPayload(p.Payload)
+	payload, err := store.EventPayload(p.Payload)
 	if err != nil {
 		return store.Event{}, false, fmt.Errorf("store/sqlite: append event: %w", err)
 	}
@@ -73,17 +73,6 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 		s.publish(p.Key)
 	}
 	return ev, created, nil
-}
-
-// eventPayload checks a signal's payload; empty means {}.
-func eventPayload(payload json.RawMessage) (string, error) {
-	if len(payload) == 0 {
-		return "{}", nil
-	}
-	if !json.Valid(payload) {
-		return "", errors.New("payload is not valid JSON")
-	}
-	return string(payload), nil
 }
 
 // appendEvent appends an open event with the session's next seq and wakes

@@ -274,7 +274,7 @@ type inFlightTurn struct {
 // Steer persists a steer and, with a turn in flight, attaches it and
 // supersedes the turn's delivery with a new revision; see store.Store.
 func (s *Store) Steer(ctx context.Context, p store.SteerParams) (store.SteerResult, error) {
-	payload, err := eventPayload(p.Payload)
+	payload, err := store.EventPayload(p.Payload)
 	if err != nil {
 		return store.SteerResult{}, fmt.Errorf("store/sqlite: steer: %w", err)
 	}
