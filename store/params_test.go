@@ -81,3 +81,25 @@ func TestTurnMessagesAndAlarms(t *testing.T) {
 		t.Errorf("NotDeadLetter(done) = %v", err)
 	}
 }
+
+func TestPlanAlarmOps(t *testing.T) {
+	w := PlanAlarmOps([]abi.AlarmOp{
+		{Name: "b", InMs: -5, EveryMs: -1, Data: []byte("null")},
+		{Name: "a", Clear: true},
+		{Name: "c", InMs: 10},
+		{Name: "a", InMs: 1, Data: []byte(`{"k":1}`)},
+		{Name: "c", Clear: true},
+	})
+	if len(w.Clear) != 1 || w.Clear[0] != "c" {
+		t.Errorf("Clear = %v, want [c]", w.Clear)
+	}
+	if len(w.Set) != 2 || w.Set[0].Name != "a" || w.Set[1].Name != "b" {
+		t.Fatalf("Set = %+v, want a then b", w.Set)
+	}
+	if b := w.Set[1]; b.InMs != 0 || b.EveryMs != 0 || b.Data != nil {
+		t.Errorf("b = %+v, want clamped, no data", b)
+	}
+	if string(w.Set[0].Data) != `{"k":1}` {
+		t.Errorf("a's data = %s", w.Set[0].Data)
+	}
+}

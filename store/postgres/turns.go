@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -420,49 +418,32 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	return t, nil
 }
 
-// queueAlarmOps queues a commit's alarm operations: per name the last
-// operation wins; sets are upserted (due_at = At, or DB now + InMs) and
-// clears deleted, each kind in one statement, names in sorted order.
+// queueAlarmOps queues a commit's alarm writes (store.PlanAlarmOps):
+// clears deleted, sets upserted (due_at = At, or DB now + InMs), each kind
+// in one statement.
 func queueAlarmOps(b *pgx.Batch, key store.ActorKey, ops []abi.AlarmOp) {
-	if len(ops) == 0 {
+	w := store.PlanAlarmOps(ops)
+	if len(w.Clear) > 0 {
+		b.Queue(`DELETE FROM alarms WHERE agent_uid = $1 AND session_id = $2 AND name = ANY($3::text[])`,
+			key.AgentUID, key.SessionID, w.Clear)
+	}
+	if len(w.Set) == 0 {
 		return
 	}
-	last := make(map[string]abi.AlarmOp, len(ops))
-	for _, op := range ops {
-		last[op.Name] = op
+	n := len(w.Set)
+	names, ats, inMs, every, data := make([]string, n), make([]*time.Time, n), make([]int64, n), make([]int64, n), make([]*string, n)
+	for i, op := range w.Set {
+		names[i], ats[i], inMs[i], every[i], data[i] = op.Name, op.At, op.InMs, op.EveryMs, nullString(string(op.Data))
 	}
-	names := slices.Sorted(maps.Keys(last))
-	var clears, setNames []string
-	var ats []*time.Time
-	var inMs, every []int64
-	var data []*string
-	for _, n := range names {
-		op := last[n]
-		if op.Clear {
-			clears = append(clears, n)
-			continue
-		}
-		setNames = append(setNames, n)
-		ats = append(ats, op.At)
-		inMs = append(inMs, max(op.InMs, 0))
-		every = append(every, max(op.EveryMs, 0))
-		data = append(data, nullString(string(op.Data)))
-	}
-	if len(clears) > 0 {
-		b.Queue(`DELETE FROM alarms WHERE agent_uid = $1 AND session_id = $2 AND name = ANY($3::text[])`,
-			key.AgentUID, key.SessionID, clears)
-	}
-	if len(setNames) > 0 {
-		b.Queue(`
-			INSERT INTO alarms (agent_uid, session_id, name, due_at, every_ms, data, set_at)
-			SELECT $1, $2, u.name, coalesce(u.at, now.t + u.in_ms * interval '1 millisecond'), u.every_ms, u.data, now.t
-			FROM unnest($3::text[], $4::timestamptz[], $5::bigint[], $6::bigint[], $7::text[])
-				AS u(name, at, in_ms, every_ms, data),
-				(SELECT clock_timestamp() AS t) now
-			ON CONFLICT (agent_uid, session_id, name) DO UPDATE SET due_at = excluded.due_at,
-				every_ms = excluded.every_ms, data = excluded.data, set_at = excluded.set_at`,
-			key.AgentUID, key.SessionID, setNames, ats, inMs, every, data)
-	}
+	b.Queue(`
+		INSERT INTO alarms (agent_uid, session_id, name, due_at, every_ms, data, set_at)
+		SELECT $1, $2, u.name, coalesce(u.at, now.t + u.in_ms * interval '1 millisecond'), u.every_ms, u.data, now.t
+		FROM unnest($3::text[], $4::timestamptz[], $5::bigint[], $6::bigint[], $7::text[])
+			AS u(name, at, in_ms, every_ms, data),
+			(SELECT clock_timestamp() AS t) now
+		ON CONFLICT (agent_uid, session_id, name) DO UPDATE SET due_at = excluded.due_at,
+			every_ms = excluded.every_ms, data = excluded.data, set_at = excluded.set_at`,
+		key.AgentUID, key.SessionID, names, ats, inMs, every, data)
 }
 
 // FailAttempt records a failed attempt under the same fences as a commit,
