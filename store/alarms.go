@@ -1,6 +1,8 @@
 package store
 
 import (
+	"encoding/json"
+	"fmt"
 	"maps"
 	"slices"
 
@@ -19,14 +21,19 @@ type AlarmWrites struct {
 }
 
 // PlanAlarmOps reduces a commit's alarm operations: per name the last
-// operation wins; negative InMs and EveryMs count as 0.
-func PlanAlarmOps(ops []abi.AlarmOp) AlarmWrites {
+// operation wins; negative InMs and EveryMs count as 0. Data that is not
+// valid JSON is refused (it goes verbatim into the alarm event's JSON
+// payload), wrapping ErrInvalid.
+func PlanAlarmOps(ops []abi.AlarmOp) (AlarmWrites, error) {
 	var w AlarmWrites
 	if len(ops) == 0 {
-		return w
+		return w, nil
 	}
 	last := make(map[string]abi.AlarmOp, len(ops))
 	for _, op := range ops {
+		if !op.Clear && len(op.Data) > 0 && !json.Valid(op.Data) {
+			return AlarmWrites{}, fmt.Errorf("alarm %q: data is not valid JSON: %w", op.Name, ErrInvalid)
+		}
 		last[op.Name] = op
 	}
 	for _, n := range slices.Sorted(maps.Keys(last)) {
@@ -41,5 +48,5 @@ func PlanAlarmOps(ops []abi.AlarmOp) AlarmWrites {
 		}
 		w.Set = append(w.Set, op)
 	}
-	return w
+	return w, nil
 }

@@ -127,6 +127,33 @@ func ClaimRefusal(key ActorKey, status SessionStatus) error {
 	return fmt.Errorf("session %s: status %q", key, status)
 }
 
+// CheckModule refuses a module without a digest, wrapping ErrInvalid.
+func CheckModule(p PutModuleParams) error {
+	if p.Digest == "" {
+		return fmt.Errorf("empty module digest: %w", ErrInvalid)
+	}
+	return nil
+}
+
+// CheckSession refuses CreateSession parameters whose crash policy is
+// neither empty (the agent's default applies) nor valid, wrapping
+// ErrInvalid.
+func CheckSession(p CreateSessionParams) error {
+	if p.CrashPolicy != "" && !p.CrashPolicy.Valid() {
+		return fmt.Errorf("crash policy %q: %w", p.CrashPolicy, ErrInvalid)
+	}
+	return nil
+}
+
+// CommitOutcome is the outcome a commit records: p.Outcome, or
+// abi.OutcomeOK when empty.
+func CommitOutcome(p CommitTurnParams) abi.Outcome {
+	if p.Outcome == "" {
+		return abi.OutcomeOK
+	}
+	return p.Outcome
+}
+
 // PayloadMessage returns a signal payload's "message" string
 // ({"message": "...", "data": {...}}) when it has a non-empty one.
 func PayloadMessage(payload string) (string, bool) {

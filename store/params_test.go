@@ -83,13 +83,19 @@ func TestTurnMessagesAndAlarms(t *testing.T) {
 }
 
 func TestPlanAlarmOps(t *testing.T) {
-	w := PlanAlarmOps([]abi.AlarmOp{
+	w, err := PlanAlarmOps([]abi.AlarmOp{
 		{Name: "b", InMs: -5, EveryMs: -1, Data: []byte("null")},
 		{Name: "a", Clear: true},
 		{Name: "c", InMs: 10},
 		{Name: "a", InMs: 1, Data: []byte(`{"k":1}`)},
 		{Name: "c", Clear: true},
 	})
+	if err != nil {
+		t.Fatalf("PlanAlarmOps: %v", err)
+	}
+	if _, err := PlanAlarmOps([]abi.AlarmOp{{Name: "x", Data: []byte("{")}}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("PlanAlarmOps(bad data) = %v, want ErrInvalid", err)
+	}
 	if len(w.Clear) != 1 || w.Clear[0] != "c" {
 		t.Errorf("Clear = %v, want [c]", w.Clear)
 	}

@@ -19,6 +19,9 @@ type querier interface {
 
 // PutModule stores a module by digest; created is false when it existed.
 func (s *Store) PutModule(ctx context.Context, p store.PutModuleParams) (store.Module, bool, error) {
+	if err := store.CheckModule(p); err != nil {
+		return store.Module{}, false, fmt.Errorf("store/postgres: put module: %w", err)
+	}
 	m := store.Module{Digest: p.Digest, ABIVersion: p.ABIVersion, Size: int64(len(p.Bytes)), Bytes: p.Bytes}
 	created := false
 	err := s.call(ctx, "put module", func(ctx context.Context) error {
@@ -207,8 +210,8 @@ func getSession(ctx context.Context, q querier, key store.ActorKey) (store.Sessi
 // makes get-or-create race-safe: the loser waits for the winner's commit and
 // then reads its row.
 func (s *Store) CreateSession(ctx context.Context, p store.CreateSessionParams) (store.Session, bool, error) {
-	if p.CrashPolicy != "" && !p.CrashPolicy.Valid() {
-		return store.Session{}, false, fmt.Errorf("store/postgres: create session: invalid crash policy %q", p.CrashPolicy)
+	if err := store.CheckSession(p); err != nil {
+		return store.Session{}, false, fmt.Errorf("store/postgres: create session: %w", err)
 	}
 	key := store.ActorKey{AgentUID: p.AgentUID, SessionID: p.SessionID}
 	var ss store.Session

@@ -297,12 +297,13 @@ func (s *Store) MarkDeliverySent(ctx context.Context, ref abi.TurnRef) error {
 // the delivery matched).
 func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store.Turn, error) {
 	ref := p.Ref
-	outcome := p.Outcome
-	if outcome == "" {
-		outcome = abi.OutcomeOK
+	outcome := store.CommitOutcome(p)
+	alarms, err := store.PlanAlarmOps(p.Alarms)
+	if err != nil {
+		return store.Turn{}, fmt.Errorf("store/postgres: commit turn: %w", err)
 	}
 	var t store.Turn
-	err := s.pipeTxDo(ctx, "commit turn", func(ctx context.Context, tx txConn) error {
+	err = s.pipeTxDo(ctx, "commit turn", func(ctx context.Context, tx txConn) error {
 		t = store.Turn{}
 		// Lock the activation row first (and read the event's payload);
 		// then the guarded UPDATEs. One round trip.
@@ -367,7 +368,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 			WHERE agent_uid = $1 AND session_id = $2 AND status = 'open' AND steer_of IS NULL)`,
 			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) error { return row.Scan(&t.NextOpen) })
 		// Alarms before the session row: the lock order of FireDueAlarms.
-		queueAlarmOps(b, store.KeyOf(ref), p.Alarms)
+		queueAlarmOps(b, store.KeyOf(ref), alarms)
 		b.Queue(`
 			WITH turn AS (
 				UPDATE sessions SET turn_count = turn_count + 1 WHERE agent_uid = $1 AND session_id = $2
@@ -421,8 +422,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 // queueAlarmOps queues a commit's alarm writes (store.PlanAlarmOps):
 // clears deleted, sets upserted (due_at = At, or DB now + InMs), each kind
 // in one statement.
-func queueAlarmOps(b *pgx.Batch, key store.ActorKey, ops []abi.AlarmOp) {
-	w := store.PlanAlarmOps(ops)
+func queueAlarmOps(b *pgx.Batch, key store.ActorKey, w store.AlarmWrites) {
 	if len(w.Clear) > 0 {
 		b.Queue(`DELETE FROM alarms WHERE agent_uid = $1 AND session_id = $2 AND name = ANY($3::text[])`,
 			key.AgentUID, key.SessionID, w.Clear)

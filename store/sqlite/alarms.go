@@ -10,12 +10,11 @@ import (
 	"github.com/paddock-dev/paddock/store"
 )
 
-// applyAlarms writes a turn's alarm operations (store.PlanAlarmOps)
-// inside its commit transaction: clears deleted, sets upserted by name.
+// applyAlarms writes a turn's alarm writes (store.PlanAlarmOps) inside
+// its commit transaction: clears deleted, sets upserted by name.
 // InMs is added to the database clock; At is stored at millisecond
 // precision.
-func applyAlarms(tx *txn, key store.ActorKey, ops []abi.AlarmOp) error {
-	w := store.PlanAlarmOps(ops)
+func applyAlarms(tx *txn, key store.ActorKey, w store.AlarmWrites) error {
 	for _, name := range w.Clear {
 		if _, err := tx.exec(`DELETE FROM alarms WHERE agent_uid = ? AND session_id = ? AND name = ?`,
 			key.AgentUID, key.SessionID, name); err != nil {

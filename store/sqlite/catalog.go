@@ -11,8 +11,8 @@ import (
 
 // PutModule stores a module by digest; created is false when it existed.
 func (s *Store) PutModule(ctx context.Context, p store.PutModuleParams) (store.Module, bool, error) {
-	if p.Digest == "" {
-		return store.Module{}, false, errors.New("store/sqlite: put module: empty digest")
+	if err := store.CheckModule(p); err != nil {
+		return store.Module{}, false, fmt.Errorf("store/sqlite: put module: %w", err)
 	}
 	var m store.Module
 	var created bool
@@ -229,8 +229,8 @@ func getSession(tx *txn, key store.ActorKey) (store.Session, error) {
 // CreateSession creates a session; see store.Store. An empty CrashPolicy
 // takes the agent's.
 func (s *Store) CreateSession(ctx context.Context, p store.CreateSessionParams) (store.Session, bool, error) {
-	if p.CrashPolicy != "" && !p.CrashPolicy.Valid() {
-		return store.Session{}, false, fmt.Errorf("store/sqlite: create session: invalid crash policy %q", p.CrashPolicy)
+	if err := store.CheckSession(p); err != nil {
+		return store.Session{}, false, fmt.Errorf("store/sqlite: create session: %w", err)
 	}
 	key := store.ActorKey{AgentUID: p.AgentUID, SessionID: p.SessionID}
 	var ss store.Session

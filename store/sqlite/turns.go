@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -190,18 +189,13 @@ func (s *Store) MarkDeliverySent(ctx context.Context, ref abi.TurnRef) error {
 func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store.Turn, error) {
 	ref := p.Ref
 	key := store.KeyOf(ref)
-	outcome := p.Outcome
-	if outcome == "" {
-		outcome = abi.OutcomeOK
-	}
-	for _, op := range p.Alarms {
-		// Stored data is put verbatim into the alarm event's JSON payload.
-		if len(op.Data) > 0 && !json.Valid(op.Data) {
-			return store.Turn{}, fmt.Errorf("store/sqlite: commit turn: alarm %q: data is not valid JSON", op.Name)
-		}
+	outcome := store.CommitOutcome(p)
+	alarms, err := store.PlanAlarmOps(p.Alarms)
+	if err != nil {
+		return store.Turn{}, fmt.Errorf("store/sqlite: commit turn: %w", err)
 	}
 	var t store.Turn
-	err := s.write(ctx, "commit turn", func(tx *txn) error {
+	err = s.write(ctx, "commit turn", func(tx *txn) error {
 		// BEGIN IMMEDIATE already holds the write lock: the activation row
 		// cannot change under us (the watchdog serialises behind this).
 		res, err := tx.exec(`
@@ -264,7 +258,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		if t.TurnNo, err = insertTurn(tx, t); err != nil {
 			return err
 		}
-		if err := applyAlarms(tx, key, p.Alarms); err != nil {
+		if err := applyAlarms(tx, key, alarms); err != nil {
 			return err
 		}
 		if outcome == abi.OutcomeSleep {
