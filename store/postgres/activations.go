@@ -11,13 +11,6 @@ import (
 	"github.com/paddock-dev/paddock/store"
 )
 
-// Last errors the watchdog records on an event whose activation's lease
-// expired.
-const (
-	errLeaseLostSent    = "lease expired: host lost while the turn ran"
-	errLeaseLostCreated = "lease expired: host lost before the turn was sent"
-)
-
 // ClaimActivation starts a new activation for the key (epoch = session epoch
 // + 1); a live one present returns ErrActivationLive. See store.Store.
 //
@@ -28,6 +21,9 @@ const (
 // a fast path (and keeps a claim from queueing on the session row behind a
 // commit of the live activation): it takes no lock.
 func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationParams) (store.Activation, error) {
+	if err := store.CheckLeaseTTL(p.LeaseTTL); err != nil {
+		return store.Activation{}, fmt.Errorf("store/postgres: claim activation: %w", err)
+	}
 	key := p.Key
 	a := store.Activation{UID: p.UID, ActorKey: key, LeaseID: p.LeaseID, State: store.ActivationActive, HostID: p.HostID}
 	err := s.tx(ctx, "claim activation", func(ctx context.Context, tx pgx.Tx) error {
@@ -38,12 +34,13 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 				WHERE a.agent_uid = s.agent_uid AND a.session_id = s.session_id AND a.state IN `+liveStates+`)
 			FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`,
 			key.AgentUID, key.SessionID).Scan(&status, &live)
-		switch {
-		case err != nil:
+		if err != nil {
 			return fmt.Errorf("session %s: %w", key, notFound(err))
-		case status != store.SessionActive:
-			return claimRefused(key, status)
-		case live:
+		}
+		if err := store.ClaimRefusal(key, status); err != nil {
+			return err
+		}
+		if live {
 			return fmt.Errorf("session %s: %w", key, store.ErrActivationLive)
 		}
 		// The session lock; the status is checked again under it (a sleep
@@ -62,7 +59,7 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 				// session row: run it again.
 				return fmt.Errorf("session %s changed status: %w", key, errLockRace)
 			}
-			return claimRefused(key, status)
+			return store.ClaimRefusal(key, status)
 		}
 		if err != nil {
 			return err
@@ -92,22 +89,14 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 	return a, nil
 }
 
-// claimRefused is ClaimActivation's error for a session that is not active.
-func claimRefused(key store.ActorKey, status store.SessionStatus) error {
-	switch status {
-	case store.SessionDestroyed:
-		return fmt.Errorf("session %s: %w", key, store.ErrSessionDestroyed)
-	case store.SessionSleeping:
-		return fmt.Errorf("session %s: %w", key, store.ErrSessionSleeping)
-	}
-	return fmt.Errorf("session %s: status %q", key, status)
-}
-
 // RenewLeases extends, in one statement, the leases of the given live,
 // unexpired activations held by p.HostID; see store.Store.
 func (s *Store) RenewLeases(ctx context.Context, p store.RenewLeasesParams) ([]store.ActivationRef, error) {
 	if len(p.Refs) == 0 {
 		return nil, nil
+	}
+	if err := store.CheckLeaseTTL(p.LeaseTTL); err != nil {
+		return nil, fmt.Errorf("store/postgres: renew leases: %w", err)
 	}
 	n := len(p.Refs)
 	uids, agents, sessions, leases := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -187,7 +176,7 @@ func (s *Store) ExpiredActivations(ctx context.Context, limit int) ([]store.Acti
 		rows, err := s.leases.Query(ctx, `
 			SELECT activation_uid, agent_uid, session_id, actor_epoch, lease_id FROM activations
 			WHERE state IN `+liveStates+` AND lease_expires_at <= clock_timestamp()
-			ORDER BY lease_expires_at LIMIT $1`, pageLimit(limit))
+			ORDER BY lease_expires_at LIMIT $1`, store.PageLimit(limit))
 		if err != nil {
 			return err
 		}
@@ -236,14 +225,22 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 		}
 		fr.EventID = *current
 		// The current event's delivery: sent means a worker had the turn.
+		// The same statement reads what store.PlanFailure decides on (the
+		// activation's row lock, taken above, serialises every failure of
+		// the event).
 		var state store.DeliveryState
+		f := failure{key: ref.ActorKey, eventID: *current, epoch: ref.ActorEpoch, maxAttempts: p.MaxAttempts}
 		err = tx.QueryRow(ctx, `
-			UPDATE deliveries
-			SET state = CASE state WHEN 'sent' THEN 'superseded' ELSE 'send_failed' END,
-			    closed_at = clock_timestamp(), error = 'lease expired'
-			WHERE activation_uid = $1 AND agent_uid = $2 AND session_id = $3 AND event_id = $4
-			  AND state IN ('created', 'sent')
-			RETURNING state`, ref.UID, ref.AgentUID, ref.SessionID, *current).Scan(&state)
+			WITH d AS (
+				UPDATE deliveries
+				SET state = CASE state WHEN 'sent' THEN 'superseded' ELSE 'send_failed' END,
+				    closed_at = clock_timestamp(), error = 'lease expired'
+				WHERE activation_uid = $1 AND agent_uid = $2 AND session_id = $3 AND event_id = $4
+				  AND state IN ('created', 'sent')
+				RETURNING state)
+			SELECT d.state, `+failFactsCols+`
+			FROM d, `+failFactsFrom(2, 3, 4),
+			ref.UID, ref.AgentUID, ref.SessionID, *current).Scan(append([]any{&state}, f.factsDest()...)...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// No delivery in flight: nothing to count.
 			return sessionStatus(ctx, tx, ref.ActorKey, &fr.SessionStatus)
@@ -251,13 +248,8 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 		if err != nil {
 			return err
 		}
-		counted := state == store.DeliverySuperseded
-		backoff, msg := p.Backoff, errLeaseLostSent
-		if !counted {
-			backoff, msg = 0, errLeaseLostCreated
-		}
-		fr, err = failEvent(ctx, tx, failure{key: ref.ActorKey, eventID: *current, epoch: ref.ActorEpoch,
-			counted: counted, msg: msg, backoff: backoff, maxAttempts: p.MaxAttempts})
+		f.counted, f.backoff, f.msg = store.LeaseLost(state, p.Backoff)
+		fr, err = failEvent(ctx, tx, f)
 		return err
 	})
 	if err != nil {
@@ -266,7 +258,9 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 	return fr, nil
 }
 
-// failure is one failed attempt of an event, for failEvent.
+// failure is one failed attempt of an event, for failEvent, with the rows
+// store.PlanFailure decides on (read by failFactsCols under the failed
+// activation's row lock).
 type failure struct {
 	key     store.ActorKey
 	eventID int64
@@ -276,64 +270,83 @@ type failure struct {
 	msg         string
 	backoff     time.Duration
 	maxAttempts int
+
+	policy        store.CrashPolicy
+	sessionStatus store.SessionStatus
+	attempts      int
+	eventStatus   store.EventStatus
 }
 
-// failEvent records a failed attempt on an open event: attempts+1 when
-// counted, last_error, next_attempt_at = DB now + backoff, and dead_letter
-// (closed, its attached steers detached) once a counted attempt reaches
-// maxAttempts (> 0); an event_errors row either way. A counted failure then
-// applies the session's crash policy (applyCrashPolicy). An event no longer
-// open is left alone.
+// failFactsCols are the columns failure.factsDest scans, from failFactsFrom.
+const failFactsCols = `s.crash_policy, s.status, coalesce(e.attempts, 0), coalesce(e.status, '')`
+
+// failFactsFrom is the FROM tail (no WHERE before it) that failFactsCols
+// read: the session ($agent, $session) and its event ($event), if any.
+func failFactsFrom(agent, session, event int) string {
+	return fmt.Sprintf(`sessions s LEFT JOIN actor_events e
+		ON e.event_id = $%d AND e.agent_uid = s.agent_uid AND e.session_id = s.session_id
+		WHERE s.agent_uid = $%d AND s.session_id = $%d`, event, agent, session)
+}
+
+// factsDest are the scan destinations of failFactsCols.
+func (f *failure) factsDest() []any {
+	return []any{&f.policy, &f.sessionStatus, &f.attempts, &f.eventStatus}
+}
+
+// failEvent writes what store.PlanFailure decides for a failed attempt on an
+// open event: attempts, last_error, next_attempt_at = DB now + the plan's
+// delay and the status (dead_letter closes it), compare-and-set on the
+// attempts read; an event_errors row; then, in one more round trip when
+// the plan asks for it, the steers detached and the session parked or
+// destroyed. An event no longer open is left alone.
 //
 // The caller holds the failed activation's row lock, which serialises every
 // failure of the event (only the live activation's fences pass), so the
 // chain's next attempt_seq can be read in the same statement.
 func failEvent(ctx context.Context, tx pgx.Tx, f failure) (store.FailResult, error) {
-	fr := store.FailResult{EventID: f.eventID}
-	inc := 0
-	if f.counted {
-		inc = 1
+	fr := store.FailResult{EventID: f.eventID, SessionStatus: f.sessionStatus}
+	if f.eventStatus != store.EventOpen {
+		return fr, nil // closed meanwhile: nothing to retry
 	}
-	var status store.EventStatus
-	var policy store.CrashPolicy
+	plan := store.PlanFailure(store.FailureInput{Policy: f.policy, Counted: f.counted, AttemptsBefore: f.attempts,
+		MaxAttempts: f.maxAttempts, Backoff: f.backoff, SessionStatus: f.sessionStatus})
 	err := tx.QueryRow(ctx, `
 		WITH now AS (SELECT clock_timestamp() AS t),
 		upd AS (
 			UPDATE actor_events e
-			SET attempts = e.attempts + $1,
-			    last_error = $2,
-			    next_attempt_at = now.t + $3 * interval '1 microsecond',
-			    status = CASE WHEN $1 = 1 AND $4 > 0 AND e.attempts + 1 >= $4 THEN 'dead_letter' ELSE e.status END,
-			    closed_at = CASE WHEN $1 = 1 AND $4 > 0 AND e.attempts + 1 >= $4 THEN now.t ELSE e.closed_at END
+			SET attempts = $1, last_error = $2, next_attempt_at = now.t + $3 * interval '1 microsecond',
+			    status = $4, closed_at = CASE WHEN $4 = 'open' THEN e.closed_at ELSE now.t END
 			FROM now
 			WHERE e.event_id = $5 AND e.agent_uid = $6 AND e.session_id = $7 AND e.status = 'open'
-			RETURNING e.attempts, e.status, e.next_attempt_at, now.t AS failed_at),
+			  AND e.attempts = $9
+			RETURNING e.attempts, e.next_attempt_at, now.t AS failed_at),
 		chain AS (
 			INSERT INTO event_errors (agent_uid, session_id, event_id, attempt_seq, attempt, actor_epoch, counted,
 				error, failed_at)
 			SELECT $6, $7, $5, coalesce((SELECT max(attempt_seq) FROM event_errors
 				WHERE agent_uid = $6 AND session_id = $7 AND event_id = $5), 0) + 1,
-				upd.attempts, $8, $1 = 1, $2, upd.failed_at
+				upd.attempts, $8, $10, $2, upd.failed_at
 			FROM upd)
-		SELECT upd.attempts, upd.status, upd.next_attempt_at, s.status, s.crash_policy
-		FROM upd, sessions s WHERE s.agent_uid = $6 AND s.session_id = $7`,
-		inc, f.msg, micros(f.backoff), f.maxAttempts, f.eventID, f.key.AgentUID, f.key.SessionID, f.epoch,
-	).Scan(&fr.Attempts, &status, &fr.NextAttemptAt, &fr.SessionStatus, &policy)
+		SELECT upd.next_attempt_at FROM upd`,
+		plan.Attempts, f.msg, micros(plan.Delay), string(plan.Status), f.eventID, f.key.AgentUID, f.key.SessionID,
+		f.epoch, f.attempts, f.counted,
+	).Scan(&fr.NextAttemptAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fr, sessionStatus(ctx, tx, f.key, &fr.SessionStatus)
+		// Read open with f.attempts under the row lock; anything else is
+		// a writer that skipped the lock: run the transaction again.
+		return fr, fmt.Errorf("event %d changed under the activation lock: %w", f.eventID, errLockRace)
 	}
 	if err != nil {
 		return fr, err
 	}
-	fr.DeadLettered = status == store.EventDeadLetter
+	fr.Attempts = plan.Attempts
+	fr.DeadLettered = plan.Status == store.EventDeadLetter
 	fr.NextAttemptAt = utc(fr.NextAttemptAt)
 	b := &pgx.Batch{}
-	if fr.DeadLettered {
+	if plan.DetachSteers {
 		detachSteers(b, f.key, f.eventID)
 	}
-	if f.counted {
-		applyCrashPolicy(b, f.key, policy, f.eventID, &fr)
-	}
+	queueSessionAction(b, f.key, plan.Session, &fr)
 	if b.Len() == 0 {
 		return fr, nil
 	}
@@ -349,36 +362,22 @@ func detachSteers(b *pgx.Batch, key store.ActorKey, eventID int64) {
 		key.AgentUID, key.SessionID, eventID)
 }
 
-// applyCrashPolicy queues a counted failure's crash policy (DESIGN "Crash
-// policy") and records its outcome in fr: restart changes nothing; sleep
-// parks the session (reason "crash") with the event due at once, so that
-// the wake is its trigger — unless the event was just dead-lettered, which
-// moves the session on; destroy destroys the session, discards its open
+// queueSessionAction queues a failure plan's session action and records
+// the session's resulting status in fr: sleep parks an active session
+// (guarded by status = 'active'); destroy destroys it, discards its open
 // events (a dead-lettered one stays dead_letter) and deletes its alarms.
 // Lock order: alarms before the session row (as CommitTurn and
 // FireDueAlarms).
-func applyCrashPolicy(b *pgx.Batch, key store.ActorKey, policy store.CrashPolicy, eventID int64, fr *store.FailResult) {
+func queueSessionAction(b *pgx.Batch, key store.ActorKey, action store.SessionAction, fr *store.FailResult) {
 	scanStatus := func(row pgx.Row) error { return row.Scan(&fr.SessionStatus) }
-	switch policy {
-	case store.CrashSleep:
-		if fr.DeadLettered {
-			// The failed event is out of the way: the session moves on to
-			// its next event instead of sleeping behind nothing.
-			break
-		}
-		b.Queue(`UPDATE actor_events SET next_attempt_at = clock_timestamp()
-			WHERE event_id = $1 AND agent_uid = $2 AND session_id = $3 AND status = 'open'
-			RETURNING next_attempt_at`, eventID, key.AgentUID, key.SessionID).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&fr.NextAttemptAt)
-			fr.NextAttemptAt = utc(fr.NextAttemptAt)
-			return err
-		})
+	switch action {
+	case store.SessionSleep:
 		b.Queue(`
-			UPDATE sessions SET status = 'sleeping', sleep_ts = clock_timestamp(), sleep_reason = 'crash',
+			UPDATE sessions SET status = 'sleeping', sleep_ts = clock_timestamp(), sleep_reason = $3,
 				pending_since = NULL
 			WHERE agent_uid = $1 AND session_id = $2 AND status = 'active'
-			RETURNING status`, key.AgentUID, key.SessionID).QueryRow(ignoreNoRows(scanStatus))
-	case store.CrashDestroy:
+			RETURNING status`, key.AgentUID, key.SessionID, store.SleepReasonCrash).QueryRow(ignoreNoRows(scanStatus))
+	case store.SessionDestroy:
 		b.Queue(`DELETE FROM alarms WHERE agent_uid = $1 AND session_id = $2`, key.AgentUID, key.SessionID)
 		b.Queue(`
 			UPDATE sessions SET status = 'destroyed', destroy_ts = clock_timestamp(), pending_since = NULL
@@ -434,7 +433,7 @@ func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsPa
 				WHERE d.agent_uid = o.agent_uid AND d.session_id = o.session_id AND d.status = 'dead_letter'
 				  AND d.seq < o.seq))
 			ORDER BY o.next_attempt_at, o.event_id
-			LIMIT $1`, pageLimit(p.Limit), blocked)
+			LIMIT $1`, store.PageLimit(p.Limit), blocked)
 		if err != nil {
 			return err
 		}

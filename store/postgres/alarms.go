@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"slices"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -59,7 +57,7 @@ var errAlarmGone = errors.New("alarm fired or changed elsewhere")
 // now (missed periods coalesce into this firing), as a compare-and-set on
 // (key, name, due_at).
 func (s *Store) FireDueAlarms(ctx context.Context, limit int) ([]store.ActorKey, error) {
-	limit = pageLimit(limit)
+	limit = store.PageLimit(limit)
 	var fired []store.ActorKey
 	for range limit {
 		var key *store.ActorKey
@@ -114,14 +112,14 @@ func fireOne(ctx context.Context, tx pgx.Tx) (*store.ActorKey, error) {
 	b := &pgx.Batch{}
 	var appended bool
 	if status != store.SessionDestroyed {
-		payload, err := alarmPayload(a.Name, a.DueAt, data)
+		payload, err := store.AlarmPayload(a.Name, a.DueAt, derefString(data))
 		if err != nil {
 			return nil, err
 		}
 		// The idempotency key makes a (session, alarm, due time) fire
 		// once: if it is used, nothing is appended.
 		ne := newEvent{kind: abi.EventAlarm, payload: payload,
-			idempotencyKey: fmt.Sprintf("alarm:%s:%d", a.Name, a.DueAt.UnixMilli())}
+			idempotencyKey: store.AlarmIdempotencyKey(a.Name, a.DueAt)}
 		b.Queue(insertEventSQL, insertEventArgs(key, ne)...).QueryRow(func(row pgx.Row) (err error) {
 			_, appended, err = insertResult(scanEvent(row))
 			return err
@@ -153,20 +151,10 @@ func fireOne(ctx context.Context, tx pgx.Tx) (*store.ActorKey, error) {
 	return &key, nil
 }
 
-// alarmPayload is an alarm event's payload: {"alarm": {"name", "due_at"
-// (RFC 3339, UTC), "data"}}. Data that is not JSON is given as a string.
-func alarmPayload(name string, due time.Time, data *string) (string, error) {
-	f := abi.AlarmFired{Name: name, DueAt: due.UTC()}
-	if data != nil && *data != "" {
-		if json.Valid([]byte(*data)) {
-			f.Data = json.RawMessage(*data)
-		} else {
-			b, _ := json.Marshal(*data)
-			f.Data = b
-		}
+// derefString is *p, or "" for nil.
+func derefString(p *string) string {
+	if p == nil {
+		return ""
 	}
-	b, err := json.Marshal(struct {
-		Alarm abi.AlarmFired `json:"alarm"`
-	}{f})
-	return string(b), err
+	return *p
 }

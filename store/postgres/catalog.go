@@ -19,6 +19,9 @@ type querier interface {
 
 // PutModule stores a module by digest; created is false when it existed.
 func (s *Store) PutModule(ctx context.Context, p store.PutModuleParams) (store.Module, bool, error) {
+	if err := store.CheckModule(p); err != nil {
+		return store.Module{}, false, fmt.Errorf("store/postgres: put module: %w", err)
+	}
 	m := store.Module{Digest: p.Digest, ABIVersion: p.ABIVersion, Size: int64(len(p.Bytes)), Bytes: p.Bytes}
 	created := false
 	err := s.call(ctx, "put module", func(ctx context.Context) error {
@@ -92,33 +95,11 @@ func scanAgent(row pgx.Row) (store.Agent, error) {
 	return a, err
 }
 
-// agentKind validates the worker binding of p (the API validates first, so
-// a wrong combination is a plain error) and returns its kind, "" meaning
-// wasm.
-func agentKind(p store.CreateAgentParams) (string, error) {
-	switch p.Kind {
-	case "", store.KindWasm:
-		if p.Plugin != "" {
-			return "", fmt.Errorf("a wasm agent names no plugin worker (got %q)", p.Plugin)
-		}
-		return store.KindWasm, nil
-	case store.KindPlugin:
-		if p.ModuleDigest != "" {
-			return "", fmt.Errorf("a plugin agent names no module (got %q)", p.ModuleDigest)
-		}
-		return store.KindPlugin, nil
-	}
-	return "", fmt.Errorf("invalid agent kind %q", p.Kind)
-}
-
 // CreateAgent registers an agent; a taken name returns ErrConflict unless
 // p.Upsert (then kind, binding and policy are updated). A wasm agent's
 // module and a plugin agent's plugin worker must exist (else ErrNotFound).
 func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (store.Agent, error) {
-	if !p.CrashPolicy.Valid() {
-		return store.Agent{}, fmt.Errorf("store/postgres: create agent: invalid crash policy %q", p.CrashPolicy)
-	}
-	kind, err := agentKind(p)
+	kind, err := store.AgentKind(p)
 	if err != nil {
 		return store.Agent{}, fmt.Errorf("store/postgres: create agent: %w", err)
 	}
@@ -229,8 +210,8 @@ func getSession(ctx context.Context, q querier, key store.ActorKey) (store.Sessi
 // makes get-or-create race-safe: the loser waits for the winner's commit and
 // then reads its row.
 func (s *Store) CreateSession(ctx context.Context, p store.CreateSessionParams) (store.Session, bool, error) {
-	if p.CrashPolicy != "" && !p.CrashPolicy.Valid() {
-		return store.Session{}, false, fmt.Errorf("store/postgres: create session: invalid crash policy %q", p.CrashPolicy)
+	if err := store.CheckSession(p); err != nil {
+		return store.Session{}, false, fmt.Errorf("store/postgres: create session: %w", err)
 	}
 	key := store.ActorKey{AgentUID: p.AgentUID, SessionID: p.SessionID}
 	var ss store.Session
@@ -294,7 +275,7 @@ func (s *Store) ListSessions(ctx context.Context, p store.ListSessionsParams) ([
 	err := s.call(ctx, "list sessions", func(ctx context.Context) error {
 		rows, err := s.pool.Query(ctx, `SELECT `+sessionCols+` FROM sessions s
 			WHERE s.agent_uid = $1 AND s.session_id > $2
-			ORDER BY s.session_id LIMIT $3`, p.AgentUID, p.After, pageLimit(p.Limit))
+			ORDER BY s.session_id LIMIT $3`, p.AgentUID, p.After, store.PageLimit(p.Limit))
 		if err != nil {
 			return err
 		}

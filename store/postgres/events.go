@@ -153,11 +153,14 @@ func insertResult(e store.Event, err error) (store.Event, bool, error) {
 // writes nothing (invariant 7).
 func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (store.Event, bool, error) {
 	key := p.Key
+	payload, err := store.EventPayload(p.Payload)
+	if err != nil {
+		return store.Event{}, false, fmt.Errorf("store/postgres: append event: %w", err)
+	}
 	// Fast path: one statement, one round trip, its own transaction.
-	ne := newEvent{kind: p.Kind, payload: string(p.Payload), idempotencyKey: p.IdempotencyKey}
+	ne := newEvent{kind: p.Kind, payload: payload, idempotencyKey: p.IdempotencyKey}
 	var e store.Event
 	var created bool
-	var err error
 	if s.groupCommit {
 		// With the appends of other sessions that arrived meanwhile
 		// (groupcommit.go); a batch that could not decide it says solo.
@@ -209,7 +212,7 @@ func (s *Store) ListEvents(ctx context.Context, p store.ListEventsParams) ([]sto
 		rows, err := s.pool.Query(ctx, `SELECT `+eventCols+` FROM actor_events
 			WHERE agent_uid = $1 AND session_id = $2 AND event_id > $3 AND ($4 = '' OR status = $4)
 			ORDER BY event_id LIMIT $5`,
-			p.Key.AgentUID, p.Key.SessionID, p.After, string(p.Status), pageLimit(p.Limit))
+			p.Key.AgentUID, p.Key.SessionID, p.After, string(p.Status), store.PageLimit(p.Limit))
 		if err != nil {
 			return err
 		}
@@ -227,7 +230,7 @@ func (s *Store) Transcript(ctx context.Context, p store.TranscriptParams) ([]sto
 		rows, err := s.pool.Query(ctx, `
 			SELECT turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at FROM turns
 			WHERE agent_uid = $1 AND session_id = $2 AND turn_no > $3
-			ORDER BY turn_no LIMIT $4`, p.Key.AgentUID, p.Key.SessionID, p.AfterTurn, pageLimit(p.Limit))
+			ORDER BY turn_no LIMIT $4`, p.Key.AgentUID, p.Key.SessionID, p.AfterTurn, store.PageLimit(p.Limit))
 		if err != nil {
 			return err
 		}

@@ -234,7 +234,7 @@ func (s *Store) ListDeadLetters(ctx context.Context, p store.ListDeadLettersPara
 		out = nil
 		rows, err := tx.Query(ctx, `SELECT `+eventCols+` FROM actor_events
 			WHERE agent_uid = $1 AND ($2 = '' OR session_id = $2) AND status = 'dead_letter' AND event_id > $3
-			ORDER BY event_id LIMIT $4`, p.AgentUID, p.SessionID, p.After, pageLimit(p.Limit))
+			ORDER BY event_id LIMIT $4`, p.AgentUID, p.SessionID, p.After, store.PageLimit(p.Limit))
 		if err != nil {
 			return err
 		}
@@ -295,10 +295,10 @@ func deadLetterRefused(ctx context.Context, tx pgx.Tx, key store.ActorKey, event
 	var status store.EventStatus
 	err := tx.QueryRow(ctx, `SELECT status FROM actor_events WHERE event_id = $1 AND agent_uid = $2 AND session_id = $3`,
 		eventID, key.AgentUID, key.SessionID).Scan(&status)
-	if err != nil {
-		return fmt.Errorf("event %d of %s: %w", eventID, key, notFound(err))
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return err
 	}
-	return &store.NotDeadLetterError{Key: key, EventID: eventID, Status: status}
+	return store.NotDeadLetter(key, eventID, status)
 }
 
 // RedriveEvent re-opens a dead-lettered event (compare-and-set on its

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -19,32 +18,12 @@ func scanPluginWorker(row pgx.Row) (store.PluginWorker, error) {
 	if err := row.Scan(&w.Name, &w.Path, &w.SHA256, &env, &w.Processes, &w.CreatedAt, &w.UpdatedAt); err != nil {
 		return w, err
 	}
-	if err := json.Unmarshal([]byte(env), &w.Env); err != nil {
-		return w, fmt.Errorf("plugin worker %q: env: %w", w.Name, err)
-	}
-	if w.Env == nil {
-		w.Env = map[string]string{}
+	var err error
+	if w.Env, err = store.DecodePluginEnv(w.Name, env); err != nil {
+		return w, err
 	}
 	w.CreatedAt, w.UpdatedAt = utc(w.CreatedAt), utc(w.UpdatedAt)
 	return w, nil
-}
-
-// pluginEnv validates p and encodes its environment (nil: an empty object).
-func pluginEnv(p store.PluginWorker) (string, error) {
-	if p.Name == "" {
-		return "", errors.New("empty plugin worker name")
-	}
-	if p.Processes < 1 {
-		return "", fmt.Errorf("plugin worker %q: processes %d, want at least 1", p.Name, p.Processes)
-	}
-	if p.Env == nil {
-		return "{}", nil
-	}
-	env, err := json.Marshal(p.Env)
-	if err != nil {
-		return "", fmt.Errorf("plugin worker %q: env: %w", p.Name, err)
-	}
-	return string(env), nil
 }
 
 // PutPluginWorker registers a plugin worker or replaces the registration of
@@ -52,7 +31,7 @@ func pluginEnv(p store.PluginWorker) (string, error) {
 // new name race safely: the second INSERT waits for the first and then
 // updates its row.
 func (s *Store) PutPluginWorker(ctx context.Context, p store.PluginWorker) (store.PluginWorker, bool, error) {
-	env, err := pluginEnv(p)
+	env, err := store.PluginEnv(p)
 	if err != nil {
 		return store.PluginWorker{}, false, fmt.Errorf("store/postgres: put plugin worker: %w", err)
 	}

@@ -79,9 +79,6 @@ var migrationFS embed.FS
 const (
 	// DefaultCallTimeout bounds a call whose context has no deadline.
 	DefaultCallTimeout = 10 * time.Second
-	// defaultPageLimit and maxPageLimit bound list and transcript pages.
-	defaultPageLimit = 100
-	maxPageLimit     = 1000
 	// notifyChannel is the LISTEN/NOTIFY channel of new events.
 	notifyChannel = "paddock_events"
 	// txAttempts bounds retries of a transaction that hit a deadlock or a
@@ -409,17 +406,6 @@ func notFound(err error) error {
 		return store.ErrNotFound
 	}
 	return err
-}
-
-// pageLimit applies the default and maximum page size.
-func pageLimit(n int) int {
-	switch {
-	case n <= 0:
-		return defaultPageLimit
-	case n > maxPageLimit:
-		return maxPageLimit
-	}
-	return n
 }
 
 // micros converts a duration to whole microseconds (PostgreSQL's interval

@@ -25,8 +25,12 @@ import (
 // and closes the steer with the turn) or after it (and is queued).
 func (s *Store) Steer(ctx context.Context, p store.SteerParams) (store.SteerResult, error) {
 	key := p.Key
+	payload, err := store.EventPayload(p.Payload)
+	if err != nil {
+		return store.SteerResult{}, fmt.Errorf("store/postgres: steer: %w", err)
+	}
 	var res store.SteerResult
-	err := s.tx(ctx, "steer", func(ctx context.Context, tx pgx.Tx) error {
+	err = s.tx(ctx, "steer", func(ctx context.Context, tx pgx.Tx) error {
 		res = store.SteerResult{}
 		status, act, err := lockKey(ctx, tx, key, false)
 		if err != nil {
@@ -51,7 +55,7 @@ func (s *Store) Steer(ctx context.Context, p store.SteerParams) (store.SteerResu
 				return err
 			}
 		}
-		ne := newEvent{kind: abi.EventSteer, payload: string(p.Payload), idempotencyKey: p.IdempotencyKey}
+		ne := newEvent{kind: abi.EventSteer, payload: payload, idempotencyKey: p.IdempotencyKey}
 		if sent != nil {
 			ne.steerOf = act.current
 		}
@@ -183,7 +187,7 @@ func (s *Store) CancelEvent(ctx context.Context, p store.CancelEventParams) (sto
 		// The transcript records the cancellation: the event's message,
 		// then a system message with the reason.
 		var roles, contents []string
-		if m, ok := payloadMessage(payload); ok {
+		if m, ok := store.PayloadMessage(payload); ok {
 			roles, contents = append(roles, abi.RoleUser), append(contents, m)
 		}
 		note := "cancelled"

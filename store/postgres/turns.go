@@ -2,11 +2,8 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -251,7 +248,7 @@ const (
 // fence sends the batch lock (which locks the activation row) with the
 // fence statement queued after it, so that the lock is taken first and both
 // cost one round trip, and classifies a refusal.
-func fence(ctx context.Context, tx txConn, ref abi.TurnRef, op fenceOp, lock *pgx.Batch, fenceStmt string, args []any) error {
+func fence(ctx context.Context, tx txConn, ref abi.TurnRef, op store.FenceOp, lock *pgx.Batch, fenceStmt string, args []any) error {
 	var dOK, aOK bool
 	lock.Queue(fenceStmt, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&dOK, &aOK) })
 	if err := tx.SendBatch(ctx, lock).Close(); err != nil {
@@ -282,7 +279,7 @@ func (s *Store) MarkDeliverySent(ctx context.Context, ref abi.TurnRef) error {
 		if tag.RowsAffected() == 1 {
 			return nil
 		}
-		return classify(ctx, s.pool, ref, fenceMarkSent, false)
+		return classify(ctx, s.pool, ref, store.FenceMarkSent, false)
 	})
 }
 
@@ -300,12 +297,13 @@ func (s *Store) MarkDeliverySent(ctx context.Context, ref abi.TurnRef) error {
 // the delivery matched).
 func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store.Turn, error) {
 	ref := p.Ref
-	outcome := p.Outcome
-	if outcome == "" {
-		outcome = abi.OutcomeOK
+	outcome := store.CommitOutcome(p)
+	alarms, err := store.PlanAlarmOps(p.Alarms)
+	if err != nil {
+		return store.Turn{}, fmt.Errorf("store/postgres: commit turn: %w", err)
 	}
 	var t store.Turn
-	err := s.pipeTxDo(ctx, "commit turn", func(ctx context.Context, tx txConn) error {
+	err = s.pipeTxDo(ctx, "commit turn", func(ctx context.Context, tx txConn) error {
 		t = store.Turn{}
 		// Lock the activation row first (and read the event's payload);
 		// then the guarded UPDATEs. One round trip.
@@ -329,14 +327,14 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 			}
 			return err
 		})
-		if err := fence(ctx, tx, ref, fenceCommit, b, commitFence, refArgs(ref)); err != nil {
+		if err := fence(ctx, tx, ref, store.FenceCommit, b, commitFence, refArgs(ref)); err != nil {
 			return err
 		}
 		if payload == nil { // unreachable: the delivery's event exists (foreign key)
 			return fmt.Errorf("event %d of %s not found", ref.ActorEventID, store.KeyOf(ref))
 		}
 		t = store.Turn{ActorKey: store.KeyOf(ref), EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
-			ActorEpoch: ref.ActorEpoch, Outcome: outcome, Messages: turnMessages(*payload, steers, p.Messages)}
+			ActorEpoch: ref.ActorEpoch, Outcome: outcome, Messages: store.TurnMessages(append([]string{*payload}, steers...), p.Messages)}
 		n := len(t.Messages)
 		idx, roles, contents := make([]int32, n), make([]string, n), make([]string, n)
 		for i, m := range t.Messages {
@@ -370,7 +368,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 			WHERE agent_uid = $1 AND session_id = $2 AND status = 'open' AND steer_of IS NULL)`,
 			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) error { return row.Scan(&t.NextOpen) })
 		// Alarms before the session row: the lock order of FireDueAlarms.
-		queueAlarmOps(b, store.KeyOf(ref), p.Alarms)
+		queueAlarmOps(b, store.KeyOf(ref), alarms)
 		b.Queue(`
 			WITH turn AS (
 				UPDATE sessions SET turn_count = turn_count + 1 WHERE agent_uid = $1 AND session_id = $2
@@ -421,78 +419,31 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	return t, nil
 }
 
-// turnMessages is a turn's transcript: the event's own message (role user,
-// from the payload's "message" string; none when absent or empty), then
-// each attached steer's message the same way, in acceptance order, then the
-// worker's messages.
-func turnMessages(payload string, steers []string, msgs []abi.Message) []store.TranscriptMessage {
-	out := make([]store.TranscriptMessage, 0, len(msgs)+len(steers)+1)
-	for _, pl := range append([]string{payload}, steers...) {
-		if m, ok := payloadMessage(pl); ok {
-			out = append(out, store.TranscriptMessage{Index: len(out), Role: abi.RoleUser, Content: m})
-		}
+// queueAlarmOps queues a commit's alarm writes (store.PlanAlarmOps):
+// clears deleted, sets upserted (due_at = At, or DB now + InMs), each kind
+// in one statement.
+func queueAlarmOps(b *pgx.Batch, key store.ActorKey, w store.AlarmWrites) {
+	if len(w.Clear) > 0 {
+		b.Queue(`DELETE FROM alarms WHERE agent_uid = $1 AND session_id = $2 AND name = ANY($3::text[])`,
+			key.AgentUID, key.SessionID, w.Clear)
 	}
-	for _, m := range msgs {
-		out = append(out, store.TranscriptMessage{Index: len(out), Role: m.Role, Content: m.Content})
-	}
-	return out
-}
-
-// payloadMessage returns the payload's "message" string, if it has a
-// non-empty one.
-func payloadMessage(payload string) (string, bool) {
-	var pl struct {
-		Message *string `json:"message"`
-	}
-	if json.Unmarshal([]byte(payload), &pl) != nil || pl.Message == nil || *pl.Message == "" {
-		return "", false
-	}
-	return *pl.Message, true
-}
-
-// queueAlarmOps queues a commit's alarm operations: per name the last
-// operation wins; sets are upserted (due_at = At, or DB now + InMs) and
-// clears deleted, each kind in one statement, names in sorted order.
-func queueAlarmOps(b *pgx.Batch, key store.ActorKey, ops []abi.AlarmOp) {
-	if len(ops) == 0 {
+	if len(w.Set) == 0 {
 		return
 	}
-	last := make(map[string]abi.AlarmOp, len(ops))
-	for _, op := range ops {
-		last[op.Name] = op
+	n := len(w.Set)
+	names, ats, inMs, every, data := make([]string, n), make([]*time.Time, n), make([]int64, n), make([]int64, n), make([]*string, n)
+	for i, op := range w.Set {
+		names[i], ats[i], inMs[i], every[i], data[i] = op.Name, op.At, op.InMs, op.EveryMs, nullString(string(op.Data))
 	}
-	names := slices.Sorted(maps.Keys(last))
-	var clears, setNames []string
-	var ats []*time.Time
-	var inMs, every []int64
-	var data []*string
-	for _, n := range names {
-		op := last[n]
-		if op.Clear {
-			clears = append(clears, n)
-			continue
-		}
-		setNames = append(setNames, n)
-		ats = append(ats, op.At)
-		inMs = append(inMs, max(op.InMs, 0))
-		every = append(every, max(op.EveryMs, 0))
-		data = append(data, nullString(string(op.Data)))
-	}
-	if len(clears) > 0 {
-		b.Queue(`DELETE FROM alarms WHERE agent_uid = $1 AND session_id = $2 AND name = ANY($3::text[])`,
-			key.AgentUID, key.SessionID, clears)
-	}
-	if len(setNames) > 0 {
-		b.Queue(`
-			INSERT INTO alarms (agent_uid, session_id, name, due_at, every_ms, data, set_at)
-			SELECT $1, $2, u.name, coalesce(u.at, now.t + u.in_ms * interval '1 millisecond'), u.every_ms, u.data, now.t
-			FROM unnest($3::text[], $4::timestamptz[], $5::bigint[], $6::bigint[], $7::text[])
-				AS u(name, at, in_ms, every_ms, data),
-				(SELECT clock_timestamp() AS t) now
-			ON CONFLICT (agent_uid, session_id, name) DO UPDATE SET due_at = excluded.due_at,
-				every_ms = excluded.every_ms, data = excluded.data, set_at = excluded.set_at`,
-			key.AgentUID, key.SessionID, setNames, ats, inMs, every, data)
-	}
+	b.Queue(`
+		INSERT INTO alarms (agent_uid, session_id, name, due_at, every_ms, data, set_at)
+		SELECT $1, $2, u.name, coalesce(u.at, now.t + u.in_ms * interval '1 millisecond'), u.every_ms, u.data, now.t
+		FROM unnest($3::text[], $4::timestamptz[], $5::bigint[], $6::bigint[], $7::text[])
+			AS u(name, at, in_ms, every_ms, data),
+			(SELECT clock_timestamp() AS t) now
+		ON CONFLICT (agent_uid, session_id, name) DO UPDATE SET due_at = excluded.due_at,
+			every_ms = excluded.every_ms, data = excluded.data, set_at = excluded.set_at`,
+		key.AgentUID, key.SessionID, names, ats, inMs, every, data)
 }
 
 // FailAttempt records a failed attempt under the same fences as a commit,
@@ -509,14 +460,20 @@ func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (sto
 		if p.Counted {
 			newState = store.DeliverySuperseded
 		}
+		f := failure{key: store.KeyOf(ref), eventID: ref.ActorEventID, epoch: ref.ActorEpoch,
+			counted: p.Counted, msg: p.Error, backoff: p.Backoff, maxAttempts: p.MaxAttempts}
 		b := &pgx.Batch{}
 		b.Queue(`SELECT 1 FROM activations WHERE activation_uid = $1 FOR UPDATE`, ref.ActivationUID)
-		if err := fence(ctx, tx, ref, fenceFail, b, failFence, refArgs(ref, string(newState), p.Error)); err != nil {
+		// What store.PlanFailure decides on, read under the row lock in the
+		// same round trip (a refused fence makes it moot; a ref naming no
+		// session reads no row).
+		b.Queue(`SELECT `+failFactsCols+` FROM `+failFactsFrom(1, 2, 3), ref.AgentUID, ref.SessionID, ref.ActorEventID).
+			QueryRow(ignoreNoRows(func(row pgx.Row) error { return row.Scan(f.factsDest()...) }))
+		if err := fence(ctx, tx, ref, store.FenceFail, b, failFence, refArgs(ref, string(newState), p.Error)); err != nil {
 			return err
 		}
 		var err error
-		fr, err = failEvent(ctx, tx, failure{key: store.KeyOf(ref), eventID: ref.ActorEventID, epoch: ref.ActorEpoch,
-			counted: p.Counted, msg: p.Error, backoff: p.Backoff, maxAttempts: p.MaxAttempts})
+		fr, err = failEvent(ctx, tx, f)
 		return err
 	})
 	if err != nil {
@@ -525,97 +482,47 @@ func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (sto
 	return fr, nil
 }
 
-// fenceOp says which write a classification explains.
-type fenceOp int
-
-const (
-	fenceCommit   fenceOp = iota // delivery must be sent; lease must be unexpired
-	fenceFail                    // delivery created or sent; lease not checked
-	fenceMarkSent                // delivery must be created; activation not checked
-)
-
-// classify explains, with reads in the same transaction (the activation row
-// is locked by the caller; MarkDeliverySent, which wrote nothing, reads
-// outside one), why a guarded UPDATE matched no row, as a
-// *store.FenceError. It decides nothing: the guarded UPDATE already refused
-// and the caller rolls back. deliveryMatched says the delivery's guard
-// passed (and this transaction has since written the delivery), so its
-// checks are skipped. Order (store/storetest/README.md): unknown_delivery,
-// wrong_actor_key, the delivery's copied epoch (stale_epoch), revision
-// (stale_revision), activation or event (superseded_delivery); then the
-// activation: gone, not live or another epoch (stale_epoch), revision
-// (stale_revision), current event (superseded_delivery); then the delivery's
-// state (superseded_delivery); then the lease (expired_lease).
-func classify(ctx context.Context, tx querier, ref abi.TurnRef, op fenceOp, deliveryMatched bool) error {
-	fe := func(r store.FenceReason, format string, args ...any) error {
-		return &store.FenceError{Reason: r, Detail: fmt.Sprintf(format, args...)}
-	}
-	var d store.Delivery
+// classify reads, in the same transaction (the activation row is locked by
+// the caller; MarkDeliverySent, which wrote nothing, reads outside one), the
+// rows that explain why a guarded UPDATE matched no row, and lets
+// store.ClassifyFence name the reason. It decides nothing: the guarded
+// UPDATE already refused and the caller rolls back. deliveryMatched says
+// the delivery's guard passed (and this transaction has since written the
+// delivery), so the delivery is not read.
+func classify(ctx context.Context, tx querier, ref abi.TurnRef, op store.FenceOp, deliveryMatched bool) error {
+	rows := store.FenceRows{DeliveryMatched: deliveryMatched}
 	if !deliveryMatched {
+		d := store.Delivery{ID: ref.DeliveryID}
 		err := tx.QueryRow(ctx, `
 			SELECT agent_uid, session_id, activation_uid, actor_epoch, event_id, revision, state
 			FROM deliveries WHERE delivery_id = $1`, ref.DeliveryID).Scan(
 			&d.AgentUID, &d.SessionID, &d.ActivationUID, &d.ActorEpoch, &d.EventID, &d.Revision, &d.State)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
-			return fe(store.FenceUnknownDelivery, "delivery %s does not exist", ref.DeliveryID)
 		case err != nil:
 			return err
-		case d.AgentUID != ref.AgentUID || d.SessionID != ref.SessionID:
-			return fe(store.FenceWrongActorKey, "delivery %s belongs to %s, ref names %s", ref.DeliveryID, d.ActorKey, store.KeyOf(ref))
-		case d.ActorEpoch != ref.ActorEpoch:
-			return fe(store.FenceStaleEpoch, "delivery epoch %d, ref epoch %d", d.ActorEpoch, ref.ActorEpoch)
-		case d.Revision != ref.Revision:
-			return fe(store.FenceStaleRevision, "delivery revision %d, ref revision %d", d.Revision, ref.Revision)
-		case d.ActivationUID != ref.ActivationUID:
-			return fe(store.FenceSupersededDelivery, "delivery activation %s, ref activation %s", d.ActivationUID, ref.ActivationUID)
-		case d.EventID != ref.ActorEventID:
-			return fe(store.FenceSupersededDelivery, "delivery event %d, ref event %d", d.EventID, ref.ActorEventID)
+		default:
+			rows.Delivery = &d
 		}
-		if op == fenceMarkSent {
-			return fe(store.FenceSupersededDelivery, "delivery %s is %s, not created", ref.DeliveryID, d.State)
+		if rows.Delivery == nil || op == store.FenceMarkSent {
+			return store.ClassifyFence(ref, op, rows)
 		}
 	}
-	var a store.Activation
+	a := store.Activation{UID: ref.ActivationUID}
 	var current *int64
-	var expired bool
 	err := tx.QueryRow(ctx, `
 		SELECT actor_epoch, revision, current_event_id, state, lease_expires_at <= clock_timestamp()
 		FROM activations WHERE activation_uid = $1`, ref.ActivationUID).Scan(
-		&a.ActorEpoch, &a.Revision, &current, &a.State, &expired)
+		&a.ActorEpoch, &a.Revision, &current, &a.State, &rows.LeaseExpired)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return fe(store.FenceStaleEpoch, "activation %s does not exist", ref.ActivationUID)
 	case err != nil:
 		return err
-	case !live(a.State):
-		return fe(store.FenceStaleEpoch, "activation %s is %s", ref.ActivationUID, a.State)
-	case a.ActorEpoch != ref.ActorEpoch:
-		return fe(store.FenceStaleEpoch, "activation epoch %d, ref epoch %d", a.ActorEpoch, ref.ActorEpoch)
-	case a.Revision != ref.Revision:
-		return fe(store.FenceStaleRevision, "activation revision %d, ref revision %d", a.Revision, ref.Revision)
-	case current == nil || *current != ref.ActorEventID:
-		cur := int64(0)
+	default:
 		if current != nil {
-			cur = *current
+			a.CurrentEventID = *current
 		}
-		return fe(store.FenceSupersededDelivery, "activation current event %d, ref event %d", cur, ref.ActorEventID)
+		rows.Activation = &a
 	}
-	if !deliveryMatched {
-		switch {
-		case op == fenceCommit && d.State != store.DeliverySent:
-			return fe(store.FenceSupersededDelivery, "delivery %s is %s, not sent", ref.DeliveryID, d.State)
-		case op == fenceFail && d.State != store.DeliveryCreated && d.State != store.DeliverySent:
-			return fe(store.FenceSupersededDelivery, "delivery %s is %s", ref.DeliveryID, d.State)
-		}
-	}
-	if op == fenceCommit && expired {
-		return fe(store.FenceExpiredLease, "activation %s lease expired", ref.ActivationUID)
-	}
-	// Unreachable while the guards and this order agree; refuse anyway.
-	return fe(store.FenceSupersededDelivery, "turn_ref %s does not match", ref)
-}
-
-func live(s store.ActivationState) bool {
-	return s == store.ActivationStarting || s == store.ActivationActive || s == store.ActivationDraining
+	return store.ClassifyFence(ref, op, rows)
 }

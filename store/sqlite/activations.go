@@ -29,8 +29,8 @@ func scanActivation(sc scanner) (store.Activation, error) {
 // epoch bump and the insert are one transaction: when the partial unique
 // index refuses the insert, both roll back.
 func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationParams) (store.Activation, error) {
-	if p.LeaseTTL <= 0 {
-		return store.Activation{}, errors.New("store/sqlite: claim activation: lease TTL must be positive")
+	if err := store.CheckLeaseTTL(p.LeaseTTL); err != nil {
+		return store.Activation{}, fmt.Errorf("store/sqlite: claim activation: %w", err)
 	}
 	var a store.Activation
 	err := s.write(ctx, "claim activation", func(tx *txn) error {
@@ -38,8 +38,8 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 		if err != nil {
 			return err
 		}
-		if status == store.SessionSleeping {
-			return fmt.Errorf("session %s: %w", p.Key, store.ErrSessionSleeping)
+		if err := store.ClaimRefusal(p.Key, status); err != nil {
+			return err
 		}
 		var epoch int64
 		if err := tx.queryRow(`
@@ -81,8 +81,8 @@ func (s *Store) RenewLeases(ctx context.Context, p store.RenewLeasesParams) ([]s
 	if len(p.Refs) == 0 {
 		return nil, nil
 	}
-	if p.LeaseTTL <= 0 {
-		return nil, errors.New("store/sqlite: renew leases: lease TTL must be positive")
+	if err := store.CheckLeaseTTL(p.LeaseTTL); err != nil {
+		return nil, fmt.Errorf("store/sqlite: renew leases: %w", err)
 	}
 	refs := make([]renewRef, len(p.Refs))
 	for i, r := range p.Refs {
@@ -161,7 +161,7 @@ func (s *Store) ExpiredActivations(ctx context.Context, limit int) ([]store.Acti
 		rows, err := tx.query(`
 			SELECT activation_uid, agent_uid, session_id, actor_epoch, lease_id FROM activations
 			WHERE state IN `+liveStates+` AND lease_expires_at <= `+nowMS+`
-			ORDER BY lease_expires_at, activation_uid LIMIT ?`, pageLimit(limit))
+			ORDER BY lease_expires_at, activation_uid LIMIT ?`, store.PageLimit(limit))
 		if err != nil {
 			return err
 		}
@@ -177,12 +177,6 @@ func (s *Store) ExpiredActivations(ctx context.Context, limit int) ([]store.Acti
 	})
 	return out, err
 }
-
-// Watchdog texts recorded on the event.
-const (
-	errLeaseLostSent    = "lease expired: host lost while the turn ran"
-	errLeaseLostCreated = "lease expired: host lost before the turn was sent"
-)
 
 // ExpireActivation fails a live activation whose lease expired (compare-and-
 // set on ref and the database clock); see store.Store.
@@ -235,12 +229,7 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 		if err != nil {
 			return err
 		}
-		counted := state == store.DeliverySuperseded
-		backoff := p.Backoff
-		msg := errLeaseLostSent
-		if !counted {
-			backoff, msg = 0, errLeaseLostCreated
-		}
+		counted, backoff, msg := store.LeaseLost(state, p.Backoff)
 		fr, err = failEvent(tx, failure{key: ref.ActorKey, eventID: current.Int64, epoch: ref.ActorEpoch,
 			counted: counted, msg: msg, backoff: backoff, maxAttempts: p.MaxAttempts})
 		return err
@@ -260,44 +249,42 @@ type failure struct {
 }
 
 // failEvent records a failed attempt on an open event, after the caller's
-// fences passed, in its transaction: attempts+1 when counted, last_error,
-// next_attempt_at = DB now + backoff, dead_letter once a counted attempt
-// reaches maxAttempts (> 0), and one event_errors row. A counted failure
-// then applies the session's crash policy (DESIGN "Crash policy"): restart
-// keeps the backoff; sleep parks the session and makes the event due at
-// once (the wake is the trigger) — unless the failure dead-lettered the
-// event, which moves the session on; destroy destroys the session.
+// fences passed, in its transaction: it reads the event's attempts and the
+// session's policy and status, lets store.PlanFailure decide, and writes the
+// plan — the event (attempts, last_error, next_attempt_at = DB now + delay,
+// dead_letter), one event_errors row, the steers detached, the session
+// parked or destroyed. An event no longer open is left alone.
 func failEvent(tx *txn, f failure) (store.FailResult, error) {
 	fr := store.FailResult{EventID: f.eventID}
-	var policy store.CrashPolicy
-	if err := tx.queryRow(`SELECT crash_policy, status FROM sessions WHERE agent_uid = ? AND session_id = ?`,
-		f.key.AgentUID, f.key.SessionID).Scan(&policy, &fr.SessionStatus); err != nil {
+	in := store.FailureInput{Counted: f.counted, MaxAttempts: f.maxAttempts, Backoff: f.backoff}
+	var evStatus store.EventStatus
+	err := tx.queryRow(`
+		SELECT s.crash_policy, s.status, coalesce(e.attempts, 0), coalesce(e.status, '')
+		FROM sessions s LEFT JOIN actor_events e
+			ON e.event_id = ?3 AND e.agent_uid = s.agent_uid AND e.session_id = s.session_id
+		WHERE s.agent_uid = ?1 AND s.session_id = ?2`,
+		f.key.AgentUID, f.key.SessionID, f.eventID).Scan(&in.Policy, &in.SessionStatus, &in.AttemptsBefore, &evStatus)
+	if err != nil {
 		return fr, fmt.Errorf("session %s: %w", f.key, notFound(err))
 	}
-	backoff := max(f.backoff, 0)
-	if f.counted && policy == store.CrashSleep {
-		backoff = 0
-	}
-	var status store.EventStatus
-	var next int64
-	err := tx.queryRow(`
-		UPDATE actor_events
-		SET attempts = attempts + ?1,
-		    last_error = ?2,
-		    next_attempt_at = `+nowMS+` + ?3,
-		    status = CASE WHEN ?1 = 1 AND ?4 > 0 AND attempts + 1 >= ?4 THEN 'dead_letter' ELSE status END,
-		    closed_at = CASE WHEN ?1 = 1 AND ?4 > 0 AND attempts + 1 >= ?4 THEN `+nowMS+` ELSE closed_at END
-		WHERE event_id = ?5 AND agent_uid = ?6 AND session_id = ?7 AND status = 'open'
-		RETURNING attempts, status, next_attempt_at`,
-		boolInt(f.counted), f.msg, backoff.Milliseconds(), f.maxAttempts, f.eventID, f.key.AgentUID, f.key.SessionID,
-	).Scan(&fr.Attempts, &status, &next)
-	if errors.Is(err, sql.ErrNoRows) {
+	fr.SessionStatus = in.SessionStatus
+	if evStatus != store.EventOpen {
 		return fr, nil // the event was closed meanwhile: nothing to retry
 	}
-	if err != nil {
-		return fr, err
+	plan := store.PlanFailure(in)
+	var next int64
+	if err := tx.queryRow(`
+		UPDATE actor_events
+		SET attempts = ?1, last_error = ?2, next_attempt_at = `+nowMS+` + ?3, status = ?4,
+		    closed_at = CASE WHEN ?4 = 'open' THEN closed_at ELSE `+nowMS+` END
+		WHERE event_id = ?5 AND agent_uid = ?6 AND session_id = ?7 AND status = 'open' AND attempts = ?8
+		RETURNING next_attempt_at`,
+		plan.Attempts, f.msg, plan.Delay.Milliseconds(), string(plan.Status), f.eventID, f.key.AgentUID, f.key.SessionID,
+		in.AttemptsBefore).Scan(&next); err != nil {
+		return fr, err // no row is unreachable: the write transaction read it open just now
 	}
-	fr.DeadLettered = status == store.EventDeadLetter
+	fr.Attempts = plan.Attempts
+	fr.DeadLettered = plan.Status == store.EventDeadLetter
 	fr.NextAttemptAt = msTime(next)
 	if _, err := tx.exec(`
 		INSERT INTO event_errors (agent_uid, session_id, event_id, attempt_seq, attempt, actor_epoch, counted, error, failed_at)
@@ -308,29 +295,26 @@ func failEvent(tx *txn, f failure) (store.FailResult, error) {
 		f.key.AgentUID, f.key.SessionID, f.eventID, fr.Attempts, f.epoch, boolInt(f.counted), f.msg); err != nil {
 		return fr, err
 	}
-	if fr.DeadLettered {
+	if plan.DetachSteers {
 		if err := detachSteers(tx, f.key, f.eventID); err != nil {
 			return fr, err
 		}
 	}
-	if !f.counted || fr.SessionStatus == store.SessionDestroyed {
-		return fr, nil
-	}
-	switch policy {
-	case store.CrashSleep:
-		if fr.DeadLettered {
-			// The failed event is out of the way: the session moves on to
-			// its next event instead of sleeping behind nothing.
-			break
-		}
-		if _, err := tx.exec(`
-			UPDATE sessions SET status = 'sleeping', sleep_ts = `+nowMS+`, sleep_reason = 'crash', pending_since = NULL
-			WHERE agent_uid = ? AND session_id = ? AND status <> 'destroyed'`,
-			f.key.AgentUID, f.key.SessionID); err != nil {
+	switch plan.Session {
+	case store.SessionSleep:
+		res, err := tx.exec(`
+			UPDATE sessions SET status = 'sleeping', sleep_ts = `+nowMS+`, sleep_reason = ?3, pending_since = NULL
+			WHERE agent_uid = ?1 AND session_id = ?2 AND status = 'active'`,
+			f.key.AgentUID, f.key.SessionID, store.SleepReasonCrash)
+		if err != nil {
 			return fr, err
 		}
-		fr.SessionStatus = store.SessionSleeping
-	case store.CrashDestroy:
+		if n, err := res.RowsAffected(); err != nil {
+			return fr, err
+		} else if n == 1 {
+			fr.SessionStatus = store.SessionSleeping
+		}
+	case store.SessionDestroy:
 		if err := destroySession(tx, f.key); err != nil {
 			return fr, err
 		}
@@ -411,7 +395,7 @@ func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsPa
 			                       WHERE dl.agent_uid = e.agent_uid AND dl.session_id = e.session_id
 			                         AND dl.status = 'dead_letter' AND dl.seq < e.seq))
 			ORDER BY e.next_attempt_at, e.event_id
-			LIMIT ?2`, string(blocked), pageLimit(p.Limit))
+			LIMIT ?2`, string(blocked), store.PageLimit(p.Limit))
 		if err != nil {
 			return err
 		}

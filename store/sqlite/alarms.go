@@ -5,38 +5,33 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
-	"fmt"
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
 )
 
-// applyAlarms sets, replaces (upsert by name) or clears a turn's alarms
-// inside its commit transaction. InMs is added to the database clock; At
-// is stored at millisecond precision.
-func applyAlarms(tx *txn, key store.ActorKey, ops []abi.AlarmOp) error {
-	for _, op := range ops {
-		if op.Clear {
-			if _, err := tx.exec(`DELETE FROM alarms WHERE agent_uid = ? AND session_id = ? AND name = ?`,
-				key.AgentUID, key.SessionID, op.Name); err != nil {
-				return err
-			}
-			continue
+// applyAlarms writes a turn's alarm writes (store.PlanAlarmOps) inside
+// its commit transaction: clears deleted, sets upserted by name.
+// InMs is added to the database clock; At is stored at millisecond
+// precision.
+func applyAlarms(tx *txn, key store.ActorKey, w store.AlarmWrites) error {
+	for _, name := range w.Clear {
+		if _, err := tx.exec(`DELETE FROM alarms WHERE agent_uid = ? AND session_id = ? AND name = ?`,
+			key.AgentUID, key.SessionID, name); err != nil {
+			return err
 		}
+	}
+	for _, op := range w.Set {
 		var at sql.NullInt64
 		if op.At != nil {
 			at = sql.NullInt64{Int64: op.At.UnixMilli(), Valid: true}
-		}
-		var data sql.NullString
-		if len(op.Data) > 0 && string(op.Data) != "null" {
-			data = sql.NullString{String: string(op.Data), Valid: true}
 		}
 		if _, err := tx.exec(`
 			INSERT INTO alarms (agent_uid, session_id, name, due_at, every_ms, data, set_at)
 			VALUES (?1, ?2, ?3, coalesce(?4, `+nowMS+` + ?5), ?6, ?7, `+nowMS+`)
 			ON CONFLICT (agent_uid, session_id, name) DO UPDATE SET
 				due_at = excluded.due_at, every_ms = excluded.every_ms, data = excluded.data, set_at = excluded.set_at`,
-			key.AgentUID, key.SessionID, op.Name, at, max(op.InMs, 0), max(op.EveryMs, 0), data); err != nil {
+			key.AgentUID, key.SessionID, op.Name, at, op.InMs, op.EveryMs, nullString(string(op.Data))); err != nil {
 			return err
 		}
 	}
@@ -88,7 +83,7 @@ type dueAlarm struct {
 func (s *Store) FireDueAlarms(ctx context.Context, limit int) ([]store.ActorKey, error) {
 	var out []store.ActorKey
 	seen := map[store.ActorKey]bool{}
-	for range pageLimit(limit) {
+	for range store.PageLimit(limit) {
 		a, fired, err := s.fireNextAlarm(ctx)
 		if err != nil {
 			return out, err
@@ -148,17 +143,14 @@ func (s *Store) fireNextAlarm(ctx context.Context) (picked *dueAlarm, fired bool
 		if destroyed {
 			return nil // dropped with its session
 		}
-		af := abi.AlarmFired{Name: a.name, DueAt: msTime(a.dueAt)}
-		if data.Valid {
-			af.Data = json.RawMessage(data.String)
-		}
-		payload, err := json.Marshal(map[string]abi.AlarmFired{"alarm": af})
+		due := msTime(a.dueAt)
+		payload, err := store.AlarmPayload(a.name, due, data.String)
 		if err != nil {
 			return err
 		}
 		// The idempotency key makes each (session, alarm, due time) one
 		// event; a duplicate means it fired already.
-		_, fired, err = appendEvent(tx, a.key, abi.EventAlarm, string(payload), fmt.Sprintf("alarm:%s:%d", a.name, a.dueAt))
+		_, fired, err = appendEvent(tx, a.key, abi.EventAlarm, payload, store.AlarmIdempotencyKey(a.name, due))
 		return err
 	})
 	return picked, fired, err

@@ -11,8 +11,8 @@ import (
 
 // PutModule stores a module by digest; created is false when it existed.
 func (s *Store) PutModule(ctx context.Context, p store.PutModuleParams) (store.Module, bool, error) {
-	if p.Digest == "" {
-		return store.Module{}, false, errors.New("store/sqlite: put module: empty digest")
+	if err := store.CheckModule(p); err != nil {
+		return store.Module{}, false, fmt.Errorf("store/sqlite: put module: %w", err)
 	}
 	var m store.Module
 	var created bool
@@ -103,33 +103,11 @@ func scanAgent(sc scanner) (store.Agent, error) {
 	return a, nil
 }
 
-// agentKind validates the worker binding of p (the API validates first, so
-// a wrong combination is a plain error) and returns its kind, "" meaning
-// wasm.
-func agentKind(p store.CreateAgentParams) (string, error) {
-	switch p.Kind {
-	case "", store.KindWasm:
-		if p.Plugin != "" {
-			return "", fmt.Errorf("a wasm agent names no plugin worker (got %q)", p.Plugin)
-		}
-		return store.KindWasm, nil
-	case store.KindPlugin:
-		if p.ModuleDigest != "" {
-			return "", fmt.Errorf("a plugin agent names no module (got %q)", p.ModuleDigest)
-		}
-		return store.KindPlugin, nil
-	}
-	return "", fmt.Errorf("invalid agent kind %q", p.Kind)
-}
-
 // CreateAgent registers an agent; see store.Store. A wasm agent's module and
 // a plugin agent's plugin worker must exist (else ErrNotFound); an upsert
 // replaces kind, binding and crash policy.
 func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (store.Agent, error) {
-	if !p.CrashPolicy.Valid() {
-		return store.Agent{}, fmt.Errorf("store/sqlite: create agent: invalid crash policy %q", p.CrashPolicy)
-	}
-	kind, err := agentKind(p)
+	kind, err := store.AgentKind(p)
 	if err != nil {
 		return store.Agent{}, fmt.Errorf("store/sqlite: create agent: %w", err)
 	}
@@ -251,8 +229,8 @@ func getSession(tx *txn, key store.ActorKey) (store.Session, error) {
 // CreateSession creates a session; see store.Store. An empty CrashPolicy
 // takes the agent's.
 func (s *Store) CreateSession(ctx context.Context, p store.CreateSessionParams) (store.Session, bool, error) {
-	if p.CrashPolicy != "" && !p.CrashPolicy.Valid() {
-		return store.Session{}, false, fmt.Errorf("store/sqlite: create session: invalid crash policy %q", p.CrashPolicy)
+	if err := store.CheckSession(p); err != nil {
+		return store.Session{}, false, fmt.Errorf("store/sqlite: create session: %w", err)
 	}
 	key := store.ActorKey{AgentUID: p.AgentUID, SessionID: p.SessionID}
 	var ss store.Session
@@ -311,7 +289,7 @@ func (s *Store) ListSessions(ctx context.Context, p store.ListSessionsParams) ([
 		rows, err := tx.query(`
 			SELECT `+sessionCols+` FROM sessions s
 			WHERE s.agent_uid = ? AND s.session_id > ?
-			ORDER BY s.session_id LIMIT ?`, p.AgentUID, p.After, pageLimit(p.Limit))
+			ORDER BY s.session_id LIMIT ?`, p.AgentUID, p.After, store.PageLimit(p.Limit))
 		if err != nil {
 			return err
 		}

@@ -56,7 +56,7 @@ func sessionStatus(tx *txn, key store.ActorKey) (store.SessionStatus, error) {
 // a sleeping session; see store.Store. The payload is stored verbatim; it
 // must be JSON (empty means {}).
 func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (store.Event, bool, error) {
-	payload, err := eventPayload(p.Payload)
+	payload, err := store.EventPayload(p.Payload)
 	if err != nil {
 		return store.Event{}, false, fmt.Errorf("store/sqlite: append event: %w", err)
 	}
@@ -73,17 +73,6 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 		s.publish(p.Key)
 	}
 	return ev, created, nil
-}
-
-// eventPayload checks a signal's payload; empty means {}.
-func eventPayload(payload json.RawMessage) (string, error) {
-	if len(payload) == 0 {
-		return "{}", nil
-	}
-	if !json.Valid(payload) {
-		return "", errors.New("payload is not valid JSON")
-	}
-	return string(payload), nil
 }
 
 // appendEvent appends an open event with the session's next seq and wakes
@@ -133,7 +122,7 @@ func (s *Store) ListEvents(ctx context.Context, p store.ListEventsParams) ([]sto
 			SELECT `+eventCols+` FROM actor_events e
 			WHERE e.agent_uid = ? AND e.session_id = ? AND e.event_id > ? AND (?4 = '' OR e.status = ?4)
 			ORDER BY e.event_id LIMIT ?`,
-			p.Key.AgentUID, p.Key.SessionID, p.After, string(p.Status), pageLimit(p.Limit))
+			p.Key.AgentUID, p.Key.SessionID, p.After, string(p.Status), store.PageLimit(p.Limit))
 		if err != nil {
 			return err
 		}
@@ -158,7 +147,7 @@ func (s *Store) Transcript(ctx context.Context, p store.TranscriptParams) ([]sto
 			SELECT turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at FROM turns
 			WHERE agent_uid = ? AND session_id = ? AND turn_no > ?
 			ORDER BY turn_no LIMIT ?`,
-			p.Key.AgentUID, p.Key.SessionID, p.AfterTurn, pageLimit(p.Limit))
+			p.Key.AgentUID, p.Key.SessionID, p.AfterTurn, store.PageLimit(p.Limit))
 		if err != nil {
 			return err
 		}

@@ -120,7 +120,7 @@ func (s *Store) ListDeadLetters(ctx context.Context, p store.ListDeadLettersPara
 			SELECT `+eventCols+` FROM actor_events e
 			WHERE e.agent_uid = ?1 AND (?2 = '' OR e.session_id = ?2) AND e.status = 'dead_letter' AND e.event_id > ?3
 			ORDER BY e.event_id LIMIT ?4`,
-			p.AgentUID, p.SessionID, p.After, pageLimit(p.Limit))
+			p.AgentUID, p.SessionID, p.After, store.PageLimit(p.Limit))
 		if err != nil {
 			return err
 		}
@@ -198,10 +198,10 @@ func getEvent(tx *txn, key store.ActorKey, eventID int64) (store.Event, error) {
 // status).
 func notDeadLetter(tx *txn, key store.ActorKey, eventID int64) error {
 	ev, err := getEvent(tx, key, eventID)
-	if err != nil {
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
 	}
-	return &store.NotDeadLetterError{Key: key, EventID: eventID, Status: ev.Status}
+	return store.NotDeadLetter(key, eventID, ev.Status)
 }
 
 // RedriveEvent re-opens a dead letter under a new epoch; see store.Store.
@@ -274,7 +274,7 @@ type inFlightTurn struct {
 // Steer persists a steer and, with a turn in flight, attaches it and
 // supersedes the turn's delivery with a new revision; see store.Store.
 func (s *Store) Steer(ctx context.Context, p store.SteerParams) (store.SteerResult, error) {
-	payload, err := eventPayload(p.Payload)
+	payload, err := store.EventPayload(p.Payload)
 	if err != nil {
 		return store.SteerResult{}, fmt.Errorf("store/sqlite: steer: %w", err)
 	}
@@ -433,7 +433,7 @@ func (s *Store) CancelEvent(ctx context.Context, p store.CancelEventParams) (sto
 		}
 		t := store.Turn{ActorKey: key, EventID: target, DeliveryID: deliveryID, ActorEpoch: f.epoch,
 			Outcome: store.OutcomeCancelled, CommittedAt: *r.Event.ClosedAt,
-			Messages: turnMessages([]string{string(ev.Payload)}, []abi.Message{{Role: abi.RoleSystem, Content: note}})}
+			Messages: store.TurnMessages([]string{string(ev.Payload)}, []abi.Message{{Role: abi.RoleSystem, Content: note}})}
 		_, err = insertTurn(tx, t)
 		return err
 	})

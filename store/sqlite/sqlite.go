@@ -61,8 +61,6 @@ const liveStates = "('starting','active','draining')"
 const (
 	defaultCallTimeout = 10 * time.Second
 	defaultBusyTimeout = 10 * time.Second
-	defaultPageLimit   = 100
-	maxPageLimit       = 1000
 )
 
 // Option configures Open.
@@ -470,17 +468,6 @@ func notFound(err error) error {
 		return store.ErrNotFound
 	}
 	return err
-}
-
-// pageLimit applies the default and maximum page size.
-func pageLimit(n int) int {
-	switch {
-	case n <= 0:
-		return defaultPageLimit
-	case n > maxPageLimit:
-		return maxPageLimit
-	}
-	return n
 }
 
 // msTime converts database milliseconds to a UTC time.

@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -180,7 +179,7 @@ func (s *Store) MarkDeliverySent(ctx context.Context, ref abi.TurnRef) error {
 		if n, err := res.RowsAffected(); err != nil || n == 1 {
 			return err
 		}
-		return classify(tx, ref, fenceMarkSent)
+		return classify(tx, ref, store.FenceMarkSent)
 	})
 }
 
@@ -190,18 +189,13 @@ func (s *Store) MarkDeliverySent(ctx context.Context, ref abi.TurnRef) error {
 func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store.Turn, error) {
 	ref := p.Ref
 	key := store.KeyOf(ref)
-	outcome := p.Outcome
-	if outcome == "" {
-		outcome = abi.OutcomeOK
-	}
-	for _, op := range p.Alarms {
-		// Stored data is put verbatim into the alarm event's JSON payload.
-		if len(op.Data) > 0 && !json.Valid(op.Data) {
-			return store.Turn{}, fmt.Errorf("store/sqlite: commit turn: alarm %q: data is not valid JSON", op.Name)
-		}
+	outcome := store.CommitOutcome(p)
+	alarms, err := store.PlanAlarmOps(p.Alarms)
+	if err != nil {
+		return store.Turn{}, fmt.Errorf("store/sqlite: commit turn: %w", err)
 	}
 	var t store.Turn
-	err := s.write(ctx, "commit turn", func(tx *txn) error {
+	err = s.write(ctx, "commit turn", func(tx *txn) error {
 		// BEGIN IMMEDIATE already holds the write lock: the activation row
 		// cannot change under us (the watchdog serialises behind this).
 		res, err := tx.exec(`
@@ -213,7 +207,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		if n, err := res.RowsAffected(); err != nil {
 			return err
 		} else if n == 0 {
-			return classify(tx, ref, fenceCommit)
+			return classify(tx, ref, store.FenceCommit)
 		}
 		res, err = tx.exec(`
 			UPDATE deliveries SET state = 'accepted', closed_at = `+nowMS+`
@@ -224,7 +218,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		if n, err := res.RowsAffected(); err != nil {
 			return err
 		} else if n == 0 {
-			return classify(tx, ref, fenceCommit)
+			return classify(tx, ref, store.FenceCommit)
 		}
 		// Invariant 4: the event closes once; turns.event_id is UNIQUE too.
 		var payload string
@@ -260,11 +254,11 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		}
 		t = store.Turn{ActorKey: key, EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
 			ActorEpoch: ref.ActorEpoch, Outcome: outcome, CommittedAt: msTime(closedAt),
-			Messages: turnMessages(payloads, p.Messages), NextOpen: true}
+			Messages: store.TurnMessages(payloads, p.Messages), NextOpen: true}
 		if t.TurnNo, err = insertTurn(tx, t); err != nil {
 			return err
 		}
-		if err := applyAlarms(tx, key, p.Alarms); err != nil {
+		if err := applyAlarms(tx, key, alarms); err != nil {
 			return err
 		}
 		if outcome == abi.OutcomeSleep {
@@ -317,33 +311,6 @@ func insertTurn(tx *txn, t store.Turn) (int64, error) {
 	return turnNo, nil
 }
 
-// turnMessages is a turn's transcript: the user message of each payload
-// (the event's, then its steers'; from the payload's "message" string, none
-// when absent or empty), then the worker's messages.
-func turnMessages(payloads []string, msgs []abi.Message) []store.TranscriptMessage {
-	out := make([]store.TranscriptMessage, 0, len(payloads)+len(msgs))
-	for _, p := range payloads {
-		if text, ok := payloadMessage(p); ok {
-			out = append(out, store.TranscriptMessage{Index: len(out), Role: abi.RoleUser, Content: text})
-		}
-	}
-	for _, m := range msgs {
-		out = append(out, store.TranscriptMessage{Index: len(out), Role: m.Role, Content: m.Content})
-	}
-	return out
-}
-
-// payloadMessage returns a signal payload's non-empty "message" string.
-func payloadMessage(payload string) (string, bool) {
-	var pl struct {
-		Message *string `json:"message"`
-	}
-	if json.Unmarshal([]byte(payload), &pl) == nil && pl.Message != nil && *pl.Message != "" {
-		return *pl.Message, true
-	}
-	return "", false
-}
-
 // FailAttempt records a failed attempt under the same fences as a commit,
 // the lease aside; see store.Store.
 func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (store.FailResult, error) {
@@ -359,7 +326,7 @@ func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (sto
 		if n, err := res.RowsAffected(); err != nil {
 			return err
 		} else if n == 0 {
-			return classify(tx, ref, fenceFail)
+			return classify(tx, ref, store.FenceFail)
 		}
 		// A delivery still created (never sent: no route, no capacity) may
 		// be failed too; it can only be uncounted.
@@ -377,7 +344,7 @@ func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (sto
 		if n, err := res.RowsAffected(); err != nil {
 			return err
 		} else if n == 0 {
-			return classify(tx, ref, fenceFail)
+			return classify(tx, ref, store.FenceFail)
 		}
 		fr, err = failEvent(tx, failure{key: store.KeyOf(ref), eventID: ref.ActorEventID, epoch: ref.ActorEpoch,
 			counted: p.Counted, msg: p.Error, backoff: p.Backoff, maxAttempts: p.MaxAttempts})
@@ -386,85 +353,39 @@ func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (sto
 	return fr, err
 }
 
-// fenceOp says which write a classification explains.
-type fenceOp int
-
-const (
-	fenceCommit   fenceOp = iota // delivery must be sent; lease must be unexpired
-	fenceFail                    // delivery created or sent; lease not checked
-	fenceMarkSent                // delivery must be created; activation not checked
-)
-
-// classify explains, with reads in the same transaction, why a guarded
-// write matched no row, as a *store.FenceError. It decides nothing: the
-// guarded UPDATE already refused. Order (store/storetest/README.md):
-// unknown_delivery, wrong_actor_key, the delivery's copied epoch
-// (stale_epoch), revision (stale_revision), activation or event
-// (superseded_delivery); then the activation: gone, not live or another
-// epoch (stale_epoch), revision (stale_revision), current event
-// (superseded_delivery); then the delivery's state (superseded_delivery);
-// then the lease (expired_lease).
-func classify(tx *txn, ref abi.TurnRef, op fenceOp) error {
-	fe := func(r store.FenceReason, format string, args ...any) error {
-		return &store.FenceError{Reason: r, Detail: fmt.Sprintf(format, args...)}
-	}
-	var d store.Delivery
+// classify reads, in the same transaction, the rows that explain why a
+// guarded write matched no row, and lets store.ClassifyFence name the
+// reason. It decides nothing: the guarded UPDATE already refused.
+func classify(tx *txn, ref abi.TurnRef, op store.FenceOp) error {
+	var rows store.FenceRows
+	d := store.Delivery{ID: ref.DeliveryID}
 	err := tx.queryRow(`
 		SELECT agent_uid, session_id, activation_uid, actor_epoch, event_id, revision, state
 		FROM deliveries WHERE delivery_id = ?`, ref.DeliveryID).Scan(
 		&d.AgentUID, &d.SessionID, &d.ActivationUID, &d.ActorEpoch, &d.EventID, &d.Revision, &d.State)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return fe(store.FenceUnknownDelivery, "delivery %s does not exist", ref.DeliveryID)
 	case err != nil:
 		return err
-	case d.AgentUID != ref.AgentUID || d.SessionID != ref.SessionID:
-		return fe(store.FenceWrongActorKey, "delivery %s belongs to %s, ref names %s", ref.DeliveryID, d.ActorKey, store.KeyOf(ref))
-	case d.ActorEpoch != ref.ActorEpoch:
-		return fe(store.FenceStaleEpoch, "delivery epoch %d, ref epoch %d", d.ActorEpoch, ref.ActorEpoch)
-	case d.Revision != ref.Revision:
-		return fe(store.FenceStaleRevision, "delivery revision %d, ref revision %d", d.Revision, ref.Revision)
-	case d.ActivationUID != ref.ActivationUID:
-		return fe(store.FenceSupersededDelivery, "delivery activation %s, ref activation %s", d.ActivationUID, ref.ActivationUID)
-	case d.EventID != ref.ActorEventID:
-		return fe(store.FenceSupersededDelivery, "delivery event %d, ref event %d", d.EventID, ref.ActorEventID)
+	default:
+		rows.Delivery = &d
 	}
-	if op == fenceMarkSent {
-		return fe(store.FenceSupersededDelivery, "delivery %s is %s, not created", ref.DeliveryID, d.State)
+	if rows.Delivery == nil || op == store.FenceMarkSent {
+		return store.ClassifyFence(ref, op, rows)
 	}
-	var a store.Activation
+	a := store.Activation{UID: ref.ActivationUID}
 	var current sql.NullInt64
-	var expired bool
 	err = tx.queryRow(`
 		SELECT actor_epoch, revision, current_event_id, state, lease_expires_at <= `+nowMS+`
 		FROM activations WHERE activation_uid = ?`, ref.ActivationUID).Scan(
-		&a.ActorEpoch, &a.Revision, &current, &a.State, &expired)
+		&a.ActorEpoch, &a.Revision, &current, &a.State, &rows.LeaseExpired)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return fe(store.FenceStaleEpoch, "activation %s does not exist", ref.ActivationUID)
 	case err != nil:
 		return err
-	case !live(a.State):
-		return fe(store.FenceStaleEpoch, "activation %s is %s", ref.ActivationUID, a.State)
-	case a.ActorEpoch != ref.ActorEpoch:
-		return fe(store.FenceStaleEpoch, "activation epoch %d, ref epoch %d", a.ActorEpoch, ref.ActorEpoch)
-	case a.Revision != ref.Revision:
-		return fe(store.FenceStaleRevision, "activation revision %d, ref revision %d", a.Revision, ref.Revision)
-	case current.Int64 != ref.ActorEventID:
-		return fe(store.FenceSupersededDelivery, "activation current event %d, ref event %d", current.Int64, ref.ActorEventID)
+	default:
+		a.CurrentEventID = current.Int64
+		rows.Activation = &a
 	}
-	switch {
-	case op == fenceCommit && d.State != store.DeliverySent:
-		return fe(store.FenceSupersededDelivery, "delivery %s is %s, not sent", ref.DeliveryID, d.State)
-	case op == fenceFail && d.State != store.DeliveryCreated && d.State != store.DeliverySent:
-		return fe(store.FenceSupersededDelivery, "delivery %s is %s", ref.DeliveryID, d.State)
-	case op == fenceCommit && expired:
-		return fe(store.FenceExpiredLease, "activation %s lease expired", ref.ActivationUID)
-	}
-	// Unreachable while the guards and this order agree; refuse anyway.
-	return fe(store.FenceSupersededDelivery, "turn_ref %s does not match", ref)
-}
-
-func live(s store.ActivationState) bool {
-	return s == store.ActivationStarting || s == store.ActivationActive || s == store.ActivationDraining
+	return store.ClassifyFence(ref, op, rows)
 }

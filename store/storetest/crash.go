@@ -21,6 +21,7 @@ func crashCases() []testCase {
 		{"CrashPolicy/DestroyDiscardsOpenEventsOnCountedFailAttempt", testCrashDestroyFail},
 		{"CrashPolicy/DestroyOnExpiredSentDeliveryKeepsTheDeadLetter", testCrashDestroyExpire},
 		{"CrashPolicy/UncountedFailureNeverAppliesThePolicy", testCrashUncounted},
+		{"CrashPolicy/SleepTimingAndSessionTransitionAgreeAcrossPaths", testCrashSleepTiming},
 		{"Destroy/DiscardsOpenEventsFailsLiveActivationRefusesSignals", testDestroy},
 	}
 }
@@ -177,6 +178,76 @@ func testCrashSleepDeadLetter(t *testing.T, b *bundle) {
 	wantEq(t, b.event(key, ev.ID).Status, store.EventDeadLetter, "event Status")
 	d := b.next(b.claim(key, LongTTL))
 	wantEq(t, d.Event.ID, later.ID, "the later event runs without a wake")
+}
+
+// testCrashSleepTiming pins the sleep policy's decision after a counted
+// failure, through FailAttempt and ExpireActivation alike: a parked event is
+// due at once (the wake is the trigger) and the session moves active →
+// sleeping with reason "crash", its pending wait cleared; a failure that
+// dead-letters the event is not parked, so the policy does not touch its
+// timing: next_attempt_at = DB now + backoff, as under restart (DESIGN
+// "Failed attempt"), and the session stays active (pending kept).
+func testCrashSleepTiming(t *testing.T, b *bundle) {
+	// Parked: a pending session, failed counted with an hour of backoff.
+	key := b.sessionWith(store.CrashSleep)
+	ev := b.message(key, "boom")
+	act := b.claim(key, LongTTL)
+	ref := b.next(act).Delivery.TurnRef()
+	noErr(t, b.s.SetPending(b.ctx, key, true), "SetPending")
+	before := b.getSession(key)
+	if before.PendingSince == nil {
+		t.Fatalf("SetPending recorded no PendingSince")
+	}
+	fr := b.fail(ref, true, time.Hour, 5)
+	wantEq(t, fr.SessionStatus, store.SessionSleeping, "FailResult.SessionStatus")
+	s := b.getSession(key)
+	wantSleeping(t, s, "crash", "a pending session after a counted failure under sleep")
+	if s.PendingSince != nil {
+		t.Fatalf("PendingSince = %v on a session the crash policy parked", s.PendingSince)
+	}
+	got := b.event(key, ev.ID)
+	if d := got.NextAttemptAt.Sub(*s.SleepTS).Abs(); d > time.Minute {
+		t.Fatalf("a parked event is due at once: NextAttemptAt %v is %v from SleepTS %v", got.NextAttemptAt, d, *s.SleepTS)
+	}
+	wantEq(t, got.NextAttemptAt.Sub(fr.NextAttemptAt).Abs() <= time.Millisecond, true, "FailResult.NextAttemptAt matches the event")
+
+	// Dead-lettered by FailAttempt: the backoff stands, the session stays
+	// active and still pending.
+	dlKey := b.sessionWith(store.CrashSleep)
+	dl := b.message(dlKey, "poison")
+	dlRef := b.next(b.claim(dlKey, LongTTL)).Delivery.TurnRef()
+	noErr(t, b.s.SetPending(b.ctx, dlKey, true), "SetPending")
+	fr = b.fail(dlRef, true, time.Hour, 1)
+	wantEq(t, fr.DeadLettered, true, "FailResult.DeadLettered")
+	wantEq(t, fr.SessionStatus, store.SessionActive, "FailResult.SessionStatus of a dead letter under sleep")
+	s = b.getSession(dlKey)
+	wantActive(t, s, "after a dead letter under sleep")
+	if s.PendingSince == nil {
+		t.Fatalf("a dead letter under sleep cleared PendingSince: the session was not parked")
+	}
+	got = b.event(dlKey, dl.ID)
+	wantEq(t, got.Status, store.EventDeadLetter, "event Status")
+	if d := got.NextAttemptAt.Sub(got.AcceptedAt); d < 59*time.Minute {
+		t.Fatalf("a dead letter under sleep keeps the backoff like restart: NextAttemptAt is %v after acceptance", d)
+	}
+	wantEq(t, got.NextAttemptAt.Sub(fr.NextAttemptAt).Abs() <= time.Millisecond, true, "FailResult.NextAttemptAt matches the dead letter")
+
+	// Dead-lettered by the watchdog: the same.
+	wKey := b.sessionWith(store.CrashSleep)
+	wEv := b.message(wKey, "host lost, poison")
+	wAct := b.claim(wKey, ShortTTL)
+	b.next(wAct)
+	b.waitExpired(wAct)
+	fr, err := b.s.ExpireActivation(b.ctx, store.ExpireActivationParams{Ref: wAct.Ref(), Backoff: time.Hour, MaxAttempts: 1})
+	noErr(t, err, "ExpireActivation")
+	wantEq(t, fr.DeadLettered, true, "watchdog: DeadLettered")
+	wantEq(t, fr.SessionStatus, store.SessionActive, "watchdog: SessionStatus")
+	wantActive(t, b.getSession(wKey), "after a watchdog dead letter under sleep")
+	got = b.event(wKey, wEv.ID)
+	if d := got.NextAttemptAt.Sub(got.AcceptedAt); d < 59*time.Minute {
+		t.Fatalf("watchdog: a dead letter under sleep keeps the backoff: NextAttemptAt is %v after acceptance", d)
+	}
+	wantEq(t, got.NextAttemptAt.Sub(fr.NextAttemptAt).Abs() <= time.Millisecond, true, "watchdog: FailResult.NextAttemptAt")
 }
 
 func testCrashDestroyFail(t *testing.T, b *bundle) {

@@ -1,0 +1,228 @@
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/paddock-dev/paddock/abi"
+)
+
+// ErrInvalid: the call's parameters are malformed (the API validates first,
+// so reaching a driver with them is a caller bug). Every validation error
+// of this file wraps it.
+var ErrInvalid = errors.New("invalid parameters")
+
+// Page sizes of list and transcript calls.
+const (
+	// DefaultPageLimit is the page size of a call that asks for none (≤ 0).
+	DefaultPageLimit = 100
+	// MaxPageLimit caps every page.
+	MaxPageLimit = 1000
+)
+
+// PageLimit returns the page size a list call uses for the requested n:
+// DefaultPageLimit when n ≤ 0, at most MaxPageLimit.
+func PageLimit(n int) int {
+	switch {
+	case n <= 0:
+		return DefaultPageLimit
+	case n > MaxPageLimit:
+		return MaxPageLimit
+	}
+	return n
+}
+
+// CheckLeaseTTL refuses a lease TTL that is not positive (ClaimActivation,
+// RenewLeases), wrapping ErrInvalid.
+func CheckLeaseTTL(ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("lease TTL %v must be positive: %w", ttl, ErrInvalid)
+	}
+	return nil
+}
+
+// AgentKind validates CreateAgent's parameters — a valid crash policy and
+// a worker binding that fits the kind (a wasm agent names no plugin worker,
+// a plugin agent no module) — and returns the kind to store: KindWasm (for
+// "" too) or KindPlugin. Errors wrap ErrInvalid. Whether the named module
+// or plugin worker exists is the database's foreign key's to decide.
+func AgentKind(p CreateAgentParams) (string, error) {
+	if !p.CrashPolicy.Valid() {
+		return "", fmt.Errorf("crash policy %q: %w", p.CrashPolicy, ErrInvalid)
+	}
+	switch p.Kind {
+	case "", KindWasm:
+		if p.Plugin != "" {
+			return "", fmt.Errorf("a wasm agent names no plugin worker (got %q): %w", p.Plugin, ErrInvalid)
+		}
+		return KindWasm, nil
+	case KindPlugin:
+		if p.ModuleDigest != "" {
+			return "", fmt.Errorf("a plugin agent names no module (got %q): %w", p.ModuleDigest, ErrInvalid)
+		}
+		return KindPlugin, nil
+	}
+	return "", fmt.Errorf("agent kind %q: %w", p.Kind, ErrInvalid)
+}
+
+// PluginEnv validates a plugin worker registration (a name, Processes ≥ 1)
+// and returns its environment encoded as a JSON object of strings, "{}" for
+// a nil Env. Validation errors wrap ErrInvalid.
+func PluginEnv(p PluginWorker) (string, error) {
+	if p.Name == "" {
+		return "", fmt.Errorf("empty plugin worker name: %w", ErrInvalid)
+	}
+	if p.Processes < 1 {
+		return "", fmt.Errorf("plugin worker %q: processes %d, want at least 1: %w", p.Name, p.Processes, ErrInvalid)
+	}
+	if p.Env == nil {
+		return "{}", nil
+	}
+	env, err := json.Marshal(p.Env)
+	if err != nil {
+		return "", fmt.Errorf("plugin worker %q: env: %w", p.Name, err)
+	}
+	return string(env), nil
+}
+
+// DecodePluginEnv decodes a plugin worker's stored environment (PluginEnv's
+// encoding of worker name) into Env: never nil, empty for "{}" or "null".
+func DecodePluginEnv(name, env string) (map[string]string, error) {
+	var m map[string]string
+	if err := json.Unmarshal([]byte(env), &m); err != nil {
+		return nil, fmt.Errorf("plugin worker %q: env: %w", name, err)
+	}
+	if m == nil {
+		m = map[string]string{}
+	}
+	return m, nil
+}
+
+// EventPayload checks a signal's payload (AppendEvent, Steer) and returns
+// it as stored: empty means {}; anything else must be valid JSON (else an
+// error wrapping ErrInvalid).
+func EventPayload(payload json.RawMessage) (string, error) {
+	if len(payload) == 0 {
+		return "{}", nil
+	}
+	if !json.Valid(payload) {
+		return "", fmt.Errorf("payload is not valid JSON: %w", ErrInvalid)
+	}
+	return string(payload), nil
+}
+
+// ClaimRefusal is ClaimActivation's answer for a session in status: nil
+// when active, else ErrSessionSleeping or ErrSessionDestroyed naming key.
+func ClaimRefusal(key ActorKey, status SessionStatus) error {
+	switch status {
+	case SessionActive:
+		return nil
+	case SessionDestroyed:
+		return fmt.Errorf("session %s: %w", key, ErrSessionDestroyed)
+	case SessionSleeping:
+		return fmt.Errorf("session %s: %w", key, ErrSessionSleeping)
+	}
+	return fmt.Errorf("session %s: status %q", key, status)
+}
+
+// CheckModule refuses a module without a digest, wrapping ErrInvalid.
+func CheckModule(p PutModuleParams) error {
+	if p.Digest == "" {
+		return fmt.Errorf("empty module digest: %w", ErrInvalid)
+	}
+	return nil
+}
+
+// CheckSession refuses CreateSession parameters whose crash policy is
+// neither empty (the agent's default applies) nor valid, wrapping
+// ErrInvalid.
+func CheckSession(p CreateSessionParams) error {
+	if p.CrashPolicy != "" && !p.CrashPolicy.Valid() {
+		return fmt.Errorf("crash policy %q: %w", p.CrashPolicy, ErrInvalid)
+	}
+	return nil
+}
+
+// CommitOutcome is the outcome a commit records: p.Outcome, or
+// abi.OutcomeOK when empty.
+func CommitOutcome(p CommitTurnParams) abi.Outcome {
+	if p.Outcome == "" {
+		return abi.OutcomeOK
+	}
+	return p.Outcome
+}
+
+// PayloadMessage returns a signal payload's "message" string
+// ({"message": "...", "data": {...}}) when it has a non-empty one.
+func PayloadMessage(payload string) (string, bool) {
+	var pl struct {
+		Message *string `json:"message"`
+	}
+	if json.Unmarshal([]byte(payload), &pl) != nil || pl.Message == nil || *pl.Message == "" {
+		return "", false
+	}
+	return *pl.Message, true
+}
+
+// TurnMessages is a committed turn's transcript: the user message of each
+// payload — the event's, then its attached steers' in acceptance order, by
+// PayloadMessage, none for a payload without one — then the worker's
+// messages; Index counts from 0.
+func TurnMessages(payloads []string, msgs []abi.Message) []TranscriptMessage {
+	out := make([]TranscriptMessage, 0, len(payloads)+len(msgs))
+	for _, p := range payloads {
+		if text, ok := PayloadMessage(p); ok {
+			out = append(out, TranscriptMessage{Index: len(out), Role: abi.RoleUser, Content: text})
+		}
+	}
+	for _, m := range msgs {
+		out = append(out, TranscriptMessage{Index: len(out), Role: m.Role, Content: m.Content})
+	}
+	return out
+}
+
+// AlarmPayload is the payload of the event a firing alarm appends:
+// {"alarm": {"name", "due_at" (RFC 3339, UTC), "data"}}. data is the
+// alarm's stored data ("" for none); data that is not JSON is given as a
+// JSON string.
+func AlarmPayload(name string, due time.Time, data string) (string, error) {
+	f := abi.AlarmFired{Name: name, DueAt: due.UTC()}
+	if data != "" {
+		if json.Valid([]byte(data)) {
+			f.Data = json.RawMessage(data)
+		} else {
+			b, err := json.Marshal(data)
+			if err != nil {
+				return "", fmt.Errorf("alarm %q: data: %w", name, err)
+			}
+			f.Data = b
+		}
+	}
+	b, err := json.Marshal(struct {
+		Alarm abi.AlarmFired `json:"alarm"`
+	}{f})
+	if err != nil {
+		return "", fmt.Errorf("alarm %q: payload: %w", name, err)
+	}
+	return string(b), nil
+}
+
+// AlarmIdempotencyKey is the idempotency key of the event an alarm due at
+// due appends, "alarm:<name>:<due unix ms>": each (session, alarm, due
+// time) fires once across hosts.
+func AlarmIdempotencyKey(name string, due time.Time) string {
+	return fmt.Sprintf("alarm:%s:%d", name, due.UnixMilli())
+}
+
+// NotDeadLetter explains a redrive or discard whose compare-and-set on
+// status dead_letter matched no row, from the event's status read after it
+// ("" when the event does not exist): ErrNotFound, or a
+// *NotDeadLetterError naming the status (errors.Is ErrConflict).
+func NotDeadLetter(key ActorKey, eventID int64, status EventStatus) error {
+	if status == "" {
+		return fmt.Errorf("event %d of %s: %w", eventID, key, ErrNotFound)
+	}
+	return &NotDeadLetterError{Key: key, EventID: eventID, Status: status}
+}
