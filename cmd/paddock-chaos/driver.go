@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -16,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/paddock-dev/paddock/host/api/client"
 )
 
 // session is one session the driver sends to.
@@ -44,16 +44,22 @@ type acceptedSignal struct {
 	created bool
 }
 
-// api is the driver's HTTP client over the hosts.
+// api is the driver's client over the hosts: one API client per host, on
+// one *http.Client.
 type api struct {
-	e      *env
-	client *http.Client
-	mu     sync.Mutex
-	rnd    *rand.Rand
+	e       *env
+	clients map[*host]*client.Client
+	mu      sync.Mutex
+	rnd     *rand.Rand
 }
 
 func newAPI(e *env, seed int64) *api {
-	return &api{e: e, client: &http.Client{Timeout: e.cfg.HTTPTimeout}, rnd: rand.New(rand.NewPCG(uint64(seed), 7))}
+	hc := &http.Client{Timeout: e.cfg.HTTPTimeout}
+	a := &api{e: e, clients: map[*host]*client.Client{}, rnd: rand.New(rand.NewPCG(uint64(seed), 7))}
+	for _, h := range e.hosts {
+		a.clients[h] = client.New("http://"+h.addr, client.WithHTTPClient(hc), client.WithUserAgent("paddock-chaos"))
+	}
+	return a
 }
 
 // pick returns a random host believed up (any host when none is), other
@@ -78,38 +84,11 @@ func (a *api) intN(n int) int {
 	return a.rnd.IntN(n)
 }
 
-// errRefused is a 4xx answer: retrying the same call cannot help.
-type errRefused struct {
-	status int
-	body   string
-}
-
-func (e *errRefused) Error() string { return fmt.Sprintf("HTTP %d: %s", e.status, e.body) }
-
-// call sends one request to one host; it returns the status and body.
-func (a *api) call(ctx context.Context, h *host, method, path string, body any) (int, []byte, error) {
-	b, err := json.Marshal(body)
-	if err != nil {
-		return 0, nil, err
-	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+h.addr+path, bytes.NewReader(b))
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := a.client.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, out, err
-}
-
-// do sends the request to a random live host, and again to another on a
-// connection error, a timeout or a 5xx, until a 2xx answer (returned), a
-// 4xx (errRefused) or ctx's end. It returns the retries made.
-func (a *api) do(ctx context.Context, method, path string, body any, out any) (int, error) {
+// do calls f on a random live host's client, and again on another after a
+// connection error, a timeout or a 5xx, until it succeeds (nil), a 4xx
+// answer (the *client.Error: retrying the same call cannot help) or ctx's
+// end. It returns the retries made.
+func (a *api) do(ctx context.Context, f func(*client.Client) error) (int, error) {
 	var last *host
 	for retries := 0; ; retries++ {
 		if err := ctx.Err(); err != nil {
@@ -117,17 +96,12 @@ func (a *api) do(ctx context.Context, method, path string, body any, out any) (i
 		}
 		h := a.pick(last)
 		last = h
-		status, b, err := a.call(ctx, h, method, path, body)
-		switch {
-		case err != nil:
-			// Down, stopped or restarting: another host. A pause, so that a
-			// moment with every host down does not spin.
-		case status >= 200 && status < 300:
-			return retries, json.Unmarshal(b, out)
-		case status >= 500:
-			// PostgreSQL restarting, most likely: the same call again.
-		default:
-			return retries, &errRefused{status, string(b)}
+		err := f(a.clients[h])
+		// A transport error (down, stopped or restarting: another host) or
+		// a 5xx (PostgreSQL restarting, most likely) is retried, after a
+		// pause so that a moment with every host down does not spin.
+		if err == nil || (client.AsError(err) != nil && !client.IsServerError(err)) {
+			return retries, err
 		}
 		select {
 		case <-ctx.Done():
@@ -145,16 +119,17 @@ func createSessions(ctx context.Context, e *env) ([]*session, error) {
 	defer cancel()
 	for i := range e.cfg.Sessions {
 		s := &session{name: fmt.Sprintf("chaos-s%02d", i), agent: agentNames[i%len(agentNames)]}
-		var resp struct {
-			SessionID string `json:"session_id"`
-		}
-		if _, err := a.do(ctx, "PUT", "/v1/agents/"+s.agent+"/sessions", map[string]any{"key": s.name}, &resp); err != nil {
+		var x client.Session
+		if _, err := a.do(ctx, func(c *client.Client) (err error) {
+			x, err = c.GetOrCreateSession(ctx, s.agent, client.SessionRequest{Key: s.name})
+			return err
+		}); err != nil {
 			return nil, fmt.Errorf("session %s of %s: %w", s.name, s.agent, err)
 		}
-		if resp.SessionID == "" {
+		if x.SessionID == "" {
 			return nil, fmt.Errorf("session %s of %s: no session_id in the answer", s.name, s.agent)
 		}
-		s.id = resp.SessionID
+		s.id = x.SessionID
 		out = append(out, s)
 	}
 	return out, nil
@@ -221,12 +196,11 @@ func (d *driver) sendAll(ctx context.Context, s *session, count int, gap time.Du
 		}
 		text := fmt.Sprintf("%s-%d", s.name, seq)
 		msg := "note " + text
-		var resp struct {
-			EventID int64 `json:"event_id"`
-			Created bool  `json:"created"`
-		}
-		retries, err := d.api.do(ctx, "POST", "/v1/agents/"+s.agent+"/sessions/"+url.PathEscape(s.id)+"/signals",
-			map[string]any{"message": msg, "idempotency_key": text}, &resp)
+		var resp client.SignalResult
+		retries, err := d.api.do(ctx, func(c *client.Client) (err error) {
+			resp, err = c.SendSignal(ctx, s.agent, s.id, client.Signal{Message: msg, IdempotencyKey: text})
+			return err
+		})
 		if err == nil && resp.EventID <= 0 {
 			err = fmt.Errorf("no event_id in the answer")
 		}

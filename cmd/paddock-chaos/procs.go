@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/paddock-dev/paddock/host/api/client"
 )
 
 // proc is one incarnation of a child process (a host or a worker).
@@ -114,7 +116,7 @@ func (h *host) current() (*proc, int) {
 // store does not open) is started again, until timeout.
 func (h *host) start(ctx context.Context, bin string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	client := &http.Client{Timeout: 2 * time.Second}
+	probe := client.New("http://"+h.addr, client.WithHTTPClient(&http.Client{Timeout: 2 * time.Second}), client.WithUserAgent("paddock-chaos"))
 	pause := 200 * time.Millisecond
 	for {
 		h.mu.Lock()
@@ -138,15 +140,11 @@ func (h *host) start(ctx context.Context, bin string, timeout time.Duration) err
 			if time.Now().After(deadline) {
 				return fmt.Errorf("%s did not become healthy in %v (log %s)", h.name(), timeout, h.logPath(inc))
 			}
-			resp, err := client.Get("http://" + h.addr + "/healthz")
-			if err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					h.mu.Lock()
-					h.up = true
-					h.mu.Unlock()
-					return nil
-				}
+			if _, err := probe.Health(ctx); err == nil {
+				h.mu.Lock()
+				h.up = true
+				h.mu.Unlock()
+				return nil
 			}
 			time.Sleep(50 * time.Millisecond)
 		}

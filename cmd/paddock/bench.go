@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -35,6 +34,7 @@ import (
 	"github.com/paddock-dev/paddock/fabric/wire"
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/host/api"
+	apiclient "github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/runner"
 	"github.com/paddock-dev/paddock/plugins"
 	"github.com/paddock-dev/paddock/store"
@@ -720,31 +720,14 @@ func benchSignaller(ctx context.Context, o benchOptions, h *host.Host, st store.
 	srv := &http.Server{Handler: api.New(api.Options{Host: h, Modules: r, Plugins: r, Logger: log,
 		MaxBodyBytes: 1 << 20, MaxModuleBytes: 64 << 20}), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	base := "http://" + ln.Addr().String()
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.producers * 2}}
+	c := apiclient.New("http://"+ln.Addr().String(),
+		apiclient.WithHTTPClient(&http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.producers * 2}}))
 	return func(ctx context.Context, key store.ActorKey, _ string, data []byte) (int64, error) {
-			body, _ := json.Marshal(map[string]any{"kind": "message", "data": json.RawMessage(data)})
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/agents/hasher/sessions/"+key.SessionID+"/signals", bytes.NewReader(body))
+			r, err := c.SendSignal(ctx, "hasher", key.SessionID, apiclient.Signal{Kind: apiclient.SignalMessage, Data: data})
 			if err != nil {
-				return 0, err
-			}
-			req.Header.Set("Content-Type", "application/json")
-			resp, err := client.Do(req)
-			if err != nil {
-				return 0, err
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != http.StatusAccepted {
-				return 0, fmt.Errorf("POST signal: %s: %s", resp.Status, b)
-			}
-			var out struct {
-				EventID int64 `json:"event_id"`
-			}
-			if err := json.Unmarshal(b, &out); err != nil {
 				return 0, fmt.Errorf("POST signal: %w", err)
 			}
-			return out.EventID, nil
+			return r.EventID, nil
 		}, func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()

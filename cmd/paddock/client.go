@@ -9,89 +9,37 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	apiclient "github.com/paddock-dev/paddock/host/api/client"
+	"github.com/paddock-dev/paddock/store"
 )
 
-// client talks to a Paddock host's HTTP API.
+// client holds the global flags of the client commands.
 type client struct {
 	server, token, output string
-	http                  http.Client
-	// raw is the body of the last successful response; --output json
-	// prints it as the server sent it.
-	raw json.RawMessage
 }
 
-// apiError is an error response of the API.
-type apiError struct {
-	Status  int
-	Code    string `json:"code"`
-	Message string `json:"message"`
-	Field   string `json:"field"`
+// api returns the API client for --server and --token.
+func (c *client) api() *apiclient.Client {
+	return apiclient.New(c.server, apiclient.WithToken(c.token), apiclient.WithUserAgent("paddock-cli"))
 }
 
-func (e *apiError) Error() string {
-	s := fmt.Sprintf("%s (HTTP %d): %s", e.Code, e.Status, e.Message)
-	if e.Field != "" {
-		s += " [field " + e.Field + "]"
+// reach names the server when the API could not be reached at all; API
+// errors and others are returned as they are.
+func (c *client) reach(err error) error {
+	var ue *url.Error
+	if err != nil && apiclient.AsError(err) == nil && errors.As(err, &ue) {
+		return fmt.Errorf("cannot reach the Paddock API at %s (is `paddock serve` running?): %w", c.server, ue)
 	}
-	return s
-}
-
-// do sends a request and decodes a JSON response into out (if non-nil).
-func (c *client) do(ctx context.Context, method, path string, body io.Reader, contentType string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.server, "/")+path, body)
-	if err != nil {
-		return err
-	}
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("cannot reach the Paddock API at %s (is `paddock serve` running?): %w", c.server, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode >= 400 {
-		var env struct {
-			Error *apiError `json:"error"`
-		}
-		if json.Unmarshal(data, &env) == nil && env.Error != nil {
-			env.Error.Status = resp.StatusCode
-			return env.Error
-		}
-		return &apiError{Status: resp.StatusCode, Code: "http_error", Message: strings.TrimSpace(string(data))}
-	}
-	c.raw = data
-	if out != nil {
-		return json.Unmarshal(data, out)
-	}
-	return nil
-}
-
-func (c *client) json(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
-	}
-	return c.do(ctx, method, path, body, "application/json", out)
+	return err
 }
 
 // print writes v as indented JSON with --output json, else calls text.
@@ -118,50 +66,14 @@ func (c *client) print(cmd *cobra.Command, v any, text func(w io.Writer)) error 
 	return tw.Flush()
 }
 
-type module struct {
-	Digest     string    `json:"digest"`
-	Size       int64     `json:"size"`
-	ABIVersion int       `json:"abi_version"`
-	CreatedAt  time.Time `json:"created_at"`
-	Created    bool      `json:"created"`
-}
-
-type agent struct {
-	UID         string `json:"uid"`
-	Name        string `json:"name"`
-	Kind        string `json:"kind"`
-	Module      string `json:"module"`
-	Plugin      string `json:"plugin"`
-	CrashPolicy string `json:"crash_policy"`
-}
-
-type session struct {
-	Agent        string     `json:"agent"`
-	SessionID    string     `json:"session_id"`
-	Key          string     `json:"key"`
-	Status       string     `json:"status"`
-	CrashPolicy  string     `json:"crash_policy"`
-	ActorEpoch   int64      `json:"actor_epoch"`
-	TurnCount    int64      `json:"turn_count"`
-	EventCount   int64      `json:"event_count"`
-	OpenEvents   int64      `json:"open_events"`
-	DeadLetters  int64      `json:"dead_letters"`
-	Created      *bool      `json:"created"`
-	SleepTS      *time.Time `json:"sleep_ts"`
-	SleepReason  string     `json:"sleep_reason"`
-	DestroyTS    *time.Time `json:"destroy_ts"`
-	PendingSince *time.Time `json:"pending_since"`
-}
-
 // upload uploads the wasm module in file and returns it as stored.
-func (c *client) upload(ctx context.Context, file string) (module, error) {
-	var m module
+func (c *client) upload(ctx context.Context, file string, opts ...apiclient.CallOption) (apiclient.Module, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return m, err
+		return apiclient.Module{}, err
 	}
-	err = c.do(ctx, "POST", "/v1/modules", bytes.NewReader(b), "application/wasm", &m)
-	return m, err
+	m, err := c.api().UploadModule(ctx, b, opts...)
+	return m, c.reach(err)
 }
 
 // moduleDigest resolves a --module value: a .wasm file is uploaded and
@@ -176,7 +88,7 @@ func (c *client) moduleDigest(ctx context.Context, ref string) (string, error) {
 
 // runs describes what an agent is bound to: "module sha256:…" or
 // "plugin name@sha256:…".
-func (a agent) runs() string {
+func runs(a apiclient.Agent) string {
 	if a.Plugin != "" {
 		return "plugin " + a.Plugin
 	}
@@ -188,24 +100,24 @@ func newModuleCmd(c *client) *cobra.Command {
 	cmd.AddCommand(&cobra.Command{
 		Use: "upload FILE.wasm", Short: "Upload a wasm module; prints its digest", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := c.upload(cmd.Context(), args[0])
+			var raw json.RawMessage
+			m, err := c.upload(cmd.Context(), args[0], apiclient.Raw(&raw))
 			if err != nil {
 				return err
 			}
-			return c.print(cmd, c.raw, func(w io.Writer) { fmt.Fprintln(w, m.Digest) })
+			return c.print(cmd, raw, func(w io.Writer) { fmt.Fprintln(w, m.Digest) })
 		},
 	}, &cobra.Command{
 		Use: "list", Short: "List modules", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out struct {
-				Modules []module `json:"modules"`
+			var raw json.RawMessage
+			ms, err := c.api().ListModules(cmd.Context(), apiclient.Raw(&raw))
+			if err != nil {
+				return c.reach(err)
 			}
-			if err := c.json(cmd.Context(), "GET", "/v1/modules", nil, &out); err != nil {
-				return err
-			}
-			return c.print(cmd, c.raw, func(w io.Writer) {
+			return c.print(cmd, raw, func(w io.Writer) {
 				fmt.Fprintln(w, "DIGEST\tSIZE\tABI\tCREATED")
-				for _, m := range out.Modules {
+				for _, m := range ms {
 					fmt.Fprintf(w, "%s\t%d\t%d\t%s\n", m.Digest, m.Size, m.ABIVersion, m.CreatedAt.Format(time.RFC3339))
 				}
 			})
@@ -220,25 +132,21 @@ func newAgentCmd(c *client) *cobra.Command {
 	create := &cobra.Command{
 		Use: "create NAME (--module DIGEST|FILE.wasm | --plugin NAME)", Short: "Register an agent bound to a wasm module or a plugin worker", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var a agent
-			in := map[string]string{"name": args[0]}
-			if pluginName != "" {
-				in["plugin"] = pluginName
-			} else {
+			in := apiclient.CreateAgentRequest{Name: args[0], Plugin: pluginName, CrashPolicy: policy}
+			if pluginName == "" {
 				digest, err := c.moduleDigest(cmd.Context(), moduleRef)
 				if err != nil {
 					return err
 				}
-				in["module"] = digest
+				in.Module = digest
 			}
-			if policy != "" {
-				in["crash_policy"] = policy
+			var raw json.RawMessage
+			a, err := c.api().CreateAgent(cmd.Context(), in, apiclient.Raw(&raw))
+			if err != nil {
+				return c.reach(err)
 			}
-			if err := c.json(cmd.Context(), "POST", "/v1/agents", in, &a); err != nil {
-				return err
-			}
-			return c.print(cmd, c.raw, func(w io.Writer) {
-				fmt.Fprintf(w, "agent %s registered (%s, crash policy %s)\n", a.Name, a.runs(), a.CrashPolicy)
+			return c.print(cmd, raw, func(w io.Writer) {
+				fmt.Fprintf(w, "agent %s registered (%s, crash policy %s)\n", a.Name, runs(a), a.CrashPolicy)
 			})
 		},
 	}
@@ -250,15 +158,14 @@ func newAgentCmd(c *client) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List agents", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out struct {
-				Agents []agent `json:"agents"`
+			var raw json.RawMessage
+			as, err := c.api().ListAgents(cmd.Context(), apiclient.Raw(&raw))
+			if err != nil {
+				return c.reach(err)
 			}
-			if err := c.json(cmd.Context(), "GET", "/v1/agents", nil, &out); err != nil {
-				return err
-			}
-			return c.print(cmd, c.raw, func(w io.Writer) {
+			return c.print(cmd, raw, func(w io.Writer) {
 				fmt.Fprintln(w, "NAME\tKIND\tCRASH POLICY\tRUNS")
-				for _, a := range out.Agents {
+				for _, a := range as {
 					runs := a.Module
 					if a.Plugin != "" {
 						runs = a.Plugin
@@ -272,25 +179,21 @@ func newAgentCmd(c *client) *cobra.Command {
 	update := &cobra.Command{
 		Use: "update NAME (--module DIGEST|FILE.wasm | --plugin NAME)", Short: "Re-bind an agent: new events run the new module or plugin", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			in := map[string]string{}
-			if upPlugin != "" {
-				in["plugin"] = upPlugin
-			} else {
+			in := apiclient.UpdateAgentRequest{Plugin: upPlugin, CrashPolicy: upPolicy}
+			if upPlugin == "" {
 				digest, err := c.moduleDigest(cmd.Context(), upModule)
 				if err != nil {
 					return err
 				}
-				in["module"] = digest
+				in.Module = digest
 			}
-			if upPolicy != "" {
-				in["crash_policy"] = upPolicy
+			var raw json.RawMessage
+			a, err := c.api().UpdateAgent(cmd.Context(), args[0], in, apiclient.Raw(&raw))
+			if err != nil {
+				return c.reach(err)
 			}
-			var a agent
-			if err := c.json(cmd.Context(), "PUT", "/v1/agents/"+url.PathEscape(args[0]), in, &a); err != nil {
-				return err
-			}
-			return c.print(cmd, c.raw, func(w io.Writer) {
-				fmt.Fprintf(w, "agent %s now runs %s (crash policy %s); events already started keep their binding\n", a.Name, a.runs(), a.CrashPolicy)
+			return c.print(cmd, raw, func(w io.Writer) {
+				fmt.Fprintf(w, "agent %s now runs %s (crash policy %s); events already started keep their binding\n", a.Name, runs(a), a.CrashPolicy)
 			})
 		},
 	}
@@ -321,27 +224,24 @@ func newPluginCmd(c *client) *cobra.Command {
 				h := sha256.Sum256(b)
 				sum = hex.EncodeToString(h[:])
 			}
-			in := map[string]any{"name": args[0], "path": path, "sha256": sum}
-			if processes > 0 {
-				in["processes"] = processes
-			}
+			in := apiclient.PluginRegistration{Name: args[0], Path: path, SHA256: sum, Processes: max(processes, 0)}
 			if len(env) > 0 {
-				m := map[string]string{}
+				in.Env = map[string]string{}
 				for _, kv := range env {
 					k, v, ok := strings.Cut(kv, "=")
 					if !ok {
 						return fmt.Errorf("--env %q: want KEY=VALUE", kv)
 					}
-					m[k] = v
+					in.Env[k] = v
 				}
-				in["env"] = m
 			}
-			var out map[string]any
-			if err := c.json(cmd.Context(), "POST", "/v1/plugins", in, &out); err != nil {
-				return err
+			var raw json.RawMessage
+			p, err := c.api().RegisterPlugin(cmd.Context(), in, apiclient.Raw(&raw))
+			if err != nil {
+				return c.reach(err)
 			}
-			return c.print(cmd, c.raw, func(w io.Writer) {
-				fmt.Fprintf(w, "plugin %v registered (%v, sha256 %v)\n", out["name"], out["path"], out["sha256"])
+			return c.print(cmd, raw, func(w io.Writer) {
+				fmt.Fprintf(w, "plugin %s registered (%s, sha256 %s)\n", p.Name, p.Path, p.SHA256)
 			})
 		},
 	}
@@ -353,20 +253,14 @@ func newPluginCmd(c *client) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List plugin workers", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var out struct {
-				Plugins []struct {
-					Name      string `json:"name"`
-					Path      string `json:"path"`
-					SHA256    string `json:"sha256"`
-					Processes int    `json:"processes"`
-				} `json:"plugins"`
+			var raw json.RawMessage
+			ps, err := c.api().ListPlugins(cmd.Context(), apiclient.Raw(&raw))
+			if err != nil {
+				return c.reach(err)
 			}
-			if err := c.json(cmd.Context(), "GET", "/v1/plugins", nil, &out); err != nil {
-				return err
-			}
-			return c.print(cmd, c.raw, func(w io.Writer) {
+			return c.print(cmd, raw, func(w io.Writer) {
 				fmt.Fprintln(w, "NAME\tPROCESSES\tSHA256\tPATH")
-				for _, p := range out.Plugins {
+				for _, p := range ps {
 					fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", p.Name, p.Processes, p.SHA256[:min(12, len(p.SHA256))], p.Path)
 				}
 			})
@@ -376,16 +270,12 @@ func newPluginCmd(c *client) *cobra.Command {
 	return cmd
 }
 
-func sessionPath(agentName, id string) string {
-	return "/v1/agents/" + url.PathEscape(agentName) + "/sessions/" + url.PathEscape(id)
-}
-
-func printSession(w io.Writer, s session) {
+func printSession(w io.Writer, s apiclient.Session) {
 	fmt.Fprintf(w, "session\t%s\n", s.SessionID)
 	if s.Key != "" {
 		fmt.Fprintf(w, "key\t%s\n", s.Key)
 	}
-	status := s.Status
+	status := string(s.Status)
 	switch {
 	case s.SleepTS != nil:
 		status += fmt.Sprintf(" since %s (reason: %s; a signal or `session wake` resumes it)", s.SleepTS.Local().Format(time.DateTime), s.SleepReason)
@@ -398,6 +288,33 @@ func printSession(w io.Writer, s session) {
 		s.Agent, status, s.CrashPolicy, s.ActorEpoch, s.TurnCount, s.EventCount, s.OpenEvents, s.DeadLetters)
 }
 
+// listedSession is a session as `session list --output json` prints it:
+// these fields in this order (the listing is assembled from several pages,
+// so it is not one server body).
+type listedSession struct {
+	Agent        string     `json:"agent"`
+	SessionID    string     `json:"session_id"`
+	Key          string     `json:"key"`
+	Status       string     `json:"status"`
+	CrashPolicy  string     `json:"crash_policy"`
+	ActorEpoch   int64      `json:"actor_epoch"`
+	TurnCount    int64      `json:"turn_count"`
+	EventCount   int64      `json:"event_count"`
+	OpenEvents   int64      `json:"open_events"`
+	DeadLetters  int64      `json:"dead_letters"`
+	Created      *bool      `json:"created"`
+	SleepTS      *time.Time `json:"sleep_ts"`
+	SleepReason  string     `json:"sleep_reason"`
+	DestroyTS    *time.Time `json:"destroy_ts"`
+	PendingSince *time.Time `json:"pending_since"`
+}
+
+func toListedSession(s apiclient.Session) listedSession {
+	return listedSession{Agent: s.Agent, SessionID: s.SessionID, Key: s.Key, Status: string(s.Status), CrashPolicy: string(s.CrashPolicy),
+		ActorEpoch: s.ActorEpoch, TurnCount: s.TurnCount, EventCount: s.EventCount, OpenEvents: s.OpenEvents, DeadLetters: s.DeadLetters,
+		SleepTS: s.SleepTS, SleepReason: s.SleepReason, DestroyTS: s.DestroyTS, PendingSince: s.PendingSince}
+}
+
 func newSessionCmd(c *client) *cobra.Command {
 	cmd := &cobra.Command{Use: "session", Short: "Create, get, list, destroy and wake sessions"}
 	var key, input, policy string
@@ -405,25 +322,20 @@ func newSessionCmd(c *client) *cobra.Command {
 	create := &cobra.Command{
 		Use: "create AGENT", Short: "Create a session (prints its id)", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			in := map[string]any{}
-			if key != "" {
-				in["key"] = key
-			}
+			in := apiclient.SessionRequest{Key: key, CrashPolicy: policy}
 			if input != "" {
-				in["input"] = []byte(input)
+				in.Input = []byte(input)
 			}
-			if policy != "" {
-				in["crash_policy"] = policy
-			}
-			method := "POST"
+			create := c.api().CreateSession
 			if getOrCreate {
-				method = "PUT"
+				create = c.api().GetOrCreateSession
 			}
-			var s session
-			if err := c.json(cmd.Context(), method, "/v1/agents/"+url.PathEscape(args[0])+"/sessions", in, &s); err != nil {
-				return err
+			var raw json.RawMessage
+			s, err := create(cmd.Context(), args[0], in, apiclient.Raw(&raw))
+			if err != nil {
+				return c.reach(err)
 			}
-			return c.print(cmd, c.raw, func(w io.Writer) { fmt.Fprintln(w, s.SessionID) })
+			return c.print(cmd, raw, func(w io.Writer) { fmt.Fprintln(w, s.SessionID) })
 		},
 	}
 	create.Flags().StringVar(&key, "key", "", "client-chosen session key, unique per agent")
@@ -433,32 +345,30 @@ func newSessionCmd(c *client) *cobra.Command {
 	get := &cobra.Command{
 		Use: "get AGENT SESSION", Short: "Show a session", Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var s session
-			if err := c.json(cmd.Context(), "GET", sessionPath(args[0], args[1]), nil, &s); err != nil {
-				return err
+			var raw json.RawMessage
+			s, err := c.api().GetSession(cmd.Context(), args[0], args[1], apiclient.Raw(&raw))
+			if err != nil {
+				return c.reach(err)
 			}
-			return c.print(cmd, c.raw, func(w io.Writer) { printSession(w, s) })
+			return c.print(cmd, raw, func(w io.Writer) { printSession(w, s) })
 		},
 	}
 	list := &cobra.Command{
 		Use: "list AGENT", Short: "List an agent's sessions", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var all []session
-			cursor := ""
-			for {
-				var out struct {
-					Sessions   []session `json:"sessions"`
-					NextCursor string    `json:"next_cursor"`
+			var all []listedSession
+			for cursor := ""; ; {
+				page, err := c.api().ListSessions(cmd.Context(), args[0], apiclient.ListSessionsOptions{Limit: 500, Cursor: cursor})
+				if err != nil {
+					return c.reach(err)
 				}
-				path := "/v1/agents/" + url.PathEscape(args[0]) + "/sessions?limit=500&cursor=" + url.QueryEscape(cursor)
-				if err := c.json(cmd.Context(), "GET", path, nil, &out); err != nil {
-					return err
+				for _, s := range page.Sessions {
+					all = append(all, toListedSession(s))
 				}
-				all = append(all, out.Sessions...)
-				if out.NextCursor == "" {
+				if page.NextCursor == "" {
 					break
 				}
-				cursor = out.NextCursor
+				cursor = page.NextCursor
 			}
 			return c.print(cmd, map[string]any{"sessions": all}, func(w io.Writer) {
 				fmt.Fprintln(w, "SESSION\tKEY\tSTATUS\tTURNS\tOPEN\tEPOCH")
@@ -471,21 +381,23 @@ func newSessionCmd(c *client) *cobra.Command {
 	destroy := &cobra.Command{
 		Use: "destroy AGENT SESSION", Short: "Destroy a session: open events are discarded, later signals get 410", Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var s session
-			if err := c.json(cmd.Context(), "DELETE", sessionPath(args[0], args[1]), nil, &s); err != nil {
-				return err
+			var raw json.RawMessage
+			s, err := c.api().DestroySession(cmd.Context(), args[0], args[1], apiclient.Raw(&raw))
+			if err != nil {
+				return c.reach(err)
 			}
-			return c.print(cmd, c.raw, func(w io.Writer) { printSession(w, s) })
+			return c.print(cmd, raw, func(w io.Writer) { printSession(w, s) })
 		},
 	}
 	wake := &cobra.Command{
 		Use: "wake AGENT SESSION", Short: "Wake a sleeping session", Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var out map[string]any
-			if err := c.json(cmd.Context(), "POST", sessionPath(args[0], args[1])+"/signals", map[string]any{"kind": "wake"}, &out); err != nil {
-				return err
+			var raw json.RawMessage
+			out, err := c.api().SendSignal(cmd.Context(), args[0], args[1], apiclient.Signal{Kind: apiclient.SignalWake}, apiclient.Raw(&raw))
+			if err != nil {
+				return c.reach(err)
 			}
-			return c.print(cmd, c.raw, func(w io.Writer) { fmt.Fprintf(w, "session is %v\n", out["status"]) })
+			return c.print(cmd, raw, func(w io.Writer) { fmt.Fprintf(w, "session is %s\n", out.Status) })
 		},
 	}
 	cmd.AddCommand(create, get, list, destroy, wake)
@@ -500,35 +412,24 @@ func newSignalCmd(c *client) *cobra.Command {
 	send := &cobra.Command{
 		Use: "send AGENT SESSION MESSAGE", Short: "Send a message; prints the accepted event id", Args: cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			in := map[string]any{"message": args[2], "kind": kind}
-			if force {
-				in["force_allocation"] = true
-			}
-			if idem != "" {
-				in["idempotency_key"] = idem
-			}
+			in := apiclient.Signal{Kind: kind, Message: args[2], IdempotencyKey: idem, ForceAllocation: force}
 			if data != "" {
 				if !json.Valid([]byte(data)) {
 					return fmt.Errorf("--data is not valid JSON")
 				}
-				in["data"] = json.RawMessage(data)
+				in.Data = json.RawMessage(data)
 			}
-			var out struct {
-				Kind     string `json:"kind"`
-				EventID  int64  `json:"event_id"`
-				Seq      int64  `json:"seq"`
-				Status   string `json:"status"`
-				Created  bool   `json:"created"`
-				InFlight bool   `json:"in_flight"`
-			}
-			var before session
+			api := c.api()
+			var before apiclient.Session
 			if wait && kind == "message" {
-				if err := c.json(cmd.Context(), "GET", sessionPath(args[0], args[1]), nil, &before); err != nil {
-					return err
+				var err error
+				if before, err = api.GetSession(cmd.Context(), args[0], args[1]); err != nil {
+					return c.reach(err)
 				}
 			}
-			if err := c.json(cmd.Context(), "POST", sessionPath(args[0], args[1])+"/signals", in, &out); err != nil {
-				return err
+			out, err := api.SendSignal(cmd.Context(), args[0], args[1], in)
+			if err != nil {
+				return c.reach(err)
 			}
 			if wait && kind == "message" {
 				ctx, cancel := context.WithTimeout(cmd.Context(), waitFor)
@@ -568,16 +469,19 @@ func newSignalCmd(c *client) *cobra.Command {
 	cancel := &cobra.Command{
 		Use: "cancel AGENT SESSION", Short: "Cancel the turn in flight, or a queued event with --event", Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			in := map[string]any{"kind": "cancel"}
-			if eventID != 0 {
-				in["event_id"] = eventID
+			var raw json.RawMessage
+			out, err := c.api().SendSignal(cmd.Context(), args[0], args[1], apiclient.Signal{Kind: apiclient.SignalCancel, EventID: eventID}, apiclient.Raw(&raw))
+			if err != nil {
+				return c.reach(err)
 			}
-			var out map[string]any
-			if err := c.json(cmd.Context(), "POST", sessionPath(args[0], args[1])+"/signals", in, &out); err != nil {
+			// The server's body, re-encoded: its keys sorted, as printed
+			// since the first release.
+			var body map[string]any
+			if err := json.Unmarshal(raw, &body); err != nil {
 				return err
 			}
-			return c.print(cmd, out, func(w io.Writer) {
-				fmt.Fprintf(w, "event %v cancelled (in flight: %v)\n", out["event_id"], out["in_flight"])
+			return c.print(cmd, body, func(w io.Writer) {
+				fmt.Fprintf(w, "event %d cancelled (in flight: %v)\n", out.EventID, out.InFlight)
 			})
 		},
 	}
@@ -589,15 +493,14 @@ func newSignalCmd(c *client) *cobra.Command {
 // waitTurn waits until event id of the session is closed and prints the
 // turn that handled it (found after turn number after), or how it ended.
 func (c *client) waitTurn(cmd *cobra.Command, agentName, sess string, id, after int64) error {
-	var ev struct {
-		Status    string `json:"status"`
-		LastError string `json:"last_error"`
-	}
+	api := c.api()
+	var ev apiclient.Event
 	for {
-		if err := c.json(cmd.Context(), "GET", fmt.Sprintf("%s/events/%d", sessionPath(agentName, sess), id), nil, &ev); err != nil {
-			return err
+		var err error
+		if ev, err = api.GetEvent(cmd.Context(), agentName, sess, id); err != nil {
+			return c.reach(err)
 		}
-		if ev.Status != "open" {
+		if ev.Status != store.EventOpen {
 			break
 		}
 		select {
@@ -606,22 +509,20 @@ func (c *client) waitTurn(cmd *cobra.Command, agentName, sess string, id, after 
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	if ev.Status != "done" {
+	if ev.Status != store.EventDone {
 		return fmt.Errorf("event %d ended %s: %s", id, ev.Status, oneLine(ev.LastError, 300))
 	}
 	for _, from := range []int64{after, 0} {
-		var out struct {
-			Turns []turn `json:"turns"`
+		page, err := api.Transcript(cmd.Context(), agentName, sess, apiclient.TranscriptOptions{After: from, Limit: 1000})
+		if err != nil {
+			return c.reach(err)
 		}
-		if err := c.json(cmd.Context(), "GET", fmt.Sprintf("%s/transcript?after=%d&limit=1000", sessionPath(agentName, sess), from), nil, &out); err != nil {
-			return err
-		}
-		for _, t := range out.Turns {
+		for _, t := range page.Turns {
 			if t.EventID != id {
 				continue
 			}
 			if c.output == "json" {
-				return c.print(cmd, t, nil)
+				return c.print(cmd, toPrintedTurn(t), nil)
 			}
 			for _, m := range t.Messages[1:] {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", m.Role, m.Content)
@@ -632,17 +533,20 @@ func (c *client) waitTurn(cmd *cobra.Command, agentName, sess string, id, after 
 	return fmt.Errorf("event %d is done but its turn is not in the transcript", id)
 }
 
-type turn struct {
-	TurnNo      int64     `json:"turn_no"`
-	EventID     int64     `json:"actor_event_id"`
-	ActorEpoch  int64     `json:"actor_epoch"`
-	Outcome     string    `json:"outcome"`
-	CommittedAt time.Time `json:"committed_at"`
-	Messages    []struct {
-		Index   int    `json:"index"`
-		Role    string `json:"role"`
-		Content string `json:"content"`
-	} `json:"messages"`
+// printedTurn is a turn as --output json prints it: these fields in this
+// order.
+type printedTurn struct {
+	TurnNo      int64                     `json:"turn_no"`
+	EventID     int64                     `json:"actor_event_id"`
+	ActorEpoch  int64                     `json:"actor_epoch"`
+	Outcome     string                    `json:"outcome"`
+	CommittedAt time.Time                 `json:"committed_at"`
+	Messages    []store.TranscriptMessage `json:"messages"`
+}
+
+func toPrintedTurn(t store.Turn) printedTurn {
+	return printedTurn{TurnNo: t.TurnNo, EventID: t.EventID, ActorEpoch: t.ActorEpoch, Outcome: string(t.Outcome),
+		CommittedAt: t.CommittedAt, Messages: t.Messages}
 }
 
 func newTranscriptCmd(c *client) *cobra.Command {
@@ -652,22 +556,19 @@ func newTranscriptCmd(c *client) *cobra.Command {
 		Use: "transcript AGENT SESSION", Short: "Print a session's transcript (--follow waits for new turns)", Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			enc := json.NewEncoder(cmd.OutOrStdout())
+			api := c.api()
 			for {
-				wait := ""
+				o := apiclient.TranscriptOptions{After: after, Limit: 1000}
 				if follow {
-					wait = "&wait=30s"
+					o.Wait = 30 * time.Second
 				}
-				var out struct {
-					Turns     []turn `json:"turns"`
-					NextAfter int64  `json:"next_after"`
-				}
-				path := fmt.Sprintf("%s/transcript?after=%d&limit=1000%s", sessionPath(args[0], args[1]), after, wait)
-				if err := c.json(cmd.Context(), "GET", path, nil, &out); err != nil {
+				out, err := api.Transcript(cmd.Context(), args[0], args[1], o)
+				if err != nil {
 					if cmd.Context().Err() != nil {
 						return nil
 					}
-					var ae *apiError
-					if !follow || errors.As(err, &ae) {
+					err = c.reach(err)
+					if !follow || apiclient.AsError(err) != nil {
 						return err
 					}
 					// --follow outlives host restarts: retry the connection.
@@ -681,7 +582,7 @@ func newTranscriptCmd(c *client) *cobra.Command {
 				}
 				for _, t := range out.Turns {
 					if c.output == "json" {
-						if err := enc.Encode(t); err != nil {
+						if err := enc.Encode(toPrintedTurn(t)); err != nil {
 							return err
 						}
 						continue
@@ -708,25 +609,15 @@ func newEventsCmd(c *client) *cobra.Command {
 	cmd := &cobra.Command{
 		Use: "events AGENT SESSION", Short: "List a session's actor events", Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var out struct {
-				Events []struct {
-					ID        int64           `json:"event_id"`
-					Seq       int64           `json:"seq"`
-					Kind      string          `json:"kind"`
-					Payload   json.RawMessage `json:"payload"`
-					Status    string          `json:"status"`
-					Attempts  int             `json:"attempts"`
-					LastError string          `json:"last_error"`
-				} `json:"events"`
+			var raw json.RawMessage
+			evs, err := c.api().ListEvents(cmd.Context(), args[0], args[1], apiclient.ListEventsOptions{Status: store.EventStatus(status), Limit: 1000}, apiclient.Raw(&raw))
+			if err != nil {
+				return c.reach(err)
 			}
-			path := sessionPath(args[0], args[1]) + "/events?limit=1000&status=" + url.QueryEscape(status)
-			if err := c.json(cmd.Context(), "GET", path, nil, &out); err != nil {
-				return err
-			}
-			return c.print(cmd, c.raw, func(w io.Writer) {
+			return c.print(cmd, raw, func(w io.Writer) {
 				fmt.Fprintln(w, "EVENT\tSEQ\tKIND\tSTATUS\tFAILED ATTEMPTS\tPAYLOAD\tLAST ERROR")
-				for _, e := range out.Events {
-					fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%d\t%s\t%s\n", e.ID, e.Seq, e.Kind, e.Status, e.Attempts, oneLine(string(e.Payload), 60), lastErrorCell(e.Status, e.LastError))
+				for _, e := range evs {
+					fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%d\t%s\t%s\n", e.ID, e.Seq, e.Kind, e.Status, e.Attempts, oneLine(string(e.Payload), 60), lastErrorCell(string(e.Status), e.LastError))
 				}
 			})
 		},
@@ -751,35 +642,33 @@ func lastErrorCell(status, lastError string) string {
 
 func newEventCmd(c *client) *cobra.Command {
 	cmd := &cobra.Command{Use: "event", Short: "Show, redrive or discard one event"}
-	eventOp := func(use, short, op string) *cobra.Command {
+	eventOp := func(use, short string, op func(*apiclient.Client, context.Context, string, string, int64, ...apiclient.CallOption) (apiclient.Event, error)) *cobra.Command {
 		return &cobra.Command{
 			Use: use + " AGENT SESSION EVENT", Short: short, Args: cobra.ExactArgs(3),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				method, path := "POST", sessionPath(args[0], args[1])+"/events/"+url.PathEscape(args[2])+"/"+op
-				if op == "" {
-					method, path = "GET", strings.TrimSuffix(path, "/")
+				id, err := strconv.ParseInt(args[2], 10, 64)
+				if err != nil || id < 1 {
+					return fmt.Errorf("EVENT %q must be a positive event id", args[2])
 				}
-				var out map[string]any
-				if err := c.json(cmd.Context(), method, path, nil, &out); err != nil {
-					return err
+				var raw json.RawMessage
+				e, err := op(c.api(), cmd.Context(), args[0], args[1], id, apiclient.Raw(&raw))
+				if err != nil {
+					return c.reach(err)
 				}
-				return c.print(cmd, c.raw, func(w io.Writer) {
-					fmt.Fprintf(w, "event %v: %v (failed attempts %v)\n", out["event_id"], out["status"], out["attempts"])
-					if chain, ok := out["errors"].([]any); ok {
-						for _, e := range chain {
-							m, _ := e.(map[string]any)
-							fmt.Fprintf(w, "  attempt %v (epoch %v, counted %v): %v\n", m["attempt"], m["actor_epoch"], m["counted"],
-								strings.ReplaceAll(firstLines(fmt.Sprint(m["error"]), 6), "\n", "\n    "))
-						}
+				return c.print(cmd, raw, func(w io.Writer) {
+					fmt.Fprintf(w, "event %d: %s (failed attempts %d)\n", e.ID, e.Status, e.Attempts)
+					for _, a := range e.Errors {
+						fmt.Fprintf(w, "  attempt %d (epoch %d, counted %v): %s\n", a.Attempt, a.ActorEpoch, a.Counted,
+							strings.ReplaceAll(firstLines(a.Error, 6), "\n", "\n    "))
 					}
 				})
 			},
 		}
 	}
 	cmd.AddCommand(
-		eventOp("show", "Show one event with its error chain", ""),
-		eventOp("redrive", "Redrive a dead-lettered event: a new attempt under a new epoch", "redrive"),
-		eventOp("discard", "Discard a dead-lettered event", "discard"),
+		eventOp("show", "Show one event with its error chain", (*apiclient.Client).GetEvent),
+		eventOp("redrive", "Redrive a dead-lettered event: a new attempt under a new epoch", (*apiclient.Client).Redrive),
+		eventOp("discard", "Discard a dead-lettered event", (*apiclient.Client).Discard),
 	)
 	return cmd
 }
@@ -788,28 +677,21 @@ func newDeadLettersCmd(c *client) *cobra.Command {
 	return &cobra.Command{
 		Use: "dead-letters AGENT [SESSION]", Short: "List dead-lettered events with their error chains", Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			path := "/v1/agents/" + url.PathEscape(args[0]) + "/dead-letters?limit=1000"
+			var raw json.RawMessage
+			o := apiclient.DeadLetterOptions{Limit: 1000}
+			var dls []apiclient.DeadLetter
+			var err error
 			if len(args) == 2 {
-				path = sessionPath(args[0], args[1]) + "/dead-letters?limit=1000"
+				dls, err = c.api().SessionDeadLetters(cmd.Context(), args[0], args[1], o, apiclient.Raw(&raw))
+			} else {
+				dls, err = c.api().AgentDeadLetters(cmd.Context(), args[0], o, apiclient.Raw(&raw))
 			}
-			var out struct {
-				DeadLetters []struct {
-					SessionID string `json:"session_id"`
-					Event     struct {
-						ID        int64  `json:"event_id"`
-						Kind      string `json:"kind"`
-						Attempts  int    `json:"attempts"`
-						LastError string `json:"last_error"`
-						Errors    []any  `json:"errors"`
-					} `json:"event"`
-				} `json:"dead_letters"`
+			if err != nil {
+				return c.reach(err)
 			}
-			if err := c.json(cmd.Context(), "GET", path, nil, &out); err != nil {
-				return err
-			}
-			return c.print(cmd, c.raw, func(w io.Writer) {
+			return c.print(cmd, raw, func(w io.Writer) {
 				fmt.Fprintln(w, "SESSION\tEVENT\tKIND\tATTEMPTS\tLAST ERROR")
-				for _, d := range out.DeadLetters {
+				for _, d := range dls {
 					fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\n", d.SessionID, d.Event.ID, d.Event.Kind, d.Event.Attempts, oneLine(d.Event.LastError, 100))
 				}
 			})

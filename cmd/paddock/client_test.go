@@ -2,11 +2,23 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/paddock-dev/paddock/host"
+	"github.com/paddock-dev/paddock/host/api"
+	"github.com/paddock-dev/paddock/host/runner"
+	"github.com/paddock-dev/paddock/store/sqlite"
+	"github.com/paddock-dev/paddock/wasm"
+	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
 
 // TestEventsLabelsTheLastErrorOfADoneEvent runs `paddock events` against a
@@ -64,5 +76,87 @@ func TestEventsLabelsTheLastErrorOfADoneEvent(t *testing.T) {
 	s, _ := json.Marshal(sent)
 	if !bytes.Equal(g, s) {
 		t.Errorf("--output json changed the body:\n got %s\nwant %s", g, s)
+	}
+}
+
+// TestClientCommandsAgainstTheRealAPI runs client commands in-process
+// against the real API (a host on SQLite): --output json prints the
+// server's body, and errors read "<code> (HTTP <status>): <message>
+// [field <field>]", or name the server when it cannot be reached.
+func TestClientCommandsAgainstTheRealAPI(t *testing.T) {
+	ctx := context.Background()
+	quiet := slog.New(slog.DiscardHandler)
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "p.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rt, err := wasm.New(ctx, wasm.Config{CacheDir: wasmtest.CacheDir(t), MemoryLimitPages: 1024, TurnTimeout: time.Minute}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close(ctx)
+	wr := runner.NewWasm(rt, st)
+	h, err := host.New(host.Options{Store: st, Runner: wr, Policy: host.DefaultPolicy(), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = h.Run(hctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	srv := httptest.NewServer(api.New(api.Options{Host: h, Modules: wr, AuthToken: "tok", MaxBodyBytes: 1 << 20, MaxModuleBytes: 32 << 20, Logger: quiet}))
+	defer srv.Close()
+	run := func(args ...string) (string, error) {
+		t.Helper()
+		root := newRoot()
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(&out)
+		root.SetArgs(append([]string{"--server", srv.URL, "--token", "tok"}, args...))
+		err := root.ExecuteContext(ctx)
+		return out.String(), err
+	}
+	path, _ := wasmtest.BuildExample(t, wasmtest.Notes)
+	digest, err := run("module", "upload", path)
+	if err != nil || !strings.HasPrefix(digest, "sha256:") {
+		t.Fatalf("module upload: %q %v", digest, err)
+	}
+	if out, err := run("agent", "create", "notes", "--module", strings.TrimSpace(digest)); err != nil || !strings.HasPrefix(out, "agent notes registered (module sha256:") {
+		t.Fatalf("agent create: %q %v", out, err)
+	}
+	out, err := run("agent", "list", "--output", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(func() *http.Request {
+		req, _ := http.NewRequest("GET", srv.URL+"/v1/agents", nil)
+		req.Header.Set("Authorization", "Bearer tok")
+		return req
+	}())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var indented bytes.Buffer
+	_ = json.Indent(&indented, body, "", "  ")
+	if out != indented.String()+"\n" {
+		t.Errorf("agent list --output json:\n%s\nwant the server's body:\n%s", out, indented.String())
+	}
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"session", "get", "nope", "s1"}, `agent_not_found (HTTP 404): no agent named "nope" [field agent]`},
+		{[]string{"session", "create", "notes", "--key", "has space"}, `invalid_field (HTTP 400): key must be 1–200 printable ASCII characters without spaces [field key]`},
+		{[]string{"--token", "wrong", "agent", "list"}, `unauthenticated (HTTP 401): missing or wrong bearer token (Authorization: Bearer <token>)`},
+		{[]string{"--server", "http://127.0.0.1:1", "agent", "list"}, "cannot reach the Paddock API at http://127.0.0.1:1 (is `paddock serve` running?): "},
+	} {
+		_, err := run(c.args...)
+		if err == nil || !strings.HasPrefix(err.Error(), c.want) {
+			t.Errorf("paddock %s: %v, want %s", strings.Join(c.args, " "), err, c.want)
+		}
 	}
 }

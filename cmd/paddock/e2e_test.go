@@ -2,7 +2,7 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
+	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -15,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	apiclient "github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
+	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/pgtest"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
@@ -179,51 +181,34 @@ func (s *server) cli(args ...string) string {
 	return strings.TrimSpace(out.String())
 }
 
-func (s *server) getJSON(path string, out any) {
+// api is a client of the server's API.
+func (s *server) api() *apiclient.Client { return apiclient.New("http://" + s.addr) }
+
+func (s *server) session(agent, sess string) apiclient.Session {
 	s.t.Helper()
-	resp, err := http.Get("http://" + s.addr + path)
+	x, err := s.api().GetSession(context.Background(), agent, sess)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		s.t.Fatalf("GET %s: %s", path, resp.Status)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+	return x
+}
+
+func (s *server) transcript(agent, sess string) []store.Turn {
+	s.t.Helper()
+	page, err := s.api().Transcript(context.Background(), agent, sess, apiclient.TranscriptOptions{Limit: 1000})
+	if err != nil {
 		s.t.Fatal(err)
 	}
+	return page.Turns
 }
 
-type e2eTurn struct {
-	TurnNo   int64 `json:"turn_no"`
-	EventID  int64 `json:"actor_event_id"`
-	Messages []struct {
-		Role    string `json:"role"`
-		Content string `json:"content"`
-	} `json:"messages"`
-}
-
-func (s *server) transcript(agent, sess string) []e2eTurn {
-	var out struct {
-		Turns []e2eTurn `json:"turns"`
+func (s *server) events(agent, sess string) []apiclient.Event {
+	s.t.Helper()
+	evs, err := s.api().ListEvents(context.Background(), agent, sess, apiclient.ListEventsOptions{Limit: 1000})
+	if err != nil {
+		s.t.Fatal(err)
 	}
-	s.getJSON(fmt.Sprintf("/v1/agents/%s/sessions/%s/transcript?limit=1000", agent, sess), &out)
-	return out.Turns
-}
-
-type e2eEvent struct {
-	ID       int64  `json:"event_id"`
-	Status   string `json:"status"`
-	Attempts int    `json:"attempts"`
-	Binding  string `json:"binding"`
-}
-
-func (s *server) events(agent, sess string) []e2eEvent {
-	var out struct {
-		Events []e2eEvent `json:"events"`
-	}
-	s.getJSON(fmt.Sprintf("/v1/agents/%s/sessions/%s/events?limit=1000", agent, sess), &out)
-	return out.Events
+	return evs
 }
 
 func waitUntil(t *testing.T, what string, d time.Duration, cond func() bool) {

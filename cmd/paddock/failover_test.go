@@ -106,20 +106,13 @@ agents:
 		return owner >= 0 && streak >= 5
 	})
 	survivor := servers[1-owner]
-	var before struct {
-		ActorEpoch int64 `json:"actor_epoch"`
-	}
-	survivor.getJSON("/v1/agents/faulty/sessions/"+sess, &before)
+	before := survivor.session("faulty", sess)
 
 	servers[owner].kill9()
 	killed := time.Now()
 	var moved time.Duration
 	waitUntil(t, "the survivor to hold the session", 30*time.Second, func() bool {
-		var s struct {
-			ActorEpoch int64 `json:"actor_epoch"`
-		}
-		survivor.getJSON("/v1/agents/faulty/sessions/"+sess, &s)
-		if s.ActorEpoch > before.ActorEpoch && controllers(t, survivor.addr) == 1 {
+		if s := survivor.session("faulty", sess); s.ActorEpoch > before.ActorEpoch && controllers(t, survivor.addr) == 1 {
 			moved = time.Since(killed)
 			return true
 		}

@@ -21,13 +21,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paddock-dev/paddock/abi"
+	apiclient "github.com/paddock-dev/paddock/host/api/client"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newRoot().ExecuteContext(ctx); err != nil {
-		var ae *apiError
+		var ae *apiclient.Error
 		if errors.As(err, &ae) {
 			fmt.Fprintf(os.Stderr, "paddock: %s\n", ae.Error())
 		} else {

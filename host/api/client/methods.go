@@ -1,0 +1,276 @@
+package client
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/paddock-dev/paddock/store"
+)
+
+// Every method returns an *Error for an error answer of the API, with its
+// status and code (see IsNotFound, IsCode); opts ask for the raw body or
+// the status of a successful answer.
+
+func itoa(n int64) string {
+	if n == 0 {
+		return ""
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// Health returns the host's health (GET /healthz; no token needed).
+func (c *Client) Health(ctx context.Context, opts ...CallOption) (Health, error) {
+	var out Health
+	err := c.doJSON(ctx, "GET", "/healthz", nil, &out, opts)
+	return out, err
+}
+
+// ---- modules
+
+// UploadModule uploads a wasm module's bytes (POST /v1/modules) and returns
+// it as stored; Module.Created is false when it was stored already. A bad
+// module is a 400 invalid_module, one over api.max_module_bytes a 413
+// body_too_large.
+func (c *Client) UploadModule(ctx context.Context, wasm []byte, opts ...CallOption) (Module, error) {
+	var out Module
+	if wasm == nil {
+		wasm = []byte{}
+	}
+	err := c.do(ctx, "POST", "/v1/modules", wasm, "application/wasm", &out, opts)
+	return out, err
+}
+
+// ListModules lists the stored modules (GET /v1/modules).
+func (c *Client) ListModules(ctx context.Context, opts ...CallOption) ([]Module, error) {
+	var out struct {
+		Modules []Module `json:"modules"`
+	}
+	err := c.doJSON(ctx, "GET", "/v1/modules", nil, &out, opts)
+	return out.Modules, err
+}
+
+// GetModule returns the module with digest "sha256:<hex>" (GET
+// /v1/modules/{digest}); 404 module_not_found if there is none.
+func (c *Client) GetModule(ctx context.Context, digest string, opts ...CallOption) (Module, error) {
+	var out Module
+	err := c.doJSON(ctx, "GET", "/v1/modules/"+esc(digest), nil, &out, opts)
+	return out, err
+}
+
+// ---- plugin workers
+
+// RegisterPlugin registers (or re-registers) a plugin worker binary on the
+// host (POST /v1/plugins), which checks and starts it once: a bad binary
+// is a 400 invalid_plugin, a host without plugins a 501
+// plugins_disabled. The Status option tells 201 (new) from 200.
+func (c *Client) RegisterPlugin(ctx context.Context, in PluginRegistration, opts ...CallOption) (store.PluginWorker, error) {
+	var out store.PluginWorker
+	err := c.doJSON(ctx, "POST", "/v1/plugins", in, &out, opts)
+	return out, err
+}
+
+// ListPlugins lists the registered plugin workers (GET /v1/plugins).
+func (c *Client) ListPlugins(ctx context.Context, opts ...CallOption) ([]store.PluginWorker, error) {
+	var out struct {
+		Plugins []store.PluginWorker `json:"plugins"`
+	}
+	err := c.doJSON(ctx, "GET", "/v1/plugins", nil, &out, opts)
+	return out.Plugins, err
+}
+
+// GetPlugin returns the plugin worker named name (GET
+// /v1/plugins/{plugin}); 404 plugin_not_found if there is none.
+func (c *Client) GetPlugin(ctx context.Context, name string, opts ...CallOption) (store.PluginWorker, error) {
+	var out store.PluginWorker
+	err := c.doJSON(ctx, "GET", "/v1/plugins/"+esc(name), nil, &out, opts)
+	return out, err
+}
+
+// ---- agents
+
+// CreateAgent registers an agent (POST /v1/agents): 409 agent_exists if
+// the name is taken, 400 unknown_module or unknown_plugin if its binding
+// is not there.
+func (c *Client) CreateAgent(ctx context.Context, in CreateAgentRequest, opts ...CallOption) (Agent, error) {
+	var out Agent
+	err := c.doJSON(ctx, "POST", "/v1/agents", in, &out, opts)
+	return out, err
+}
+
+// UpdateAgent re-binds agent name (PUT /v1/agents/{agent}): new events run
+// the new module or plugin, events already started keep theirs. 404
+// agent_not_found if there is no such agent.
+func (c *Client) UpdateAgent(ctx context.Context, name string, in UpdateAgentRequest, opts ...CallOption) (Agent, error) {
+	var out Agent
+	err := c.doJSON(ctx, "PUT", agentPath(name), in, &out, opts)
+	return out, err
+}
+
+// ListAgents lists the agents (GET /v1/agents).
+func (c *Client) ListAgents(ctx context.Context, opts ...CallOption) ([]Agent, error) {
+	var out struct {
+		Agents []Agent `json:"agents"`
+	}
+	err := c.doJSON(ctx, "GET", "/v1/agents", nil, &out, opts)
+	return out.Agents, err
+}
+
+// GetAgent returns agent name (GET /v1/agents/{agent}); 404
+// agent_not_found if there is none.
+func (c *Client) GetAgent(ctx context.Context, name string, opts ...CallOption) (Agent, error) {
+	var out Agent
+	err := c.doJSON(ctx, "GET", agentPath(name), nil, &out, opts)
+	return out, err
+}
+
+// ---- sessions
+
+// CreateSession creates a session of agent (POST
+// /v1/agents/{agent}/sessions): 409 session_exists if in.Key is taken.
+func (c *Client) CreateSession(ctx context.Context, agent string, in SessionRequest, opts ...CallOption) (Session, error) {
+	var out Session
+	err := c.doJSON(ctx, "POST", agentPath(agent)+"/sessions", in, &out, opts)
+	return out, err
+}
+
+// GetOrCreateSession returns agent's session with key in.Key, creating it
+// if there is none (PUT /v1/agents/{agent}/sessions); Session.Created
+// tells which. A retried call cannot create two. 400 missing_field without
+// a key.
+func (c *Client) GetOrCreateSession(ctx context.Context, agent string, in SessionRequest, opts ...CallOption) (Session, error) {
+	var out Session
+	err := c.doJSON(ctx, "PUT", agentPath(agent)+"/sessions", in, &out, opts)
+	return out, err
+}
+
+// GetSession returns a session (GET /v1/agents/{agent}/sessions/{session});
+// 404 agent_not_found or session_not_found.
+func (c *Client) GetSession(ctx context.Context, agent, session string, opts ...CallOption) (Session, error) {
+	var out Session
+	err := c.doJSON(ctx, "GET", sessionPath(agent, session), nil, &out, opts)
+	return out, err
+}
+
+// ListSessions returns a page of agent's sessions (GET
+// /v1/agents/{agent}/sessions).
+func (c *Client) ListSessions(ctx context.Context, agent string, o ListSessionsOptions, opts ...CallOption) (SessionPage, error) {
+	var out SessionPage
+	q := query("limit", itoa(int64(o.Limit)), "cursor", o.Cursor)
+	err := c.doJSON(ctx, "GET", agentPath(agent)+"/sessions"+q, nil, &out, opts)
+	return out, err
+}
+
+// DestroySession destroys a session (DELETE
+// /v1/agents/{agent}/sessions/{session}) and returns it destroyed: its
+// open events are discarded, later signals get 410 session_destroyed.
+func (c *Client) DestroySession(ctx context.Context, agent, session string, opts ...CallOption) (Session, error) {
+	var out Session
+	err := c.doJSON(ctx, "DELETE", sessionPath(agent, session), nil, &out, opts)
+	return out, err
+}
+
+// ---- signals and events
+
+// SendSignal sends a session a signal (POST
+// /v1/agents/{agent}/sessions/{session}/signals): a message, a steer, a
+// cancel or a wake (see Signal). Errors: 404 session_not_found, 410
+// session_destroyed, 409 idempotency_key_reused (the key was used for
+// another signal) or nothing_in_flight (a cancel), 413 signal_too_large.
+func (c *Client) SendSignal(ctx context.Context, agent, session string, in Signal, opts ...CallOption) (SignalResult, error) {
+	var out SignalResult
+	err := c.doJSON(ctx, "POST", sessionPath(agent, session)+"/signals", in, &out, opts)
+	return out, err
+}
+
+// ListEvents lists a session's actor events by id (GET
+// /v1/agents/{agent}/sessions/{session}/events).
+func (c *Client) ListEvents(ctx context.Context, agent, session string, o ListEventsOptions, opts ...CallOption) ([]Event, error) {
+	var out struct {
+		Events []Event `json:"events"`
+	}
+	q := query("status", string(o.Status), "after", itoa(o.After), "limit", itoa(int64(o.Limit)))
+	err := c.doJSON(ctx, "GET", sessionPath(agent, session)+"/events"+q, nil, &out, opts)
+	return out.Events, err
+}
+
+// GetEvent returns one event with its error chain (GET
+// …/events/{event}); 404 event_not_found.
+func (c *Client) GetEvent(ctx context.Context, agent, session string, id int64, opts ...CallOption) (Event, error) {
+	var out Event
+	err := c.doJSON(ctx, "GET", eventPath(agent, session, id), nil, &out, opts)
+	return out, err
+}
+
+// Redrive gives a dead-lettered event a new attempt under a new epoch
+// (POST …/events/{event}/redrive) and returns it open; 409 not_dead_letter
+// if it is not dead-lettered.
+func (c *Client) Redrive(ctx context.Context, agent, session string, id int64, opts ...CallOption) (Event, error) {
+	var out Event
+	err := c.doJSON(ctx, "POST", eventPath(agent, session, id)+"/redrive", nil, &out, opts)
+	return out, err
+}
+
+// Discard discards a dead-lettered event (POST …/events/{event}/discard);
+// 409 not_dead_letter if it is not dead-lettered.
+func (c *Client) Discard(ctx context.Context, agent, session string, id int64, opts ...CallOption) (Event, error) {
+	var out Event
+	err := c.doJSON(ctx, "POST", eventPath(agent, session, id)+"/discard", nil, &out, opts)
+	return out, err
+}
+
+// Cancel cancels event id, queued or in flight (POST
+// …/events/{event}/cancel); 409 event_closed if it is closed already, 404
+// event_not_found, 410 session_destroyed. SendSignal with a SignalCancel
+// does the same, and with EventID 0 cancels the turn in flight.
+func (c *Client) Cancel(ctx context.Context, agent, session string, id int64, opts ...CallOption) (SignalResult, error) {
+	var out SignalResult
+	err := c.doJSON(ctx, "POST", eventPath(agent, session, id)+"/cancel", nil, &out, opts)
+	return out, err
+}
+
+// AgentDeadLetters lists agent's dead-lettered events, of all its sessions
+// or of o.Session (GET /v1/agents/{agent}/dead-letters).
+func (c *Client) AgentDeadLetters(ctx context.Context, agent string, o DeadLetterOptions, opts ...CallOption) ([]DeadLetter, error) {
+	q := query("session", o.Session, "after", itoa(o.After), "limit", itoa(int64(o.Limit)))
+	return c.deadLetters(ctx, agentPath(agent)+"/dead-letters"+q, opts)
+}
+
+// SessionDeadLetters lists a session's dead-lettered events (GET
+// …/sessions/{session}/dead-letters); o.Session is ignored.
+func (c *Client) SessionDeadLetters(ctx context.Context, agent, session string, o DeadLetterOptions, opts ...CallOption) ([]DeadLetter, error) {
+	q := query("after", itoa(o.After), "limit", itoa(int64(o.Limit)))
+	return c.deadLetters(ctx, sessionPath(agent, session)+"/dead-letters"+q, opts)
+}
+
+func (c *Client) deadLetters(ctx context.Context, path string, opts []CallOption) ([]DeadLetter, error) {
+	var out struct {
+		DeadLetters []DeadLetter `json:"dead_letters"`
+	}
+	err := c.doJSON(ctx, "GET", path, nil, &out, opts)
+	return out.DeadLetters, err
+}
+
+// ListAlarms lists a session's pending alarms (GET …/alarms).
+func (c *Client) ListAlarms(ctx context.Context, agent, session string, opts ...CallOption) ([]store.Alarm, error) {
+	var out struct {
+		Alarms []store.Alarm `json:"alarms"`
+	}
+	err := c.doJSON(ctx, "GET", sessionPath(agent, session)+"/alarms", nil, &out, opts)
+	return out.Alarms, err
+}
+
+// Transcript returns a page of a session's committed turns after o.After
+// (GET …/transcript); with o.Wait it long-polls for the next turn. 400
+// invalid_parameter (field "wait") for a Wait over 60s. ctx must outlast
+// o.Wait.
+func (c *Client) Transcript(ctx context.Context, agent, session string, o TranscriptOptions, opts ...CallOption) (TranscriptPage, error) {
+	var out TranscriptPage
+	wait := ""
+	if o.Wait > 0 {
+		wait = o.Wait.Round(time.Millisecond).String()
+	}
+	q := query("after", itoa(o.After), "limit", itoa(int64(o.Limit)), "wait", wait)
+	err := c.doJSON(ctx, "GET", sessionPath(agent, session)+"/transcript"+q, nil, &out, opts)
+	return out, err
+}

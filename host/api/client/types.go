@@ -1,0 +1,268 @@
+package client
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/paddock-dev/paddock/store"
+)
+
+// This file holds the request and response bodies the API defines itself.
+// Where the API encodes a store type as it is (a plugin worker, an alarm, a
+// committed turn, an attempt's error) the methods return the store type.
+
+// Health is the answer of GET /healthz.
+type Health struct {
+	// Status is "ok".
+	Status string `json:"status"`
+	// Store is the store driver: "sqlite" or "postgres".
+	Store string `json:"store"`
+	// HostID identifies the answering host.
+	HostID string `json:"host_id"`
+}
+
+// Module is a stored wasm module.
+type Module struct {
+	// Digest is "sha256:<hex>" of the module's bytes.
+	Digest string `json:"digest"`
+	// Size is the module's length in bytes.
+	Size int64 `json:"size"`
+	// ABIVersion is the guest ABI version the module exports.
+	ABIVersion int `json:"abi_version"`
+	// CreatedAt is when it was first uploaded.
+	CreatedAt time.Time `json:"created_at"`
+	// Created is set by UploadModule only: true when this upload stored
+	// it, false when it was stored already.
+	Created bool `json:"created,omitempty"`
+}
+
+// PluginRegistration is the body of RegisterPlugin (POST /v1/plugins).
+type PluginRegistration struct {
+	// Name is the plugin worker's name: [a-z0-9][a-z0-9_-]{0,62}.
+	Name string `json:"name"`
+	// Path is the plugin binary on the host.
+	Path string `json:"path"`
+	// SHA256 is the binary's checksum: 64 lowercase hex digits.
+	SHA256 string `json:"sha256"`
+	// Env is the plugin's whole environment (it inherits nothing else).
+	Env map[string]string `json:"env,omitempty"`
+	// Processes is how many plugin processes serve its sessions, 1–64
+	// (0: 1).
+	Processes int `json:"processes,omitempty"`
+}
+
+// Agent is a registered agent.
+type Agent struct {
+	UID  string `json:"uid"`
+	Name string `json:"name"`
+	// Kind is "wasm" or "plugin".
+	Kind string `json:"kind"`
+	// Module is the module digest of a wasm agent ("" for a plugin agent).
+	Module string `json:"module,omitempty"`
+	// Plugin is the plugin worker of a plugin agent ("" for a wasm agent).
+	Plugin string `json:"plugin,omitempty"`
+	// CrashPolicy is the default crash policy of its sessions.
+	CrashPolicy store.CrashPolicy `json:"crash_policy"`
+	CreatedAt   time.Time         `json:"created_at"`
+	UpdatedAt   time.Time         `json:"updated_at"`
+}
+
+// CreateAgentRequest is the body of CreateAgent (POST /v1/agents). Exactly
+// one of Module and Plugin is required.
+type CreateAgentRequest struct {
+	// Name is the agent's name: [a-z0-9][a-z0-9_-]{0,62}.
+	Name string `json:"name"`
+	// Module is an uploaded module's digest ("sha256:<hex>").
+	Module string `json:"module,omitempty"`
+	// Plugin is a registered plugin worker's name.
+	Plugin string `json:"plugin,omitempty"`
+	// CrashPolicy is restart, sleep or destroy ("": the host's default).
+	CrashPolicy string `json:"crash_policy,omitempty"`
+}
+
+// UpdateAgentRequest is the body of UpdateAgent (PUT /v1/agents/{agent}):
+// the agent's new binding. Exactly one of Module and Plugin is required.
+type UpdateAgentRequest struct {
+	Module string `json:"module,omitempty"`
+	Plugin string `json:"plugin,omitempty"`
+	// CrashPolicy is restart, sleep or destroy ("": unchanged).
+	CrashPolicy string `json:"crash_policy,omitempty"`
+}
+
+// Session is an agent's session.
+type Session struct {
+	// Agent is the agent's name; AgentUID its uid.
+	Agent     string `json:"agent"`
+	AgentUID  string `json:"agent_uid"`
+	SessionID string `json:"session_id"`
+	// Key is the client-chosen key ("" when none).
+	Key string `json:"key,omitempty"`
+	// Input is given to the agent with every turn.
+	Input       []byte              `json:"input,omitempty"`
+	Status      store.SessionStatus `json:"status"`
+	CrashPolicy store.CrashPolicy   `json:"crash_policy"`
+	ActorEpoch  int64               `json:"actor_epoch"`
+	TurnCount   int64               `json:"turn_count"`
+	EventCount  int64               `json:"event_count"`
+	OpenEvents  int64               `json:"open_events"`
+	CreatedAt   time.Time           `json:"created_at"`
+	// SleepTS is when it fell asleep (nil unless sleeping); SleepReason
+	// is crash, capacity, pending_timeout or agent.
+	SleepTS     *time.Time `json:"sleep_ts,omitempty"`
+	SleepReason string     `json:"sleep_reason,omitempty"`
+	// DestroyTS is when it was destroyed (nil unless destroyed).
+	DestroyTS   *time.Time `json:"destroy_ts,omitempty"`
+	DeadLetters int64      `json:"dead_letters"`
+	// PendingSince is when it began to wait for pool capacity (nil unless
+	// waiting).
+	PendingSince *time.Time `json:"pending_since,omitempty"`
+	// Created is set by CreateSession and GetOrCreateSession only: true
+	// when the call created the session.
+	Created bool `json:"created,omitempty"`
+}
+
+// SessionRequest is the body of CreateSession and GetOrCreateSession.
+type SessionRequest struct {
+	// Key is a client-chosen key, unique per agent: 1–200 printable ASCII
+	// characters (required by GetOrCreateSession).
+	Key string `json:"key,omitempty"`
+	// Input is given to the agent with every turn (at most
+	// abi.MaxStateBytes).
+	Input []byte `json:"input,omitempty"`
+	// CrashPolicy is restart, sleep or destroy ("": the agent's).
+	CrashPolicy string `json:"crash_policy,omitempty"`
+}
+
+// ListSessionsOptions page ListSessions.
+type ListSessionsOptions struct {
+	// Limit is the page size, 1–500 (0: the server's default, 50).
+	Limit int
+	// Cursor is the NextCursor of the previous page ("": the first).
+	Cursor string
+}
+
+// SessionPage is one page of an agent's sessions, by session id.
+type SessionPage struct {
+	Sessions []Session `json:"sessions"`
+	// NextCursor continues the listing ("" after the last page).
+	NextCursor string `json:"next_cursor,omitempty"`
+}
+
+// Signal kinds of Signal.Kind.
+const (
+	SignalMessage = "message"
+	SignalSteer   = "steer"
+	SignalCancel  = "cancel"
+	SignalWake    = "wake"
+)
+
+// Signal is the body of SendSignal. A message or steer needs Message or
+// Data; a cancel takes only EventID; a wake takes nothing.
+type Signal struct {
+	// Kind is SignalMessage (""), SignalSteer, SignalCancel or SignalWake.
+	Kind string `json:"kind,omitempty"`
+	// Message is the text given to the agent.
+	Message string `json:"message,omitempty"`
+	// Data is JSON given to the agent with the message. Message and Data
+	// together encode to at most api.MaxEventPayloadBytes.
+	Data json.RawMessage `json:"data,omitempty"`
+	// IdempotencyKey makes a re-sent signal return the first one's event
+	// (1–200 printable ASCII characters).
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// EventID is the event a cancel aims at (0: the turn in flight).
+	EventID int64 `json:"event_id,omitempty"`
+	// ForceAllocation makes a sleep-policy session wait for pool capacity
+	// instead of sleeping at once when its pool is full.
+	ForceAllocation bool `json:"force_allocation,omitempty"`
+}
+
+// SignalResult is the answer to SendSignal and Cancel (HTTP 202).
+type SignalResult struct {
+	// Kind is the signal's kind.
+	Kind string `json:"kind"`
+	// EventID is the accepted (or cancelled) event; 0 for a wake.
+	EventID int64 `json:"event_id"`
+	// Seq is the event's sequence number in its session (message, steer).
+	Seq int64 `json:"seq"`
+	// Status is the event's status, or the session's for a wake.
+	Status string `json:"status"`
+	// Created is false when the idempotency key returned an earlier event.
+	Created bool `json:"created"`
+	// InFlight: a steer was handed to the turn in flight, or a cancel hit
+	// it.
+	InFlight bool `json:"in_flight"`
+}
+
+// Event is one of a session's actor events.
+type Event struct {
+	ID   int64  `json:"event_id"`
+	Seq  int64  `json:"seq"`
+	Kind string `json:"kind"`
+	// Payload is the event's encoded {"message","data"}.
+	Payload        json.RawMessage   `json:"payload"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+	Status         store.EventStatus `json:"status"`
+	// Attempts counts failed attempts.
+	Attempts      int       `json:"attempts"`
+	NextAttemptAt time.Time `json:"next_attempt_at"`
+	// LastError is the last failed attempt's error (kept after a later
+	// attempt succeeded).
+	LastError  string     `json:"last_error,omitempty"`
+	Binding    string     `json:"binding,omitempty"`
+	AcceptedAt time.Time  `json:"accepted_at"`
+	ClosedAt   *time.Time `json:"closed_at,omitempty"`
+	// SteerOf is the event a steer was handed to (0: none).
+	SteerOf  int64 `json:"steer_of,omitempty"`
+	Redrives int   `json:"redrives,omitempty"`
+	// Errors is the error chain, oldest first: set by GetEvent and the
+	// dead-letter listings only.
+	Errors []store.AttemptError `json:"errors,omitempty"`
+}
+
+// ListEventsOptions filter and page ListEvents.
+type ListEventsOptions struct {
+	// Status keeps events of one status ("": all).
+	Status store.EventStatus
+	// After lists events with an id above After.
+	After int64
+	// Limit is the page size, 1–1000 (0: the server's default, 100).
+	Limit int
+}
+
+// DeadLetter is a dead-lettered event with its session.
+type DeadLetter struct {
+	SessionID string `json:"session_id"`
+	// Event carries its error chain in Errors.
+	Event Event `json:"event"`
+}
+
+// DeadLetterOptions filter and page AgentDeadLetters and
+// SessionDeadLetters.
+type DeadLetterOptions struct {
+	// Session keeps one session's (AgentDeadLetters only).
+	Session string
+	// After lists events with an id above After.
+	After int64
+	// Limit is the page size, 1–1000 (0: the server's default, 100).
+	Limit int
+}
+
+// TranscriptOptions page Transcript.
+type TranscriptOptions struct {
+	// After lists turns with a number above After.
+	After int64
+	// Limit is the page size, 1–1000 (0: the server's default, 100).
+	Limit int
+	// Wait, 0–60s, long-polls: the answer waits until a turn past After
+	// commits or Wait has passed (then Turns is empty). Rounded to
+	// milliseconds.
+	Wait time.Duration
+}
+
+// TranscriptPage is a page of committed turns.
+type TranscriptPage struct {
+	Turns []store.Turn `json:"turns"`
+	// NextAfter is the last turn's number (After when Turns is empty):
+	// the After of the next page.
+	NextAfter int64 `json:"next_after"`
+}
