@@ -24,7 +24,7 @@ import (
 	"github.com/paddock-dev/paddock/fabric/wire"
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/host/runner"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/sqlite"
@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 
 type world struct {
 	t       testing.TB
-	plugins *plugins.Manager
+	plugins *pluginhost.Manager
 	st      store.Store
 	h       *host.Host
 	stop    func()
@@ -71,7 +71,7 @@ func startHostWith(t testing.TB, path string, turnTimeout time.Duration, wrap fu
 		t.Fatal(err)
 	}
 	w := &world{t: t, st: st, agents: map[string]store.Agent{}}
-	pm := plugins.NewManager(log, plugins.Options{})
+	pm := pluginhost.NewManager(log, pluginhost.Options{})
 	wr := runner.New(runner.NewWasm(rt, st), pm, st)
 	for name, pkg := range map[string]string{"notes": wasmtest.Notes, "faulty": wasmtest.Faulty} {
 		_, b := wasmtest.BuildExample(t, pkg)

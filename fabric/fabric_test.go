@@ -12,7 +12,7 @@ import (
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/examples/notes"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
@@ -99,7 +99,7 @@ func TestPluginTurnsAndCrossKindConformance(t *testing.T) {
 	e := newEnv(t)
 	digest := e.module(wasmtest.Notes)
 	pc, binding := e.plugin("notes", plugintest.Notes)
-	e.startWorker("w1", func(c *WorkerConfig) { c.Plugins = []plugins.Config{pc} })
+	e.startWorker("w1", func(c *WorkerConfig) { c.Plugins = []pluginhost.Config{pc} })
 
 	script := []string{"note buy milk", "note call mum", "list", "count", "remind 60 water plants", "list"}
 	run := func(binding, session string) (replies []string, state []byte) {
@@ -120,7 +120,7 @@ func TestPluginTurnsAndCrossKindConformance(t *testing.T) {
 		t.Fatalf("transcripts differ:\nwasm   %q %s\nplugin %q %s", wr, ws, pr, ps)
 	}
 
-	other := plugins.Binding("notes", strings.Repeat("0", 64))
+	other := pluginhost.Binding("notes", strings.Repeat("0", 64))
 	_, err := e.turn(other, e.request("", "list"))
 	te := turnError(t, err)
 	if te.Kind != KindNoWorker || te.TurnSent() {
@@ -199,7 +199,7 @@ func TestSteerReachesRemoteTurn(t *testing.T) {
 	e := newEnv(t)
 	digest := e.module(wasmtest.Faulty)
 	pc, pbinding := e.plugin("faulty", "./examples/faulty/plugin")
-	e.startWorker("w1", func(c *WorkerConfig) { c.Plugins = []plugins.Config{pc} })
+	e.startWorker("w1", func(c *WorkerConfig) { c.Plugins = []pluginhost.Config{pc} })
 
 	for _, binding := range []string{digest, pbinding} {
 		req := e.request("", "think 10000")

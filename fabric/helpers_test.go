@@ -16,7 +16,7 @@ import (
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/fabric/guard"
 	"github.com/paddock-dev/paddock/fabric/wire"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
 	"github.com/paddock-dev/paddock/wasm"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
@@ -216,9 +216,9 @@ func (e *env) module(pkg string) string {
 }
 
 // plugin builds a plugin main and returns its config and binding.
-func (e *env) plugin(name, pkg string) (plugins.Config, string) {
+func (e *env) plugin(name, pkg string) (pluginhost.Config, string) {
 	path, sum := plugintest.Build(e.t, pkg)
-	return plugins.Config{Name: name, Path: path, SHA256: sum}, plugins.Binding(name, sum)
+	return pluginhost.Config{Name: name, Path: path, SHA256: sum}, pluginhost.Binding(name, sum)
 }
 
 // testWorker is a RunWorker goroutine.

@@ -14,7 +14,7 @@ import (
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/fabric/wire"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 )
 
 // KindWasm is the kind a worker announces to run wasm module bindings.
@@ -25,7 +25,7 @@ const KindWasm = "wasm"
 // module digest "sha256:<64 hex>", the binding itself for a plugin
 // binding. Errors: ErrBadBinding (wrapped).
 func BindingKind(binding string) (string, error) {
-	if _, _, ok := plugins.ParseBinding(binding); ok {
+	if _, _, ok := pluginhost.ParseBinding(binding); ok {
 		return binding, nil
 	}
 	if hexPart, ok := strings.CutPrefix(binding, "sha256:"); ok && len(hexPart) == 64 {

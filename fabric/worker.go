@@ -16,7 +16,7 @@ import (
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/fabric/wire"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/wasm"
 )
 
@@ -43,9 +43,9 @@ type WorkerConfig struct {
 	Wasm wasm.Config
 	// Plugins are the plugin workers registered on this machine; each is
 	// announced as the kind "plugin:<name>@<sha256>".
-	Plugins []plugins.Config
+	Plugins []pluginhost.Config
 	// PluginOptions configure the plugin manager.
-	PluginOptions plugins.Options
+	PluginOptions pluginhost.Options
 	// HeartbeatInterval and HeartbeatTimeout override the host's values
 	// from WELCOME (0: use the host's).
 	HeartbeatInterval, HeartbeatTimeout time.Duration
@@ -160,7 +160,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, logger *slog.Logger) error
 		return fmt.Errorf("fabric worker: %w", err)
 	}
 	defer rt.Close(context.WithoutCancel(ctx))
-	pm := plugins.NewManager(logger, cfg.PluginOptions)
+	pm := pluginhost.NewManager(logger, cfg.PluginOptions)
 	defer pm.Close(context.WithoutCancel(ctx))
 	kinds := []string{KindWasm}
 	for _, pc := range cfg.Plugins {
@@ -168,7 +168,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, logger *slog.Logger) error
 			return fmt.Errorf("fabric worker: %w", err)
 		}
 		reg, _ := pm.Registered(pc.Name)
-		kinds = append(kinds, plugins.Binding(reg.Name, reg.SHA256))
+		kinds = append(kinds, pluginhost.Binding(reg.Name, reg.SHA256))
 	}
 	w := &worker{cfg: cfg, log: log, rt: rt, pm: pm, kinds: kinds, modules: map[string]chan struct{}{},
 		instances: map[string]*warmInstance{}}
@@ -228,7 +228,7 @@ type worker struct {
 	cfg   WorkerConfig
 	log   *slog.Logger
 	rt    *wasm.Runtime
-	pm    *plugins.Manager
+	pm    *pluginhost.Manager
 	kinds []string
 
 	modMu   sync.Mutex
@@ -737,7 +737,7 @@ type finishedTurn struct {
 // errorCode names a turn failure for the ERROR message.
 func errorCode(err error) string {
 	var we *wasm.TurnError
-	var pe *plugins.TurnError
+	var pe *pluginhost.TurnError
 	switch {
 	case errors.As(err, &we):
 		return we.Kind
@@ -755,7 +755,7 @@ func errorCode(err error) string {
 
 // runTurn runs one turn on the binding's worker kind.
 func (w *worker) runTurn(ctx context.Context, c *conn, binding string, req *abi.TurnRequest, steers chan abi.Steer) (*abi.TurnResult, error) {
-	if name, sum, ok := plugins.ParseBinding(binding); ok {
+	if name, sum, ok := pluginhost.ParseBinding(binding); ok {
 		inst, err := w.pm.Instance(ctx, name, sum)
 		if err != nil {
 			return nil, err

@@ -17,7 +17,7 @@ import (
 	"github.com/paddock-dev/paddock/fabric"
 	"github.com/paddock-dev/paddock/fabric/wire"
 	"github.com/paddock-dev/paddock/host/config"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/wasm"
 )
 
@@ -58,17 +58,17 @@ func newWorkerCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("--key-file %s: %w", keyFile, err)
 			}
-			var pcs []plugins.Config
+			var pcs []pluginhost.Config
 			for _, spec := range pluginSpecs {
 				name, path, ok := strings.Cut(spec, "=")
 				if !ok || name == "" || path == "" {
 					return fmt.Errorf("--plugin %q: want NAME=PATH", spec)
 				}
-				sum, err := plugins.FileSHA256(path)
+				sum, err := pluginhost.FileSHA256(path)
 				if err != nil {
 					return fmt.Errorf("--plugin %s: %w", name, err)
 				}
-				pcs = append(pcs, plugins.Config{Name: name, Path: path, SHA256: sum})
+				pcs = append(pcs, pluginhost.Config{Name: name, Path: path, SHA256: sum})
 			}
 			if cacheDir == "" {
 				base, err := os.UserCacheDir()
