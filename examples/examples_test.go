@@ -22,6 +22,7 @@ import (
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/fabric"
 	"github.com/paddock-dev/paddock/fabric/wire"
+	"github.com/paddock-dev/paddock/fabric/worker"
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/host/runner"
 	"github.com/paddock-dev/paddock/plugins/pluginhost"
@@ -134,7 +135,7 @@ func startHostWith(t testing.TB, path string, turnTimeout time.Duration, wrap fu
 	workerDone := make(chan struct{})
 	go func() {
 		defer close(workerDone)
-		_ = fabric.RunWorker(workerCtx, fabric.WorkerConfig{
+		_ = worker.Run(workerCtx, worker.Config{
 			Connect: broker.Endpoint(), ID: "w1", Key: key, Pools: []string{"remote"}, Capacity: 4,
 			CacheDir: filepath.Join(t.TempDir(), "worker"), Wasm: wasm.Config{CacheDir: wasmtest.CacheDir(t), MemoryLimitPages: 512},
 		}, log)

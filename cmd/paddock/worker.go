@@ -14,8 +14,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/paddock-dev/paddock/fabric"
 	"github.com/paddock-dev/paddock/fabric/wire"
+	"github.com/paddock-dev/paddock/fabric/worker"
 	"github.com/paddock-dev/paddock/host/config"
 	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/wasm"
@@ -79,9 +79,9 @@ func newWorkerCmd() *cobra.Command {
 			}
 			log.Info("paddock worker starting", "connect", connect, "id", id, "pools", pools, "capacity", capacity, "cache_dir", cacheDir)
 			// On SIGINT or SIGTERM the context ends (main's signal.NotifyContext):
-			// RunWorker logs why, says GOODBYE to the host and returns nil.
+			// worker.Run logs why, says GOODBYE to the host and returns nil.
 			ctx := cmd.Context()
-			if err := fabric.RunWorker(ctx, fabric.WorkerConfig{
+			if err := worker.Run(ctx, worker.Config{
 				Connect: connect, ID: id, Key: key, Pools: pools, Capacity: capacity, CacheDir: cacheDir,
 				Wasm:    wasm.Config{MemoryLimitPages: memPages, TurnTimeout: turnTimeout},
 				Plugins: pcs,
