@@ -11,7 +11,7 @@ TEST_TIMEOUT ?= 20m
 FUZZTIME ?= 10s
 FUZZ_TARGETS := ./abi:FuzzTurnResult ./abi:FuzzTurnRequest ./wasm:FuzzGuestMemory \
 	./host/api:FuzzSignal ./host/api:FuzzSession ./host/api:FuzzAgent ./host/api:FuzzPlugin ./host/api:FuzzQuery \
-	./host/config:FuzzLoad ./plugins:FuzzPluginFrames ./plugins:FuzzFrameRoundTrip \
+	./host/config:FuzzLoad ./plugins/pluginhost:FuzzPluginFrames ./plugins/pluginhost:FuzzFrameRoundTrip \
 	./fabric:FuzzBrokerReceive ./fabric:FuzzRemoteResult ./fabric/wire:FuzzParseHeader ./fabric/wire:FuzzSessionOpen
 
 .PHONY: help build examples plugins run test vet lint fmt-check bench bench-go bench-paddock bench-peers chaos fuzz clean

@@ -22,9 +22,10 @@ import (
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/fabric"
 	"github.com/paddock-dev/paddock/fabric/wire"
+	"github.com/paddock-dev/paddock/fabric/worker"
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/host/runner"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/sqlite"
@@ -42,7 +43,7 @@ func TestMain(m *testing.M) {
 
 type world struct {
 	t       testing.TB
-	plugins *plugins.Manager
+	plugins *pluginhost.Manager
 	st      store.Store
 	h       *host.Host
 	stop    func()
@@ -71,7 +72,7 @@ func startHostWith(t testing.TB, path string, turnTimeout time.Duration, wrap fu
 		t.Fatal(err)
 	}
 	w := &world{t: t, st: st, agents: map[string]store.Agent{}}
-	pm := plugins.NewManager(log, plugins.Options{})
+	pm := pluginhost.NewManager(log, pluginhost.Options{})
 	wr := runner.New(runner.NewWasm(rt, st), pm, st)
 	for name, pkg := range map[string]string{"notes": wasmtest.Notes, "faulty": wasmtest.Faulty} {
 		_, b := wasmtest.BuildExample(t, pkg)
@@ -134,7 +135,7 @@ func startHostWith(t testing.TB, path string, turnTimeout time.Duration, wrap fu
 	workerDone := make(chan struct{})
 	go func() {
 		defer close(workerDone)
-		_ = fabric.RunWorker(workerCtx, fabric.WorkerConfig{
+		_ = worker.Run(workerCtx, worker.Config{
 			Connect: broker.Endpoint(), ID: "w1", Key: key, Pools: []string{"remote"}, Capacity: 4,
 			CacheDir: filepath.Join(t.TempDir(), "worker"), Wasm: wasm.Config{CacheDir: wasmtest.CacheDir(t), MemoryLimitPages: 512},
 		}, log)

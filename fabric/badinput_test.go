@@ -15,7 +15,9 @@ import (
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/fabric/guard"
+	"github.com/paddock-dev/paddock/fabric/internal/workerkind"
 	"github.com/paddock-dev/paddock/fabric/wire"
+	"github.com/paddock-dev/paddock/fabric/worker"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
 
@@ -111,7 +113,7 @@ func (r *rawClient) hello(key []byte, pool string, capacity int) ([]byte, wire.I
 		r.t.Fatal(err)
 	}
 	body, _ := json.Marshal(wire.Hello{TimeMs: time.Now().UnixMilli(), ABIVersion: abi.Version, Pools: []string{pool},
-		Kinds: []string{KindWasm}, Capacity: capacity})
+		Kinds: []string{workerkind.Wasm}, Capacity: capacity})
 	return s.Seal(wire.ToHost, wire.KindHello, 1, body), inc
 }
 
@@ -186,7 +188,7 @@ func TestBadInputIsDroppedAndCounted(t *testing.T) { badInput(t, newEnv(t)) }
 
 func badInput(t *testing.T, e *env) {
 	digest := e.module(wasmtest.Faulty)
-	e.startWorker("w1", func(c *WorkerConfig) { c.Pools = []string{"h"} })
+	e.startWorker("w1", func(c *worker.Config) { c.Pools = []string{"h"} })
 	e.startWorker("w6") // pool "p": the victim of the forged RESULT
 	e.mustReply("h", digest, e.request("", "warm"))
 	e.mustReply("p", digest, e.request("", "warm"))

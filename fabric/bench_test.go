@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paddock-dev/paddock/fabric/worker"
 	"github.com/paddock-dev/paddock/wasm"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
@@ -64,11 +65,11 @@ func BenchmarkTurnRoundTrip(b *testing.B) {
 	}
 	pc, pbinding := e.plugin("faulty", "./examples/faulty/plugin")
 	goroutines := 2 * runtime.GOMAXPROCS(0)
-	worker := func(c *WorkerConfig) {
+	tweak := func(c *worker.Config) {
 		c.Capacity = 2 * goroutines // never BUSY, even while a slot's release is on its way
 		c.Plugins = append(c.Plugins, pc)
 	}
-	e.startWorker("w1", worker)
+	e.startWorker("w1", tweak)
 	warm := func(b *testing.B, binding, session string) {
 		for i := range 4 { // fetch, instantiate; an instance on each worker
 			if err := e.benchTurn(binding, session, fmt.Sprint("warm ", i)); err != nil {
@@ -122,7 +123,7 @@ func BenchmarkTurnRoundTrip(b *testing.B) {
 		e.msgsPerTurn(b, before)
 	}
 	b.Run("parallel/wasm/1-worker", parallel)
-	e.startWorker("w2", worker)
+	e.startWorker("w2", tweak)
 	b.Run("parallel/wasm/2-workers", parallel)
 
 	if st := e.b.Stats(); st.Busy+st.AcceptTimeouts+st.LateResults+st.SendStalls+st.SendQueueFull+st.SendExpired+st.SendFailed != 0 {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/fabric/guard"
+	"github.com/paddock-dev/paddock/fabric/internal/workerkind"
 	"github.com/paddock-dev/paddock/fabric/wire"
 )
 
@@ -694,8 +695,8 @@ func checkHello(h wire.Hello) string {
 		}
 	}
 	for _, k := range h.Kinds {
-		if k != KindWasm && !strings.HasPrefix(k, "plugin:") {
-			return fmt.Sprintf("kind %q is neither %q nor plugin:<name>@<sha256>", k, KindWasm)
+		if k != workerkind.Wasm && !strings.HasPrefix(k, "plugin:") {
+			return fmt.Sprintf("kind %q is neither %q nor plugin:<name>@<sha256>", k, workerkind.Wasm)
 		}
 	}
 	return ""

@@ -11,7 +11,8 @@ import (
 	"github.com/paddock-dev/paddock/fabric/wire"
 )
 
-// Defaults of BrokerConfig and WorkerConfig zero fields.
+// Defaults of BrokerConfig zero fields (the heartbeat ones are sent to
+// workers in WELCOME).
 const (
 	DefaultHeartbeatInterval = time.Second
 	DefaultHeartbeatTimeout  = 5 * time.Second

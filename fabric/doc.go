@@ -1,17 +1,16 @@
-// Package fabric is Paddock's RuntimeFabric: turns run on remote worker
-// processes over ZeroMQ (github.com/go-zeromq/zmq4 v0.17). The host binds
-// a ROUTER (Broker); `paddock worker` processes connect a DEALER
-// (RunWorker), authenticate, announce pools, kinds and capacity,
-// heartbeat, and take turns. The wire protocol is fabric/wire, documented
-// for implementers in abi/FABRIC.md.
+// Package fabric is the host side of Paddock's RuntimeFabric: turns run on
+// remote worker processes over ZeroMQ (github.com/go-zeromq/zmq4 v0.17).
+// The host binds a ROUTER (Broker); workers (package fabric/worker, what
+// `paddock worker` runs) connect a DEALER, authenticate, announce pools,
+// kinds and capacity, heartbeat, and take turns. The wire protocol is
+// fabric/wire, documented for implementers in abi/FABRIC.md; the guard
+// transport the production host binds through is fabric/guard.
 //
 // The transport carries ids and fences, not truth (DESIGN "Workers"): a
 // lost or late message can cost time, never correctness. Every result
 // echoes its turn_ref and the store's fences decide; a reply that arrives
 // for no waiting turn goes to BrokerConfig.LateResult for the fences to
 // reject and count.
-//
-// Host side:
 //
 //	b, err := fabric.NewBroker(ctx, fabric.BrokerConfig{
 //		Endpoint: "tcp://0.0.0.0:7700", Workers: map[string][]byte{"w1": key},
@@ -20,11 +19,6 @@
 //	inst, err := b.Instance("gpu", binding)          // binding: module digest or plugin:<name>@<sha>
 //	res, err := inst.Turn(abi.WithSteers(ctx, steers), req)
 //	// err: *TurnError; TurnSent() false = never accepted, retry without an attempt
-//
-// Worker side:
-//
-//	err := fabric.RunWorker(ctx, fabric.WorkerConfig{Connect: "tcp://host:7700",
-//		ID: "w1", Key: key, Pools: []string{"gpu"}, Capacity: 4, CacheDir: dir}, logger)
 //
 // # Why application-level authentication
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/paddock-dev/paddock/fabric/internal/workerkind"
 	"github.com/paddock-dev/paddock/fabric/wire"
 )
 
@@ -103,7 +104,7 @@ var (
 	ErrClosed = errors.New("fabric: broker closed")
 	// ErrBadBinding: a binding is neither a module digest
 	// "sha256:<64 hex>" nor "plugin:<name>@<sha256>".
-	ErrBadBinding = errors.New("fabric: invalid binding")
+	ErrBadBinding = workerkind.ErrBadBinding
 	// ErrRequestTooLarge: the encoded TurnRequest exceeds
 	// abi.MaxRequestBytes or the message limit. Nothing was sent.
 	ErrRequestTooLarge = errors.New("fabric: turn request too large")

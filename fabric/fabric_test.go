@@ -12,7 +12,9 @@ import (
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/examples/notes"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/fabric/internal/workerhooks"
+	"github.com/paddock-dev/paddock/fabric/worker"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
@@ -25,7 +27,7 @@ func TestWasmTurnsRunOnRemoteWorkerAndModuleIsCached(t *testing.T) {
 	e := newEnv(t)
 	digest := e.module(wasmtest.Notes)
 	cache := t.TempDir()
-	w := e.startWorker("w1", func(c *WorkerConfig) { c.CacheDir = cache })
+	w := e.startWorker("w1", func(c *worker.Config) { c.CacheDir = cache })
 
 	var state []byte
 	session := "notes-1"
@@ -73,7 +75,7 @@ func TestWasmTurnsRunOnRemoteWorkerAndModuleIsCached(t *testing.T) {
 	// from disk (verified by sha256), without asking the host.
 	w.stop(t)
 	chunks := e.b.Stats().ModuleChunks
-	e.startWorker("w1", func(c *WorkerConfig) { c.CacheDir = cache })
+	e.startWorker("w1", func(c *worker.Config) { c.CacheDir = cache })
 	e.mustReply("p", digest, e.request("", "count"))
 	if got := e.b.Stats().ModuleChunks; got != chunks {
 		t.Fatalf("module fetched again: %d chunks, was %d", got, chunks)
@@ -84,7 +86,7 @@ func TestWasmTurnsRunOnRemoteWorkerAndModuleIsCached(t *testing.T) {
 	if err := os.WriteFile(path, []byte("not wasm"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	e.startWorker("w2", func(c *WorkerConfig) { c.CacheDir = cache; c.Pools = []string{"q"} })
+	e.startWorker("w2", func(c *worker.Config) { c.CacheDir = cache; c.Pools = []string{"q"} })
 	e.mustReply("q", digest, e.request("", "count"))
 	if got := e.b.Stats().ModuleChunks; got == chunks {
 		t.Fatal("corrupted cache entry was used")
@@ -99,7 +101,7 @@ func TestPluginTurnsAndCrossKindConformance(t *testing.T) {
 	e := newEnv(t)
 	digest := e.module(wasmtest.Notes)
 	pc, binding := e.plugin("notes", plugintest.Notes)
-	e.startWorker("w1", func(c *WorkerConfig) { c.Plugins = []plugins.Config{pc} })
+	e.startWorker("w1", func(c *worker.Config) { c.Plugins = []pluginhost.Config{pc} })
 
 	script := []string{"note buy milk", "note call mum", "list", "count", "remind 60 water plants", "list"}
 	run := func(binding, session string) (replies []string, state []byte) {
@@ -120,7 +122,7 @@ func TestPluginTurnsAndCrossKindConformance(t *testing.T) {
 		t.Fatalf("transcripts differ:\nwasm   %q %s\nplugin %q %s", wr, ws, pr, ps)
 	}
 
-	other := plugins.Binding("notes", strings.Repeat("0", 64))
+	other := pluginhost.Binding("notes", strings.Repeat("0", 64))
 	_, err := e.turn(other, e.request("", "list"))
 	te := turnError(t, err)
 	if te.Kind != KindNoWorker || te.TurnSent() {
@@ -133,8 +135,8 @@ func TestPluginTurnsAndCrossKindConformance(t *testing.T) {
 func TestSchedulesByFreeCapacity(t *testing.T) {
 	e := newEnv(t)
 	digest := e.module(wasmtest.Faulty)
-	e.startWorker("w1", func(c *WorkerConfig) { c.Capacity = 3 })
-	e.startWorker("w2", func(c *WorkerConfig) { c.Capacity = 1 })
+	e.startWorker("w1", func(c *worker.Config) { c.Capacity = 3 })
+	e.startWorker("w2", func(c *worker.Config) { c.Capacity = 1 })
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -168,8 +170,8 @@ func TestSchedulesByFreeCapacity(t *testing.T) {
 func TestBusyWorkerIsSkipped(t *testing.T) {
 	e := newEnv(t)
 	digest := e.module(wasmtest.Faulty)
-	e.startWorker("w1", func(c *WorkerConfig) { c.Capacity = 1; c.hooks.capacity = 3 })
-	e.startWorker("w2", func(c *WorkerConfig) { c.Capacity = 1 })
+	e.startHookedWorker("w1", func(h *workerhooks.Hooks) { h.Capacity = 3 }, func(c *worker.Config) { c.Capacity = 1 })
+	e.startWorker("w2", func(c *worker.Config) { c.Capacity = 1 })
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -199,7 +201,7 @@ func TestSteerReachesRemoteTurn(t *testing.T) {
 	e := newEnv(t)
 	digest := e.module(wasmtest.Faulty)
 	pc, pbinding := e.plugin("faulty", "./examples/faulty/plugin")
-	e.startWorker("w1", func(c *WorkerConfig) { c.Plugins = []plugins.Config{pc} })
+	e.startWorker("w1", func(c *worker.Config) { c.Plugins = []pluginhost.Config{pc} })
 
 	for _, binding := range []string{digest, pbinding} {
 		req := e.request("", "think 10000")
@@ -236,7 +238,7 @@ func TestSteerReachesRemoteTurn(t *testing.T) {
 func TestCancelReachesRemoteTurn(t *testing.T) {
 	e := newEnv(t)
 	digest := e.module(wasmtest.Faulty)
-	e.startWorker("w1", func(c *WorkerConfig) { c.Capacity = 1 })
+	e.startWorker("w1", func(c *worker.Config) { c.Capacity = 1 })
 
 	inst, _ := e.b.Instance("p", digest)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -12,6 +12,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/fabric/internal/workerkind"
 	"github.com/paddock-dev/paddock/fabric/wire"
 )
 
@@ -85,7 +86,7 @@ func (fb *fuzzBroker) live(t testing.TB) *session {
 			return s
 		}
 	}
-	body, _ := json.Marshal(wire.Hello{TimeMs: time.Now().UnixMilli(), ABIVersion: abi.Version, Pools: []string{"p"}, Kinds: []string{KindWasm}, Capacity: 2})
+	body, _ := json.Marshal(wire.Hello{TimeMs: time.Now().UnixMilli(), ABIVersion: abi.Version, Pools: []string{"p"}, Kinds: []string{workerkind.Wasm}, Capacity: 2})
 	inc := fb.hello(t, body)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -122,7 +123,7 @@ func (fb *fuzzBroker) live(t testing.TB) *session {
 // broke the broker's state).
 func FuzzBrokerReceive(f *testing.F) {
 	hb, _ := json.Marshal(wire.Heartbeat{Free: 1, RxBytes: 10})
-	hello, _ := json.Marshal(wire.Hello{TimeMs: time.Now().UnixMilli(), ABIVersion: abi.Version, Pools: []string{"p"}, Kinds: []string{KindWasm}, Capacity: 1})
+	hello, _ := json.Marshal(wire.Hello{TimeMs: time.Now().UnixMilli(), ABIVersion: abi.Version, Pools: []string{"p"}, Kinds: []string{workerkind.Wasm}, Capacity: 1})
 	for _, s := range []struct {
 		mode, kind uint8
 		body       string
@@ -205,7 +206,7 @@ func FuzzRemoteResult(f *testing.F) {
 	} {
 		f.Add([]byte(s), true)
 	}
-	i := &Instance{b: &Broker{log: slog.New(slog.DiscardHandler)}, pool: "p", binding: "sha256:" + strings.Repeat("0", 64), kind: KindWasm}
+	i := &Instance{b: &Broker{log: slog.New(slog.DiscardHandler)}, pool: "p", binding: "sha256:" + strings.Repeat("0", 64), kind: workerkind.Wasm}
 	f.Fuzz(func(t *testing.T, body []byte, withSteer bool) {
 		req := &abi.TurnRequest{TurnRef: ref}
 		allowed := []abi.TurnRef{ref}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/paddock-dev/paddock/fabric/worker"
 )
 
 // TestWorkerGoodbyeOnStop checks that a worker whose context ends (paddock
@@ -40,13 +42,13 @@ func TestWorkerGoodbyeWhileJoining(t *testing.T) {
 	cancel()
 	done := make(chan error, 1)
 	go func() {
-		done <- RunWorker(ctx, WorkerConfig{Connect: e.connect(), ID: "w1", Key: e.keys["w1"], Pools: []string{"p"},
+		done <- worker.Run(ctx, worker.Config{Connect: e.connect(), ID: "w1", Key: e.keys["w1"], Pools: []string{"p"},
 			CacheDir: t.TempDir(), HelloTimeout: time.Minute}, testLogger(t))
 	}()
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatalf("RunWorker: %v", err)
+			t.Fatalf("worker.Run: %v", err)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("a worker stopped while joining did not return")

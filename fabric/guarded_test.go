@@ -19,6 +19,7 @@ import (
 
 	"github.com/paddock-dev/paddock/fabric/guard"
 	"github.com/paddock-dev/paddock/fabric/wire"
+	"github.com/paddock-dev/paddock/fabric/worker"
 	"github.com/paddock-dev/paddock/wasm"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
@@ -96,8 +97,8 @@ func hugeFrameDeclaration(t *testing.T, e *env) {
 func TestGuardedIdentitySquatterIsHandedOver(t *testing.T) {
 	e := newEnv(t, withHandoverGuard)
 	digest := e.module(wasmtest.Faulty)
-	e.startWorker("w1", func(c *WorkerConfig) { c.Capacity = 8 })
-	e.startWorker("w2", func(c *WorkerConfig) { c.Pools = []string{"h"} })
+	e.startWorker("w1", func(c *worker.Config) { c.Capacity = 8 })
+	e.startWorker("w2", func(c *worker.Config) { c.Pools = []string{"h"} })
 	e.mustReply("p", digest, e.request("", "warm"))
 	e.mustReply("h", digest, e.request("", "warm"))
 	g := e.tguard()
@@ -163,7 +164,7 @@ func TestGuardedIdentitySquatterIsHandedOver(t *testing.T) {
 func TestGuardedSlowReaderIsCutOff(t *testing.T) {
 	e := newEnv(t, withGuard)
 	digest := e.module(wasmtest.Faulty)
-	e.startWorker("w1", func(c *WorkerConfig) { c.Pools = []string{"h"} })
+	e.startWorker("w1", func(c *worker.Config) { c.Pools = []string{"h"} })
 	e.mustReply("h", digest, e.request("", "warm"))
 	g := e.tguard()
 	g0, s0 := g.Stats(), e.b.Stats()
@@ -305,7 +306,7 @@ func lyingAck(t *testing.T, e *env) {
 	g := e.tguard()
 	w := g.Options().WriteTimeout
 	digest := e.module(wasmtest.Faulty)
-	e.startWorker("w1", func(c *WorkerConfig) { c.Pools = []string{"h"} })
+	e.startWorker("w1", func(c *worker.Config) { c.Pools = []string{"h"} })
 	e.mustReply("h", digest, e.request("", "warm"))
 	g0, s0 := g.Stats(), e.b.Stats()
 	inc0 := e.incarnation("w1")
@@ -430,7 +431,7 @@ func TestGuardedIdentitySquatterCannotDisplaceTheWorker(t *testing.T) {
 		t.Fatal("withGuard is not the production guard (DuplicateDistinct)")
 	}
 	digest := e.module(wasmtest.Faulty)
-	e.startWorker("w1", func(c *WorkerConfig) { c.Capacity = 8 })
+	e.startWorker("w1", func(c *worker.Config) { c.Capacity = 8 })
 	e.mustReply("p", digest, e.request("", "warm"))
 	g := e.tguard()
 	g0, s0 := g.Stats(), e.b.Stats()
@@ -443,7 +444,7 @@ func TestGuardedIdentitySquatterCannotDisplaceTheWorker(t *testing.T) {
 	impostorCtx, stopImpostor := context.WithCancel(context.Background())
 	impostorDone := make(chan error, 1)
 	go func() {
-		impostorDone <- RunWorker(impostorCtx, WorkerConfig{
+		impostorDone <- worker.Run(impostorCtx, worker.Config{
 			Connect: e.connect(), ID: "w1", Key: wire.NewKey(), Pools: []string{"p"}, Capacity: 1,
 			CacheDir: t.TempDir(), Wasm: wasm.Config{CacheDir: wasmtest.CacheDir(t), TurnTimeout: turnDeadline},
 			ReconnectMin: 20 * time.Millisecond, ReconnectMax: 100 * time.Millisecond,

@@ -15,8 +15,10 @@ import (
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/fabric/guard"
+	"github.com/paddock-dev/paddock/fabric/internal/workerhooks"
 	"github.com/paddock-dev/paddock/fabric/wire"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/fabric/worker"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
 	"github.com/paddock-dev/paddock/wasm"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
@@ -216,19 +218,19 @@ func (e *env) module(pkg string) string {
 }
 
 // plugin builds a plugin main and returns its config and binding.
-func (e *env) plugin(name, pkg string) (plugins.Config, string) {
+func (e *env) plugin(name, pkg string) (pluginhost.Config, string) {
 	path, sum := plugintest.Build(e.t, pkg)
-	return plugins.Config{Name: name, Path: path, SHA256: sum}, plugins.Binding(name, sum)
+	return pluginhost.Config{Name: name, Path: path, SHA256: sum}, pluginhost.Binding(name, sum)
 }
 
-// testWorker is a RunWorker goroutine.
+// testWorker is a worker.Run goroutine.
 type testWorker struct {
 	id     string
 	cancel context.CancelFunc
 	done   chan error
 	die    chan struct{}
 	gate   *gate
-	cfg    WorkerConfig
+	cfg    worker.Config
 	once   sync.Once
 }
 
@@ -269,23 +271,33 @@ func (g *gate) release() {
 
 // startWorker runs a worker with id in pool "p" (capacity 2) unless
 // tweaked, and waits until the broker admitted it.
-func (e *env) startWorker(id string, tweak ...func(*WorkerConfig)) *testWorker {
+func (e *env) startWorker(id string, tweak ...func(*worker.Config)) *testWorker {
+	e.t.Helper()
+	return e.startHookedWorker(id, nil, tweak...)
+}
+
+// startHookedWorker is startWorker with hook applied to the worker's test
+// hooks (workerhooks), whose gate and die channel the testWorker holds.
+func (e *env) startHookedWorker(id string, hook func(*workerhooks.Hooks), tweak ...func(*worker.Config)) *testWorker {
 	e.t.Helper()
 	tw := &testWorker{id: id, done: make(chan error, 1), die: make(chan struct{}), gate: newGate()}
-	cfg := WorkerConfig{
+	cfg := worker.Config{
 		Connect: e.connect(), ID: id, Key: e.keys[id], Pools: []string{"p"}, Capacity: 2,
 		CacheDir: e.t.TempDir(), Wasm: wasm.Config{CacheDir: wasmtest.CacheDir(e.t), TurnTimeout: turnDeadline},
 		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond,
-		hooks: &workerHooks{recvGate: tw.gate.wait, die: tw.die},
 	}
 	for _, f := range tweak {
 		f(&cfg)
 	}
+	hooks := &workerhooks.Hooks{RecvGate: tw.gate.wait, Die: tw.die}
+	if hook != nil {
+		hook(hooks)
+	}
 	tw.cfg = cfg
 	before := e.incarnation(id)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(workerhooks.With(context.Background(), hooks))
 	tw.cancel = cancel
-	go func() { tw.done <- RunWorker(ctx, cfg, testLogger(e.t).With("side", id)) }()
+	go func() { tw.done <- worker.Run(ctx, cfg, testLogger(e.t).With("side", id)) }()
 	e.t.Cleanup(func() {
 		tw.gate.release()
 		tw.stop(e.t)
@@ -297,13 +309,13 @@ func (e *env) startWorker(id string, tweak ...func(*WorkerConfig)) *testWorker {
 	return tw
 }
 
-// stop cancels the worker and waits for RunWorker to return (idempotent).
+// stop cancels the worker and waits for worker.Run to return (idempotent).
 func (tw *testWorker) stop(t testing.TB) {
 	tw.once.Do(func() {
 		tw.cancel()
 		select {
 		case err := <-tw.done:
-			if err != nil && !errors.Is(err, errKilled) {
+			if err != nil && !errors.Is(err, workerhooks.ErrKilled) {
 				t.Errorf("worker %s: %v", tw.id, err)
 			}
 		case <-time.After(10 * time.Second):

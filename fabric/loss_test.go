@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/fabric/worker"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
 
@@ -75,7 +76,7 @@ func TestWorkerLossFailsTurnWithinHeartbeatTimeout(t *testing.T) {
 	e := newEnv(t)
 	digest := e.module(wasmtest.Faulty)
 	w1 := e.startWorker("w1")
-	e.startWorker("w2", func(c *WorkerConfig) { c.Pools = []string{"h"} })
+	e.startWorker("w2", func(c *worker.Config) { c.Pools = []string{"h"} })
 	e.mustReply("h", digest, e.request("", "warm"))
 	stop := make(chan struct{})
 	slowest := e.healthy(digest, stop)
@@ -109,8 +110,8 @@ func TestStalledReceiveLoopFailsTurnAndLateResultGoesToLateResult(t *testing.T) 
 	digest := e.module(wasmtest.Faulty)
 	// The worker itself would give up on a silent host after 10 s: here
 	// only the host's ping timeout may end the session.
-	w1 := e.startWorker("w1", func(c *WorkerConfig) { c.HeartbeatTimeout = 10 * time.Second })
-	e.startWorker("w2", func(c *WorkerConfig) { c.Pools = []string{"h"} })
+	w1 := e.startWorker("w1", func(c *worker.Config) { c.HeartbeatTimeout = 10 * time.Second })
+	e.startWorker("w2", func(c *worker.Config) { c.Pools = []string{"h"} })
 	e.mustReply("h", digest, e.request("", "warm"))
 	e.mustReply("p", digest, e.request("", "warm")) // w1 has the module: no fetch during the stall
 	stop := make(chan struct{})

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/paddock-dev/paddock/fabric/internal/workerkind"
 	"github.com/paddock-dev/paddock/fabric/wire"
 )
 
@@ -39,7 +40,7 @@ func (b *Broker) serveFetch(s *session, req wire.FetchModule) {
 	fail := func(code, msg string) {
 		_ = b.enqueue(s, wire.KindError, wire.Error{RequestID: req.RequestID, Code: code, Message: msg}, nil, false)
 	}
-	if _, err := BindingKind(req.Digest); err != nil || len(req.Digest) != len("sha256:")+64 {
+	if _, err := workerkind.Of(req.Digest); err != nil || len(req.Digest) != len("sha256:")+64 {
 		fail(wire.ErrCodeBadRequest, fmt.Sprintf("%q is not a module digest", req.Digest))
 		return
 	}

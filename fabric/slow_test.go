@@ -14,6 +14,7 @@ import (
 	"github.com/go-zeromq/zmq4/security/null"
 
 	"github.com/paddock-dev/paddock/fabric/wire"
+	"github.com/paddock-dev/paddock/fabric/worker"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
 
@@ -26,7 +27,7 @@ import (
 func TestSlowReaderIsCutOffWithoutStallingOthers(t *testing.T) {
 	e := newEnv(t)
 	digest := e.module(wasmtest.Faulty)
-	e.startWorker("w1", func(c *WorkerConfig) { c.Pools = []string{"h"} })
+	e.startWorker("w1", func(c *worker.Config) { c.Pools = []string{"h"} })
 	e.mustReply("h", digest, e.request("", "warm"))
 
 	slow := e.raw("w3")
@@ -114,8 +115,8 @@ func (r *rawClient) msgAck() {
 func TestGapIdentitySquatterStallsPlainTCP(t *testing.T) {
 	e := newEnv(t)
 	digest := e.module(wasmtest.Faulty)
-	e.startWorker("w1", func(c *WorkerConfig) { c.Capacity = 8 })
-	e.startWorker("w2", func(c *WorkerConfig) { c.Pools = []string{"h"} })
+	e.startWorker("w1", func(c *worker.Config) { c.Capacity = 8 })
+	e.startWorker("w2", func(c *worker.Config) { c.Pools = []string{"h"} })
 	e.mustReply("p", digest, e.request("", "warm"))
 	e.mustReply("h", digest, e.request("", "warm"))
 

@@ -2,39 +2,18 @@ package fabric
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/fabric/internal/workerkind"
 	"github.com/paddock-dev/paddock/fabric/wire"
-	"github.com/paddock-dev/paddock/plugins"
 )
-
-// KindWasm is the kind a worker announces to run wasm module bindings.
-// Plugin bindings are announced as themselves, "plugin:<name>@<sha256>".
-const KindWasm = "wasm"
-
-// BindingKind returns the worker kind that runs binding: KindWasm for a
-// module digest "sha256:<64 hex>", the binding itself for a plugin
-// binding. Errors: ErrBadBinding (wrapped).
-func BindingKind(binding string) (string, error) {
-	if _, _, ok := plugins.ParseBinding(binding); ok {
-		return binding, nil
-	}
-	if hexPart, ok := strings.CutPrefix(binding, "sha256:"); ok && len(hexPart) == 64 {
-		if _, err := hex.DecodeString(hexPart); err == nil && strings.ToLower(hexPart) == hexPart {
-			return KindWasm, nil
-		}
-	}
-	return "", fmt.Errorf("%w: %q", ErrBadBinding, binding)
-}
 
 // Instance runs turns of one binding on the workers of one pool. It holds
 // no worker: each Turn picks the live worker of the pool that announces
@@ -52,7 +31,7 @@ type Instance struct {
 // or "plugin:<name>@<sha256>") on pool's workers. It does not need a
 // worker to exist yet. Errors: ErrBadBinding, ErrClosed (wrapped).
 func (b *Broker) Instance(pool, binding string) (*Instance, error) {
-	kind, err := BindingKind(binding)
+	kind, err := workerkind.Of(binding)
 	if err != nil {
 		return nil, err
 	}

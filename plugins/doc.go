@@ -1,8 +1,10 @@
-// Package plugins runs Paddock agents out of process as plugin workers,
-// through hashicorp/go-plugin over gRPC (DESIGN "Workers"). It has two
-// sides.
+// Package plugins is the plugin SDK: what an agent author imports to run
+// an agent out of process as a plugin worker, served to the Paddock host
+// through hashicorp/go-plugin over gRPC (DESIGN "Workers"). The host side —
+// starting, supervising and talking to plugin processes — is package
+// plugins/pluginhost; a plugin binary does not link it.
 //
-// # Plugin side: the SDK
+// # Writing a plugin
 //
 // An agent author writes the same abi.TurnFunc as for a wasm guest and
 // serves it from main:
@@ -20,39 +22,11 @@
 // ctx, logs hclog JSON to stderr (Logger, tagged with the turn_ref), and
 // exits when the host closes it or the host process dies.
 //
-// # Host side: the Manager
-//
-//	m := plugins.NewManager(logger, plugins.Options{})
-//	err := m.Register(ctx, plugins.Config{Name: "notes", Path: "bin/notes-plugin", SHA256: sum})
-//	inst, err := m.Instance(ctx, "notes", sum)
-//	res, err := inst.Turn(abi.WithSteers(ctx, steers), req)
-//	...
-//	m.Close(ctx)
-//
-// Register checks the binary (exists, executable, sha256) and starts one
-// process to verify the handshake and ABI version, so a bad plugin is
-// refused at registration with a *ConfigError. Every process start uses
-// go-plugin's SecureConfig (the sha256 is checked before each exec),
-// AutoMTLS, SkipHostEnv (the plugin gets only Config.Env), gRPC only,
-// Options.StartTimeout, and Managed false: the Manager owns the
-// processes. Turns run on the least loaded of up to Config.Processes
-// processes per plugin, started on demand; a process that exits, crashes,
-// stops answering health checks, breaks the protocol, or does not stop a
-// cancelled turn within Options.CancelGrace is replaced, and its turns
-// fail with a *TurnError saying why. Too many failures in a window
-// (Options.MaxRestarts in RestartWindow) stop restarts for
-// RestartCooldown. Plugin stderr and hclog lines go to the Manager's
-// slog logger tagged with worker=<name> (and turn_ref when the plugin
-// logged through Logger); failed turns are logged with their turn_ref.
-//
-// Plugin processes never outlive the host: Close kills them; on Linux they
-// are started with a parent-death signal (SIGKILL), and the SDK also exits
-// within ~200 ms when its parent process changes.
-//
-// A binding — what an agent runs, recorded on each delivery — is
-// "plugin:<name>@<sha256>" (Binding, ParseBinding): a retry runs only if
-// the registered binary still has that checksum (ErrBindingChanged
-// otherwise).
+// The host checks the binary's sha256 before every start, gives the
+// process only the environment registered with it (the variable
+// PADDOCK_PLUGIN_LOG_LEVEL sets Logger's level), replaces a process that
+// crashes, hangs or breaks the protocol, and fails the turns it was
+// running; see plugins/pluginhost.
 //
 // # The protocol, for plugins in other languages
 //
@@ -75,6 +49,6 @@
 // The result must echo the request's turn_ref or that of a steer the
 // plugin announced with steer_taken; receivers ignore frame types they do
 // not know. The host half-closes its side after a cancel and cancels the
-// stream (gRPC cancellation) after Options.CancelGrace; frames are at most
-// 8 MiB.
+// stream (gRPC cancellation) after its cancel grace
+// (pluginhost.Options.CancelGrace); frames are at most 8 MiB.
 package plugins

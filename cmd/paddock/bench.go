@@ -36,7 +36,7 @@ import (
 	"github.com/paddock-dev/paddock/host/api"
 	apiclient "github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/runner"
-	"github.com/paddock-dev/paddock/plugins"
+	plugins "github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/postgres"
 	"github.com/paddock-dev/paddock/store/sqlite"

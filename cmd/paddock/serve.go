@@ -22,7 +22,7 @@ import (
 	"github.com/paddock-dev/paddock/host/api"
 	"github.com/paddock-dev/paddock/host/config"
 	"github.com/paddock-dev/paddock/host/runner"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/postgres"
 	"github.com/paddock-dev/paddock/store/sqlite"
@@ -146,7 +146,7 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 		return fmt.Errorf("wasm runtime: %w", err)
 	}
 	defer rt.Close(context.Background())
-	pm := plugins.NewManager(log.With("component", "plugins"), plugins.Options{})
+	pm := pluginhost.NewManager(log.With("component", "plugins"), pluginhost.Options{})
 	defer pm.Close(context.Background()) // plugin processes never outlive the host
 	r := runner.New(runner.NewWasm(rt, st), pm, st)
 

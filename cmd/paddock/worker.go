@@ -14,10 +14,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/paddock-dev/paddock/fabric"
 	"github.com/paddock-dev/paddock/fabric/wire"
+	"github.com/paddock-dev/paddock/fabric/worker"
 	"github.com/paddock-dev/paddock/host/config"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/wasm"
 )
 
@@ -58,17 +58,17 @@ func newWorkerCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("--key-file %s: %w", keyFile, err)
 			}
-			var pcs []plugins.Config
+			var pcs []pluginhost.Config
 			for _, spec := range pluginSpecs {
 				name, path, ok := strings.Cut(spec, "=")
 				if !ok || name == "" || path == "" {
 					return fmt.Errorf("--plugin %q: want NAME=PATH", spec)
 				}
-				sum, err := plugins.FileSHA256(path)
+				sum, err := pluginhost.FileSHA256(path)
 				if err != nil {
 					return fmt.Errorf("--plugin %s: %w", name, err)
 				}
-				pcs = append(pcs, plugins.Config{Name: name, Path: path, SHA256: sum})
+				pcs = append(pcs, pluginhost.Config{Name: name, Path: path, SHA256: sum})
 			}
 			if cacheDir == "" {
 				base, err := os.UserCacheDir()
@@ -79,9 +79,9 @@ func newWorkerCmd() *cobra.Command {
 			}
 			log.Info("paddock worker starting", "connect", connect, "id", id, "pools", pools, "capacity", capacity, "cache_dir", cacheDir)
 			// On SIGINT or SIGTERM the context ends (main's signal.NotifyContext):
-			// RunWorker logs why, says GOODBYE to the host and returns nil.
+			// worker.Run logs why, says GOODBYE to the host and returns nil.
 			ctx := cmd.Context()
-			if err := fabric.RunWorker(ctx, fabric.WorkerConfig{
+			if err := worker.Run(ctx, worker.Config{
 				Connect: connect, ID: id, Key: key, Pools: pools, Capacity: capacity, CacheDir: cacheDir,
 				Wasm:    wasm.Config{MemoryLimitPages: memPages, TurnTimeout: turnTimeout},
 				Plugins: pcs,

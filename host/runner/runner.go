@@ -8,7 +8,7 @@ import (
 
 	"github.com/paddock-dev/paddock/fabric"
 	"github.com/paddock-dev/paddock/host"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/store"
 )
 
@@ -17,7 +17,7 @@ import (
 // (bindings and instances), api.Modules and api.Plugins.
 type Runner struct {
 	*Wasm
-	plugins *plugins.Manager
+	plugins *pluginhost.Manager
 	st      store.Store
 	// fabric runs the turns of remote pools (nil: no remote workers).
 	fabric *fabric.Broker
@@ -25,7 +25,7 @@ type Runner struct {
 }
 
 // New returns a Runner over the wasm runner and the plugin manager.
-func New(w *Wasm, pm *plugins.Manager, st store.Store) *Runner {
+func New(w *Wasm, pm *pluginhost.Manager, st store.Store) *Runner {
 	return &Runner{Wasm: w, plugins: pm, st: st}
 }
 
@@ -52,7 +52,7 @@ func (r *Runner) Binding(ctx context.Context, a store.Agent, pool string) (strin
 		if err != nil {
 			return "", fmt.Errorf("runner: plugin worker %s: %w", a.Plugin, err)
 		}
-		inner = plugins.Binding(w.Name, w.SHA256)
+		inner = pluginhost.Binding(w.Name, w.SHA256)
 	}
 	if r.remote[pool] {
 		return poolPrefix + pool + "/" + inner, nil
@@ -77,7 +77,7 @@ func (r *Runner) Instantiate(ctx context.Context, binding string) (host.Instance
 		}
 		return inst, nil
 	}
-	name, sum, ok := plugins.ParseBinding(binding)
+	name, sum, ok := pluginhost.ParseBinding(binding)
 	if !ok {
 		return r.Wasm.Instantiate(ctx, binding)
 	}
@@ -107,6 +107,6 @@ func (r *Runner) CheckPlugin(ctx context.Context, w store.PluginWorker) error {
 	return r.plugins.Register(ctx, pluginConfig(w))
 }
 
-func pluginConfig(w store.PluginWorker) plugins.Config {
-	return plugins.Config{Name: w.Name, Path: w.Path, SHA256: w.SHA256, Env: w.Env, Processes: w.Processes}
+func pluginConfig(w store.PluginWorker) pluginhost.Config {
+	return pluginhost.Config{Name: w.Name, Path: w.Path, SHA256: w.SHA256, Env: w.Env, Processes: w.Processes}
 }

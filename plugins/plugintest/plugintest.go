@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 )
 
 // Packages of plugin mains, relative to the module root, for Build.
@@ -83,7 +83,7 @@ func goBuild(pkg string) (string, string, error) {
 	if err := cmd.Run(); err != nil {
 		return "", "", fmt.Errorf("go build %s: %w\n%s", pkg, err, stderr.String())
 	}
-	sum, err := plugins.FileSHA256(out)
+	sum, err := pluginhost.FileSHA256(out)
 	if err != nil {
 		return "", "", err
 	}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/abi"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
 	"github.com/paddock-dev/paddock/wasm"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
@@ -97,10 +97,10 @@ func TestConformance(t *testing.T) {
 	}
 	defer wi.Close(ctx)
 
-	m := plugins.NewManager(nil, plugins.Options{})
+	m := pluginhost.NewManager(nil, pluginhost.Options{})
 	defer m.Close(ctx)
 	path, sum := plugintest.Build(t, plugintest.Notes)
-	if err := m.Register(ctx, plugins.Config{Name: "notes", Path: path, SHA256: sum}); err != nil {
+	if err := m.Register(ctx, pluginhost.Config{Name: "notes", Path: path, SHA256: sum}); err != nil {
 		t.Fatal(err)
 	}
 	pi, err := m.Instance(ctx, "notes", sum)

@@ -1,4 +1,4 @@
-// Command testworker runs fabric.RunWorker from environment variables, for
+// Command testworker runs worker.Run (fabric/worker) from environment variables, for
 // tests that need a worker in a process of its own (kill -9):
 //
 //	FABRIC_CONNECT, FABRIC_ID, FABRIC_KEY (hex), FABRIC_POOL,
@@ -17,8 +17,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/paddock-dev/paddock/fabric"
 	"github.com/paddock-dev/paddock/fabric/wire"
+	"github.com/paddock-dev/paddock/fabric/worker"
 	"github.com/paddock-dev/paddock/wasm"
 )
 
@@ -32,7 +32,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	err = fabric.RunWorker(ctx, fabric.WorkerConfig{
+	err = worker.Run(ctx, worker.Config{
 		Connect: os.Getenv("FABRIC_CONNECT"), ID: os.Getenv("FABRIC_ID"), Key: key,
 		Pools: []string{os.Getenv("FABRIC_POOL")}, Capacity: capacity, CacheDir: os.Getenv("FABRIC_CACHE_DIR"),
 		Wasm:         wasm.Config{CacheDir: os.Getenv("FABRIC_WASM_CACHE_DIR"), TurnTimeout: time.Minute},

@@ -1,5 +1,5 @@
 // Package wire is the plugin worker protocol shared by the host side
-// (plugins.Manager) and the plugin side (plugins.Serve): the go-plugin
+// (pluginhost.Manager) and the plugin side (plugins.Serve): the go-plugin
 // handshake, the hand-written gRPC service that carries turns, and the
 // frames exchanged on its stream. See the plugins package documentation for
 // the protocol as a plugin author in another language sees it.

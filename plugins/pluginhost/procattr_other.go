@@ -1,6 +1,6 @@
 //go:build !linux
 
-package plugins
+package pluginhost
 
 import "os/exec"
 

@@ -1,4 +1,4 @@
-package fabric
+package worker
 
 import (
 	"context"
@@ -15,13 +15,15 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/fabric/internal/workerhooks"
+	"github.com/paddock-dev/paddock/fabric/internal/workerkind"
 	"github.com/paddock-dev/paddock/fabric/wire"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/wasm"
 )
 
-// WorkerConfig configures RunWorker. Zero fields take the defaults named.
-type WorkerConfig struct {
+// Config configures Run. Zero fields take the defaults named.
+type Config struct {
 	// Connect is the broker's endpoint, e.g. "tcp://host:7700" (any
 	// scheme registered with zmq4).
 	Connect string
@@ -43,9 +45,9 @@ type WorkerConfig struct {
 	Wasm wasm.Config
 	// Plugins are the plugin workers registered on this machine; each is
 	// announced as the kind "plugin:<name>@<sha256>".
-	Plugins []plugins.Config
+	Plugins []pluginhost.Config
 	// PluginOptions configure the plugin manager.
-	PluginOptions plugins.Options
+	PluginOptions pluginhost.Options
 	// HeartbeatInterval and HeartbeatTimeout override the host's values
 	// from WELCOME (0: use the host's).
 	HeartbeatInterval, HeartbeatTimeout time.Duration
@@ -63,23 +65,9 @@ type WorkerConfig struct {
 	// MaxInstances bounds the warm wasm instances kept between turns, one
 	// per activation (default 2×Capacity).
 	MaxInstances int
-
-	hooks *workerHooks // tests only
 }
 
-// workerHooks let tests break a worker in ways a real one breaks.
-type workerHooks struct {
-	// recvGate is called before each receive; blocking in it stalls the
-	// receive loop while the rest of the worker lives.
-	recvGate func()
-	// capacity, if set, is announced instead of Capacity.
-	capacity int
-	// die, when closed, drops the connection without GOODBYE and stops
-	// the worker (an in-process kill -9).
-	die <-chan struct{}
-}
-
-func (c WorkerConfig) withDefaults() (WorkerConfig, error) {
+func (c Config) withDefaults() (Config, error) {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
 			*d = v
@@ -115,20 +103,10 @@ func (c WorkerConfig) withDefaults() (WorkerConfig, error) {
 	return c, nil
 }
 
-// RejectError is a REJECT that retrying cannot fix (another wire or ABI
-// version, a HELLO the host refuses): RunWorker returns it.
-type RejectError struct {
-	Code, Message string
-}
-
-func (e *RejectError) Error() string {
-	return fmt.Sprintf("fabric: the host rejected this worker: %s: %s", e.Code, e.Message)
-}
-
-// errSessionLost ends a session; RunWorker reconnects.
+// errSessionLost ends a session; Run reconnects.
 var errSessionLost = errors.New("fabric: session lost")
 
-// RunWorker runs a remote worker until ctx ends: it connects a DEALER
+// Run runs a remote worker until ctx ends: it connects a DEALER
 // (identity cfg.ID) to cfg.Connect, joins with a HELLO under a fresh
 // incarnation, heartbeats, answers PINGs, and runs the turns it is sent —
 // wasm modules (fetched from the host by digest and cached under
@@ -146,7 +124,7 @@ var errSessionLost = errors.New("fabric: session lost")
 //
 // Errors: a *ConfigError, a plugin registration error, or a *RejectError
 // (the host refuses this worker for good).
-func RunWorker(ctx context.Context, cfg WorkerConfig, logger *slog.Logger) error {
+func Run(ctx context.Context, cfg Config, logger *slog.Logger) error {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return err
@@ -160,17 +138,17 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, logger *slog.Logger) error
 		return fmt.Errorf("fabric worker: %w", err)
 	}
 	defer rt.Close(context.WithoutCancel(ctx))
-	pm := plugins.NewManager(logger, cfg.PluginOptions)
+	pm := pluginhost.NewManager(logger, cfg.PluginOptions)
 	defer pm.Close(context.WithoutCancel(ctx))
-	kinds := []string{KindWasm}
+	kinds := []string{workerkind.Wasm}
 	for _, pc := range cfg.Plugins {
 		if err := pm.Register(ctx, pc); err != nil {
 			return fmt.Errorf("fabric worker: %w", err)
 		}
 		reg, _ := pm.Registered(pc.Name)
-		kinds = append(kinds, plugins.Binding(reg.Name, reg.SHA256))
+		kinds = append(kinds, pluginhost.Binding(reg.Name, reg.SHA256))
 	}
-	w := &worker{cfg: cfg, log: log, rt: rt, pm: pm, kinds: kinds, modules: map[string]chan struct{}{},
+	w := &worker{cfg: cfg, hooks: workerhooks.From(ctx), log: log, rt: rt, pm: pm, kinds: kinds, modules: map[string]chan struct{}{},
 		instances: map[string]*warmInstance{}}
 	defer w.closeInstances(context.WithoutCancel(ctx))
 	defer w.turnsWG.Wait() // turns are cancelled with their session; wait for them before closing the runtimes
@@ -190,7 +168,7 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, logger *slog.Logger) error
 				return err
 			}
 		}
-		if errors.Is(err, errKilled) {
+		if errors.Is(err, workerhooks.ErrKilled) {
 			return err
 		}
 		if welcomed {
@@ -209,8 +187,6 @@ func RunWorker(ctx context.Context, cfg WorkerConfig, logger *slog.Logger) error
 	}
 }
 
-var errKilled = errors.New("fabric: worker killed (test hook)")
-
 // errStopped ends a session whose worker is stopping (ctx ended): the
 // session said GOODBYE, or tried to.
 var errStopped = errors.New("fabric: worker stopping")
@@ -225,10 +201,11 @@ func (w *worker) logStopping(ctx context.Context, joined bool) {
 
 // worker is the state that outlives sessions.
 type worker struct {
-	cfg   WorkerConfig
+	cfg   Config
+	hooks *workerhooks.Hooks // tests only (workerhooks.With); nil in production
 	log   *slog.Logger
 	rt    *wasm.Runtime
-	pm    *plugins.Manager
+	pm    *pluginhost.Manager
 	kinds []string
 
 	modMu   sync.Mutex
@@ -341,8 +318,8 @@ func (w *worker) session(ctx context.Context) (welcomed bool, err error) {
 		return false, err
 	}
 	capacity := cfg.Capacity
-	if cfg.hooks != nil && cfg.hooks.capacity > 0 {
-		capacity = cfg.hooks.capacity
+	if w.hooks != nil && w.hooks.Capacity > 0 {
+		capacity = w.hooks.Capacity
 	}
 	hb, _ := json.Marshal(wire.Hello{TimeMs: time.Now().UnixMilli(), ABIVersion: abi.Version, Pools: cfg.Pools,
 		Kinds: w.kinds, Capacity: capacity, Software: "paddock-fabric-go/1"})
@@ -379,17 +356,17 @@ func (w *worker) session(ctx context.Context) (welcomed bool, err error) {
 }
 
 func (w *worker) hookRecvGate() func() {
-	if w.cfg.hooks == nil {
+	if w.hooks == nil {
 		return nil
 	}
-	return w.cfg.hooks.recvGate
+	return w.hooks.RecvGate
 }
 
 func (w *worker) hookDie() <-chan struct{} {
-	if w.cfg.hooks == nil {
+	if w.hooks == nil {
 		return nil
 	}
-	return w.cfg.hooks.die
+	return w.hooks.Die
 }
 
 // awaitWelcome waits for the WELCOME (or REJECT) of c's HELLO.
@@ -429,7 +406,7 @@ func (c *conn) awaitWelcome(frames <-chan []byte, recvErr <-chan error) (wire.We
 		case <-t.C:
 			return wire.Welcome{}, fmt.Errorf("fabric: no WELCOME within %s (is the host's fabric listening there, and do --id and the key match an entry of its fabric.workers? the host drops what it cannot authenticate)", c.w.cfg.HelloTimeout)
 		case <-c.w.hookDie():
-			return wire.Welcome{}, errKilled
+			return wire.Welcome{}, workerhooks.ErrKilled
 		case <-c.ctx.Done(): // also when the worker stops while joining
 			return wire.Welcome{}, context.Cause(c.ctx)
 		}
@@ -563,7 +540,7 @@ func (c *conn) run(ctx context.Context, frames <-chan []byte, recvErr, sendDone 
 		case err := <-sendDone:
 			return fmt.Errorf("%w: %v", errSessionLost, err)
 		case <-w.hookDie():
-			return errKilled
+			return workerhooks.ErrKilled
 		case <-c.ctx.Done():
 			return context.Cause(c.ctx)
 		case <-ctx.Done():
@@ -683,7 +660,7 @@ func (c *conn) startTurn(ctx context.Context, t wire.Turn, turns map[string]*run
 		_ = c.send(wire.KindBusy, wire.Busy{DeliveryID: t.DeliveryID, TurnRef: t.TurnRef, Free: 0})
 		return
 	}
-	kind, err := BindingKind(t.Binding)
+	kind, err := workerkind.Of(t.Binding)
 	if err != nil || !slices.Contains(w.kinds, kind) {
 		refuse(wire.ErrCodeUnknownBinding, fmt.Sprintf("this worker does not run %q", t.Binding))
 		return
@@ -737,7 +714,7 @@ type finishedTurn struct {
 // errorCode names a turn failure for the ERROR message.
 func errorCode(err error) string {
 	var we *wasm.TurnError
-	var pe *plugins.TurnError
+	var pe *pluginhost.TurnError
 	switch {
 	case errors.As(err, &we):
 		return we.Kind
@@ -755,7 +732,7 @@ func errorCode(err error) string {
 
 // runTurn runs one turn on the binding's worker kind.
 func (w *worker) runTurn(ctx context.Context, c *conn, binding string, req *abi.TurnRequest, steers chan abi.Steer) (*abi.TurnResult, error) {
-	if name, sum, ok := plugins.ParseBinding(binding); ok {
+	if name, sum, ok := pluginhost.ParseBinding(binding); ok {
 		inst, err := w.pm.Instance(ctx, name, sum)
 		if err != nil {
 			return nil, err

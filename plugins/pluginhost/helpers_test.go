@@ -1,4 +1,4 @@
-package plugins_test
+package pluginhost_test
 
 import (
 	"bytes"
@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/abi"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
 )
 
@@ -57,11 +57,11 @@ func (l *logBuf) String() string {
 
 // newManager returns a Manager logging at debug into the returned buffer,
 // closed at the end of the test (and its log printed if the test failed).
-func newManager(t *testing.T, opts plugins.Options) (*plugins.Manager, *logBuf) {
+func newManager(t *testing.T, opts pluginhost.Options) (*pluginhost.Manager, *logBuf) {
 	t.Helper()
 	buf := &logBuf{}
 	log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	m := plugins.NewManager(log, opts)
+	m := pluginhost.NewManager(log, opts)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -76,7 +76,7 @@ func newManager(t *testing.T, opts plugins.Options) (*plugins.Manager, *logBuf) 
 }
 
 // register builds pkg and registers it as name, with cfg's other fields.
-func register(t *testing.T, m *plugins.Manager, name, pkg string, cfg plugins.Config) (path, sum string) {
+func register(t *testing.T, m *pluginhost.Manager, name, pkg string, cfg pluginhost.Config) (path, sum string) {
 	t.Helper()
 	path, sum = plugintest.Build(t, pkg)
 	cfg.Name, cfg.Path, cfg.SHA256 = name, path, sum
@@ -86,7 +86,7 @@ func register(t *testing.T, m *plugins.Manager, name, pkg string, cfg plugins.Co
 	return path, sum
 }
 
-func instance(t *testing.T, m *plugins.Manager, name string) *plugins.Instance {
+func instance(t *testing.T, m *pluginhost.Manager, name string) *pluginhost.Instance {
 	t.Helper()
 	inst, err := m.Instance(context.Background(), name, "")
 	if err != nil {
@@ -109,7 +109,7 @@ func request(msg string, ev int64, state []byte) *abi.TurnRequest {
 }
 
 // reply runs msg and returns the reply text.
-func reply(t *testing.T, inst *plugins.Instance, msg string) string {
+func reply(t *testing.T, inst *pluginhost.Instance, msg string) string {
 	t.Helper()
 	res, err := inst.Turn(context.Background(), request(msg, 1, nil))
 	if err != nil {
@@ -121,12 +121,12 @@ func reply(t *testing.T, inst *plugins.Instance, msg string) string {
 	return res.Messages[0].Content
 }
 
-// turnError asserts err is a *plugins.TurnError of kind and returns it.
-func turnError(t *testing.T, err error, kind string) *plugins.TurnError {
+// turnError asserts err is a *pluginhost.TurnError of kind and returns it.
+func turnError(t *testing.T, err error, kind string) *pluginhost.TurnError {
 	t.Helper()
-	var te *plugins.TurnError
+	var te *pluginhost.TurnError
 	if !errors.As(err, &te) {
-		t.Fatalf("error %v (%T) is not a *plugins.TurnError", err, err)
+		t.Fatalf("error %v (%T) is not a *pluginhost.TurnError", err, err)
 	}
 	if te.Kind != kind {
 		t.Fatalf("kind %q, want %q: %v", te.Kind, kind, err)
@@ -160,7 +160,7 @@ func waitGone(t *testing.T, pid int, d time.Duration) {
 
 // waitTurns waits until plugin name has n turns running on its processes
 // and returns the pid of the first process running any.
-func waitTurns(t *testing.T, m *plugins.Manager, name string, n int) int {
+func waitTurns(t *testing.T, m *pluginhost.Manager, name string, n int) int {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -1,4 +1,4 @@
-package plugins_test
+package pluginhost_test
 
 import (
 	"bufio"
@@ -19,7 +19,7 @@ import (
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/examples/notes"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
 )
 
@@ -28,10 +28,10 @@ import (
 // notes logic run in-process.
 func TestNotesRoundTrip(t *testing.T) {
 	t.Parallel()
-	m, _ := newManager(t, plugins.Options{})
+	m, _ := newManager(t, pluginhost.Options{})
 	path, sum := plugintest.Build(t, plugintest.Notes)
 	start := time.Now()
-	if err := m.Register(context.Background(), plugins.Config{Name: "notes", Path: path, SHA256: sum}); err != nil {
+	if err := m.Register(context.Background(), pluginhost.Config{Name: "notes", Path: path, SHA256: sum}); err != nil {
 		t.Fatal(err)
 	}
 	figure(t, "plugin: register + verify start of the notes plugin process: %s", time.Since(start).Round(time.Millisecond))
@@ -87,8 +87,8 @@ func TestNotesRoundTrip(t *testing.T) {
 // with a crash; the next turn runs on a fresh process.
 func TestKillMidTurn(t *testing.T) {
 	t.Parallel()
-	m, _ := newManager(t, plugins.Options{})
-	register(t, m, "agent", agentPkg, plugins.Config{})
+	m, _ := newManager(t, pluginhost.Options{})
+	register(t, m, "agent", agentPkg, pluginhost.Config{})
 	inst := instance(t, m, "agent")
 	pid1, _ := strconv.Atoi(reply(t, inst, "pid"))
 
@@ -110,7 +110,7 @@ func TestKillMidTurn(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("turn did not fail after kill -9 of its process")
 	}
-	te := turnError(t, err, plugins.KindCrash)
+	te := turnError(t, err, pluginhost.KindCrash)
 	if !te.Accepted || te.PID != pid1 || !strings.Contains(err.Error(), "signal: killed") {
 		t.Fatalf("accepted %v pid %d: %v", te.Accepted, te.PID, err)
 	}
@@ -131,11 +131,11 @@ func TestKillMidTurn(t *testing.T) {
 // error carries the panic from its stderr.
 func TestCrashInPlugin(t *testing.T) {
 	t.Parallel()
-	m, _ := newManager(t, plugins.Options{})
-	register(t, m, "agent", agentPkg, plugins.Config{})
+	m, _ := newManager(t, pluginhost.Options{})
+	register(t, m, "agent", agentPkg, pluginhost.Config{})
 	inst := instance(t, m, "agent")
 	_, err := inst.Turn(context.Background(), request("crash", 1, nil))
-	te := turnError(t, err, plugins.KindCrash)
+	te := turnError(t, err, pluginhost.KindCrash)
 	if !strings.Contains(te.Output, "crash requested") || !strings.Contains(err.Error(), "exit status 2") {
 		t.Fatalf("output %q: %v", te.Output, err)
 	}
@@ -148,7 +148,7 @@ func TestCrashInPlugin(t *testing.T) {
 // clear error naming the field.
 func TestRegistrationErrors(t *testing.T) {
 	t.Parallel()
-	m, _ := newManager(t, plugins.Options{StartTimeout: 700 * time.Millisecond})
+	m, _ := newManager(t, pluginhost.Options{StartTimeout: 700 * time.Millisecond})
 	agent, agentSum := plugintest.Build(t, agentPkg)
 	_, notesSum := plugintest.Build(t, plugintest.Notes)
 	dir := t.TempDir()
@@ -166,34 +166,34 @@ func TestRegistrationErrors(t *testing.T) {
 
 	cases := []struct {
 		name  string
-		cfg   plugins.Config
+		cfg   pluginhost.Config
 		field string
 		kind  string   // of the *TurnError inside, if any
 		want  []string // in the message
 	}{
-		{"bad name", plugins.Config{Name: "a b", Path: agent, SHA256: agentSum}, "name", "", []string{"letters"}},
-		{"bad sum", plugins.Config{Name: "x", Path: agent, SHA256: "abc"}, "sha256", "", []string{"64 hex digits"}},
-		{"wrong checksum", plugins.Config{Name: "x", Path: agent, SHA256: notesSum}, "sha256", "",
+		{"bad name", pluginhost.Config{Name: "a b", Path: agent, SHA256: agentSum}, "name", "", []string{"letters"}},
+		{"bad sum", pluginhost.Config{Name: "x", Path: agent, SHA256: "abc"}, "sha256", "", []string{"64 hex digits"}},
+		{"wrong checksum", pluginhost.Config{Name: "x", Path: agent, SHA256: notesSum}, "sha256", "",
 			[]string{notesSum, agentSum, "does not match"}},
-		{"missing", plugins.Config{Name: "x", Path: filepath.Join(dir, "nope"), SHA256: agentSum}, "path", "",
+		{"missing", pluginhost.Config{Name: "x", Path: filepath.Join(dir, "nope"), SHA256: agentSum}, "path", "",
 			[]string{"does not exist"}},
-		{"not executable", plugins.Config{Name: "x", Path: noExec, SHA256: agentSum}, "path", "",
+		{"not executable", pluginhost.Config{Name: "x", Path: noExec, SHA256: agentSum}, "path", "",
 			[]string{"not executable", "-rw-r--r--"}},
-		{"directory", plugins.Config{Name: "x", Path: dir, SHA256: agentSum}, "path", "", []string{"not a regular file"}},
-		{"reserved env", plugins.Config{Name: "x", Path: agent, SHA256: agentSum, Env: map[string]string{"PLUGIN_MIN_PORT": "1"}},
+		{"directory", pluginhost.Config{Name: "x", Path: dir, SHA256: agentSum}, "path", "", []string{"not a regular file"}},
+		{"reserved env", pluginhost.Config{Name: "x", Path: agent, SHA256: agentSum, Env: map[string]string{"PLUGIN_MIN_PORT": "1"}},
 			"env", "", []string{"reserved"}},
-		{"processes", plugins.Config{Name: "x", Path: agent, SHA256: agentSum, Processes: -1}, "processes", "", nil},
-		{"abi version", plugins.Config{Name: "x", Path: badPath, SHA256: badSum}, "path", plugins.KindVersion,
+		{"processes", pluginhost.Config{Name: "x", Path: agent, SHA256: agentSum, Processes: -1}, "processes", "", nil},
+		{"abi version", pluginhost.Config{Name: "x", Path: badPath, SHA256: badSum}, "path", pluginhost.KindVersion,
 			[]string{fmt.Sprintf("speaks ABI version %d", abi.Version+1), fmt.Sprintf("this host speaks ABI version %d", abi.Version)}},
-		{"garbage on stdout", plugins.Config{Name: "x", Path: garbage, SHA256: garbageSum}, "path", plugins.KindProtocol,
+		{"garbage on stdout", pluginhost.Config{Name: "x", Path: garbage, SHA256: garbageSum}, "path", pluginhost.KindProtocol,
 			[]string{"hello from a plugin", "stdout"}},
-		{"never answers", plugins.Config{Name: "x", Path: silent, SHA256: silentSum}, "path", plugins.KindStart,
+		{"never answers", pluginhost.Config{Name: "x", Path: silent, SHA256: silentSum}, "path", pluginhost.KindStart,
 			[]string{"within 700ms"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			err := m.Register(context.Background(), c.cfg)
-			var ce *plugins.ConfigError
+			var ce *pluginhost.ConfigError
 			if !errors.As(err, &ce) {
 				t.Fatalf("error %v (%T), want a *ConfigError", err, err)
 			}
@@ -223,18 +223,18 @@ func TestRegistrationErrors(t *testing.T) {
 // is refused at its next start.
 func TestChecksumVerifiedOnEveryStart(t *testing.T) {
 	t.Parallel()
-	m, _ := newManager(t, plugins.Options{})
+	m, _ := newManager(t, pluginhost.Options{})
 	agent, sum := plugintest.Build(t, agentPkg)
 	notesPath, _ := plugintest.Build(t, plugintest.Notes)
 	path := filepath.Join(t.TempDir(), "agent")
 	copyFile(t, agent, path)
-	if err := m.Register(context.Background(), plugins.Config{Name: "agent", Path: path, SHA256: sum, SkipVerify: true}); err != nil {
+	if err := m.Register(context.Background(), pluginhost.Config{Name: "agent", Path: path, SHA256: sum, SkipVerify: true}); err != nil {
 		t.Fatal(err)
 	}
 	copyFile(t, notesPath, path)
 	inst := instance(t, m, "agent")
 	_, err := inst.Turn(context.Background(), request("echo hi", 1, nil))
-	te := turnError(t, err, plugins.KindChecksum)
+	te := turnError(t, err, pluginhost.KindChecksum)
 	if te.Sent || te.Accepted || !strings.Contains(err.Error(), "registered "+sum) {
 		t.Fatalf("accepted %v: %v", te.Accepted, err)
 	}
@@ -256,15 +256,15 @@ func copyFile(t *testing.T, from, to string) {
 // at once, and its process, which does not stop it, is replaced.
 func TestHangingTurn(t *testing.T) {
 	t.Parallel()
-	m, _ := newManager(t, plugins.Options{CancelGrace: 200 * time.Millisecond})
-	register(t, m, "agent", agentPkg, plugins.Config{})
+	m, _ := newManager(t, pluginhost.Options{CancelGrace: 200 * time.Millisecond})
+	register(t, m, "agent", agentPkg, pluginhost.Config{})
 	inst := instance(t, m, "agent")
 	pid1, _ := strconv.Atoi(reply(t, inst, "pid"))
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	t0 := time.Now()
 	_, err := inst.Turn(ctx, request("hang", 2, nil))
-	te := turnError(t, err, plugins.KindTimeout)
+	te := turnError(t, err, pluginhost.KindTimeout)
 	if d := time.Since(t0); d > 10*time.Second || !te.Accepted { // a hung turn never returns by itself
 		t.Fatalf("returned after %s, accepted %v: %v", d, te.Accepted, err)
 	}
@@ -282,8 +282,8 @@ func TestHangingTurn(t *testing.T) {
 // honours cancellation keeps its process.
 func TestCancel(t *testing.T) {
 	t.Parallel()
-	m, _ := newManager(t, plugins.Options{CancelGrace: time.Second})
-	register(t, m, "agent", agentPkg, plugins.Config{})
+	m, _ := newManager(t, pluginhost.Options{CancelGrace: time.Second})
+	register(t, m, "agent", agentPkg, pluginhost.Config{})
 	inst := instance(t, m, "agent")
 	pid1, _ := strconv.Atoi(reply(t, inst, "pid"))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -301,7 +301,7 @@ func TestCancel(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("cancel did not end the turn")
 	}
-	te := turnError(t, err, plugins.KindCanceled)
+	te := turnError(t, err, pluginhost.KindCanceled)
 	if !te.Accepted {
 		t.Fatalf("not accepted: %v", err)
 	}
@@ -319,8 +319,8 @@ func TestCancel(t *testing.T) {
 // request's.
 func TestSteer(t *testing.T) {
 	t.Parallel()
-	m, _ := newManager(t, plugins.Options{})
-	register(t, m, "agent", agentPkg, plugins.Config{})
+	m, _ := newManager(t, pluginhost.Options{})
+	register(t, m, "agent", agentPkg, pluginhost.Config{})
 	inst := instance(t, m, "agent")
 
 	req := request("think 60000", 7, nil)
@@ -361,23 +361,23 @@ func TestSteer(t *testing.T) {
 // process is started until the cool-down ends.
 func TestRestartIntensity(t *testing.T) {
 	t.Parallel()
-	m, _ := newManager(t, plugins.Options{MaxRestarts: 2, RestartWindow: time.Minute, RestartCooldown: time.Second})
-	register(t, m, "agent", agentPkg, plugins.Config{})
+	m, _ := newManager(t, pluginhost.Options{MaxRestarts: 2, RestartWindow: time.Minute, RestartCooldown: time.Second})
+	register(t, m, "agent", agentPkg, pluginhost.Config{})
 	inst := instance(t, m, "agent")
 	for i := range 3 {
 		_, err := inst.Turn(context.Background(), request("exit", int64(i), nil))
-		if te := turnError(t, err, plugins.KindCrash); !te.Sent {
+		if te := turnError(t, err, pluginhost.KindCrash); !te.Sent {
 			t.Fatalf("a crash on the request is not counted as sent: %v", err)
 		}
 	}
 	_, err := inst.Turn(context.Background(), request("echo hi", 9, nil))
-	te := turnError(t, err, plugins.KindRestartLimit)
+	te := turnError(t, err, pluginhost.KindRestartLimit)
 	if te.Sent || te.Accepted || !strings.Contains(err.Error(), "more than 2 process failures within 1m0s") ||
 		!strings.Contains(err.Error(), "exit status 3") {
 		t.Fatalf("accepted %v: %v", te.Accepted, err)
 	}
 	st, _ := m.Status("agent")
-	if st.CoolingUntil.IsZero() || slices.ContainsFunc(st.Processes, func(p plugins.ProcessStatus) bool { return !p.Retired }) {
+	if st.CoolingUntil.IsZero() || slices.ContainsFunc(st.Processes, func(p pluginhost.ProcessStatus) bool { return !p.Retired }) {
 		t.Fatalf("status %+v", st)
 	}
 	time.Sleep(1100 * time.Millisecond)
@@ -389,8 +389,8 @@ func TestRestartIntensity(t *testing.T) {
 // TestEnvironment: the plugin sees only its registered environment.
 func TestEnvironment(t *testing.T) {
 	t.Parallel()
-	m, _ := newManager(t, plugins.Options{})
-	register(t, m, "agent", agentPkg, plugins.Config{Env: map[string]string{"GREETING": "hello"}})
+	m, _ := newManager(t, pluginhost.Options{})
+	register(t, m, "agent", agentPkg, pluginhost.Config{Env: map[string]string{"GREETING": "hello"}})
 	inst := instance(t, m, "agent")
 	if got := reply(t, inst, "env GREETING"); got != "GREETING=hello" {
 		t.Fatalf("reply %q", got)
@@ -406,8 +406,8 @@ func TestEnvironment(t *testing.T) {
 // TestProcesses: concurrent turns spread over Config.Processes processes.
 func TestProcesses(t *testing.T) {
 	t.Parallel()
-	m, _ := newManager(t, plugins.Options{})
-	register(t, m, "agent", agentPkg, plugins.Config{Processes: 2})
+	m, _ := newManager(t, pluginhost.Options{})
+	register(t, m, "agent", agentPkg, pluginhost.Config{Processes: 2})
 	inst := instance(t, m, "agent")
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
@@ -437,8 +437,8 @@ func TestProcesses(t *testing.T) {
 // killed and the turn fails with KindUnresponsive.
 func TestUnresponsive(t *testing.T) {
 	t.Parallel()
-	m, _ := newManager(t, plugins.Options{HealthInterval: 100 * time.Millisecond, HealthTimeout: 200 * time.Millisecond})
-	register(t, m, "agent", agentPkg, plugins.Config{})
+	m, _ := newManager(t, pluginhost.Options{HealthInterval: 100 * time.Millisecond, HealthTimeout: 200 * time.Millisecond})
+	register(t, m, "agent", agentPkg, pluginhost.Config{})
 	inst := instance(t, m, "agent")
 	errc := make(chan error, 1)
 	go func() {
@@ -457,7 +457,7 @@ func TestUnresponsive(t *testing.T) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 		t.Fatal("turn on a stopped process did not fail")
 	}
-	turnError(t, err, plugins.KindUnresponsive)
+	turnError(t, err, pluginhost.KindUnresponsive)
 	waitGone(t, pid, 5*time.Second)
 	if got := reply(t, inst, "echo up"); got != "echo: up" {
 		t.Fatalf("reply %q", got)
@@ -468,8 +468,8 @@ func TestUnresponsive(t *testing.T) {
 // the turn_ref; failed turns are logged with their turn_ref.
 func TestLogs(t *testing.T) {
 	t.Parallel()
-	m, buf := newManager(t, plugins.Options{})
-	register(t, m, "agent", agentPkg, plugins.Config{})
+	m, buf := newManager(t, pluginhost.Options{})
+	register(t, m, "agent", agentPkg, pluginhost.Config{})
 	inst := instance(t, m, "agent")
 	req := request("log hello-there", 5, nil)
 	if _, err := inst.Turn(context.Background(), req); err != nil {
@@ -489,7 +489,7 @@ func TestLogs(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	_, err := inst.Turn(context.Background(), request("big", 6, nil))
-	turnError(t, err, plugins.KindInvalidResult)
+	turnError(t, err, pluginhost.KindInvalidResult)
 	if !hasLine(buf.String(), "plugin turn failed", "worker=agent", "turn_ref="+request("", 6, nil).TurnRef.String(), "kind=invalid_result") {
 		t.Fatalf("failed turn not logged with its turn_ref:\n%s", buf.String())
 	}
@@ -514,32 +514,32 @@ func hasLine(log string, parts ...string) bool {
 // TestBindings: instances are bound to a name and a checksum.
 func TestBindings(t *testing.T) {
 	t.Parallel()
-	m, _ := newManager(t, plugins.Options{})
-	_, sum := register(t, m, "agent", agentPkg, plugins.Config{SkipVerify: true})
-	if _, err := m.Instance(context.Background(), "nope", ""); !errors.Is(err, plugins.ErrUnknownPlugin) {
+	m, _ := newManager(t, pluginhost.Options{})
+	_, sum := register(t, m, "agent", agentPkg, pluginhost.Config{SkipVerify: true})
+	if _, err := m.Instance(context.Background(), "nope", ""); !errors.Is(err, pluginhost.ErrUnknownPlugin) {
 		t.Fatalf("unknown plugin: %v", err)
 	}
 	other := strings.Repeat("ab", 32)
-	if _, err := m.Instance(context.Background(), "agent", other); !errors.Is(err, plugins.ErrBindingChanged) {
+	if _, err := m.Instance(context.Background(), "agent", other); !errors.Is(err, pluginhost.ErrBindingChanged) {
 		t.Fatalf("other checksum: %v", err)
 	}
-	b := plugins.Binding("agent", sum)
-	name, s, ok := plugins.ParseBinding(b)
+	b := pluginhost.Binding("agent", sum)
+	name, s, ok := pluginhost.ParseBinding(b)
 	if !ok || name != "agent" || s != sum {
 		t.Fatalf("ParseBinding(%q) = %q %q %v", b, name, s, ok)
 	}
-	if _, _, ok := plugins.ParseBinding("sha256:" + sum); ok {
+	if _, _, ok := pluginhost.ParseBinding("sha256:" + sum); ok {
 		t.Fatal("a module digest parsed as a plugin binding")
 	}
 	// Same config again: a no-op.
 	path, _ := plugintest.Build(t, agentPkg)
-	if err := m.Register(context.Background(), plugins.Config{Name: "agent", Path: path, SHA256: sum, SkipVerify: true}); err != nil {
+	if err := m.Register(context.Background(), pluginhost.Config{Name: "agent", Path: path, SHA256: sum, SkipVerify: true}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Unregister(context.Background(), "agent"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Instance(context.Background(), "agent", sum); !errors.Is(err, plugins.ErrUnknownPlugin) {
+	if _, err := m.Instance(context.Background(), "agent", sum); !errors.Is(err, pluginhost.ErrUnknownPlugin) {
 		t.Fatalf("after unregister: %v", err)
 	}
 }
@@ -547,8 +547,8 @@ func TestBindings(t *testing.T) {
 // TestClose: Close fails running turns and kills every process.
 func TestClose(t *testing.T) {
 	t.Parallel()
-	m, _ := newManager(t, plugins.Options{})
-	register(t, m, "agent", agentPkg, plugins.Config{Processes: 2})
+	m, _ := newManager(t, pluginhost.Options{})
+	register(t, m, "agent", agentPkg, pluginhost.Config{Processes: 2})
 	inst := instance(t, m, "agent")
 	errc := make(chan error, 2)
 	for i := range 2 {
@@ -563,12 +563,12 @@ func TestClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		turnError(t, <-errc, plugins.KindClosed)
+		turnError(t, <-errc, pluginhost.KindClosed)
 	}
 	for _, p := range st.Processes {
 		waitGone(t, p.PID, 5*time.Second)
 	}
-	if _, err := inst.Turn(context.Background(), request("echo", 3, nil)); !errors.Is(err, plugins.ErrClosed) {
+	if _, err := inst.Turn(context.Background(), request("echo", 3, nil)); !errors.Is(err, pluginhost.ErrClosed) {
 		t.Fatalf("turn after close: %v", err)
 	}
 }
@@ -584,8 +584,8 @@ const (
 // helperHost is the host process of TestNoOrphans: it registers the notes
 // plugin, prints the plugin's pid and waits to be killed.
 func helperHost() {
-	m := plugins.NewManager(nil, plugins.Options{DisableParentDeathSignal: os.Getenv(helperNoSigEnv) != ""})
-	err := m.Register(context.Background(), plugins.Config{Name: "notes",
+	m := pluginhost.NewManager(nil, pluginhost.Options{DisableParentDeathSignal: os.Getenv(helperNoSigEnv) != ""})
+	err := m.Register(context.Background(), pluginhost.Config{Name: "notes",
 		Path: os.Getenv(helperPathEnv), SHA256: os.Getenv(helperSumEnv)})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -1,4 +1,4 @@
-package plugins_test
+package pluginhost_test
 
 import (
 	"context"
@@ -14,16 +14,16 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/abi"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
 )
 
 // benchPlugin registers the test agent plugin under name with n processes
 // on a new Manager (closed with b), starts all n processes and returns an
 // instance with the processes' pids.
-func benchPlugin(b *testing.B, name string, n int) (*plugins.Instance, *plugins.Manager, []int) {
+func benchPlugin(b *testing.B, name string, n int) (*pluginhost.Instance, *pluginhost.Manager, []int) {
 	b.Helper()
-	m := plugins.NewManager(slog.New(slog.NewTextHandler(io.Discard, nil)), plugins.Options{})
+	m := pluginhost.NewManager(slog.New(slog.NewTextHandler(io.Discard, nil)), pluginhost.Options{})
 	b.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -32,7 +32,7 @@ func benchPlugin(b *testing.B, name string, n int) (*plugins.Instance, *plugins.
 		}
 	})
 	path, sum := plugintest.Build(b, agentPkg)
-	if err := m.Register(context.Background(), plugins.Config{Name: name, Path: path, SHA256: sum, Processes: n}); err != nil {
+	if err := m.Register(context.Background(), pluginhost.Config{Name: name, Path: path, SHA256: sum, Processes: n}); err != nil {
 		b.Fatalf("register %s: %v", name, err)
 	}
 	inst, err := m.Instance(context.Background(), name, "")
@@ -58,7 +58,7 @@ func benchPlugin(b *testing.B, name string, n int) (*plugins.Instance, *plugins.
 	return inst, m, pids
 }
 
-func benchPIDs(b *testing.B, m *plugins.Manager, name string) []int {
+func benchPIDs(b *testing.B, m *pluginhost.Manager, name string) []int {
 	b.Helper()
 	st, err := m.Status(name)
 	if err != nil {
@@ -76,7 +76,7 @@ func benchPIDs(b *testing.B, m *plugins.Manager, name string) []int {
 
 // echoTurn runs "echo <n>" as event n and checks that the reply is
 // "echo: <n>" and echoes the request's turn_ref.
-func echoTurn(inst *plugins.Instance, n int64) error {
+func echoTurn(inst *pluginhost.Instance, n int64) error {
 	arg := strconv.FormatInt(n, 10)
 	req := request("echo "+arg, n, nil)
 	res, err := inst.Turn(context.Background(), req)

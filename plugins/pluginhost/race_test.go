@@ -1,5 +1,5 @@
 //go:build race
 
-package plugins_test
+package pluginhost_test
 
 const raceEnabled = true
