@@ -18,7 +18,7 @@ import (
 	"github.com/paddock-dev/paddock/host/api"
 	"github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/runner"
-	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/sqlite"
@@ -52,7 +52,7 @@ func newServer(t *testing.T) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rt.Close(context.Background()) })
-	pm := plugins.NewManager(quiet, plugins.Options{})
+	pm := pluginhost.NewManager(quiet, pluginhost.Options{})
 	t.Cleanup(func() { _ = pm.Close(context.Background()) })
 	r := runner.New(runner.NewWasm(rt, st), pm, st)
 	pol := host.DefaultPolicy()
