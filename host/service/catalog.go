@@ -158,6 +158,13 @@ func (s *Service) UpdateAgent(ctx context.Context, a store.Agent, b Binding) (st
 	return s.putAgent(ctx, a.Name, b, true)
 }
 
+// PutAgent registers the agent named name with binding b, or re-binds it
+// when it exists (what a configuration file declares). Refusals as
+// CreateAgent, without the conflict.
+func (s *Service) PutAgent(ctx context.Context, name string, b Binding) (store.Agent, error) {
+	return s.putAgent(ctx, name, b, true)
+}
+
 func (s *Service) putAgent(ctx context.Context, name string, b Binding, update bool) (store.Agent, error) {
 	if err := checkName(name); err != nil {
 		return store.Agent{}, err
