@@ -35,8 +35,8 @@ const MaxEventPayloadBytes = service.MaxEventPayloadBytes
 
 // Options configure the API.
 type Options struct {
-	// Host is the host the API serves (its metrics are served at
-	// /metrics).
+	// Host is the host the API serves (required; its metrics are served
+	// at /metrics).
 	Host *host.Host
 	// Modules inspects module uploads.
 	Modules service.Modules

@@ -20,6 +20,7 @@ type Error struct {
 	Field   string `json:"field,omitempty"`
 }
 
+// Error returns "code: message".
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
 
 func badRequest(code, field, format string, args ...any) *Error {

@@ -20,6 +20,7 @@ type InvalidError struct {
 	Missing bool
 }
 
+// Error returns the message.
 func (e *InvalidError) Error() string { return e.Message }
 
 func invalid(field, format string, args ...any) *InvalidError {
@@ -37,6 +38,7 @@ type TooLargeError struct {
 	Message     string
 }
 
+// Error returns the message.
 func (e *TooLargeError) Error() string { return e.Message }
 
 // Resource names a kind of thing the service keeps.
@@ -62,6 +64,7 @@ type NotFoundError struct {
 	Referenced bool
 }
 
+// Error returns the message.
 func (e *NotFoundError) Error() string { return e.Message }
 
 // Is makes errors.Is(err, store.ErrNotFound) true.
@@ -98,6 +101,7 @@ type ConflictError struct {
 	Message string
 }
 
+// Error returns the message.
 func (e *ConflictError) Error() string { return e.Message }
 
 // Is makes errors.Is(err, store.ErrConflict) true.
@@ -110,6 +114,7 @@ type RejectedError struct {
 	Err      error
 }
 
+// Error returns the checker's message.
 func (e *RejectedError) Error() string { return e.Err.Error() }
 
 // Unwrap returns the checker's error.
