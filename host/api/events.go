@@ -53,7 +53,7 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	status := r.URL.Query().Get("status")
-	if _, err := service.EventStatus(status); err != nil {
+	if _, err := service.ParseEventStatus(status); err != nil {
 		return asParam(err)
 	}
 	p, err := page(r)

@@ -9,10 +9,10 @@ import (
 	"github.com/paddock-dev/paddock/store"
 )
 
-// EventStatus checks an event status filter: "" (every status), open,
+// ParseEventStatus checks an event status filter: "" (every status), open,
 // done, cancelled, dead_letter or discarded; else an *InvalidError for
 // "status".
-func EventStatus(status string) (store.EventStatus, error) {
+func ParseEventStatus(status string) (store.EventStatus, error) {
 	switch st := store.EventStatus(status); st {
 	case "", store.EventOpen, store.EventDone, store.EventCancelled, store.EventDeadLetter, store.EventDiscarded:
 		return st, nil
@@ -24,7 +24,7 @@ func EventStatus(status string) (store.EventStatus, error) {
 // id, of one status or ("") all. Refusals: *InvalidError (status, limit,
 // after).
 func (s *Service) ListEvents(ctx context.Context, x store.Session, status string, p Page) ([]store.Event, error) {
-	st, err := EventStatus(status)
+	st, err := ParseEventStatus(status)
 	if err != nil {
 		return nil, err
 	}
