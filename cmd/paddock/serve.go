@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -12,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
 	"github.com/paddock-dev/paddock/abi"
@@ -22,6 +22,7 @@ import (
 	"github.com/paddock-dev/paddock/host/api"
 	"github.com/paddock-dev/paddock/host/config"
 	"github.com/paddock-dev/paddock/host/runner"
+	"github.com/paddock-dev/paddock/host/service"
 	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/postgres"
@@ -176,15 +177,17 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 		broker = b
 	}
 
-	if err := registerPlugins(ctx, cfg, st, r, log); err != nil {
-		return err
-	}
-	if err := registerAgents(ctx, cfg, st, r, log); err != nil {
-		return err
-	}
-
 	h, err := host.New(host.Options{Store: st, Runner: r, Policy: policyFromConfig(cfg), Logger: log})
 	if err != nil {
+		return err
+	}
+	// The one way into the runtime: the config's registrations and the
+	// HTTP API go through the same operations and rules.
+	svc := service.New(h, r, r)
+	if err := registerPlugins(ctx, cfg, svc, log); err != nil {
+		return err
+	}
+	if err := registerAgents(ctx, cfg, svc, log); err != nil {
 		return err
 	}
 	late.Store(h)
@@ -193,7 +196,7 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	}
 	srv := &http.Server{
 		Handler: api.New(api.Options{
-			Host: h, Modules: r, Plugins: r, AuthToken: cfg.AuthToken, MaxBodyBytes: cfg.API.MaxBodyBytes,
+			Host: h, Service: svc, AuthToken: cfg.AuthToken, MaxBodyBytes: cfg.API.MaxBodyBytes,
 			MaxModuleBytes: cfg.API.MaxModuleBytes, Logger: log,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -278,18 +281,20 @@ func startBroker(ctx context.Context, cfg config.Config, st store.Store, log *sl
 	return b, nil
 }
 
-// registerPlugins verifies and registers the configured plugin workers.
-func registerPlugins(ctx context.Context, cfg config.Config, st store.Store, r *runner.Runner, log *slog.Logger) error {
+// registerPlugins verifies and registers the configured plugin workers
+// (service.RegisterPlugin: the API's rules and check).
+func registerPlugins(ctx context.Context, cfg config.Config, svc *service.Service, log *slog.Logger) error {
 	for i, p := range cfg.Plugins {
 		sum, err := p.PluginSHA256()
 		if err != nil {
 			return fmt.Errorf("config: plugins[%d]: %w", i, err)
 		}
-		w := store.PluginWorker{Name: p.Name, Path: p.Path, SHA256: sum, Env: p.Env, Processes: max(p.Processes, 1)}
-		if err := r.CheckPlugin(ctx, w); err != nil {
-			return fmt.Errorf("config: plugins[%d] (%s): %w", i, p.Name, err)
-		}
-		if _, _, err := st.PutPluginWorker(ctx, w); err != nil {
+		_, _, err = svc.RegisterPlugin(ctx, service.PluginParams{Name: p.Name, Path: p.Path, SHA256: sum, Env: p.Env, Processes: p.Processes})
+		var rejected *service.RejectedError
+		switch {
+		case errors.As(err, &rejected):
+			return fmt.Errorf("config: plugins[%d] (%s): %w", i, p.Name, rejected.Err)
+		case err != nil:
 			return fmt.Errorf("register plugin %s: %w", p.Name, err)
 		}
 		log.Info("plugin worker registered from config", "plugin", p.Name, "path", p.Path, "sha256", sum)
@@ -299,41 +304,32 @@ func registerPlugins(ctx context.Context, cfg config.Config, st store.Store, r *
 
 // registerAgents uploads the configured agents' modules and registers (or
 // re-binds) the agents, so that `make run` has example agents ready.
-func registerAgents(ctx context.Context, cfg config.Config, st store.Store, wr *runner.Runner, log *slog.Logger) error {
+func registerAgents(ctx context.Context, cfg config.Config, svc *service.Service, log *slog.Logger) error {
 	for i, a := range cfg.Agents {
-		if a.Plugin != "" {
-			ag, err := st.CreateAgent(ctx, store.CreateAgentParams{
-				UID: uuid.NewString(), Name: a.Name, Kind: store.KindPlugin, Plugin: a.Plugin,
-				CrashPolicy: store.CrashPolicy(cfg.AgentPolicy(a.Name).CrashPolicy), Upsert: true,
-			})
-			if err != nil {
-				return fmt.Errorf("register agent %s: %w", a.Name, err)
+		b := service.Binding{Plugin: a.Plugin, CrashPolicy: cfg.AgentPolicy(a.Name).CrashPolicy}
+		if a.Plugin == "" {
+			if a.ModuleFile == "" {
+				continue // a policy override only
 			}
-			log.Info("agent registered from config", "agent", ag.Name, "plugin", a.Plugin, "crash_policy", ag.CrashPolicy)
-			continue
+			wasm, err := os.ReadFile(a.ModuleFile)
+			if err != nil {
+				return fmt.Errorf("config: agents[%d].module_file: %w", i, err)
+			}
+			m, _, err := svc.UploadModule(ctx, wasm)
+			var rejected *service.RejectedError
+			switch {
+			case errors.As(err, &rejected):
+				return fmt.Errorf("config: agents[%d].module_file %s: %w", i, a.ModuleFile, rejected.Err)
+			case err != nil:
+				return fmt.Errorf("store module %s: %w", a.ModuleFile, err)
+			}
+			b.Module = m.Digest
 		}
-		if a.ModuleFile == "" {
-			continue // a policy override only
-		}
-		b, err := os.ReadFile(a.ModuleFile)
-		if err != nil {
-			return fmt.Errorf("config: agents[%d].module_file: %w", i, err)
-		}
-		digest, version, err := wr.Inspect(ctx, b)
-		if err != nil {
-			return fmt.Errorf("config: agents[%d].module_file %s: %w", i, a.ModuleFile, err)
-		}
-		if _, _, err := st.PutModule(ctx, store.PutModuleParams{Digest: digest, ABIVersion: version, Bytes: b}); err != nil {
-			return fmt.Errorf("store module %s: %w", a.ModuleFile, err)
-		}
-		policy := store.CrashPolicy(cfg.AgentPolicy(a.Name).CrashPolicy)
-		ag, err := st.CreateAgent(ctx, store.CreateAgentParams{
-			UID: uuid.NewString(), Name: a.Name, Kind: store.KindWasm, ModuleDigest: digest, CrashPolicy: policy, Upsert: true,
-		})
+		ag, err := svc.PutAgent(ctx, a.Name, b)
 		if err != nil {
 			return fmt.Errorf("register agent %s: %w", a.Name, err)
 		}
-		log.Info("agent registered from config", "agent", ag.Name, "module", digest, "crash_policy", ag.CrashPolicy)
+		log.Info("agent registered from config", "agent", ag.Name, "module", ag.ModuleDigest, "plugin", ag.Plugin, "crash_policy", ag.CrashPolicy)
 	}
 	return nil
 }

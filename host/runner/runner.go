@@ -14,7 +14,7 @@ import (
 
 // Runner runs every worker kind the host has: wasm modules on the wazero
 // runtime and plugin workers through go-plugin. It implements host.Runner
-// (bindings and instances), api.Modules and api.Plugins.
+// (bindings and instances), service.Modules and service.Plugins.
 type Runner struct {
 	*Wasm
 	plugins *pluginhost.Manager
@@ -102,7 +102,7 @@ func (r *Runner) Instantiate(ctx context.Context, binding string) (host.Instance
 
 // CheckPlugin registers w with this host's plugin manager, which verifies
 // the binary (exists, executable, checksum) and starts it once to check the
-// handshake and ABI version (api.Plugins).
+// handshake and ABI version (service.Plugins).
 func (r *Runner) CheckPlugin(ctx context.Context, w store.PluginWorker) error {
 	return r.plugins.Register(ctx, pluginConfig(w))
 }

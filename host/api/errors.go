@@ -1,0 +1,94 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/paddock-dev/paddock/host/service"
+	"github.com/paddock-dev/paddock/store"
+)
+
+// Error is an API error: HTTP status, stable code, message naming the
+// problem, and the offending field if any.
+type Error struct {
+	Status  int    `json:"-"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
+// Error returns "code: message".
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+func badRequest(code, field, format string, args ...any) *Error {
+	return &Error{Status: http.StatusBadRequest, Code: code, Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// asError maps an error of host/service (or the store's sentinels it
+// passes on) to the API's status and code; nil for an unexpected error.
+func asError(err error) *Error {
+	var (
+		e        *Error
+		invalid  *service.InvalidError
+		tooLarge *service.TooLargeError
+		notFound *service.NotFoundError
+		conflict *service.ConflictError
+		rejected *service.RejectedError
+	)
+	switch {
+	case errors.As(err, &e):
+		return e
+	case errors.As(err, &invalid) && invalid.Missing:
+		return badRequest("missing_field", invalid.Field, "%s", invalid.Message)
+	case errors.As(err, &invalid):
+		return badRequest("invalid_field", invalid.Field, "%s", invalid.Message)
+	case errors.As(err, &tooLarge):
+		// Only a signal's payload has a size limit in the service.
+		return &Error{Status: http.StatusRequestEntityTooLarge, Code: "signal_too_large", Field: tooLarge.Field, Message: tooLarge.Message}
+	case errors.As(err, &notFound) && notFound.Referenced:
+		return badRequest("unknown_"+string(notFound.Resource), notFound.Field, "%s", notFound.Message)
+	case errors.As(err, &notFound):
+		return &Error{Status: http.StatusNotFound, Code: string(notFound.Resource) + "_not_found", Field: notFound.Field, Message: notFound.Message}
+	case errors.As(err, &conflict):
+		return &Error{Status: http.StatusConflict, Code: string(conflict.Reason), Field: conflict.Field, Message: conflict.Message}
+	case errors.As(err, &rejected):
+		return badRequest("invalid_"+string(rejected.Resource), "", "%s", rejected.Error())
+	case errors.Is(err, service.ErrPluginsDisabled):
+		return &Error{Status: http.StatusNotImplemented, Code: "plugins_disabled", Message: "this host runs no plugin workers"}
+	case errors.Is(err, store.ErrSessionDestroyed):
+		return &Error{Status: http.StatusGone, Code: "session_destroyed", Message: "the session is destroyed and accepts no signals"}
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return &Error{Status: http.StatusServiceUnavailable, Code: "timeout", Message: "the store did not answer in time"}
+	}
+	return nil
+}
+
+// asParam answers a refused input of a request without a body (a query or
+// path parameter) as invalid_parameter.
+func asParam(err error) error {
+	var invalid *service.InvalidError
+	if errors.As(err, &invalid) {
+		return badRequest("invalid_parameter", invalid.Field, "%s", invalid.Message)
+	}
+	return err
+}
+
+// writeError answers err as {"error": {...}}; an unexpected error is
+// logged and answered 500 internal.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	e := asError(err)
+	if e == nil {
+		s.log.Error("api: internal error", "method", r.Method, "path", r.URL.Path, "err", err)
+		e = &Error{Status: http.StatusInternalServerError, Code: "internal", Message: "internal error"}
+	}
+	_ = writeJSON(w, e.Status, map[string]*Error{"error": e})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	return json.NewEncoder(w).Encode(v)
+}

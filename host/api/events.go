@@ -1,0 +1,164 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/paddock-dev/paddock/host/service"
+	"github.com/paddock-dev/paddock/store"
+)
+
+// eventJSON is an actor event as the API shows it.
+type eventJSON struct {
+	ID             int64             `json:"event_id"`
+	Seq            int64             `json:"seq"`
+	Kind           string            `json:"kind"`
+	Payload        json.RawMessage   `json:"payload"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+	Status         store.EventStatus `json:"status"`
+	Attempts       int               `json:"attempts"`
+	NextAttemptAt  time.Time         `json:"next_attempt_at"`
+	LastError      string            `json:"last_error,omitempty"`
+	Binding        string            `json:"binding,omitempty"`
+	AcceptedAt     time.Time         `json:"accepted_at"`
+	ClosedAt       *time.Time        `json:"closed_at,omitempty"`
+	SteerOf        int64             `json:"steer_of,omitempty"`
+	Redrives       int               `json:"redrives,omitempty"`
+	// Errors is the error chain, on single-event and dead-letter reads.
+	Errors []store.AttemptError `json:"errors,omitempty"`
+}
+
+func toEventJSON(e store.Event) eventJSON {
+	return eventJSON{ID: e.ID, Seq: e.Seq, Kind: e.Kind, Payload: e.Payload, IdempotencyKey: e.IdempotencyKey,
+		Status: e.Status, Attempts: e.Attempts, NextAttemptAt: e.NextAttemptAt, LastError: e.LastError,
+		Binding: e.Binding, AcceptedAt: e.AcceptedAt, ClosedAt: e.ClosedAt, SteerOf: e.SteerOf, Redrives: e.Redrives}
+}
+
+// page parses ?after= and ?limit= of an event, dead-letter or transcript
+// page.
+func page(r *http.Request) (service.Page, error) {
+	limit, err := intParam(r, "limit", service.DefaultPageLimit, 1, service.MaxPageLimit)
+	if err != nil {
+		return service.Page{}, err
+	}
+	after, err := intParam(r, "after", 0, 0, int(^uint(0)>>1))
+	return service.Page{After: int64(after), Limit: limit}, err
+}
+
+func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
+	_, x, err := s.session(r)
+	if err != nil {
+		return err
+	}
+	status := r.URL.Query().Get("status")
+	if _, err := service.ParseEventStatus(status); err != nil {
+		return asParam(err)
+	}
+	p, err := page(r)
+	if err != nil {
+		return err
+	}
+	es, err := s.svc.ListEvents(r.Context(), x, status, p)
+	if err != nil {
+		return asParam(err)
+	}
+	out := make([]eventJSON, 0, len(es))
+	for _, e := range es {
+		out = append(out, toEventJSON(e))
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"events": out})
+}
+
+// sessionEvent resolves the {agent} and {session} path values and parses
+// {event}.
+func (s *Server) sessionEvent(r *http.Request) (store.Agent, store.Session, int64, error) {
+	a, x, err := s.session(r)
+	if err != nil {
+		return a, x, 0, err
+	}
+	id, err := eventParam(r)
+	return a, x, id, err
+}
+
+func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) error {
+	_, x, id, err := s.sessionEvent(r)
+	if err != nil {
+		return err
+	}
+	e, chain, err := s.svc.GetEvent(r.Context(), x, id)
+	if err != nil {
+		return err
+	}
+	out := toEventJSON(e)
+	out.Errors = chain
+	return writeJSON(w, http.StatusOK, out)
+}
+
+// deadLetterOp redrives or discards a dead-lettered event.
+func (s *Server) deadLetterOp(w http.ResponseWriter, r *http.Request, op func(*service.Service, context.Context, store.Session, int64) (store.Event, error)) error {
+	_, x, id, err := s.sessionEvent(r)
+	if err != nil {
+		return err
+	}
+	e, err := op(s.svc, r.Context(), x, id)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, toEventJSON(e))
+}
+
+func (s *Server) redriveEvent(w http.ResponseWriter, r *http.Request) error {
+	return s.deadLetterOp(w, r, (*service.Service).RedriveEvent)
+}
+
+func (s *Server) discardEvent(w http.ResponseWriter, r *http.Request) error {
+	return s.deadLetterOp(w, r, (*service.Service).DiscardEvent)
+}
+
+func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request, a store.Agent, sessionID string) error {
+	p, err := page(r)
+	if err != nil {
+		return err
+	}
+	dls, err := s.svc.ListDeadLetters(r.Context(), a, sessionID, p)
+	if err != nil {
+		return asParam(err)
+	}
+	out := make([]map[string]any, 0, len(dls))
+	for _, d := range dls {
+		ev := toEventJSON(d.Event)
+		ev.Errors = d.Errors
+		out = append(out, map[string]any{"session_id": d.Event.SessionID, "event": ev})
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"dead_letters": out})
+}
+
+func (s *Server) listAgentDeadLetters(w http.ResponseWriter, r *http.Request) error {
+	a, err := s.svc.GetAgent(r.Context(), r.PathValue("agent"))
+	if err != nil {
+		return err
+	}
+	return s.listDeadLetters(w, r, a, r.URL.Query().Get("session"))
+}
+
+func (s *Server) listSessionDeadLetters(w http.ResponseWriter, r *http.Request) error {
+	a, x, err := s.session(r)
+	if err != nil {
+		return err
+	}
+	return s.listDeadLetters(w, r, a, x.SessionID)
+}
+
+func (s *Server) listAlarms(w http.ResponseWriter, r *http.Request) error {
+	_, x, err := s.session(r)
+	if err != nil {
+		return err
+	}
+	as, err := s.svc.ListAlarms(r.Context(), x)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, map[string]any{"alarms": as})
+}

@@ -1,0 +1,123 @@
+package api_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestWalkthroughThreeSignalsGiveThreeTurnsInOrder(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver, "")
+		e.setup()
+		code, s := e.json("POST", "/v1/agents/notes/sessions", `{}`)
+		if code != 201 || s["crash_policy"] != "restart" || s["status"] != "active" {
+			t.Fatalf("create session: %d %v", code, s)
+		}
+		id := s["session_id"].(string)
+		base := "/v1/agents/notes/sessions/" + id
+		for _, m := range []string{"note buy milk", "note call mum", "list"} {
+			if code, r := e.json("POST", base+"/signals", fmt.Sprintf(`{"message":%q}`, m)); code != 202 || r["created"] != true {
+				t.Fatalf("signal %q: %d %v", m, code, r)
+			}
+		}
+		var turns []any
+		deadline := time.Now().Add(time.Minute)
+		after := 0
+		for len(turns) < 3 && time.Now().Before(deadline) {
+			_, tr := e.json("GET", fmt.Sprintf("%s/transcript?after=%d&wait=5s", base, after), "")
+			got, _ := tr["turns"].([]any)
+			turns = append(turns, got...)
+			after = int(tr["next_after"].(float64))
+		}
+		if len(turns) != 3 {
+			t.Fatalf("got %d turns, want 3", len(turns))
+		}
+		last := turns[2].(map[string]any)["messages"].([]any)
+		reply := last[len(last)-1].(map[string]any)["content"].(string)
+		if !strings.Contains(reply, "buy milk") || !strings.Contains(reply, "call mum") {
+			t.Errorf("list reply %q does not carry both notes across turns", reply)
+		}
+		_, s = e.json("GET", base, "")
+		if s["turn_count"] != float64(3) || s["event_count"] != float64(3) || s["open_events"] != float64(0) {
+			t.Errorf("session counters: %v", s)
+		}
+	})
+}
+
+func TestCrashPoliciesDeadLettersRedriveAndDestroyThroughTheAPI(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver, "")
+		e.setupFaulty()
+		newSession := func(policy string) string {
+			code, s := e.json("POST", "/v1/agents/faulty/sessions", fmt.Sprintf(`{"crash_policy":%q}`, policy))
+			if code != 201 || s["crash_policy"] != policy {
+				t.Fatalf("create %s session: %d %v", policy, code, s)
+			}
+			return "/v1/agents/faulty/sessions/" + s["session_id"].(string)
+		}
+
+		// restart: retries, then a dead letter with its error chain; redrive
+		// re-opens it; discard is only for dead letters.
+		r := newSession("restart")
+		if c, b := e.json("POST", r+"/signals", `{"message":"error"}`); c != 202 {
+			t.Fatalf("signal: %d %v", c, b)
+		}
+		e.waitSession(r, "a dead letter", func(s map[string]any) bool { return s["dead_letters"] == float64(1) })
+		for _, path := range []string{"/v1/agents/faulty/dead-letters", r + "/dead-letters"} {
+			_, dl := e.json("GET", path, "")
+			list, _ := dl["dead_letters"].([]any)
+			if len(list) != 1 {
+				t.Fatalf("GET %s: %v", path, dl)
+			}
+			ev := list[0].(map[string]any)["event"].(map[string]any)
+			if chain, _ := ev["errors"].([]any); len(chain) != 2 {
+				t.Errorf("GET %s: error chain %v, want 2 attempts", path, ev["errors"])
+			}
+		}
+		_, evs := e.json("GET", r+"/events?status=dead_letter", "")
+		id := int(evs["events"].([]any)[0].(map[string]any)["event_id"].(float64))
+		if c, b := e.json("POST", fmt.Sprintf("%s/events/%d/redrive", r, id), ""); c != 200 || b["status"] != "open" {
+			t.Errorf("redrive: %d %v", c, b)
+		}
+		e.waitSession(r, "the redriven event to dead-letter again", func(s map[string]any) bool { return s["dead_letters"] == float64(1) && s["open_events"] == float64(0) })
+		if c, b := e.json("POST", fmt.Sprintf("%s/events/%d/discard", r, id), ""); c != 200 || b["status"] != "discarded" {
+			t.Errorf("discard: %d %v", c, b)
+		}
+		if c, b := e.json("POST", fmt.Sprintf("%s/events/%d/discard", r, id), ""); c != 409 {
+			t.Errorf("discard of a discarded event: %d %v, want 409", c, b)
+		}
+
+		// sleep: the session parks with sleep_ts; a signal wakes it.
+		sl := newSession("sleep")
+		e.json("POST", sl+"/signals", `{"message":"error"}`)
+		s := e.waitSession(sl, "the session to sleep", func(s map[string]any) bool { return s["status"] == "sleeping" })
+		if s["sleep_ts"] == nil || s["sleep_reason"] != "crash" {
+			t.Errorf("sleeping session: %v", s)
+		}
+		if c, b := e.json("POST", sl+"/signals", `{"kind":"wake"}`); c != 202 || b["status"] != "active" {
+			t.Errorf("wake: %d %v", c, b)
+		}
+
+		// destroy: the crash destroys the session; signals then get 410.
+		d := newSession("destroy")
+		e.json("POST", d+"/signals", `{"message":"error"}`)
+		e.waitSession(d, "the session to be destroyed", func(s map[string]any) bool { return s["status"] == "destroyed" })
+		c, b := e.json("POST", d+"/signals", `{"message":"hello?"}`)
+		if code, _, _ := errorOf(b); c != 410 || code != "session_destroyed" {
+			t.Errorf("signal to a destroyed session: %d %v, want 410 session_destroyed", c, b)
+		}
+
+		// DELETE destroys explicitly (idempotent).
+		x := newSession("restart")
+		for range 2 {
+			if c, b := e.json("DELETE", x, ""); c != 200 || b["status"] != "destroyed" || b["destroy_ts"] == nil {
+				t.Errorf("DELETE: %d %v", c, b)
+			}
+		}
+		if c, _ := e.json("POST", x+"/signals", `{"message":"hi"}`); c != 410 {
+			t.Errorf("signal after DELETE: %d, want 410", c)
+		}
+	})
+}

@@ -1,0 +1,202 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/store"
+)
+
+// The signal kinds besides abi.EventMessage and abi.EventSteer.
+const (
+	// SignalCancel cancels the turn in flight, or a queued event by id.
+	SignalCancel = "cancel"
+	// SignalWake wakes a sleeping session.
+	SignalWake = "wake"
+)
+
+// SignalParams is a signal as a client sends it (DESIGN "Steering and
+// cancellation").
+type SignalParams struct {
+	// Kind is abi.EventMessage (when empty), abi.EventSteer, SignalCancel
+	// or SignalWake.
+	Kind string
+	// Message and Data are a message's or steer's payload (one of them
+	// at least); Data is JSON, and JSON null counts as absent. Encoded
+	// together they take at most MaxEventPayloadBytes.
+	Message string
+	Data    json.RawMessage
+	// IdempotencyKey (messages and steers): a signal re-sent with the
+	// same key returns the first event (DESIGN invariant 7). 1–200
+	// printable ASCII characters without spaces.
+	IdempotencyKey string
+	// EventID names the event a cancel aims at (0: the one in flight).
+	EventID int64
+	// ForceAllocation: a sleep-policy session waits for capacity instead
+	// of sleeping at once when its pool is full (DESIGN "Capacity").
+	ForceAllocation bool
+}
+
+// SignalResult is what accepting a signal did.
+type SignalResult struct {
+	// Kind is the signal's kind (the default filled in).
+	Kind string
+	// Event is the message's, steer's or cancelled event (zero for a wake).
+	Event store.Event
+	// Created is false when an idempotent re-send returned the first event.
+	Created bool
+	// InFlight (steer, cancel): the signal reached a turn in flight.
+	InFlight bool
+	// Status is, for a wake, the session's status after it.
+	Status store.SessionStatus
+}
+
+// Signal accepts a signal for agent a's (as GetAgent returned it) session
+// sessionID, persists it and wakes the runtime (Host.Ensure; Host.Force
+// first when p.ForceAllocation). Refusals: *InvalidError (kind, message,
+// idempotency_key, event_id), *TooLargeError (message) past
+// MaxEventPayloadBytes, a *ConflictError ConflictIdempotencyKeyReused when
+// the key was used for another signal, a *NotFoundError for an unknown
+// session, and store.ErrSessionDestroyed for a destroyed one; a cancel's
+// refusals are CancelEvent's.
+func (s *Service) Signal(ctx context.Context, a store.Agent, sessionID string, p SignalParams) (SignalResult, error) {
+	if p.Kind == "" {
+		p.Kind = abi.EventMessage
+	}
+	if string(p.Data) == "null" {
+		p.Data = nil
+	}
+	if err := abi.ValidText(p.Message); err != nil {
+		return SignalResult{}, invalid("message", "message %v", err)
+	}
+	if p.IdempotencyKey != "" && !keyRE.MatchString(p.IdempotencyKey) {
+		return SignalResult{}, invalid("idempotency_key", "idempotency_key must be 1–200 printable ASCII characters without spaces")
+	}
+	key := store.ActorKey{AgentUID: a.UID, SessionID: sessionID}
+	var payload json.RawMessage
+	switch p.Kind {
+	case abi.EventMessage, abi.EventSteer:
+		if p.Message == "" && len(p.Data) == 0 {
+			return SignalResult{}, missing("message", "a %s signal needs a message (or data)", p.Kind)
+		}
+		if p.EventID != 0 {
+			return SignalResult{}, invalid("event_id", "event_id is only for cancel signals")
+		}
+		var err error
+		payload, err = abi.Marshal(struct {
+			Message string          `json:"message,omitempty"`
+			Data    json.RawMessage `json:"data,omitempty"`
+		}{p.Message, p.Data})
+		if err != nil {
+			return SignalResult{}, wrap("encode signal", err)
+		}
+		if len(payload) > MaxEventPayloadBytes {
+			// Refused now rather than accepted and failed at every attempt
+			// (a turn request too large for a worker is not retryable).
+			return SignalResult{}, &TooLargeError{Field: "message", Size: len(payload), Limit: MaxEventPayloadBytes,
+				Message: fmt.Sprintf("message and data encode to %d bytes; a signal may carry at most %d (a quarter of a turn request, abi.MaxRequestBytes)", len(payload), MaxEventPayloadBytes)}
+		}
+	case SignalCancel:
+		if p.Message != "" || len(p.Data) > 0 || p.IdempotencyKey != "" {
+			return SignalResult{}, invalid("message", "a cancel signal takes only event_id (0 or absent: the turn in flight)")
+		}
+	case SignalWake:
+		if p.Message != "" || len(p.Data) > 0 || p.EventID != 0 {
+			return SignalResult{}, invalid("message", "a wake signal takes no message, data or event_id")
+		}
+	default:
+		return SignalResult{}, invalid("kind", "kind %q must be message, steer, cancel or wake", p.Kind)
+	}
+	if p.ForceAllocation {
+		// Marked before the store write, so that the controller its
+		// wake-up starts already sees it (Host.Force).
+		s.h.Force(key)
+	}
+	notFound := func(err error) error {
+		if errors.Is(err, store.ErrNotFound) {
+			return notFoundSession(a, sessionID)
+		}
+		return wrap("signal "+p.Kind, err)
+	}
+	switch p.Kind {
+	case SignalCancel:
+		return s.CancelEvent(ctx, a, key, p.EventID)
+	case SignalWake:
+		x, err := s.st.WakeSession(ctx, key)
+		if err != nil {
+			return SignalResult{}, notFound(err)
+		}
+		s.h.Ensure(key)
+		return SignalResult{Kind: SignalWake, Status: x.Status}, nil
+	}
+	res := SignalResult{Kind: p.Kind}
+	if p.Kind == abi.EventSteer {
+		st, err := s.st.Steer(ctx, store.SteerParams{Key: key, Payload: payload, IdempotencyKey: p.IdempotencyKey, DeliveryID: uuid.NewString()})
+		if err != nil {
+			return SignalResult{}, notFound(err)
+		}
+		res.Event, res.Created, res.InFlight = st.Event, st.Created, st.InFlight
+	} else {
+		var err error
+		res.Event, res.Created, err = s.st.AppendEvent(ctx, store.AppendEventParams{Key: key, Kind: p.Kind, Payload: payload, IdempotencyKey: p.IdempotencyKey})
+		if err != nil {
+			return SignalResult{}, notFound(err)
+		}
+	}
+	if !res.Created && (res.Event.Kind != p.Kind || !bytes.Equal(res.Event.Payload, payload)) {
+		// The key was used for another signal: refuse rather than drop
+		// this one silently (the first one stays as it was).
+		return SignalResult{}, &ConflictError{Reason: ConflictIdempotencyKeyReused, Field: "idempotency_key",
+			Message: fmt.Sprintf("idempotency_key %q was used for a different signal (event %d); use a new key", p.IdempotencyKey, res.Event.ID)}
+	}
+	if res.Created {
+		s.h.Ensure(key)
+	}
+	return res, nil
+}
+
+// CancelEvent cancels event eventID of agent a's session key (0: the turn
+// in flight) and pokes the owning controller, which aborts the worker; its
+// late reply is fenced off. Refusals: a *NotFoundError for an unknown
+// session or event (field "event_id"); a *ConflictError
+// ConflictNothingInFlight or ConflictEventClosed; store.ErrSessionDestroyed
+// for a destroyed session, as to any signal.
+func (s *Service) CancelEvent(ctx context.Context, a store.Agent, key store.ActorKey, eventID int64) (SignalResult, error) {
+	res, err := s.st.CancelEvent(ctx, store.CancelEventParams{Key: key, EventID: eventID, Reason: "cancelled by client"})
+	if errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrConflict) {
+		// The store cancels nothing in a destroyed session (its events
+		// are closed, its activation failed): say why.
+		x, gerr := s.st.GetSession(ctx, key)
+		switch {
+		case errors.Is(gerr, store.ErrNotFound):
+			return SignalResult{}, notFoundSession(a, key.SessionID)
+		case gerr != nil:
+			return SignalResult{}, wrap("cancel", gerr)
+		case x.Status == store.SessionDestroyed:
+			return SignalResult{}, fmt.Errorf("cancel in session %s: %w", key, store.ErrSessionDestroyed)
+		}
+	}
+	switch {
+	case errors.Is(err, store.ErrNotFound) && eventID == 0:
+		return SignalResult{}, &ConflictError{Reason: ConflictNothingInFlight, Field: "event_id",
+			Message: "no turn is in flight; name a queued event with event_id (paddock signal cancel --event) to cancel it"}
+	case errors.Is(err, store.ErrNotFound):
+		return SignalResult{}, &NotFoundError{Resource: ResourceEvent, Field: "event_id",
+			Message: fmt.Sprintf("session %q has no event %d", key.SessionID, eventID)}
+	case errors.Is(err, store.ErrConflict):
+		return SignalResult{}, &ConflictError{Reason: ConflictEventClosed, Field: "event_id",
+			Message: fmt.Sprintf("event %d is already closed", eventID)}
+	case err != nil:
+		return SignalResult{}, wrap("cancel", err)
+	}
+	if res.InFlight {
+		s.h.Ensure(key)
+	}
+	return SignalResult{Kind: SignalCancel, Event: res.Event, Created: true, InFlight: res.InFlight}, nil
+}
