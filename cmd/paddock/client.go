@@ -241,7 +241,7 @@ func newPluginCmd(c *client) *cobra.Command {
 				return c.reach(err)
 			}
 			return c.print(cmd, raw, func(w io.Writer) {
-				fmt.Fprintf(w, "plugin %s registered (%s, sha256 %s)\n", p.Name, p.Path, p.SHA256)
+				fmt.Fprintf(w, "plugin %s registered (%s, sha256 %s)\n", p.Name, safeCell(p.Path), p.SHA256)
 			})
 		},
 	}
@@ -261,7 +261,7 @@ func newPluginCmd(c *client) *cobra.Command {
 			return c.print(cmd, raw, func(w io.Writer) {
 				fmt.Fprintln(w, "NAME\tPROCESSES\tSHA256\tPATH")
 				for _, p := range ps {
-					fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", p.Name, p.Processes, p.SHA256[:min(12, len(p.SHA256))], p.Path)
+					fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", p.Name, p.Processes, p.SHA256[:min(12, len(p.SHA256))], safeCell(p.Path))
 				}
 			})
 		},
@@ -273,12 +273,12 @@ func newPluginCmd(c *client) *cobra.Command {
 func printSession(w io.Writer, s apiclient.Session) {
 	fmt.Fprintf(w, "session\t%s\n", s.SessionID)
 	if s.Key != "" {
-		fmt.Fprintf(w, "key\t%s\n", s.Key)
+		fmt.Fprintf(w, "key\t%s\n", safeCell(s.Key))
 	}
 	status := string(s.Status)
 	switch {
 	case s.SleepTS != nil:
-		status += fmt.Sprintf(" since %s (reason: %s; a signal or `session wake` resumes it)", s.SleepTS.Local().Format(time.DateTime), s.SleepReason)
+		status += fmt.Sprintf(" since %s (reason: %s; a signal or `session wake` resumes it)", s.SleepTS.Local().Format(time.DateTime), safeCell(s.SleepReason))
 	case s.DestroyTS != nil:
 		status += " at " + s.DestroyTS.Local().Format(time.DateTime)
 	case s.PendingSince != nil:
@@ -373,7 +373,7 @@ func newSessionCmd(c *client) *cobra.Command {
 			return c.print(cmd, map[string]any{"sessions": all}, func(w io.Writer) {
 				fmt.Fprintln(w, "SESSION\tKEY\tSTATUS\tTURNS\tOPEN\tEPOCH")
 				for _, s := range all {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\n", s.SessionID, s.Key, s.Status, s.TurnCount, s.OpenEvents, s.ActorEpoch)
+					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\n", s.SessionID, safeCell(s.Key), s.Status, s.TurnCount, s.OpenEvents, s.ActorEpoch)
 				}
 			})
 		},
@@ -525,7 +525,7 @@ func (c *client) waitTurn(cmd *cobra.Command, agentName, sess string, id, after 
 				return c.print(cmd, toPrintedTurn(t), nil)
 			}
 			for _, m := range t.Messages[1:] {
-				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", m.Role, m.Content)
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", safeCell(m.Role), safeText(m.Content))
 			}
 			return nil
 		}
@@ -589,7 +589,7 @@ func newTranscriptCmd(c *client) *cobra.Command {
 					}
 					fmt.Fprintf(cmd.OutOrStdout(), "── turn %d (event %d, epoch %d, %s) %s\n", t.TurnNo, t.EventID, t.ActorEpoch, t.Outcome, t.CommittedAt.Local().Format(time.TimeOnly))
 					for _, m := range t.Messages {
-						fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", m.Role, m.Content)
+						fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", safeCell(m.Role), safeText(m.Content))
 					}
 				}
 				after = out.NextAfter
@@ -659,7 +659,7 @@ func newEventCmd(c *client) *cobra.Command {
 					fmt.Fprintf(w, "event %d: %s (failed attempts %d)\n", e.ID, e.Status, e.Attempts)
 					for _, a := range e.Errors {
 						fmt.Fprintf(w, "  attempt %d (epoch %d, counted %v): %s\n", a.Attempt, a.ActorEpoch, a.Counted,
-							strings.ReplaceAll(firstLines(a.Error, 6), "\n", "\n    "))
+							safeText(firstLines(a.Error, 6)))
 					}
 				})
 			},
@@ -692,24 +692,25 @@ func newDeadLettersCmd(c *client) *cobra.Command {
 			return c.print(cmd, raw, func(w io.Writer) {
 				fmt.Fprintln(w, "SESSION\tEVENT\tKIND\tATTEMPTS\tLAST ERROR")
 				for _, d := range dls {
-					fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\n", d.SessionID, d.Event.ID, d.Event.Kind, d.Event.Attempts, oneLine(d.Event.LastError, 100))
+					fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\n", safeCell(d.SessionID), d.Event.ID, d.Event.Kind, d.Event.Attempts, oneLine(d.Event.LastError, 100))
 				}
 			})
 		},
 	}
 }
 
-// oneLine returns the first line of s, cut to n runes, for tables.
+// oneLine returns the first line of s, cut to n runes, for tables; its
+// controls are escaped (see safeCell).
 func oneLine(s string, n int) string {
 	line, _, more := strings.Cut(s, "\n")
 	r := []rune(line)
 	if len(r) > n {
-		return string(r[:n-1]) + "…"
+		return safeCell(string(r[:n-1])) + "…"
 	}
 	if more {
-		return line + " …"
+		return safeCell(line) + " …"
 	}
-	return line
+	return safeCell(line)
 }
 
 // firstLines returns the first n lines of s.
