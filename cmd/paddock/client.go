@@ -3,14 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -25,6 +22,15 @@ import (
 // client holds the global flags of the client commands.
 type client struct {
 	server, token, output string
+	// maxModule is --max-module-bytes of the commands uploading modules.
+	maxModule int64
+}
+
+// maxModuleFlag adds --max-module-bytes to cmd, a command that may upload
+// a module file.
+func (c *client) maxModuleFlag(cmd *cobra.Command) {
+	cmd.Flags().Int64Var(&c.maxModule, "max-module-bytes", defaultMaxModuleBytes(),
+		"refuse module files over this size before reading them (the host's default api.max_module_bytes; a host's own limit answers 413)")
 }
 
 // api returns the API client for --server and --token.
@@ -66,16 +72,6 @@ func (c *client) print(cmd *cobra.Command, v any, text func(w io.Writer)) error 
 	return tw.Flush()
 }
 
-// upload uploads the wasm module in file and returns it as stored.
-func (c *client) upload(ctx context.Context, file string, opts ...apiclient.CallOption) (apiclient.Module, error) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return apiclient.Module{}, err
-	}
-	m, err := c.api().UploadModule(ctx, b, opts...)
-	return m, c.reach(err)
-}
-
 // moduleDigest resolves a --module value: a .wasm file is uploaded and
 // its digest returned; anything else is taken as a digest.
 func (c *client) moduleDigest(ctx context.Context, ref string) (string, error) {
@@ -97,7 +93,7 @@ func runs(a apiclient.Agent) string {
 
 func newModuleCmd(c *client) *cobra.Command {
 	cmd := &cobra.Command{Use: "module", Short: "Upload and list wasm agent modules"}
-	cmd.AddCommand(&cobra.Command{
+	upload := &cobra.Command{
 		Use: "upload FILE.wasm", Short: "Upload a wasm module; prints its digest", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var raw json.RawMessage
@@ -107,7 +103,9 @@ func newModuleCmd(c *client) *cobra.Command {
 			}
 			return c.print(cmd, raw, func(w io.Writer) { fmt.Fprintln(w, m.Digest) })
 		},
-	}, &cobra.Command{
+	}
+	c.maxModuleFlag(upload)
+	cmd.AddCommand(upload, &cobra.Command{
 		Use: "list", Short: "List modules", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var raw json.RawMessage
@@ -153,6 +151,7 @@ func newAgentCmd(c *client) *cobra.Command {
 	create.Flags().StringVar(&moduleRef, "module", "", "module digest (sha256:…) or a .wasm file to upload")
 	create.Flags().StringVar(&pluginName, "plugin", "", "a registered plugin worker (instead of --module)")
 	create.Flags().StringVar(&policy, "crash-policy", "", "restart, sleep or destroy (default: the host's)")
+	c.maxModuleFlag(create)
 	create.MarkFlagsOneRequired("module", "plugin")
 	create.MarkFlagsMutuallyExclusive("module", "plugin")
 	list := &cobra.Command{
@@ -200,6 +199,7 @@ func newAgentCmd(c *client) *cobra.Command {
 	update.Flags().StringVar(&upModule, "module", "", "module digest (sha256:…) or a .wasm file to upload")
 	update.Flags().StringVar(&upPlugin, "plugin", "", "a registered plugin worker")
 	update.Flags().StringVar(&upPolicy, "crash-policy", "", "restart, sleep or destroy (default: unchanged)")
+	c.maxModuleFlag(update)
 	update.MarkFlagsOneRequired("module", "plugin")
 	update.MarkFlagsMutuallyExclusive("module", "plugin")
 	cmd.AddCommand(create, list, update)
@@ -217,12 +217,10 @@ func newPluginCmd(c *client) *cobra.Command {
 			if sum == "" {
 				// The binary is on this machine: checksum it here (the host
 				// checks it again at every start).
-				b, err := os.ReadFile(path)
-				if err != nil {
+				var err error
+				if sum, err = fileSHA256(path); err != nil {
 					return fmt.Errorf("--sha256 not given and the binary cannot be read to compute it: %w", err)
 				}
-				h := sha256.Sum256(b)
-				sum = hex.EncodeToString(h[:])
 			}
 			in := apiclient.PluginRegistration{Name: args[0], Path: path, SHA256: sum, Processes: max(processes, 0)}
 			if len(env) > 0 {
