@@ -508,7 +508,7 @@ func (c *client) waitTurn(cmd *cobra.Command, agentName, sess string, id, after 
 		}
 	}
 	if ev.Status != store.EventDone {
-		return fmt.Errorf("event %d ended %s: %s", id, ev.Status, oneLine(ev.LastError, 300))
+		return eventEnded(cmd.Context(), api, agentName, sess, ev)
 	}
 	for _, from := range []int64{after, 0} {
 		page, err := api.Transcript(cmd.Context(), agentName, sess, apiclient.TranscriptOptions{After: from, Limit: 1000})
