@@ -30,7 +30,7 @@ type client struct {
 // a module file.
 func (c *client) maxModuleFlag(cmd *cobra.Command) {
 	cmd.Flags().Int64Var(&c.maxModule, "max-module-bytes", defaultMaxModuleBytes(),
-		"refuse module files over this size before reading them (the host's default api.max_module_bytes; a host's own limit answers 413)")
+		"refuse module files over this size before reading them (default: the host's default api.max_module_bytes; 0: no limit here; the host's own limit answers 413)")
 }
 
 // api returns the API client for --server and --token.
