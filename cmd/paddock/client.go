@@ -3,14 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -25,6 +22,15 @@ import (
 // client holds the global flags of the client commands.
 type client struct {
 	server, token, output string
+	// maxModule is --max-module-bytes of the commands uploading modules.
+	maxModule int64
+}
+
+// maxModuleFlag adds --max-module-bytes to cmd, a command that may upload
+// a module file.
+func (c *client) maxModuleFlag(cmd *cobra.Command) {
+	cmd.Flags().Int64Var(&c.maxModule, "max-module-bytes", defaultMaxModuleBytes(),
+		"refuse module files over this size before reading them (default: the host's default api.max_module_bytes; 0: no limit here; the host's own limit answers 413)")
 }
 
 // api returns the API client for --server and --token.
@@ -66,16 +72,6 @@ func (c *client) print(cmd *cobra.Command, v any, text func(w io.Writer)) error 
 	return tw.Flush()
 }
 
-// upload uploads the wasm module in file and returns it as stored.
-func (c *client) upload(ctx context.Context, file string, opts ...apiclient.CallOption) (apiclient.Module, error) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return apiclient.Module{}, err
-	}
-	m, err := c.api().UploadModule(ctx, b, opts...)
-	return m, c.reach(err)
-}
-
 // moduleDigest resolves a --module value: a .wasm file is uploaded and
 // its digest returned; anything else is taken as a digest.
 func (c *client) moduleDigest(ctx context.Context, ref string) (string, error) {
@@ -97,7 +93,7 @@ func runs(a apiclient.Agent) string {
 
 func newModuleCmd(c *client) *cobra.Command {
 	cmd := &cobra.Command{Use: "module", Short: "Upload and list wasm agent modules"}
-	cmd.AddCommand(&cobra.Command{
+	upload := &cobra.Command{
 		Use: "upload FILE.wasm", Short: "Upload a wasm module; prints its digest", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var raw json.RawMessage
@@ -107,7 +103,9 @@ func newModuleCmd(c *client) *cobra.Command {
 			}
 			return c.print(cmd, raw, func(w io.Writer) { fmt.Fprintln(w, m.Digest) })
 		},
-	}, &cobra.Command{
+	}
+	c.maxModuleFlag(upload)
+	cmd.AddCommand(upload, &cobra.Command{
 		Use: "list", Short: "List modules", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var raw json.RawMessage
@@ -153,6 +151,7 @@ func newAgentCmd(c *client) *cobra.Command {
 	create.Flags().StringVar(&moduleRef, "module", "", "module digest (sha256:…) or a .wasm file to upload")
 	create.Flags().StringVar(&pluginName, "plugin", "", "a registered plugin worker (instead of --module)")
 	create.Flags().StringVar(&policy, "crash-policy", "", "restart, sleep or destroy (default: the host's)")
+	c.maxModuleFlag(create)
 	create.MarkFlagsOneRequired("module", "plugin")
 	create.MarkFlagsMutuallyExclusive("module", "plugin")
 	list := &cobra.Command{
@@ -200,6 +199,7 @@ func newAgentCmd(c *client) *cobra.Command {
 	update.Flags().StringVar(&upModule, "module", "", "module digest (sha256:…) or a .wasm file to upload")
 	update.Flags().StringVar(&upPlugin, "plugin", "", "a registered plugin worker")
 	update.Flags().StringVar(&upPolicy, "crash-policy", "", "restart, sleep or destroy (default: unchanged)")
+	c.maxModuleFlag(update)
 	update.MarkFlagsOneRequired("module", "plugin")
 	update.MarkFlagsMutuallyExclusive("module", "plugin")
 	cmd.AddCommand(create, list, update)
@@ -217,12 +217,10 @@ func newPluginCmd(c *client) *cobra.Command {
 			if sum == "" {
 				// The binary is on this machine: checksum it here (the host
 				// checks it again at every start).
-				b, err := os.ReadFile(path)
-				if err != nil {
+				var err error
+				if sum, err = fileSHA256(path); err != nil {
 					return fmt.Errorf("--sha256 not given and the binary cannot be read to compute it: %w", err)
 				}
-				h := sha256.Sum256(b)
-				sum = hex.EncodeToString(h[:])
 			}
 			in := apiclient.PluginRegistration{Name: args[0], Path: path, SHA256: sum, Processes: max(processes, 0)}
 			if len(env) > 0 {
@@ -241,7 +239,7 @@ func newPluginCmd(c *client) *cobra.Command {
 				return c.reach(err)
 			}
 			return c.print(cmd, raw, func(w io.Writer) {
-				fmt.Fprintf(w, "plugin %s registered (%s, sha256 %s)\n", p.Name, p.Path, p.SHA256)
+				fmt.Fprintf(w, "plugin %s registered (%s, sha256 %s)\n", p.Name, safeCell(p.Path), p.SHA256)
 			})
 		},
 	}
@@ -261,7 +259,7 @@ func newPluginCmd(c *client) *cobra.Command {
 			return c.print(cmd, raw, func(w io.Writer) {
 				fmt.Fprintln(w, "NAME\tPROCESSES\tSHA256\tPATH")
 				for _, p := range ps {
-					fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", p.Name, p.Processes, p.SHA256[:min(12, len(p.SHA256))], p.Path)
+					fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", p.Name, p.Processes, p.SHA256[:min(12, len(p.SHA256))], safeCell(p.Path))
 				}
 			})
 		},
@@ -273,12 +271,12 @@ func newPluginCmd(c *client) *cobra.Command {
 func printSession(w io.Writer, s apiclient.Session) {
 	fmt.Fprintf(w, "session\t%s\n", s.SessionID)
 	if s.Key != "" {
-		fmt.Fprintf(w, "key\t%s\n", s.Key)
+		fmt.Fprintf(w, "key\t%s\n", safeCell(s.Key))
 	}
 	status := string(s.Status)
 	switch {
 	case s.SleepTS != nil:
-		status += fmt.Sprintf(" since %s (reason: %s; a signal or `session wake` resumes it)", s.SleepTS.Local().Format(time.DateTime), s.SleepReason)
+		status += fmt.Sprintf(" since %s (reason: %s; a signal or `session wake` resumes it)", s.SleepTS.Local().Format(time.DateTime), safeCell(s.SleepReason))
 	case s.DestroyTS != nil:
 		status += " at " + s.DestroyTS.Local().Format(time.DateTime)
 	case s.PendingSince != nil:
@@ -373,7 +371,7 @@ func newSessionCmd(c *client) *cobra.Command {
 			return c.print(cmd, map[string]any{"sessions": all}, func(w io.Writer) {
 				fmt.Fprintln(w, "SESSION\tKEY\tSTATUS\tTURNS\tOPEN\tEPOCH")
 				for _, s := range all {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\n", s.SessionID, s.Key, s.Status, s.TurnCount, s.OpenEvents, s.ActorEpoch)
+					fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\n", s.SessionID, safeCell(s.Key), s.Status, s.TurnCount, s.OpenEvents, s.ActorEpoch)
 				}
 			})
 		},
@@ -510,7 +508,7 @@ func (c *client) waitTurn(cmd *cobra.Command, agentName, sess string, id, after 
 		}
 	}
 	if ev.Status != store.EventDone {
-		return fmt.Errorf("event %d ended %s: %s", id, ev.Status, oneLine(ev.LastError, 300))
+		return eventEnded(cmd.Context(), api, agentName, sess, ev)
 	}
 	for _, from := range []int64{after, 0} {
 		page, err := api.Transcript(cmd.Context(), agentName, sess, apiclient.TranscriptOptions{After: from, Limit: 1000})
@@ -525,7 +523,7 @@ func (c *client) waitTurn(cmd *cobra.Command, agentName, sess string, id, after 
 				return c.print(cmd, toPrintedTurn(t), nil)
 			}
 			for _, m := range t.Messages[1:] {
-				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", m.Role, m.Content)
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", safeCell(m.Role), safeText(m.Content))
 			}
 			return nil
 		}
@@ -589,7 +587,7 @@ func newTranscriptCmd(c *client) *cobra.Command {
 					}
 					fmt.Fprintf(cmd.OutOrStdout(), "── turn %d (event %d, epoch %d, %s) %s\n", t.TurnNo, t.EventID, t.ActorEpoch, t.Outcome, t.CommittedAt.Local().Format(time.TimeOnly))
 					for _, m := range t.Messages {
-						fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", m.Role, m.Content)
+						fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", safeCell(m.Role), safeText(m.Content))
 					}
 				}
 				after = out.NextAfter
@@ -659,7 +657,7 @@ func newEventCmd(c *client) *cobra.Command {
 					fmt.Fprintf(w, "event %d: %s (failed attempts %d)\n", e.ID, e.Status, e.Attempts)
 					for _, a := range e.Errors {
 						fmt.Fprintf(w, "  attempt %d (epoch %d, counted %v): %s\n", a.Attempt, a.ActorEpoch, a.Counted,
-							strings.ReplaceAll(firstLines(a.Error, 6), "\n", "\n    "))
+							safeText(firstLines(a.Error, 6)))
 					}
 				})
 			},
@@ -692,24 +690,25 @@ func newDeadLettersCmd(c *client) *cobra.Command {
 			return c.print(cmd, raw, func(w io.Writer) {
 				fmt.Fprintln(w, "SESSION\tEVENT\tKIND\tATTEMPTS\tLAST ERROR")
 				for _, d := range dls {
-					fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\n", d.SessionID, d.Event.ID, d.Event.Kind, d.Event.Attempts, oneLine(d.Event.LastError, 100))
+					fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\n", safeCell(d.SessionID), d.Event.ID, d.Event.Kind, d.Event.Attempts, oneLine(d.Event.LastError, 100))
 				}
 			})
 		},
 	}
 }
 
-// oneLine returns the first line of s, cut to n runes, for tables.
+// oneLine returns the first line of s, cut to n runes, for tables; its
+// controls are escaped (see safeCell).
 func oneLine(s string, n int) string {
 	line, _, more := strings.Cut(s, "\n")
 	r := []rune(line)
 	if len(r) > n {
-		return string(r[:n-1]) + "…"
+		return safeCell(string(r[:n-1])) + "…"
 	}
 	if more {
-		return line + " …"
+		return safeCell(line) + " …"
 	}
-	return line
+	return safeCell(line)
 }
 
 // firstLines returns the first n lines of s.

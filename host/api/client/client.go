@@ -85,19 +85,28 @@ func Status(dst *int) CallOption { return func(o *call) { o.status = dst } }
 // do sends one request: body (if non-nil) with contentType, and decodes a
 // 2xx JSON answer into out (if non-nil). A non-2xx answer is an *Error.
 func (c *Client) do(ctx context.Context, method, path string, body []byte, contentType string, out any, opts []CallOption) error {
+	if body == nil {
+		return c.doStream(ctx, method, path, nil, 0, contentType, out, opts)
+	}
+	return c.doStream(ctx, method, path, bytes.NewReader(body), int64(len(body)), contentType, out, opts)
+}
+
+// doStream is do with a body read from body (if non-nil), size bytes long:
+// it is streamed, never held in memory whole.
+func (c *Client) doStream(ctx context.Context, method, path string, body io.Reader, size int64, contentType string, out any, opts []CallOption) error {
 	var o call
 	for _, f := range opts {
 		f(&o)
 	}
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
 	if err != nil {
 		return fmt.Errorf("paddock api %s %s: %w", method, path, err)
 	}
 	if body != nil {
+		req.ContentLength = size
+		if size == 0 {
+			req.Body = http.NoBody
+		}
 		req.Header.Set("Content-Type", contentType)
 	}
 	req.Header.Set("Accept", "application/json")

@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"strconv"
 	"time"
 
@@ -38,6 +40,19 @@ func (c *Client) UploadModule(ctx context.Context, wasm []byte, opts ...CallOpti
 		wasm = []byte{}
 	}
 	err := c.do(ctx, "POST", "/v1/modules", wasm, "application/wasm", &out, opts)
+	return out, err
+}
+
+// UploadModuleFrom is UploadModule streaming the module's size bytes from
+// r (such as an open file) instead of holding them in memory; r must
+// yield exactly size bytes. A module over api.max_module_bytes is a 413
+// body_too_large, answered as soon as the server has read past the limit.
+func (c *Client) UploadModuleFrom(ctx context.Context, r io.Reader, size int64, opts ...CallOption) (Module, error) {
+	var out Module
+	if size < 0 {
+		return out, fmt.Errorf("paddock api POST /v1/modules: negative size %d", size)
+	}
+	err := c.doStream(ctx, "POST", "/v1/modules", io.LimitReader(r, size), size, "application/wasm", &out, opts)
 	return out, err
 }
 
