@@ -14,7 +14,7 @@ FUZZ_TARGETS := ./abi:FuzzTurnResult ./abi:FuzzTurnRequest ./wasm:FuzzGuestMemor
 	./host/config:FuzzLoad ./plugins/pluginhost:FuzzPluginFrames ./plugins/pluginhost:FuzzFrameRoundTrip \
 	./fabric:FuzzBrokerReceive ./fabric:FuzzRemoteResult ./fabric/wire:FuzzParseHeader ./fabric/wire:FuzzSessionOpen
 
-.PHONY: help build examples plugins run test vet lint fmt-check bench bench-go bench-paddock bench-peers chaos fuzz clean
+.PHONY: help build examples plugins run test vet lint fmt-check bench bench-go bench-paddock bench-peers chaos burst fuzz clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -93,6 +93,14 @@ CHAOS_FLAGS ?= -sessions 24 -signals 3000 -faults 50 -fault-interval 1200ms
 
 chaos: build examples ## fault injection: 3 hosts, remote workers and plugins on a throwaway PostgreSQL, ≥ 50 faults of each kind, then the invariants checked in SQL (≈ 6 min)
 	$(GO) run ./cmd/paddock-chaos $(CHAOS_FLAGS)
+
+# The burst at full size (DESIGN invariant 11): `go test` runs it small (600 sessions, capacity 8).
+BURST_FLAGS ?= BURST_SESSIONS=3000 BURST_CAPACITY=64 BURST_IDLE=30s BURST_PENDING=60s
+
+burst: ## liveness under a burst: 3,000 notes sessions × 1 signal, two `paddock serve` on one PostgreSQL, capacity 64, idle 30 s, pending 60 s; prints the time to drain and stranded = 0
+	@mkdir -p bin && rm -f bin/figures-burst.txt
+	$(BURST_FLAGS) FIGURES_FILE=$(CURDIR)/bin/figures-burst.txt $(GO) test -count=1 -timeout 30m -run '^TestBurstAgainstACapacityPoolStrandsNoEvent$$' ./cmd/paddock/
+	@cat bin/figures-burst.txt
 
 clean: ## remove build outputs and ./data
 	rm -rf bin data $(WASM)

@@ -185,6 +185,9 @@ type Outcome string
 
 // Turn outcomes. ok, sleep and finish commit the turn; error fails the attempt
 // (it is retried with backoff like a crash, and nothing of it is committed).
+// sleep and finish both park the session until the next signal once no
+// event of it is left open (finish with sleep_reason "finish"); neither
+// destroys it.
 const (
 	OutcomeOK     Outcome = "ok"
 	OutcomeSleep  Outcome = "sleep"

@@ -128,7 +128,8 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 		}
 		return 0
 	}
-	if sess.Status != store.SessionActive {
+	forCapacity := store.WaitsForCapacity(sess)
+	if sess.Status != store.SessionActive && !forCapacity {
 		return 0 // sleeping or destroyed: a signal, a wake or a redrive resumes it
 	}
 	pol := h.Policy().For(agent.Name)
@@ -136,12 +137,21 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 
 	// Capacity (DESIGN "Capacity"): a slot of the agent's pool on this host.
 	slots := h.pool(pol.Pool)
-	if !slots.tryAcquire() {
+	if forCapacity {
+		// Asleep for lack of capacity with a due event (the scan listed it,
+		// DESIGN invariant 11): take a slot if one frees within a scan
+		// interval — idle holders yield to a waiter — then wake the session.
+		// Without a slot it stays asleep and the next scan tries again.
+		if retry, ok := c.wakeForCapacity(runCtx, slots); !ok {
+			return retry
+		}
+	} else if !slots.tryAcquire() {
 		if retry, ok := c.waitForCapacity(runCtx, slots, pol, sess); !ok {
 			return retry
 		}
 	}
-	defer slots.release()
+	var a *activationRun
+	defer func() { slots.release(a != nil && a.yielded) }()
 	h.consumeForce(c.key)
 
 	ctx, cancel = context.WithTimeout(runCtx, 10*time.Second)
@@ -170,9 +180,37 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	h.holdLease(act.Ref(), leaseLost)
 	defer h.dropLease(act.UID)
 
-	a := &activationRun{c: c, h: h, act: act, agent: agent, pol: pol, log: log, runCtx: runCtx, leaseCtx: leaseCtx}
+	a = &activationRun{c: c, h: h, act: act, agent: agent, pol: pol, log: log, runCtx: runCtx, leaseCtx: leaseCtx, slots: slots}
 	defer a.closeInstance()
 	return a.loop(runCtx)
+}
+
+// wakeForCapacity takes a slot for a session asleep for lack of capacity
+// (store.WaitsForCapacity), waiting at most one scan interval, and wakes
+// the session. ok is true when a slot is held and the session is active.
+func (c *controller) wakeForCapacity(runCtx context.Context, slots *pool) (retry time.Duration, ok bool) {
+	h := c.h
+	if !slots.tryAcquire() {
+		wctx, cancel := context.WithTimeout(runCtx, h.set.ScanInterval)
+		err := slots.acquire(wctx)
+		cancel()
+		if err != nil {
+			return 0, false
+		}
+	}
+	ctx, cancel := context.WithTimeout(runCtx, 10*time.Second)
+	_, err := h.st.WakeSession(ctx, c.key)
+	cancel()
+	if err != nil {
+		slots.release(false)
+		if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrSessionDestroyed) && runCtx.Err() == nil {
+			c.log.Warn("wake a session asleep for capacity", "err", err)
+			return time.Second, false
+		}
+		return 0, false
+	}
+	c.log.Info("capacity free: session asleep for capacity woken")
+	return 0, true
 }
 
 // waitForCapacity handles a full pool: a sleep-policy session sleeps at
@@ -190,7 +228,7 @@ func (c *controller) waitForCapacity(runCtx context.Context, slots *pool, pol Ag
 		c.log.Info("no capacity: session sleeps", "pool", pol.Pool, "reason", reason)
 	}
 	if sess.CrashPolicy == store.CrashSleep && !h.isForced(c.key) {
-		sleep("capacity")
+		sleep(store.SleepReasonCapacity)
 		if h.isForced(c.key) {
 			// Forced while we put it to sleep: the forcing signal may have
 			// landed before our sleep and found the session still active.
@@ -227,7 +265,7 @@ func (c *controller) waitForCapacity(runCtx context.Context, slots *pool, pol Ag
 		return 0, true
 	}
 	if runCtx.Err() == nil {
-		sleep("pending_timeout")
+		sleep(store.SleepReasonPendingTimeout)
 	}
 	return 0, false
 }
@@ -248,6 +286,10 @@ type activationRun struct {
 	// nothingOpen: the last commit saw no other open event, so the next
 	// look at the store waits for a wake-up (Turn.NextOpen).
 	nothingOpen bool
+	// slots is the pool whose slot the activation holds; yielded records
+	// that it stopped idle to give the slot to a waiting session.
+	slots   *pool
+	yielded bool
 }
 
 // tail is how many transcript messages the agent's requests carry.
@@ -326,6 +368,15 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			case <-time.After(wait):
 				if !due {
 					a.log.Debug("activation idle, stopping")
+					return a.stop()
+				}
+			case <-a.slots.contended():
+				// A session waits for a slot of this pool: an idle
+				// activation gives its slot up (DESIGN invariant 11). A
+				// later event of this session queues for a slot like any.
+				if a.slots.claimYield() {
+					a.yielded = true
+					a.log.Debug("activation idle, yielding its slot to a waiting session")
 					return a.stop()
 				}
 			case <-runCtx.Done():

@@ -8,14 +8,57 @@ import (
 // pool is one capacity pool of this host: at most capacity concurrent
 // activations, handed out first come, first served (DESIGN "Capacity":
 // sessions that must wait queue FIFO).
+//
+// An idle activation holds its slot only while nobody waits for one: a
+// waiter closes the pool's contention channel, and each idle holder that
+// wins a yield (claimYield) stops its activation and returns the slot
+// (DESIGN invariant 11).
 type pool struct {
 	mu       sync.Mutex
 	capacity int
 	used     int
 	waiters  []chan struct{} // FIFO; a closed channel owns a slot
+	// yielding counts idle holders that promised their slot to a waiter
+	// and have not returned it yet.
+	yielding int
+	// contendedCh is closed when a waiter queues (nil until asked for).
+	contendedCh chan struct{}
+	// closed is an always-closed channel, returned by contended while
+	// waiters are not yet served by a yield.
+	closed chan struct{}
 }
 
-func newPool(capacity int) *pool { return &pool{capacity: capacity} }
+func newPool(capacity int) *pool {
+	closed := make(chan struct{})
+	close(closed)
+	return &pool{capacity: capacity, closed: closed}
+}
+
+// contended returns a channel that is closed while some waiter has no
+// yield promised to it yet, or as soon as one queues.
+func (p *pool) contended() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.waiters) > p.yielding {
+		return p.closed
+	}
+	if p.contendedCh == nil {
+		p.contendedCh = make(chan struct{})
+	}
+	return p.contendedCh
+}
+
+// claimYield reports whether the caller, an idle slot holder, should give
+// its slot up to a waiter; if so it must call release(true) soon.
+func (p *pool) claimYield() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.waiters) > p.yielding {
+		p.yielding++
+		return true
+	}
+	return false
+}
 
 // tryAcquire takes a slot if one is free and nobody is queued before us.
 func (p *pool) tryAcquire() bool {
@@ -38,6 +81,10 @@ func (p *pool) acquire(ctx context.Context) error {
 	}
 	w := make(chan struct{})
 	p.waiters = append(p.waiters, w)
+	if p.contendedCh != nil {
+		close(p.contendedCh)
+		p.contendedCh = nil
+	}
 	p.mu.Unlock()
 	select {
 	case <-w:
@@ -58,11 +105,15 @@ func (p *pool) acquire(ctx context.Context) error {
 	}
 }
 
-// release returns a slot, handing it to the oldest waiter.
-func (p *pool) release() {
+// release returns a slot, handing it to the oldest waiter; yielded says
+// the holder gave it up after claimYield.
+func (p *pool) release(yielded bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.used--
+	if yielded && p.yielding > 0 {
+		p.yielding--
+	}
 	p.grant()
 }
 

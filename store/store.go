@@ -389,7 +389,9 @@ type Store interface {
 	// CommitTurn checks the fences and, in the same transaction, appends the
 	// turn (the event's message first, then p.Messages), replaces the state,
 	// closes the event done, accepts the delivery and clears the current
-	// event. A mismatch writes nothing and returns *FenceError.
+	// event. Outcome sleep or finish parks the session (OutcomeSleepReason)
+	// unless another event is open. A mismatch writes nothing and returns
+	// *FenceError.
 	CommitTurn(ctx context.Context, p CommitTurnParams) (Turn, error)
 	// FailAttempt records a failed attempt under the same fences as a commit
 	// (lease expiry aside): activation failed, delivery superseded (or
@@ -406,8 +408,10 @@ type Store interface {
 	// without waiting when a transaction in progress holds the activation
 	// (a commit, or a host stalled mid-turn): the next scan looks again.
 	ExpireActivation(ctx context.Context, p ExpireActivationParams) (FailResult, error)
-	// RunnableSessions lists active sessions with a due open event and no
-	// live activation, oldest due first; sessions of p.BlockedAgents that
+	// RunnableSessions lists sessions with a due open event and no live
+	// activation that are active or asleep for lack of capacity
+	// (CapacitySleepReasons: the host wakes them when it has a slot, DESIGN
+	// invariant 11), oldest due first; sessions of p.BlockedAgents that
 	// hold a dead letter are left out (dead-letter policy "block").
 	RunnableSessions(ctx context.Context, p RunnableSessionsParams) ([]ActorKey, error)
 	// Transcript pages committed turns with their messages, by turn number.

@@ -408,7 +408,8 @@ func ignoreNoRows(fn func(pgx.Row) error) func(pgx.Row) error {
 	}
 }
 
-// RunnableSessions lists active sessions whose oldest open event (steers
+// RunnableSessions lists active sessions, and sessions asleep for lack of
+// capacity (store.CapacitySleepReasons), whose oldest open event (steers
 // attached to a turn do not count) is due (DB clock) and that have no live
 // activation, oldest due first; a session of p.BlockedAgents whose
 // candidate follows one of its dead letters is left out. It walks the
@@ -426,14 +427,15 @@ func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsPa
 				FROM actor_events WHERE status = 'open' AND steer_of IS NULL
 				ORDER BY agent_uid, session_id, seq) o
 			JOIN sessions s ON s.agent_uid = o.agent_uid AND s.session_id = o.session_id
-			WHERE s.status = 'active' AND o.next_attempt_at <= clock_timestamp()
+			WHERE (s.status = 'active' OR (s.status = 'sleeping' AND s.sleep_reason = ANY($3::text[])))
+			  AND o.next_attempt_at <= clock_timestamp()
 			  AND NOT EXISTS (SELECT 1 FROM activations a
 				WHERE a.agent_uid = o.agent_uid AND a.session_id = o.session_id AND a.state IN `+liveStates+`)
 			  AND NOT (o.agent_uid = ANY($2::text[]) AND EXISTS (SELECT 1 FROM actor_events d
 				WHERE d.agent_uid = o.agent_uid AND d.session_id = o.session_id AND d.status = 'dead_letter'
 				  AND d.seq < o.seq))
 			ORDER BY o.next_attempt_at, o.event_id
-			LIMIT $1`, store.PageLimit(p.Limit), blocked)
+			LIMIT $1`, store.PageLimit(p.Limit), blocked, store.CapacitySleepReasons())
 		if err != nil {
 			return err
 		}

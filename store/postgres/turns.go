@@ -395,15 +395,15 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 				ON CONFLICT (agent_uid, session_id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at`,
 				ref.AgentUID, ref.SessionID, nilIfEmpty(p.State))
 		}
-		if outcome == abi.OutcomeSleep {
-			// The agent sleeps until the next signal, unless one is
-			// already waiting.
+		if reason := store.OutcomeSleepReason(outcome); reason != "" {
+			// The agent sleeps (or finished) until the next signal, unless
+			// one is already waiting: open events still run (invariant 11).
 			b.Queue(`
-				UPDATE sessions SET status = 'sleeping', sleep_ts = clock_timestamp(), sleep_reason = 'agent',
+				UPDATE sessions SET status = 'sleeping', sleep_ts = clock_timestamp(), sleep_reason = $3,
 					pending_since = NULL
 				WHERE agent_uid = $1 AND session_id = $2 AND status = 'active'
 				  AND NOT EXISTS (SELECT 1 FROM actor_events
-					WHERE agent_uid = $1 AND session_id = $2 AND status = 'open')`, ref.AgentUID, ref.SessionID)
+					WHERE agent_uid = $1 AND session_id = $2 AND status = 'open')`, ref.AgentUID, ref.SessionID, reason)
 		}
 		// COMMIT rides with the writes: one round trip. The guards above
 		// refuse inside the database (paddock_check), before it.

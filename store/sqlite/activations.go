@@ -366,12 +366,17 @@ func boolInt(b bool) int {
 	return 0
 }
 
-// RunnableSessions lists active sessions whose oldest open event (steers
+// RunnableSessions lists active sessions, and sessions asleep for lack of
+// capacity (store.CapacitySleepReasons), whose oldest open event (steers
 // attached to a turn aside) is due (DB clock) and that have no live
 // activation, oldest due first; sessions of p.BlockedAgents whose oldest
 // open event has an older dead letter are left out.
 func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsParams) ([]store.ActorKey, error) {
 	blocked, err := json.Marshal(append([]string{}, p.BlockedAgents...))
+	if err != nil {
+		return nil, fmt.Errorf("store/sqlite: runnable sessions: %w", err)
+	}
+	capacity, err := json.Marshal(store.CapacitySleepReasons())
 	if err != nil {
 		return nil, fmt.Errorf("store/sqlite: runnable sessions: %w", err)
 	}
@@ -382,7 +387,8 @@ func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsPa
 			FROM actor_events e
 			JOIN sessions s ON s.agent_uid = e.agent_uid AND s.session_id = e.session_id
 			WHERE e.status = 'open' AND e.steer_of IS NULL
-			  AND s.status = 'active'
+			  AND (s.status = 'active'
+			       OR (s.status = 'sleeping' AND s.sleep_reason IN (SELECT value FROM json_each(?3))))
 			  AND e.seq = (SELECT min(o.seq) FROM actor_events o
 			               WHERE o.agent_uid = e.agent_uid AND o.session_id = e.session_id
 			                 AND o.status = 'open' AND o.steer_of IS NULL)
@@ -395,7 +401,7 @@ func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsPa
 			                       WHERE dl.agent_uid = e.agent_uid AND dl.session_id = e.session_id
 			                         AND dl.status = 'dead_letter' AND dl.seq < e.seq))
 			ORDER BY e.next_attempt_at, e.event_id
-			LIMIT ?2`, string(blocked), store.PageLimit(p.Limit))
+			LIMIT ?2`, string(blocked), store.PageLimit(p.Limit), string(capacity))
 		if err != nil {
 			return err
 		}

@@ -261,14 +261,15 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		if err := applyAlarms(tx, key, alarms); err != nil {
 			return err
 		}
-		if outcome == abi.OutcomeSleep {
-			// The agent sleeps until the next signal, unless one is waiting.
+		if reason := store.OutcomeSleepReason(outcome); reason != "" {
+			// The agent sleeps (or finished) until the next signal, unless
+			// one is waiting: open events still run (invariant 11).
 			if _, err := tx.exec(`
-				UPDATE sessions SET status = 'sleeping', sleep_ts = `+nowMS+`, sleep_reason = 'agent', pending_since = NULL
+				UPDATE sessions SET status = 'sleeping', sleep_ts = `+nowMS+`, sleep_reason = ?3, pending_since = NULL
 				WHERE agent_uid = ?1 AND session_id = ?2 AND status = 'active'
 				  AND NOT EXISTS (SELECT 1 FROM actor_events
 				                  WHERE agent_uid = ?1 AND session_id = ?2 AND status = 'open')`,
-				ref.AgentUID, ref.SessionID); err != nil {
+				ref.AgentUID, ref.SessionID, reason); err != nil {
 				return err
 			}
 		}

@@ -34,6 +34,8 @@ func sleepCases() []testCase {
 		{"Sleep/SleepSessionParksIdleSessionRefusesLiveActivation", testSleepSession},
 		{"Sleep/SetPendingRecordsFirstWaitAndClears", testSetPending},
 		{"Sleep/CommitWithOutcomeSleepParksSessionWithoutOpenEvents", testCommitOutcomeSleep},
+		{"Sleep/CommitWithOutcomeFinishParksSessionUntilTheNextSignal", testCommitOutcomeFinish},
+		{"Liveness/SessionAsleepForCapacityWithADueEventIsRunnable", testCapacitySleeperRunnable},
 	}
 }
 
@@ -404,9 +406,10 @@ func testSleepingRefusesClaim(t *testing.T, b *bundle) {
 	b.message(key, "waits")
 	awake := b.session()
 	b.message(awake, "runs")
-	s, err := b.s.SleepSession(b.ctx, store.SleepSessionParams{Key: key, Reason: "capacity"})
+	// Not a capacity reason: those stay runnable (invariant 11).
+	s, err := b.s.SleepSession(b.ctx, store.SleepSessionParams{Key: key, Reason: "parked"})
 	noErr(t, err, "SleepSession")
-	wantSleeping(t, s, "capacity", "SleepSession result")
+	wantSleeping(t, s, "parked", "SleepSession result")
 	epoch := b.getSession(key).ActorEpoch
 
 	before := b.snapshot(key)
@@ -520,4 +523,81 @@ func testCommitOutcomeSleep(t *testing.T, b *bundle) {
 	if !slices.Contains(b.runnable(), key) {
 		t.Fatalf("the woken session is not runnable")
 	}
+}
+
+func testCommitOutcomeFinish(t *testing.T, b *bundle) {
+	key := b.session()
+	b.message(key, "all done")
+	act := b.claim(key, LongTTL)
+	_, err := b.s.CommitTurn(b.ctx, store.CommitTurnParams{Ref: b.next(act).Delivery.TurnRef(), Outcome: abi.OutcomeFinish})
+	noErr(t, err, "CommitTurn finish")
+	wantSleeping(t, b.getSession(key), store.SleepReasonFinish, "after a finish outcome with no open event")
+	noErr(t, b.s.StopActivation(b.ctx, act.Ref()), "StopActivation of the finished session's activation")
+	wantIs(t, b.tryClaim(key), store.ErrSessionSleeping, "claim after a finish outcome")
+	if slices.Contains(b.runnable(), key) {
+		t.Fatalf("a finished session with nothing open is runnable")
+	}
+
+	// Events already queued still run (invariant 11): the session stays
+	// active until they are done.
+	busy := b.session()
+	b.message(busy, "first")
+	second := b.message(busy, "second")
+	a2 := b.claim(busy, LongTTL)
+	_, err = b.s.CommitTurn(b.ctx, store.CommitTurnParams{Ref: b.next(a2).Delivery.TurnRef(), Outcome: abi.OutcomeFinish})
+	noErr(t, err, "CommitTurn finish with an open event left")
+	wantActive(t, b.getSession(busy), "a finish outcome with an open event left")
+	wantEq(t, b.next(a2).Event.ID, second.ID, "the queued event runs after finish")
+
+	// Finish does not destroy: the next signal wakes the session.
+	ev := b.message(key, "one more thing")
+	wantActive(t, b.getSession(key), "after a signal")
+	wantEq(t, b.next(b.claim(key, LongTTL)).Event.ID, ev.ID, "the waking event runs")
+}
+
+// testCapacitySleeperRunnable is DESIGN invariant 11 at the store: a
+// session put to sleep only for lack of capacity that holds a due open
+// event is listed by RunnableSessions (so a host with a free slot wakes
+// and runs it); asleep for another reason, or with nothing due, it is not.
+func testCapacitySleeperRunnable(t *testing.T, b *bundle) {
+	park := func(reason string, signal bool) store.ActorKey {
+		t.Helper()
+		key := b.session()
+		if signal {
+			b.message(key, "accepted")
+		}
+		_, err := b.s.SleepSession(b.ctx, store.SleepSessionParams{Key: key, Reason: reason})
+		noErr(t, err, "SleepSession "+reason)
+		wantSleeping(t, b.getSession(key), reason, "parked for "+reason)
+		return key
+	}
+	capacity := park(store.SleepReasonCapacity, true)
+	pending := park(store.SleepReasonPendingTimeout, true)
+	crashed := park(store.SleepReasonCrash, true)
+	idle := park(store.SleepReasonPendingTimeout, false)
+	got := b.runnable()
+	for _, k := range []store.ActorKey{capacity, pending} {
+		if !slices.Contains(got, k) {
+			t.Fatalf("RunnableSessions = %v: a session asleep for capacity with a due event (%v) is missing", got, k)
+		}
+	}
+	for _, k := range []store.ActorKey{crashed, idle} {
+		if slices.Contains(got, k) {
+			t.Fatalf("RunnableSessions = %v: lists %v (asleep by the crash policy, or with nothing open)", got, k)
+		}
+	}
+	for _, k := range []store.ActorKey{capacity, pending} {
+		if !store.WaitsForCapacity(b.getSession(k)) {
+			t.Fatalf("WaitsForCapacity(%v) = false", k)
+		}
+	}
+	// The host wakes it when it has a slot; then it claims and runs as usual,
+	// and with a live activation it is no longer listed.
+	_, err := b.s.WakeSession(b.ctx, pending)
+	noErr(t, err, "WakeSession")
+	act := b.claim(pending, LongTTL)
+	if slices.Contains(b.runnable(), pending) {
+		t.Fatalf("a session with a live activation is runnable")
+	}
+	b.commit(b.next(act).Delivery.TurnRef(), "ran", "")
 }
