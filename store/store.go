@@ -300,7 +300,9 @@ type Dispatch struct {
 	Delivery Delivery
 	Event    Event
 	Session  Session
-	// State is the committed session state (nil for none).
+	// State is the committed session state: nil when none was ever
+	// committed (or the last commit removed it), non-nil empty when an
+	// empty state was committed (see StateFromColumn).
 	State []byte
 	// Tail is the most recent transcript messages, oldest first.
 	Tail []abi.Message
@@ -351,8 +353,9 @@ type Store interface {
 	GetSession(ctx context.Context, key ActorKey) (Session, error)
 	// ListSessions pages an agent's sessions by session id.
 	ListSessions(ctx context.Context, p ListSessionsParams) ([]Session, error)
-	// SessionState returns the committed session state (nil before the
-	// first turn that set one). Unknown session: ErrNotFound.
+	// SessionState returns the committed session state: nil before the
+	// first turn that set one, []byte{} (non-nil) when the state committed
+	// is empty. Unknown session: ErrNotFound.
 	SessionState(ctx context.Context, key ActorKey) ([]byte, error)
 
 	// AppendEvent persists a signal as an actor event (next seq of the
@@ -574,7 +577,9 @@ type NextDeliveryParams struct {
 type CommitTurnParams struct {
 	Ref      abi.TurnRef
 	Messages []abi.Message
-	// State replaces the session state unless KeepState.
+	// State replaces the session state unless KeepState: nil removes it
+	// (reads give nil, as never set; abi `null`), a non-nil empty slice
+	// stores an empty state (reads give []byte{}; abi `""`).
 	State     []byte
 	KeepState bool
 	Outcome   abi.Outcome

@@ -290,13 +290,15 @@ func (s *Store) ListSessions(ctx context.Context, p store.ListSessionsParams) ([
 func (s *Store) SessionState(ctx context.Context, key store.ActorKey) ([]byte, error) {
 	var state []byte
 	err := s.call(ctx, "session state", func(ctx context.Context) error {
-		var exists bool
+		var notNull bool
 		err := s.pool.QueryRow(ctx, `
-			SELECT true, (SELECT state FROM session_state st WHERE st.agent_uid = s.agent_uid AND st.session_id = s.session_id)
-			FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`, key.AgentUID, key.SessionID).Scan(&exists, &state)
+			SELECT st.state, st.state IS NOT NULL
+			FROM sessions s LEFT JOIN session_state st ON st.agent_uid = s.agent_uid AND st.session_id = s.session_id
+			WHERE s.agent_uid = $1 AND s.session_id = $2`, key.AgentUID, key.SessionID).Scan(&state, &notNull)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return store.ErrNotFound
 		}
+		state = store.StateFromColumn(state, notNull)
 		return err
 	})
 	return state, err

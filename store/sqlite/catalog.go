@@ -314,11 +314,13 @@ func (s *Store) SessionState(ctx context.Context, key store.ActorKey) ([]byte, e
 		if _, err := getSession(tx, key); err != nil {
 			return err
 		}
-		err := tx.queryRow(`SELECT state FROM session_state WHERE agent_uid = ? AND session_id = ?`,
-			key.AgentUID, key.SessionID).Scan(&state)
+		var notNull bool
+		err := tx.queryRow(`SELECT state, state IS NOT NULL FROM session_state WHERE agent_uid = ? AND session_id = ?`,
+			key.AgentUID, key.SessionID).Scan(&state, &notNull)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
+		state = store.StateFromColumn(state, notNull)
 		return err
 	})
 	return state, err
