@@ -85,7 +85,8 @@
 //     modules, plugin → plugin_workers, crash_policy, created_at,
 //     updated_at); a CHECK holds exactly one of module_digest (wasm) and
 //     plugin (plugin)
-//   - sessions(PK agent_uid+session_id, key UNIQUE per agent when set,
+//   - sessions(PK agent_uid+session_id, key UNIQUE per agent when set
+//     among sessions not destroyed (partial index sessions_key),
 //     input, status, crash_policy, actor_epoch (highest issued),
 //     last_event_seq, turn_count, created_at, sleep_ts, destroy_ts,
 //     sleep_reason, pending_since)
