@@ -471,8 +471,10 @@ type Store interface {
 
 	// ListAlarms returns a session's alarms by name.
 	ListAlarms(ctx context.Context, key ActorKey) ([]Alarm, error)
-	// FireDueAlarms fires up to limit due alarms (DB clock), each in its own
-	// compare-and-set on (key, name, due_at): an EventAlarm event is appended
+	// FireDueAlarms fires up to limit due alarms (DB clock), oldest first,
+	// in transactions of a batch of alarms (possibly of several sessions),
+	// each alarm by its own compare-and-set on (key, name, due_at): an
+	// EventAlarm event is appended
 	// with idempotency key "alarm:<name>:<due unix ms>" (so each (session,
 	// alarm, due time) fires once across hosts), a sleeping session is woken,
 	// and the alarm is deleted or, if it repeats, moved to its next due time
