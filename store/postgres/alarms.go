@@ -104,7 +104,10 @@ type dueAlarm struct {
 // It returns how many alarms it claimed and the keys that got an event, in
 // firing order (a key once per alarm).
 func fireBatch(ctx context.Context, tx pgx.Tx, n int) (int, []store.ActorKey, error) {
-	// The alarms' row locks (SKIP LOCKED), then the sessions': the CTE
+	// The oldest due alarms, ties by actor key (so that alarms of one
+	// session due at one instant tend to go in one batch rather than make
+	// concurrent batches wait on the same session row). The alarms' row
+	// locks (SKIP LOCKED), then the sessions': the CTE
 	// holding FOR UPDATE is evaluated, and its rows locked, before the
 	// outer locking clause locks the joined session rows, which it does in
 	// the sorted order (the lock is taken above the sort).
@@ -112,7 +115,7 @@ func fireBatch(ctx context.Context, tx pgx.Tx, n int) (int, []store.ActorKey, er
 		WITH a AS (
 			SELECT agent_uid, session_id, name, due_at, every_ms, data FROM alarms
 			WHERE due_at <= clock_timestamp()
-			ORDER BY due_at LIMIT $1
+			ORDER BY due_at, agent_uid, session_id, name LIMIT $1
 			FOR UPDATE SKIP LOCKED)
 		SELECT a.agent_uid, a.session_id, a.name, a.due_at, a.every_ms, a.data, s.status
 		FROM a JOIN sessions s ON s.agent_uid = a.agent_uid AND s.session_id = a.session_id
