@@ -137,8 +137,18 @@ func (s *Store) fireBatch(ctx context.Context, n int) (picked int, fired []store
 			return err
 		}
 		picked = len(due)
+		destroyed := make(map[store.ActorKey]bool, len(due)) // per session, read once
 		for _, a := range due {
-			ok, err := fireAlarm(tx, a)
+			d, seen := destroyed[a.key]
+			if !seen {
+				_, err := sessionStatus(tx, a.key)
+				d = errors.Is(err, store.ErrSessionDestroyed)
+				if err != nil && !d {
+					return err
+				}
+				destroyed[a.key] = d
+			}
+			ok, err := fireAlarm(tx, a, d)
 			if err != nil {
 				return err
 			}
@@ -151,15 +161,10 @@ func (s *Store) fireBatch(ctx context.Context, n int) (picked int, fired []store
 	return picked, fired, err
 }
 
-// fireAlarm fires a picked alarm inside tx; fired is false when the
-// alarm's session is destroyed (the alarm is dropped) or its event already
-// existed.
-func fireAlarm(tx *txn, a dueAlarm) (fired bool, err error) {
-	_, err = sessionStatus(tx, a.key)
-	destroyed := errors.Is(err, store.ErrSessionDestroyed)
-	if err != nil && !destroyed {
-		return false, err
-	}
+// fireAlarm fires a picked alarm inside tx, its session being destroyed
+// or not (as read in tx); fired is false when it is destroyed (the alarm
+// is dropped) or the alarm's event already existed.
+func fireAlarm(tx *txn, a dueAlarm, destroyed bool) (fired bool, err error) {
 	// Compare-and-set on what was picked: a one-shot (or a destroyed
 	// session's) alarm is deleted, a repeating one moves to its first due
 	// time after now, missed periods coalescing into this firing.
@@ -185,6 +190,6 @@ func fireAlarm(tx *txn, a dueAlarm) (fired bool, err error) {
 	}
 	// The idempotency key makes each (session, alarm, due time) one
 	// event; a duplicate means it fired already.
-	_, fired, err = appendEvent(tx, a.key, abi.EventAlarm, payload, store.AlarmIdempotencyKey(a.name, due))
+	_, fired, err = insertEvent(tx, a.key, abi.EventAlarm, payload, store.AlarmIdempotencyKey(a.name, due))
 	return fired, err
 }
