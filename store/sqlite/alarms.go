@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"time"
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
@@ -75,8 +76,16 @@ type dueAlarm struct {
 	every int64
 }
 
-// fireBatchMax caps the alarms fired in one transaction.
-const fireBatchMax = 128
+// fireBatchMax caps the alarms fired in one transaction, and
+// fireBatchBudget its running time: a transaction that has run that long
+// fires no further alarm (the next transaction goes on), so that the
+// single writer is never held long enough to starve other callers' deadlines
+// when the machine is slow. The budget sizes batches only; it decides
+// nothing about which alarm is due.
+const (
+	fireBatchMax    = 128
+	fireBatchBudget = 50 * time.Millisecond
+)
 
 // FireDueAlarms fires up to limit due alarms (DB clock), in transactions
 // of up to fireBatchMax alarms each; see store.Store. SQLite's single
@@ -90,7 +99,7 @@ func (s *Store) FireDueAlarms(ctx context.Context, limit int) ([]store.ActorKey,
 	limit = store.PageLimit(limit)
 	for done := 0; done < limit; {
 		n := min(limit-done, fireBatchMax)
-		picked, fired, err := s.fireBatch(ctx, n)
+		picked, more, fired, err := s.fireBatch(ctx, n)
 		if err != nil {
 			return out, err
 		}
@@ -102,7 +111,7 @@ func (s *Store) FireDueAlarms(ctx context.Context, limit int) ([]store.ActorKey,
 			}
 		}
 		done += picked
-		if picked < n {
+		if !more {
 			break // nothing more due
 		}
 	}
@@ -110,12 +119,15 @@ func (s *Store) FireDueAlarms(ctx context.Context, limit int) ([]store.ActorKey,
 }
 
 // fireBatch fires the n most overdue alarms (or all due, if fewer) in one
-// transaction. It returns how many it picked and the keys that got an
-// event, in firing order (a key once per alarm); an alarm of a destroyed
-// session is dropped, and one whose event already existed appends nothing.
-func (s *Store) fireBatch(ctx context.Context, n int) (picked int, fired []store.ActorKey, err error) {
+// transaction, stopping early after fireBatchBudget. It returns how many
+// it fired, whether more may be due (it stopped early or found n), and
+// the keys that got an event, in firing order (a key once per alarm); an
+// alarm of a destroyed session is dropped, and one whose event already
+// existed appends nothing.
+func (s *Store) fireBatch(ctx context.Context, n int) (picked int, more bool, fired []store.ActorKey, err error) {
 	err = s.write(ctx, "fire due alarms", func(tx *txn) error {
-		picked, fired = 0, nil
+		start := time.Now() // once the writer is ours
+		picked, more, fired = 0, false, nil
 		rows, err := tx.query(`
 			SELECT agent_uid, session_id, name, due_at, every_ms FROM alarms
 			WHERE due_at <= `+nowMS+`
@@ -136,9 +148,14 @@ func (s *Store) fireBatch(ctx context.Context, n int) (picked int, fired []store
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		picked = len(due)
+		more = len(due) == n
 		destroyed := make(map[store.ActorKey]bool, len(due)) // per session, read once
 		for _, a := range due {
+			if picked > 0 && time.Since(start) > fireBatchBudget {
+				more = true
+				break
+			}
+			picked++
 			d, seen := destroyed[a.key]
 			if !seen {
 				_, err := sessionStatus(tx, a.key)
@@ -158,7 +175,7 @@ func (s *Store) fireBatch(ctx context.Context, n int) (picked int, fired []store
 		}
 		return nil
 	})
-	return picked, fired, err
+	return picked, more, fired, err
 }
 
 // fireAlarm fires a picked alarm inside tx, its session being destroyed
