@@ -28,3 +28,29 @@ func TestMarshalDoesNotGrowHTMLCharacters(t *testing.T) {
 		t.Fatalf("round trip: %v, message equal: %t", err, back.Event.Message == msg)
 	}
 }
+
+// TestEmptyStateIsNotNull pins the abi/README contract the store keeps
+// (store.StateFromColumn): a result's `state: ""` decodes to a non-nil
+// empty slice (the host commits it as an empty state, not "keep"), and a
+// request's empty state encodes as `""`, a nil one as `null`.
+func TestEmptyStateIsNotNull(t *testing.T) {
+	var res TurnResult
+	if err := json.Unmarshal([]byte(`{"state":""}`), &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.State == nil || len(res.State) != 0 {
+		t.Fatalf(`result state "" decoded to %#v, want []byte{}`, res.State)
+	}
+	for _, c := range []struct {
+		state []byte
+		want  string
+	}{{[]byte{}, `"state":""`}, {nil, `"state":null`}} {
+		b, err := Marshal(TurnRequest{State: c.state})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), c.want) {
+			t.Fatalf("request with state %#v encodes as %s, want %s", c.state, b, c.want)
+		}
+	}
+}

@@ -37,7 +37,10 @@
 //     key (agent_uid, session_id), and no correctness path needs two
 //     sessions in one transaction, so the store can shard by actor key.
 //     (The postgres driver's group commit batches several sessions' appends
-//     into one transaction for throughput; it can be switched off.)
+//     into one transaction for throughput; it can be switched off.
+//     FireDueAlarms fires a batch of due alarms, of any sessions, in one
+//     transaction; each firing is decided on its own row, so a sharded
+//     store could split a batch by actor key.)
 //   - Sequence numbers. An event's seq is sessions.last_event_seq+1, taken
 //     under the session row's lock in the transaction that inserts it; an
 //     idempotency key is looked up after that lock (or the transaction is
@@ -85,7 +88,8 @@
 //     modules, plugin → plugin_workers, crash_policy, created_at,
 //     updated_at); a CHECK holds exactly one of module_digest (wasm) and
 //     plugin (plugin)
-//   - sessions(PK agent_uid+session_id, key UNIQUE per agent when set,
+//   - sessions(PK agent_uid+session_id, key UNIQUE per agent when set
+//     among sessions not destroyed (partial index sessions_key),
 //     input, status, crash_policy, actor_epoch (highest issued),
 //     last_event_seq, turn_count, created_at, sleep_ts, destroy_ts,
 //     sleep_reason, pending_since)

@@ -91,3 +91,28 @@ func (e *NoDueEventError) Error() string {
 	}
 	return "no due event before " + e.NextDueAt.UTC().Format(time.RFC3339Nano)
 }
+
+// SessionExistsError is CreateSession's ErrConflict for a key taken by a
+// session that is not destroyed (a destroyed session's key is free again).
+// It names that session and what refused the call (Field): "key" for a
+// create without GetOrCreate; for a get-or-create, the first of
+// "crash_policy" and "input" whose value differs from the existing
+// session's (see CheckExistingSession).
+type SessionExistsError struct {
+	// Existing is the session holding the key.
+	Existing ActorKey
+	// Key is the session key asked for.
+	Key string
+	// Field is "key", "crash_policy" or "input".
+	Field string
+}
+
+func (e *SessionExistsError) Error() string {
+	if e.Field == "key" {
+		return fmt.Sprintf("session key %q is taken by session %s", e.Key, e.Existing.SessionID)
+	}
+	return fmt.Sprintf("session key %q is taken by session %s, which has a different %s", e.Key, e.Existing.SessionID, e.Field)
+}
+
+// Is makes errors.Is(err, ErrConflict) true for every *SessionExistsError.
+func (e *SessionExistsError) Is(target error) bool { return target == ErrConflict }

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -142,7 +143,20 @@ func CheckSession(p CreateSessionParams) error {
 	if p.CrashPolicy != "" && !p.CrashPolicy.Valid() {
 		return fmt.Errorf("crash policy %q: %w", p.CrashPolicy, ErrInvalid)
 	}
+	if p.DefaultCrashPolicy != "" && !p.DefaultCrashPolicy.Valid() {
+		return fmt.Errorf("default crash policy %q: %w", p.DefaultCrashPolicy, ErrInvalid)
+	}
 	return nil
+}
+
+// NewSessionCrashPolicy is the crash policy CreateSession stores for a new
+// session: p.CrashPolicy, else p.DefaultCrashPolicy, else "" (the driver
+// then takes the agent's).
+func NewSessionCrashPolicy(p CreateSessionParams) CrashPolicy {
+	if p.CrashPolicy != "" {
+		return p.CrashPolicy
+	}
+	return p.DefaultCrashPolicy
 }
 
 // CommitOutcome is the outcome a commit records: p.Outcome, or
@@ -225,4 +239,27 @@ func NotDeadLetter(key ActorKey, eventID int64, status EventStatus) error {
 		return fmt.Errorf("event %d of %s: %w", eventID, key, ErrNotFound)
 	}
 	return &NotDeadLetterError{Key: key, EventID: eventID, Status: status}
+}
+
+// CheckExistingSession decides a CreateSession whose key is taken by the
+// live session existing: nil when p.GetOrCreate and p asks for that same
+// session (CrashPolicy empty, meaning the agent's, or equal to the
+// existing one's; Input byte-equal, nil and empty being the same), which
+// the driver then returns with created=false. Otherwise a
+// *SessionExistsError (errors.Is ErrConflict) naming the existing session
+// and the field: "key" without GetOrCreate, else "crash_policy" or
+// "input", like a reused idempotency key with another signal.
+func CheckExistingSession(existing Session, p CreateSessionParams) error {
+	field := ""
+	switch {
+	case !p.GetOrCreate:
+		field = "key"
+	case p.CrashPolicy != "" && p.CrashPolicy != existing.CrashPolicy:
+		field = "crash_policy"
+	case !bytes.Equal(p.Input, existing.Input):
+		field = "input"
+	default:
+		return nil
+	}
+	return &SessionExistsError{Existing: existing.ActorKey, Key: p.Key, Field: field}
 }

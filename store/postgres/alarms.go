@@ -42,34 +42,36 @@ func (s *Store) ListAlarms(ctx context.Context, key store.ActorKey) ([]store.Ala
 // matched nothing: another host fired or changed it.
 var errAlarmGone = errors.New("alarm fired or changed elsewhere")
 
-// FireDueAlarms fires up to limit due alarms (DB clock), each in a
-// transaction of its own; see store.Store. It returns the keys of the
-// sessions that received alarm events, each once, in firing order.
+// fireBatchMax caps the alarms fired in one transaction.
+const fireBatchMax = 128
+
+// FireDueAlarms fires up to limit due alarms (DB clock), in transactions
+// of up to fireBatchMax alarms each; see store.Store. It returns the keys
+// of the sessions that received alarm events, each once, in firing order.
 //
-// Several hosts may run it at once. Each transaction picks the oldest due
-// alarm with FOR UPDATE SKIP LOCKED (racing callers take different alarms
+// Several hosts may run it at once. Each transaction claims the oldest due
+// alarms with FOR UPDATE SKIP LOCKED (racing callers take different alarms
 // instead of queueing on one), then, in the lock order of the package
-// (alarm, then session), locks the session row and appends the event with
-// the idempotency key "alarm:<name>:<due unix ms>" — a key already used
-// means this (session, alarm, due time) already fired, and nothing is
-// appended — waking a sleeping session and notifying listeners, and last
-// deletes the alarm, or moves a repeating one to its first due time after
-// now (missed periods coalesce into this firing), as a compare-and-set on
-// (key, name, due_at).
+// (alarms, then sessions, these sorted by actor key so that two batches
+// cannot deadlock), locks their sessions' rows and, for each alarm, appends
+// the event with the idempotency key "alarm:<name>:<due unix ms>" — a key
+// already used means this (session, alarm, due time) already fired, and
+// nothing is appended — waking a sleeping session and notifying listeners,
+// and last deletes the alarm, or moves a repeating one to its first due
+// time after now (missed periods coalesce into this firing), as a
+// compare-and-set on (key, name, due_at). A destroyed session's alarm is
+// deleted without an event. Two round trips per batch.
 func (s *Store) FireDueAlarms(ctx context.Context, limit int) ([]store.ActorKey, error) {
 	limit = store.PageLimit(limit)
 	var fired []store.ActorKey
-	for range limit {
-		var key *store.ActorKey
-		var none bool
+	done := 0
+	for attempt := 0; done < limit && attempt < limit; attempt++ {
+		n := min(limit-done, fireBatchMax)
+		var picked int
+		var keys []store.ActorKey
 		err := s.tx(ctx, "fire due alarms", func(ctx context.Context, tx pgx.Tx) error {
-			key, none = nil, false
 			var err error
-			key, err = fireOne(ctx, tx)
-			if errors.Is(err, pgx.ErrNoRows) {
-				none = true
-				return nil
-			}
+			picked, keys, err = fireBatch(ctx, tx, n)
 			return err
 		})
 		switch {
@@ -77,78 +79,106 @@ func (s *Store) FireDueAlarms(ctx context.Context, limit int) ([]store.ActorKey,
 			continue
 		case err != nil:
 			return fired, err
-		case none:
-			return fired, nil
-		case key != nil && !slices.Contains(fired, *key):
-			fired = append(fired, *key)
+		}
+		for _, k := range keys {
+			if !slices.Contains(fired, k) {
+				fired = append(fired, k)
+			}
+		}
+		done += picked
+		if picked < n {
+			break // nothing more due (or held by other callers)
 		}
 	}
 	return fired, nil
 }
 
-// fireOne fires the oldest due alarm nobody else holds; see FireDueAlarms.
-// It returns pgx.ErrNoRows when none is due, and the key when an event was
-// appended. Three round trips in the transaction.
-func fireOne(ctx context.Context, tx pgx.Tx) (*store.ActorKey, error) {
-	// The alarm's row lock (SKIP LOCKED), then the session's: the CTE
-	// holding FOR UPDATE is evaluated, and its row locked, before the
-	// outer locking clause locks the joined session row.
-	var a store.Alarm
-	var data *string
-	var status store.SessionStatus
-	err := tx.QueryRow(ctx, `
+// dueAlarm is an alarm claimed for firing, with its session's status.
+type dueAlarm struct {
+	store.Alarm
+	data   *string
+	status store.SessionStatus
+}
+
+// fireBatch fires up to n due alarms nobody else holds; see FireDueAlarms.
+// It returns how many alarms it claimed and the keys that got an event, in
+// firing order (a key once per alarm).
+func fireBatch(ctx context.Context, tx pgx.Tx, n int) (int, []store.ActorKey, error) {
+	// The oldest due alarms, ties by actor key (so that alarms of one
+	// session due at one instant tend to go in one batch rather than make
+	// concurrent batches wait on the same session row). The alarms' row
+	// locks (SKIP LOCKED), then the sessions': the CTE
+	// holding FOR UPDATE is evaluated, and its rows locked, before the
+	// outer locking clause locks the joined session rows, which it does in
+	// the sorted order (the lock is taken above the sort).
+	rows, err := tx.Query(ctx, `
 		WITH a AS (
 			SELECT agent_uid, session_id, name, due_at, every_ms, data FROM alarms
 			WHERE due_at <= clock_timestamp()
-			ORDER BY due_at LIMIT 1
+			ORDER BY due_at, agent_uid, session_id, name LIMIT $1
 			FOR UPDATE SKIP LOCKED)
 		SELECT a.agent_uid, a.session_id, a.name, a.due_at, a.every_ms, a.data, s.status
 		FROM a JOIN sessions s ON s.agent_uid = a.agent_uid AND s.session_id = a.session_id
-		FOR NO KEY UPDATE OF s`).Scan(&a.AgentUID, &a.SessionID, &a.Name, &a.DueAt, &a.EveryMs, &data, &status)
+		ORDER BY a.agent_uid, a.session_id, a.due_at, a.name
+		FOR NO KEY UPDATE OF s`, n)
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
-	key := a.ActorKey
+	due, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (dueAlarm, error) {
+		var a dueAlarm
+		err := r.Scan(&a.AgentUID, &a.SessionID, &a.Name, &a.DueAt, &a.EveryMs, &a.data, &a.status)
+		return a, err
+	})
+	if err != nil || len(due) == 0 {
+		return 0, nil, err
+	}
 	b := &pgx.Batch{}
-	var appended bool
-	if status != store.SessionDestroyed {
-		payload, err := store.AlarmPayload(a.Name, a.DueAt, derefString(data))
-		if err != nil {
-			return nil, err
+	appended := make([]bool, len(due))
+	for i, a := range due {
+		key := a.ActorKey
+		live := a.status != store.SessionDestroyed
+		if live {
+			payload, err := store.AlarmPayload(a.Name, a.DueAt, derefString(a.data))
+			if err != nil {
+				return 0, nil, err
+			}
+			// The idempotency key makes a (session, alarm, due time) fire
+			// once: if it is used, nothing is appended.
+			ne := newEvent{kind: abi.EventAlarm, payload: payload,
+				idempotencyKey: store.AlarmIdempotencyKey(a.Name, a.DueAt)}
+			b.Queue(insertEventSQL, insertEventArgs(key, ne)...).QueryRow(func(row pgx.Row) (err error) {
+				_, appended[i], err = insertResult(scanEvent(row))
+				return err
+			})
 		}
-		// The idempotency key makes a (session, alarm, due time) fire
-		// once: if it is used, nothing is appended.
-		ne := newEvent{kind: abi.EventAlarm, payload: payload,
-			idempotencyKey: store.AlarmIdempotencyKey(a.Name, a.DueAt)}
-		b.Queue(insertEventSQL, insertEventArgs(key, ne)...).QueryRow(func(row pgx.Row) (err error) {
-			_, appended, err = insertResult(scanEvent(row))
-			return err
+		// The compare-and-set on (key, name, due_at); the row lock taken
+		// above makes it match.
+		cas := `DELETE FROM alarms a WHERE a.agent_uid = $1 AND a.session_id = $2 AND a.name = $3 AND a.due_at = $4`
+		if a.EveryMs > 0 && live {
+			// The smallest k >= 1 with due_at + k*every_ms > now.
+			cas = `
+				UPDATE alarms a SET due_at = a.due_at + ((floor(extract(epoch FROM (n.t - a.due_at)) * 1000 / a.every_ms)::bigint
+					+ 1) * a.every_ms) * interval '1 millisecond'
+				FROM (SELECT clock_timestamp() AS t) n
+				WHERE a.agent_uid = $1 AND a.session_id = $2 AND a.name = $3 AND a.due_at = $4`
+		}
+		b.Queue(cas, key.AgentUID, key.SessionID, a.Name, a.DueAt).Exec(func(tag pgconn.CommandTag) error {
+			if tag.RowsAffected() == 0 {
+				return errAlarmGone
+			}
+			return nil
 		})
 	}
-	// The compare-and-set on (key, name, due_at); the row lock taken above
-	// makes it match.
-	cas := `DELETE FROM alarms a WHERE a.agent_uid = $1 AND a.session_id = $2 AND a.name = $3 AND a.due_at = $4`
-	if a.EveryMs > 0 && status != store.SessionDestroyed {
-		// The smallest k >= 1 with due_at + k*every_ms > now.
-		cas = `
-			UPDATE alarms a SET due_at = a.due_at + ((floor(extract(epoch FROM (n.t - a.due_at)) * 1000 / a.every_ms)::bigint
-				+ 1) * a.every_ms) * interval '1 millisecond'
-			FROM (SELECT clock_timestamp() AS t) n
-			WHERE a.agent_uid = $1 AND a.session_id = $2 AND a.name = $3 AND a.due_at = $4`
-	}
-	b.Queue(cas, key.AgentUID, key.SessionID, a.Name, a.DueAt).Exec(func(tag pgconn.CommandTag) error {
-		if tag.RowsAffected() == 0 {
-			return errAlarmGone
-		}
-		return nil
-	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, err
+		return 0, nil, err
 	}
-	if !appended {
-		return nil, nil
+	var keys []store.ActorKey
+	for i, a := range due {
+		if appended[i] {
+			keys = append(keys, a.ActorKey)
+		}
 	}
-	return &key, nil
+	return len(due), keys, nil
 }
 
 // derefString is *p, or "" for nil.

@@ -123,3 +123,8 @@ func BenchmarkClaimActivation(b *testing.B) { storetest.BenchClaimActivation(b, 
 // NextDelivery + MarkDeliverySent (storetest.BenchNextDelivery, shared
 // with sqlite).
 func BenchmarkNextDelivery(b *testing.B) { storetest.BenchNextDelivery(b, newStore(b)) }
+
+// BenchmarkFireDueAlarms: a burst of 1,000 alarms due at one instant fired
+// by three concurrent callers (storetest.BenchFireDueAlarms, shared with
+// sqlite).
+func BenchmarkFireDueAlarms(b *testing.B) { storetest.BenchFireDueAlarms(b, newStore(b)) }

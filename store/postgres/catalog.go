@@ -206,57 +206,81 @@ func getSession(ctx context.Context, q querier, key store.ActorKey) (store.Sessi
 
 // CreateSession creates a session; see store.Store. An empty CrashPolicy
 // takes the agent's. A taken key is decided by the partial unique index
-// sessions_key (ON CONFLICT ... WHERE key IS NOT NULL DO NOTHING), which
-// makes get-or-create race-safe: the loser waits for the winner's commit and
-// then reads its row.
+// sessions_key over sessions that are not destroyed (ON CONFLICT ... WHERE
+// key IS NOT NULL AND status <> 'destroyed' DO NOTHING), which makes
+// get-or-create race-safe: the loser waits for the winner's commit and then
+// reads its row, which store.CheckExistingSession judges. When the holder
+// was destroyed between the two statements, the insert is tried again.
 func (s *Store) CreateSession(ctx context.Context, p store.CreateSessionParams) (store.Session, bool, error) {
 	if err := store.CheckSession(p); err != nil {
 		return store.Session{}, false, fmt.Errorf("store/postgres: create session: %w", err)
 	}
-	key := store.ActorKey{AgentUID: p.AgentUID, SessionID: p.SessionID}
 	var ss store.Session
 	var created bool
 	err := s.call(ctx, "create session", func(ctx context.Context) error {
-		// Each statement runs on its own (no transaction): an INSERT that
-		// fails must not abort what follows.
-		var err error
-		ss, err = scanSession(s.pool.QueryRow(ctx, `
-			WITH ins AS (
-				INSERT INTO sessions (agent_uid, session_id, key, input, crash_policy)
-				SELECT a.agent_uid, $2, $3, $4, coalesce(nullif($5, ''), a.crash_policy)
-				FROM agents a WHERE a.agent_uid = $1
-				ON CONFLICT (agent_uid, key) WHERE key IS NOT NULL DO NOTHING
-				RETURNING *)
-			SELECT s.agent_uid, s.session_id, coalesce(s.key, ''), s.input, s.status, s.crash_policy,
-				s.actor_epoch, s.created_at, s.sleep_ts, s.destroy_ts, s.turn_count, s.last_event_seq, 0::bigint,
-				0::bigint, s.pending_since, coalesce(s.sleep_reason, '')
-			FROM ins s`,
-			p.AgentUID, p.SessionID, nullString(p.Key), nilIfEmpty(p.Input), string(p.CrashPolicy)))
-		switch {
-		case err == nil:
-			created = true
-			return nil
-		case pgCode(err) == codeUniqueViolation:
-			return fmt.Errorf("session %s: %w", key, store.ErrConflict)
-		case !errors.Is(err, pgx.ErrNoRows):
-			return err
+		for range 3 {
+			var err error
+			ss, created, err = s.createSession(ctx, p)
+			if !errors.Is(err, errKeyFreed) {
+				return err
+			}
 		}
-		// Nothing inserted: an unknown agent, or the key is taken.
-		var one int
-		if err := s.pool.QueryRow(ctx, `SELECT 1 FROM agents WHERE agent_uid = $1`, p.AgentUID).Scan(&one); err != nil {
-			return fmt.Errorf("agent %s: %w", p.AgentUID, notFound(err))
-		}
-		if !p.GetOrCreate {
-			return fmt.Errorf("session key %q: %w", p.Key, store.ErrConflict)
-		}
-		ss, err = scanSession(s.pool.QueryRow(ctx, `SELECT `+sessionCols+` FROM sessions s
-			WHERE s.agent_uid = $1 AND s.key = $2`, p.AgentUID, p.Key))
-		return err
+		return fmt.Errorf("session key %q: taken and freed again three times: %w", p.Key, store.ErrConflict)
 	})
 	if err != nil {
 		return store.Session{}, false, err
 	}
 	return ss, created, nil
+}
+
+// errKeyFreed: the session holding a key was destroyed between the insert
+// that conflicted and the read of the holder; the insert is tried again.
+var errKeyFreed = errors.New("session key freed meanwhile")
+
+// createSession is one attempt of CreateSession.
+func (s *Store) createSession(ctx context.Context, p store.CreateSessionParams) (store.Session, bool, error) {
+	key := store.ActorKey{AgentUID: p.AgentUID, SessionID: p.SessionID}
+	{
+		// Each statement runs on its own (no transaction): an INSERT that
+		// fails must not abort what follows.
+		ss, err := scanSession(s.pool.QueryRow(ctx, `
+			WITH ins AS (
+				INSERT INTO sessions (agent_uid, session_id, key, input, crash_policy)
+				SELECT a.agent_uid, $2, $3, $4, coalesce(nullif($5, ''), a.crash_policy)
+				FROM agents a WHERE a.agent_uid = $1
+				ON CONFLICT (agent_uid, key) WHERE key IS NOT NULL AND status <> 'destroyed' DO NOTHING
+				RETURNING *)
+			SELECT s.agent_uid, s.session_id, coalesce(s.key, ''), s.input, s.status, s.crash_policy,
+				s.actor_epoch, s.created_at, s.sleep_ts, s.destroy_ts, s.turn_count, s.last_event_seq, 0::bigint,
+				0::bigint, s.pending_since, coalesce(s.sleep_reason, '')
+			FROM ins s`,
+			p.AgentUID, p.SessionID, nullString(p.Key), nilIfEmpty(p.Input), string(store.NewSessionCrashPolicy(p))))
+		switch {
+		case err == nil:
+			return ss, true, nil
+		case pgCode(err) == codeUniqueViolation:
+			return ss, false, fmt.Errorf("session %s: %w", key, store.ErrConflict)
+		case !errors.Is(err, pgx.ErrNoRows):
+			return ss, false, err
+		}
+	}
+	// Nothing inserted: an unknown agent, or the key is taken.
+	var one int
+	if err := s.pool.QueryRow(ctx, `SELECT 1 FROM agents WHERE agent_uid = $1`, p.AgentUID).Scan(&one); err != nil {
+		return store.Session{}, false, fmt.Errorf("agent %s: %w", p.AgentUID, notFound(err))
+	}
+	ss, err := scanSession(s.pool.QueryRow(ctx, `SELECT `+sessionCols+` FROM sessions s
+		WHERE s.agent_uid = $1 AND s.key = $2 AND s.status <> 'destroyed'`, p.AgentUID, p.Key))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.Session{}, false, errKeyFreed
+	}
+	if err != nil {
+		return store.Session{}, false, err
+	}
+	if err := store.CheckExistingSession(ss, p); err != nil {
+		return store.Session{}, false, err
+	}
+	return ss, false, nil
 }
 
 // GetSession returns the session with its counters, or ErrNotFound.
@@ -290,13 +314,15 @@ func (s *Store) ListSessions(ctx context.Context, p store.ListSessionsParams) ([
 func (s *Store) SessionState(ctx context.Context, key store.ActorKey) ([]byte, error) {
 	var state []byte
 	err := s.call(ctx, "session state", func(ctx context.Context) error {
-		var exists bool
+		var notNull bool
 		err := s.pool.QueryRow(ctx, `
-			SELECT true, (SELECT state FROM session_state st WHERE st.agent_uid = s.agent_uid AND st.session_id = s.session_id)
-			FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`, key.AgentUID, key.SessionID).Scan(&exists, &state)
+			SELECT st.state, st.state IS NOT NULL
+			FROM sessions s LEFT JOIN session_state st ON st.agent_uid = s.agent_uid AND st.session_id = s.session_id
+			WHERE s.agent_uid = $1 AND s.session_id = $2`, key.AgentUID, key.SessionID).Scan(&state, &notNull)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return store.ErrNotFound
 		}
+		state = store.StateFromColumn(state, notNull)
 		return err
 	})
 	return state, err

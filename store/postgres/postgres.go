@@ -26,9 +26,9 @@
 //     before it destroys the session. Steer, CancelEvent, SleepSession and
 //     DestroySession lock the live activation, then the session (lockKey),
 //     rereading the live activation under the session lock so that a claim
-//     committed in between reruns them. FireDueAlarms locks one alarm (FOR
-//     UPDATE SKIP LOCKED: racing hosts take different alarms), then its
-//     session. ClaimActivation reads for a live activation before it locks
+//     committed in between reruns them. FireDueAlarms locks a batch of
+//     alarms (FOR UPDATE SKIP LOCKED: racing hosts take different alarms),
+//     then their sessions, sorted by actor key (as group commit does). ClaimActivation reads for a live activation before it locks
 //     the session, so that it does not queue behind a commit that itself
 //     waits for the session row. Deadlocks (40P01), serialisation failures
 //     (40001) and those lock races, possible only through unusual

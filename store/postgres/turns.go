@@ -90,12 +90,14 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			d.Session, err = scanSession(row)
 			return err
 		})
-		b.Queue(`SELECT state FROM session_state WHERE agent_uid = $1 AND session_id = $2`,
+		b.Queue(`SELECT state, state IS NOT NULL FROM session_state WHERE agent_uid = $1 AND session_id = $2`,
 			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&d.State)
+			var notNull bool
+			err := row.Scan(&d.State, &notNull)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
+			d.State = store.StateFromColumn(d.State, notNull)
 			return err
 		})
 		if steered != nil && *steered {
@@ -130,7 +132,6 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			}
 			return checkErr(err)
 		}
-		d.State = nilIfEmpty(d.State)
 		d.Delivery = store.Delivery{
 			ID: p.DeliveryID, ActorKey: ref.ActorKey, ActivationUID: ref.UID, ActorEpoch: epoch,
 			EventID: *eventID, Revision: revision, State: state, Binding: d.Event.Binding,
@@ -393,7 +394,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 				INSERT INTO session_state (agent_uid, session_id, state, updated_at)
 				VALUES ($1, $2, $3, clock_timestamp())
 				ON CONFLICT (agent_uid, session_id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at`,
-				ref.AgentUID, ref.SessionID, nilIfEmpty(p.State))
+				ref.AgentUID, ref.SessionID, store.StateColumn(p.State))
 		}
 		if reason := store.OutcomeSleepReason(outcome); reason != "" {
 			// The agent sleeps (or finished) until the next signal, unless

@@ -145,3 +145,8 @@ func BenchmarkClaimActivation(b *testing.B) { storetest.BenchClaimActivation(b, 
 // NextDelivery + MarkDeliverySent (storetest.BenchNextDelivery, shared
 // with postgres).
 func BenchmarkNextDelivery(b *testing.B) { storetest.BenchNextDelivery(b, open(b)) }
+
+// BenchmarkFireDueAlarms: a burst of 1,000 alarms due at one instant fired
+// by three concurrent callers (storetest.BenchFireDueAlarms, shared with
+// postgres).
+func BenchmarkFireDueAlarms(b *testing.B) { storetest.BenchFireDueAlarms(b, open(b)) }

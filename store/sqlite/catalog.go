@@ -240,8 +240,8 @@ func (s *Store) CreateSession(ctx context.Context, p store.CreateSessionParams) 
 			INSERT INTO sessions (agent_uid, session_id, key, input, status, crash_policy, created_at)
 			SELECT a.agent_uid, ?, ?, ?, 'active', coalesce(nullif(?, ''), a.crash_policy), `+nowMS+`
 			FROM agents a WHERE a.agent_uid = ?
-			ON CONFLICT (agent_uid, key) WHERE key IS NOT NULL DO NOTHING`,
-			p.SessionID, nullString(p.Key), nullBytes(p.Input), p.CrashPolicy, p.AgentUID)
+			ON CONFLICT (agent_uid, key) WHERE key IS NOT NULL AND status <> 'destroyed' DO NOTHING`,
+			p.SessionID, nullString(p.Key), nullBytes(p.Input), store.NewSessionCrashPolicy(p), p.AgentUID)
 		if isConstraint(err) {
 			return fmt.Errorf("session %s: %w", key, store.ErrConflict)
 		}
@@ -262,12 +262,15 @@ func (s *Store) CreateSession(ctx context.Context, p store.CreateSessionParams) 
 		if err := tx.queryRow(`SELECT 1 FROM agents WHERE agent_uid = ?`, p.AgentUID).Scan(&one); err != nil {
 			return fmt.Errorf("agent %s: %w", p.AgentUID, notFound(err))
 		}
-		if !p.GetOrCreate {
-			return fmt.Errorf("session key %q: %w", p.Key, store.ErrConflict)
-		}
+		// The single writer holds the lock since the insert: the holder
+		// is there.
 		ss, err = scanSession(tx.queryRow(`
-			SELECT `+sessionCols+` FROM sessions s WHERE s.agent_uid = ? AND s.key = ?`, p.AgentUID, p.Key))
-		return err
+			SELECT `+sessionCols+` FROM sessions s WHERE s.agent_uid = ? AND s.key = ? AND s.status <> 'destroyed'`,
+			p.AgentUID, p.Key))
+		if err != nil {
+			return err
+		}
+		return store.CheckExistingSession(ss, p)
 	})
 	return ss, created, err
 }
@@ -314,11 +317,13 @@ func (s *Store) SessionState(ctx context.Context, key store.ActorKey) ([]byte, e
 		if _, err := getSession(tx, key); err != nil {
 			return err
 		}
-		err := tx.queryRow(`SELECT state FROM session_state WHERE agent_uid = ? AND session_id = ?`,
-			key.AgentUID, key.SessionID).Scan(&state)
+		var notNull bool
+		err := tx.queryRow(`SELECT state, state IS NOT NULL FROM session_state WHERE agent_uid = ? AND session_id = ?`,
+			key.AgentUID, key.SessionID).Scan(&state, &notNull)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
+		state = store.StateFromColumn(state, notNull)
 		return err
 	})
 	return state, err

@@ -83,6 +83,12 @@ func appendEvent(tx *txn, key store.ActorKey, kind, payload, idem string) (store
 	if _, err := sessionStatus(tx, key); err != nil {
 		return store.Event{}, false, err
 	}
+	return insertEvent(tx, key, kind, payload, idem)
+}
+
+// insertEvent is appendEvent for a caller that has checked, in tx, that
+// the session exists and is not destroyed.
+func insertEvent(tx *txn, key store.ActorKey, kind, payload, idem string) (store.Event, bool, error) {
 	if idem != "" {
 		ev, err := scanEvent(tx.queryRow(`
 			SELECT `+eventCols+` FROM actor_events e

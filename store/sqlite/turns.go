@@ -108,14 +108,13 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		if d.Session, err = getSession(tx, ref.ActorKey); err != nil {
 			return err
 		}
-		err = tx.queryRow(`SELECT state FROM session_state WHERE agent_uid = ? AND session_id = ?`,
-			ref.AgentUID, ref.SessionID).Scan(&d.State)
+		var notNull bool
+		err = tx.queryRow(`SELECT state, state IS NOT NULL FROM session_state WHERE agent_uid = ? AND session_id = ?`,
+			ref.AgentUID, ref.SessionID).Scan(&d.State, &notNull)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
-		if len(d.State) == 0 {
-			d.State = nil
-		}
+		d.State = store.StateFromColumn(d.State, notNull)
 		if d.Tail, err = tail(tx, ref.ActorKey, p.TailMessages); err != nil {
 			return err
 		}
@@ -277,7 +276,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 			if _, err := tx.exec(`
 				INSERT INTO session_state (agent_uid, session_id, state, updated_at) VALUES (?, ?, ?, `+nowMS+`)
 				ON CONFLICT (agent_uid, session_id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at`,
-				ref.AgentUID, ref.SessionID, nullBytes(p.State)); err != nil {
+				ref.AgentUID, ref.SessionID, nullBytes(store.StateColumn(p.State))); err != nil {
 				return err
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ func alarmCases() []testCase {
 		{"Alarms/ShortAlarmFiresWhenDueByTheDatabaseClock", testAlarmShort},
 		{"Alarms/AlarmWakesASleepingSession", testAlarmWakes},
 		{"Alarms/DestroyedSessionsAlarmsAreDropped", testAlarmDestroyed},
+		{"Alarms/OneCallFiresOldestFirstAcrossSessionsWithinItsLimit", testAlarmBatch},
 	}
 }
 
@@ -341,4 +343,55 @@ func testAlarmDestroyed(t *testing.T, b *bundle) {
 	wantEq(t, fmt.Sprint(b.fire(100)), fmt.Sprint([]store.ActorKey{live}), "FireDueAlarms fires only the live session's")
 	b.sameSnapshot(key, before, "FireDueAlarms on a destroyed session")
 	wantEq(t, len(b.alarmEvents(key)), 0, "alarm events of the destroyed session")
+}
+
+// testAlarmBatch: FireDueAlarms fires the oldest due alarms first, of any
+// sessions, at most limit of them per call, each once, waking a sleeping
+// session and moving a repeating alarm past now in the same call, and
+// returns each key that got an event once.
+func testAlarmBatch(t *testing.T, b *bundle) {
+	sleeper, two, three := b.session(), b.session(), b.session()
+	due := func(s int) time.Time { return msAgo(time.Duration(s) * time.Second) }
+	dWake, dOnce, dRep, dX1, dX2, dX3 := due(60), due(50), due(40), due(30), due(20), due(10)
+	b.message(sleeper, "sleep until the alarm")
+	act := b.claim(sleeper, LongTTL)
+	_, err := b.s.CommitTurn(b.ctx, store.CommitTurnParams{Ref: b.next(act).Delivery.TurnRef(), Outcome: abi.OutcomeSleep,
+		Alarms: []abi.AlarmOp{{Name: "wake", At: &dWake}}})
+	noErr(t, err, "CommitTurn sleep with an alarm")
+	noErr(t, b.s.StopActivation(b.ctx, act.Ref()), "StopActivation")
+	b.setAlarms(two, abi.AlarmOp{Name: "once", At: &dOnce}, abi.AlarmOp{Name: "rep", At: &dRep, EveryMs: 3_600_000})
+	b.setAlarms(three, abi.AlarmOp{Name: "x1", At: &dX1}, abi.AlarmOp{Name: "x2", At: &dX2}, abi.AlarmOp{Name: "x3", At: &dX3})
+
+	got := b.fire(4) // wake, once, rep, x1
+	slices.SortFunc(got, func(x, y store.ActorKey) int { return strings.Compare(x.String(), y.String()) })
+	want := []store.ActorKey{sleeper, two, three}
+	slices.SortFunc(want, func(x, y store.ActorKey) int { return strings.Compare(x.String(), y.String()) })
+	wantEq(t, fmt.Sprint(got), fmt.Sprint(want), "keys of the first call (each once)")
+	wantEq(t, len(b.alarmEvents(three)), 1, "alarm events of the third session after a call limited to 4")
+	wantActive(t, b.getSession(sleeper), "the sleeper after its alarm fired")
+	wantEq(t, fmt.Sprint(b.fire(100)), fmt.Sprint([]store.ActorKey{three}), "keys of the second call")
+	wantEq(t, len(b.fire(100)), 0, "a third call fires nothing")
+
+	for _, c := range []struct {
+		key   store.ActorKey
+		names []string
+		dues  []time.Time
+	}{
+		{sleeper, []string{"wake"}, []time.Time{dWake}},
+		{two, []string{"once", "rep"}, []time.Time{dOnce, dRep}},
+		{three, []string{"x1", "x2", "x3"}, []time.Time{dX1, dX2, dX3}},
+	} {
+		evs := b.alarmEvents(c.key)
+		if len(evs) != len(c.names) {
+			t.Fatalf("session %s: %d alarm events, want %d", c.key, len(evs), len(c.names))
+		}
+		for i, e := range evs {
+			wantAlarmEvent(t, e, c.names[i], c.dues[i], "")
+		}
+	}
+	left := b.alarms(two)
+	if len(left) != 1 || left[0].Name != "rep" || !left[0].DueAt.Equal(dRep.Add(time.Hour)) {
+		t.Fatalf("alarms of the second session after the burst: %+v, want rep due %v", left, dRep.Add(time.Hour))
+	}
+	wantEq(t, len(b.alarms(sleeper))+len(b.alarms(three)), 0, "one-shot alarms left")
 }

@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,4 +137,108 @@ func BenchNextDelivery(b *testing.B, s store.Store) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "dispatches/s")
 	b.ReportMetric(float64(next.Microseconds())/float64(b.N), "next-µs")
 	b.ReportMetric(float64(mark.Microseconds())/float64(b.N), "mark-µs")
+}
+
+// Alarm burst shape of BenchFireDueAlarms: BenchAlarmSessions sessions with
+// BenchAlarmsPerSession alarms each, all due at one instant, fired by
+// BenchAlarmHosts concurrent callers.
+const (
+	BenchAlarmSessions    = 200
+	BenchAlarmsPerSession = 5
+	BenchAlarmHosts       = 3
+	benchAlarmBatch       = 64 // the host's FireDueAlarms limit (host.fireAlarms)
+)
+
+// BenchFireDueAlarms measures a burst of 1,000 alarms due at one instant
+// (200 sessions × 5 one-shot alarms, due 1 s before the burst starts)
+// fired by three concurrent callers, as three hosts' alarm scans would: each
+// calls FireDueAlarms with the host's limit (64) until a call fires
+// nothing. One op is one burst; alarms/s is alarms fired per second and
+// burst-ms the time for the whole burst. With the timer stopped, each
+// iteration first commits a turn on every session that sets its alarms (the
+// sessions hold claimed activations) and afterwards checks that every alarm
+// fired exactly once: no alarm is left and each session got exactly five
+// alarm events more.
+func BenchFireDueAlarms(b *testing.B, s store.Store) {
+	ctx, agent, _ := benchSession(b, s)
+	type sess struct {
+		key    store.ActorKey
+		act    store.Activation
+		events int64
+	}
+	sessions := make([]sess, BenchAlarmSessions)
+	for i := range sessions {
+		x, _, err := s.CreateSession(ctx, store.CreateSessionParams{
+			AgentUID: agent.UID, SessionID: uuid.NewString(), CrashPolicy: store.CrashRestart,
+		})
+		noErr(b, err, "CreateSession")
+		_, _, err = s.AppendEvent(ctx, store.AppendEventParams{Key: x.ActorKey, Kind: abi.EventMessage,
+			Payload: []byte(`{"message":"set your alarms"}`)})
+		noErr(b, err, "AppendEvent")
+		act, err := s.ClaimActivation(ctx, store.ClaimActivationParams{Key: x.ActorKey, UID: uuid.NewString(),
+			LeaseID: uuid.NewString(), HostID: "bench-host", LeaseTTL: time.Hour})
+		noErr(b, err, "ClaimActivation")
+		sessions[i] = sess{key: x.ActorKey, act: act, events: 1}
+	}
+	// arm commits a turn on every session (its oldest open event) that
+	// sets its alarms, all due at one instant in the past.
+	arm := func() {
+		due := time.Now().Add(-time.Second).Truncate(time.Millisecond).UTC()
+		ops := make([]abi.AlarmOp, BenchAlarmsPerSession)
+		for j := range ops {
+			ops[j] = abi.AlarmOp{Name: fmt.Sprintf("a%d", j), At: &due, Data: []byte(`{"n":1}`)}
+		}
+		for _, x := range sessions {
+			d, err := s.NextDelivery(ctx, store.NextDeliveryParams{Activation: x.act.Ref(), DeliveryID: uuid.NewString(),
+				Binding: agent.ModuleDigest, MarkSent: true})
+			noErr(b, err, "NextDelivery")
+			_, err = s.CommitTurn(ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), KeepState: true,
+				Outcome: abi.OutcomeOK, Alarms: ops})
+			noErr(b, err, "CommitTurn with alarms")
+		}
+	}
+	// check verifies that the burst fired every alarm exactly once.
+	check := func() {
+		for i, x := range sessions {
+			alarms, err := s.ListAlarms(ctx, x.key)
+			noErr(b, err, "ListAlarms")
+			sn, err := s.GetSession(ctx, x.key)
+			noErr(b, err, "GetSession")
+			if len(alarms) != 0 || sn.EventCount != x.events+BenchAlarmsPerSession {
+				b.Fatalf("session %s after the burst: %d alarms left, %d events, want 0 and %d",
+					x.key, len(alarms), sn.EventCount, x.events+BenchAlarmsPerSession)
+			}
+			sessions[i].events = sn.EventCount
+		}
+	}
+	const total = BenchAlarmSessions * BenchAlarmsPerSession
+	b.ReportAllocs()
+	b.StopTimer()
+	arm()
+	b.StartTimer()
+	for b.Loop() {
+		var wg sync.WaitGroup
+		errs := make([]error, BenchAlarmHosts)
+		for h := range BenchAlarmHosts {
+			wg.Go(func() {
+				for {
+					keys, err := s.FireDueAlarms(ctx, benchAlarmBatch)
+					if err != nil || len(keys) == 0 {
+						errs[h] = err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		b.StopTimer()
+		for _, err := range errs {
+			noErr(b, err, "FireDueAlarms")
+		}
+		check()
+		arm()
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(total*b.N)/b.Elapsed().Seconds(), "alarms/s")
+	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "burst-ms")
 }

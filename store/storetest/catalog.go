@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -18,6 +19,8 @@ func catalogCases() []testCase {
 		{"Sessions/CreateGetListWithCounters", testSessions},
 		{"Sessions/KeyIsUniquePerAgentGetOrCreateReturnsExisting", testSessionKeys},
 		{"Sessions/GetOrCreateRaceCreatesOne", testSessionGetOrCreateRace},
+		{"Sessions/TakenKeyNamesTheSessionGetOrCreateRefusesADifferentPolicyOrInput", testSessionKeyConflicts},
+		{"Sessions/DestroyedSessionsKeyGetsANewSession", testSessionKeyAfterDestroy},
 	}
 }
 
@@ -201,6 +204,101 @@ func testSessionKeys(t *testing.T, b *bundle) {
 	wantEq(t, created, true, "same key under another agent created")
 	b.session()
 	b.session()
+}
+
+// wantSessionExists checks err is a *store.SessionExistsError (errors.Is
+// ErrConflict) naming the existing session and the refused field.
+func wantSessionExists(t *testing.T, err error, existing store.ActorKey, key, field, what string) {
+	t.Helper()
+	wantIs(t, err, store.ErrConflict, what)
+	var se *store.SessionExistsError
+	if !errors.As(err, &se) {
+		t.Fatalf("%s: %v (%T), want a *store.SessionExistsError", what, err, err)
+	}
+	if se.Existing != existing || se.Key != key || se.Field != field {
+		t.Fatalf("%s: SessionExistsError %+v, want existing %s key %q field %q", what, *se, existing, key, field)
+	}
+}
+
+func testSessionKeyConflicts(t *testing.T, b *bundle) {
+	p := store.CreateSessionParams{AgentUID: b.agent.UID, SessionID: uuid.NewString(), Key: "k",
+		Input: []byte("in-1"), CrashPolicy: store.CrashRestart}
+	first, created, err := b.s.CreateSession(b.ctx, p)
+	noErr(t, err, "CreateSession")
+	wantEq(t, created, true, "created")
+
+	p.SessionID = uuid.NewString()
+	_, _, err = b.s.CreateSession(b.ctx, p)
+	wantSessionExists(t, err, first.ActorKey, "k", "key", "create with a taken key")
+
+	p.GetOrCreate = true
+	got, created, err := b.s.CreateSession(b.ctx, p)
+	noErr(t, err, "get-or-create with the same policy and input")
+	wantEq(t, created, false, "get-or-create created")
+	wantEq(t, got.ActorKey, first.ActorKey, "get-or-create session")
+
+	q := p
+	q.CrashPolicy = store.CrashSleep
+	_, _, err = b.s.CreateSession(b.ctx, q)
+	wantSessionExists(t, err, first.ActorKey, "k", "crash_policy", "get-or-create with another crash policy")
+	q = p
+	q.CrashPolicy, q.DefaultCrashPolicy = "", store.CrashSleep // no opinion; the default is never compared
+	_, created, err = b.s.CreateSession(b.ctx, q)
+	noErr(t, err, "get-or-create without a crash policy")
+	wantEq(t, created, false, "get-or-create without a crash policy created")
+	for _, in := range [][]byte{[]byte("in-2"), nil} {
+		q = p
+		q.Input = in
+		_, _, err = b.s.CreateSession(b.ctx, q)
+		wantSessionExists(t, err, first.ActorKey, "k", "input", fmt.Sprintf("get-or-create with input %q", in))
+	}
+	// A new session takes DefaultCrashPolicy when CrashPolicy is empty.
+	d, created, err := b.s.CreateSession(b.ctx, store.CreateSessionParams{AgentUID: b.agent.UID,
+		SessionID: uuid.NewString(), Key: "k-default", DefaultCrashPolicy: store.CrashDestroy, GetOrCreate: true})
+	noErr(t, err, "CreateSession with a default crash policy")
+	wantEq(t, created, true, "created with a default crash policy")
+	wantEq(t, d.CrashPolicy, store.CrashDestroy, "crash policy from DefaultCrashPolicy")
+	_, err = b.s.DestroySession(b.ctx, d.ActorKey)
+	noErr(t, err, "DestroySession")
+	// Nothing else was created by the refusals.
+	list, err := b.s.ListSessions(b.ctx, store.ListSessionsParams{AgentUID: b.agent.UID})
+	noErr(t, err, "ListSessions")
+	wantEq(t, len(list), 2, "sessions after the refusals (k and the destroyed k-default)")
+}
+
+func testSessionKeyAfterDestroy(t *testing.T, b *bundle) {
+	p := store.CreateSessionParams{AgentUID: b.agent.UID, SessionID: uuid.NewString(), Key: "k", CrashPolicy: store.CrashRestart}
+	first, _, err := b.s.CreateSession(b.ctx, p)
+	noErr(t, err, "CreateSession")
+	_, err = b.s.DestroySession(b.ctx, first.ActorKey)
+	noErr(t, err, "DestroySession")
+
+	// Get-or-create of a destroyed session's key creates a new session.
+	p.SessionID, p.GetOrCreate = uuid.NewString(), true
+	second, created, err := b.s.CreateSession(b.ctx, p)
+	noErr(t, err, "get-or-create after destroy")
+	wantEq(t, created, true, "get-or-create after destroy created")
+	wantEq(t, second.SessionID, p.SessionID, "new session id")
+	wantEq(t, second.Status, store.SessionActive, "new session status")
+	again, created, err := b.s.CreateSession(b.ctx, store.CreateSessionParams{AgentUID: b.agent.UID,
+		SessionID: uuid.NewString(), Key: "k", CrashPolicy: store.CrashRestart, GetOrCreate: true})
+	noErr(t, err, "get-or-create of the new session")
+	wantEq(t, created, false, "get-or-create of the new session created")
+	wantEq(t, again.ActorKey, second.ActorKey, "get-or-create returns the live session")
+
+	// Plain create after destroy as well; the destroyed session keeps its key.
+	_, err = b.s.DestroySession(b.ctx, second.ActorKey)
+	noErr(t, err, "DestroySession of the second")
+	third, created, err := b.s.CreateSession(b.ctx, store.CreateSessionParams{AgentUID: b.agent.UID,
+		SessionID: uuid.NewString(), Key: "k", CrashPolicy: store.CrashRestart})
+	noErr(t, err, "create after destroy")
+	wantEq(t, created, true, "create after destroy created")
+	_, _, err = b.s.CreateSession(b.ctx, store.CreateSessionParams{AgentUID: b.agent.UID,
+		SessionID: uuid.NewString(), Key: "k", CrashPolicy: store.CrashRestart})
+	wantSessionExists(t, err, third.ActorKey, "k", "key", "create while the third is live")
+	old := b.getSession(first.ActorKey)
+	wantEq(t, old.Key, "k", "destroyed session's key")
+	wantEq(t, old.Status, store.SessionDestroyed, "destroyed session's status")
 }
 
 func testSessionGetOrCreateRace(t *testing.T, b *bundle) {

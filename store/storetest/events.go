@@ -17,6 +17,7 @@ func eventCases() []testCase {
 		{"Events/UnknownSessionNotFound", testAppendUnknownSession},
 		{"Invariant7/IdempotencyKeyReturnsFirstEvent", testIdempotency},
 		{"Invariant7/IdempotencyKeyRaceCreatesOne", testIdempotencyRace},
+		{"Invariant7/ReusedKeyIsTheSameSignalByMeaning", testIdempotencyByMeaning},
 		{"Subscribe/WakesOnAppendClosesWithContext", testSubscribe},
 	}
 }
@@ -87,6 +88,39 @@ func testAppendUnknownSession(t *testing.T, b *bundle) {
 		Key: store.ActorKey{AgentUID: b.agent.UID, SessionID: "missing"}, Kind: "message", Payload: json.RawMessage(`{}`),
 	})
 	wantIs(t, err, store.ErrNotFound, "AppendEvent to an unknown session")
+}
+
+// testIdempotencyByMeaning: the event a reused idempotency key returns is
+// the same signal (store.SameSignal, decided by canonical JSON) as a
+// re-send whose payload differs only in key order, spacing or number
+// spelling, on every driver (PostgreSQL's jsonb gives back its own
+// formatting), and not the same as a re-send that means something else.
+func testIdempotencyByMeaning(t *testing.T, b *bundle) {
+	key := b.session()
+	sent := []string{`{"data":{"a":1,"b":2}}`, `{"data":{"b":2,"a":1}}`, `{ "data": { "b": 2.0, "a": 1 } }`}
+	for i, first := range sent {
+		idem := fmt.Sprintf("req-%d", i)
+		ev, created, err := b.s.AppendEvent(b.ctx, store.AppendEventParams{Key: key, Kind: "message",
+			Payload: json.RawMessage(first), IdempotencyKey: idem})
+		noErr(t, err, "first AppendEvent")
+		wantEq(t, created, true, "first created")
+		for _, again := range sent {
+			got, created, err := b.s.AppendEvent(b.ctx, store.AppendEventParams{Key: key, Kind: "message",
+				Payload: json.RawMessage(again), IdempotencyKey: idem})
+			noErr(t, err, "repeated AppendEvent")
+			wantEq(t, created, false, "repeat created")
+			wantEq(t, got.ID, ev.ID, "repeat returns the first event")
+			if !store.SameSignal(got, "message", []byte(again)) {
+				t.Fatalf("key %s first sent %s, returned %s: not the same signal as the re-send %s", idem, first, got.Payload, again)
+			}
+		}
+		got, _, err := b.s.AppendEvent(b.ctx, store.AppendEventParams{Key: key, Kind: "message",
+			Payload: json.RawMessage(`{"data":{"a":1,"b":3}}`), IdempotencyKey: idem})
+		noErr(t, err, "AppendEvent of another signal under a used key")
+		if store.SameSignal(got, "message", []byte(`{"data":{"a":1,"b":3}}`)) || store.SameSignal(got, "steer", []byte(first)) {
+			t.Fatalf("key %s: returned %s %s is the same signal as a different one", idem, got.Kind, got.Payload)
+		}
+	}
 }
 
 func testIdempotency(t *testing.T, b *bundle) {

@@ -27,6 +27,7 @@ func turnCases() []testCase {
 		{"FailAttempt/UncountedFailureKeepsAttempts", testUncounted},
 		{"Transcript/PagesTurnsWithMessagesInOrder", testTranscriptPaging},
 		{"SessionState/NilUntilACommitSetsItThenTheCommittedBytes", testSessionState},
+		{"SessionState/EmptyStateIsKeptEmptyNotNil", testEmptyState},
 	}
 }
 
@@ -46,6 +47,57 @@ func testSessionState(t *testing.T, b *bundle) {
 	_, err = b.s.SessionState(b.ctx, store.ActorKey{AgentUID: key.AgentUID, SessionID: "no-such-session"})
 	if !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("SessionState of an unknown session: %v, want ErrNotFound", err)
+	}
+}
+
+// testEmptyState: a commit of State []byte{} (abi: `state: ""`) stores an
+// empty state, which reads back as non-nil empty (the next request carries
+// `""`), not as nil (never set, `null`); State nil without KeepState
+// removes the state (nil again).
+func testEmptyState(t *testing.T, b *bundle) {
+	key := b.session()
+	b.message(key, "one")
+	act := b.claim(key, LongTTL)
+	b.commit(b.next(act).Delivery.TurnRef(), "r1", "s-1")
+	b.message(key, "two")
+	d := b.next(act)
+	_, err := b.s.CommitTurn(b.ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), State: []byte{}, Outcome: abi.OutcomeOK})
+	noErr(t, err, "CommitTurn with an empty state")
+	st, err := b.s.SessionState(b.ctx, key)
+	noErr(t, err, "SessionState")
+	if st == nil || len(st) != 0 {
+		t.Fatalf("SessionState after an empty state was committed = %#v, want []byte{} (not nil)", st)
+	}
+	b.message(key, "three")
+	d = b.next(act)
+	if d.State == nil || len(d.State) != 0 {
+		t.Fatalf("Dispatch.State after an empty state was committed = %#v, want []byte{} (not nil)", d.State)
+	}
+	// KeepState keeps the empty state.
+	_, err = b.s.CommitTurn(b.ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), KeepState: true, Outcome: abi.OutcomeOK})
+	noErr(t, err, "CommitTurn KeepState")
+	b.message(key, "four")
+	d = b.next(act)
+	if d.State == nil || len(d.State) != 0 {
+		t.Fatalf("Dispatch.State after KeepState of an empty state = %#v, want []byte{}", d.State)
+	}
+	// State nil without KeepState: no state, as never set.
+	_, err = b.s.CommitTurn(b.ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK})
+	noErr(t, err, "CommitTurn State nil")
+	st, err = b.s.SessionState(b.ctx, key)
+	noErr(t, err, "SessionState after State nil")
+	if st != nil {
+		t.Fatalf("SessionState after a commit of State nil = %#v, want nil", st)
+	}
+	b.message(key, "five")
+	if d = b.next(act); d.State != nil {
+		t.Fatalf("Dispatch.State after a commit of State nil = %#v, want nil", d.State)
+	}
+	// A new session's state is nil on both reads.
+	other := b.session()
+	b.message(other, "hi")
+	if d = b.next(b.claim(other, LongTTL)); d.State != nil {
+		t.Fatalf("Dispatch.State of a new session = %#v, want nil", d.State)
 	}
 }
 
