@@ -54,13 +54,25 @@ func (s *Service) putSession(ctx context.Context, a store.Agent, p SessionParams
 	if ap, ok := s.h.Policy().Agents[a.Name]; ok {
 		def = ap.CrashPolicy // the config's override for this agent
 	}
-	pol, err := policy(p.CrashPolicy, def)
-	if err != nil {
+	// The policy asked for is passed as given ("" when none), so that a
+	// get-or-create compares only a policy the caller named with the
+	// existing session's; def applies to a new session.
+	if _, err := policy(p.CrashPolicy, def); err != nil {
 		return store.Session{}, false, err
 	}
 	x, created, err := s.st.CreateSession(ctx, store.CreateSessionParams{
-		AgentUID: a.UID, SessionID: uuid.NewString(), Key: p.Key, Input: p.Input, CrashPolicy: pol, GetOrCreate: getOrCreate,
+		AgentUID: a.UID, SessionID: uuid.NewString(), Key: p.Key, Input: p.Input,
+		CrashPolicy: store.CrashPolicy(p.CrashPolicy), DefaultCrashPolicy: def, GetOrCreate: getOrCreate,
 	})
+	if se, ok := errors.AsType[*store.SessionExistsError](err); ok {
+		msg := fmt.Sprintf("agent %q already has session %s with key %q (get-or-create: PUT, or paddock session create --get-or-create)",
+			a.Name, se.Existing.SessionID, p.Key)
+		if se.Field != "key" {
+			msg = fmt.Sprintf("agent %q's session %s with key %q has a different %s (get-or-create with the same %s, or none)",
+				a.Name, se.Existing.SessionID, p.Key, se.Field, se.Field)
+		}
+		return x, false, &ConflictError{Reason: ConflictSessionExists, Field: se.Field, Message: msg}
+	}
 	if errors.Is(err, store.ErrConflict) {
 		return x, false, &ConflictError{Reason: ConflictSessionExists, Field: "key",
 			Message: fmt.Sprintf("agent %q already has a session with key %q (get-or-create: PUT, or paddock session create --get-or-create)", a.Name, p.Key)}

@@ -1,7 +1,6 @@
 package service
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -149,7 +148,7 @@ func (s *Service) Signal(ctx context.Context, a store.Agent, sessionID string, p
 			return SignalResult{}, notFound(err)
 		}
 	}
-	if !res.Created && (res.Event.Kind != p.Kind || !bytes.Equal(res.Event.Payload, payload)) {
+	if !res.Created && !store.SameSignal(res.Event, p.Kind, payload) {
 		// The key was used for another signal: refuse rather than drop
 		// this one silently (the first one stays as it was).
 		return SignalResult{}, &ConflictError{Reason: ConflictIdempotencyKeyReused, Field: "idempotency_key",
