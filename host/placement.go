@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"time"
 
 	"github.com/paddock-dev/paddock/store"
 )
@@ -25,7 +26,13 @@ type Placer interface {
 // session in pool now (Placer).
 func (h *Host) placeable(ctx context.Context, agent store.Agent, pool string) bool {
 	p, ok := h.runner.(Placer)
-	return !ok || p.CanRun(ctx, agent, pool)
+	if !ok {
+		return true
+	}
+	// CanRun may look up the agent's plugin binding in the store.
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return p.CanRun(ctx, agent, pool)
 }
 
 // Rescan makes the host look for runnable sessions now instead of at the
