@@ -311,6 +311,38 @@ func (b *Broker) Workers() []WorkerStatus {
 	return out
 }
 
+// Serves reports whether a live (admitted) worker session announces pool
+// and the worker kind of binding (a module digest or
+// "plugin:<name>@<sha256>"; "" matches any kind): whether a turn of
+// binding on pool could be dispatched now, capacity aside. A host asks it
+// before it claims a session of a remote pool (DESIGN "Remote pools
+// across hosts"). A malformed binding matches no worker.
+func (b *Broker) Serves(pool, binding string) bool {
+	kind := ""
+	if binding != "" {
+		k, err := workerkind.Of(binding)
+		if err != nil {
+			return false
+		}
+		kind = k
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false
+	}
+	for _, p := range b.peers {
+		s := p.cur
+		if s == nil || s.state != stateLive || !slices.Contains(s.hello.Pools, pool) {
+			continue
+		}
+		if kind == "" || slices.Contains(s.hello.Kinds, kind) {
+			return true
+		}
+	}
+	return false
+}
+
 // Close says GOODBYE to every admitted worker (best effort, until ctx
 // ends or 500 ms), fails the turns in flight (KindWorkerLost,
 // broker_closed), closes the socket and waits for the broker's
@@ -858,6 +890,9 @@ func (b *Broker) apply(ev lifeEvent) {
 			attrs = append(attrs, slog.String("superseded", old.key.incarnation.String()))
 		}
 		b.log.LogAttrs(b.ctx, slog.LevelInfo, "fabric worker admitted", attrs...)
+		if b.cfg.Admitted != nil {
+			b.cfg.Admitted(s.worker, slices.Clone(s.hello.Pools))
+		}
 	case lifeHeartbeat:
 		b.mu.Lock()
 		ev.sess.hbFree, ev.sess.hbRunning = ev.hb.Free, ev.hb.Running

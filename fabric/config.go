@@ -86,6 +86,12 @@ type BrokerConfig struct {
 	// released. It also closes a superseded incarnation's connection when
 	// the new one came over another (guard.DuplicateDistinct).
 	Disconnect func(id string) int
+	// Admitted, if set, is called each time a worker session is admitted
+	// (a worker connected or reconnected), with the worker's id and the
+	// pools it announced, on the broker's lifecycle goroutine: it must
+	// return at once. The host uses it to look for sessions of those pools
+	// that wait for a worker (DESIGN "Remote pools across hosts").
+	Admitted func(worker string, pools []string)
 	// ClockSkew is how far a HELLO's timestamp may be from the broker's
 	// clock.
 	ClockSkew time.Duration

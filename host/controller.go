@@ -134,6 +134,12 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	}
 	pol := h.Policy().For(agent.Name)
 	c.pol = pol
+	if !h.placeable(runCtx, agent, pol.Pool) {
+		// Remote pool without a live worker here: leave the session to a
+		// host that has one (DESIGN "Remote pools across hosts").
+		c.log.Debug("pool not runnable on this host: session left alone", "pool", pol.Pool)
+		return 0
+	}
 
 	// Capacity (DESIGN "Capacity"): a slot of the agent's pool on this host.
 	slots := h.pool(pol.Pool)
@@ -324,6 +330,12 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 	idleSince := time.Now()
 	for {
 		if runCtx.Err() != nil || a.leaseCtx.Err() != nil {
+			return a.stop()
+		}
+		if !h.placeable(a.leaseCtx, a.agent, a.pol.Pool) {
+			// The remote pool's last worker here left: let go of the session
+			// before taking its next event, for a host that has one.
+			a.log.Info("pool no longer runnable on this host: activation stopped", "pool", a.pol.Pool)
 			return a.stop()
 		}
 		ctx, cancel := context.WithTimeout(a.leaseCtx, 10*time.Second)

@@ -133,6 +133,9 @@ type Host struct {
 	wg              sync.WaitGroup
 	stopping        bool
 
+	// rescan asks scanLoop for a scan now (Rescan).
+	rescan chan struct{}
+
 	commitMu sync.Mutex
 	commitCh chan struct{}
 	onCommit func(store.Turn)
@@ -165,7 +168,7 @@ func New(o Options) (*Host, error) {
 		st: o.Store, runner: o.Runner, set: o.Policy, id: o.HostID,
 		log: o.Logger.With("host_id", o.HostID), metrics: o.Metrics,
 		ctrls: map[store.ActorKey]*controller{}, leases: map[string]*lease{}, forced: map[store.ActorKey]time.Time{}, pools: map[string]*pool{},
-		commitCh: make(chan struct{}), onCommit: o.OnCommit,
+		commitCh: make(chan struct{}), onCommit: o.OnCommit, rescan: make(chan struct{}, 1),
 	}
 	h.SetPolicy(o.Policy)
 	return h, nil
@@ -472,6 +475,7 @@ func (h *Host) scanLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-h.rescan:
 		}
 	}
 }

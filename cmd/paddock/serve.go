@@ -162,6 +162,13 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 				defer cancel()
 				_, _ = h.Commit(cctx, res) // a rejection is counted and logged by Commit
 			}
+		}, func() {
+			// A worker connected: sessions of its pools that waited for one
+			// (signalled through any host) start now, not at the next scan.
+			// Before the host exists, its first scan at start does it.
+			if h := late.Load(); h != nil {
+				h.Rescan()
+			}
 		})
 		if err != nil {
 			return err
@@ -231,7 +238,8 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 // startBroker binds the fabric's ROUTER socket through the guard transport
 // (greetings pre-read off the accept loop, frame sizes capped, stalled
 // writes cut: fabric/guard) for the configured workers.
-func startBroker(ctx context.Context, cfg config.Config, st store.Store, log *slog.Logger, lateResult func(*abi.TurnResult)) (*fabric.Broker, error) {
+// admitted is called (and must return at once) when a worker is admitted.
+func startBroker(ctx context.Context, cfg config.Config, st store.Store, log *slog.Logger, lateResult func(*abi.TurnResult), admitted func()) (*fabric.Broker, error) {
 	// The guard's write timeout sits below the broker's send timeout and
 	// the heartbeat margin, so a peer that stops reading is cut before it
 	// costs anyone a heartbeat; its frame limit is the broker's message
@@ -272,6 +280,7 @@ func startBroker(ctx context.Context, cfg config.Config, st store.Store, log *sl
 		},
 		LateResult: lateResult,
 		Disconnect: g.Disconnect,
+		Admitted:   func(string, []string) { admitted() },
 	}, log)
 	if err != nil {
 		return nil, fmt.Errorf("fabric: listen %s: %w", cfg.Fabric.Listen, err)

@@ -2,7 +2,6 @@ package runner
 
 import (
 	"context"
-
 	"fmt"
 	"strings"
 
@@ -39,6 +38,10 @@ func (r *Runner) WithFabric(b *fabric.Broker, remote []string) *Runner {
 	return r
 }
 
+// A remote pool runs only where its worker is (DESIGN "Remote pools across
+// hosts").
+var _ host.Placer = (*Runner)(nil)
+
 // poolPrefix starts the binding of a turn that runs on a remote pool:
 // "pool:<name>/<module digest or plugin binding>".
 const poolPrefix = "pool:"
@@ -58,6 +61,27 @@ func (r *Runner) Binding(ctx context.Context, a store.Agent, pool string) (strin
 		return poolPrefix + pool + "/" + inner, nil
 	}
 	return inner, nil
+}
+
+// CanRun reports whether a turn of agent in pool could be dispatched on
+// this host now (host.Placer): always for a local pool; for a remote pool,
+// only while a live worker connected to this host's broker announces the
+// pool and the kind the agent's binding needs (wasm, or its plugin). When
+// the binding cannot be resolved, any live worker of the pool will do: the
+// turn then fails as it would have anyway.
+func (r *Runner) CanRun(ctx context.Context, a store.Agent, pool string) bool {
+	if !r.remote[pool] {
+		return true
+	}
+	if r.fabric == nil {
+		return false
+	}
+	binding, err := r.Binding(ctx, a, pool)
+	if err != nil {
+		return r.fabric.Serves(pool, "")
+	}
+	_, inner, _ := strings.Cut(strings.TrimPrefix(binding, poolPrefix), "/")
+	return r.fabric.Serves(pool, inner)
 }
 
 // Instantiate returns an instance for a module digest or a plugin binding.
