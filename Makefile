@@ -59,7 +59,7 @@ lint: ## staticcheck (pinned in go.mod's tool block: `go tool staticcheck`)
 fmt-check: ## fail if gofmt would change a file
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 
-test: fmt-check vet examples ## gofmt check, vet, race tests on both store drivers and the examples (what CI runs)
+test: fmt-check vet lint examples ## gofmt check, vet, staticcheck, race tests on both store drivers and the examples (what CI runs)
 	@mkdir -p bin && rm -f bin/figures.txt
 	FIGURES_FILE=$(CURDIR)/bin/figures.txt $(GO) test -race -timeout $(TEST_TIMEOUT) ./...
 	@echo "Figures measured by the tests:"; cat bin/figures.txt 2>/dev/null || echo "  (none)"

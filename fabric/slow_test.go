@@ -3,7 +3,6 @@ package fabric
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -89,14 +88,6 @@ func (r *rawClient) stopReading() { r.gate.close() }
 // msgQuiet sends a heartbeat acknowledging nothing, ignoring errors.
 func (r *rawClient) msgQuiet(*testing.T) {
 	f := r.sess.Seal(wire.ToHost, wire.KindHeartbeat, r.sess.NextSeq(), []byte(`{"free":1,"running":0,"rx_bytes":0}`))
-	_ = r.sendFn(zmq4.NewMsg(f))
-}
-
-// msgAck sends a heartbeat acknowledging every byte received so far (as
-// a real worker does), ignoring errors.
-func (r *rawClient) msgAck() {
-	body := fmt.Sprintf(`{"free":1,"running":0,"rx_bytes":%d}`, r.rx.Load())
-	f := r.sess.Seal(wire.ToHost, wire.KindHeartbeat, r.sess.NextSeq(), []byte(body))
 	_ = r.sendFn(zmq4.NewMsg(f))
 }
 

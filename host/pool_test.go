@@ -22,8 +22,10 @@ func isClosed(ch <-chan struct{}) bool {
 // the waiter.
 func TestPoolIdleHoldersYieldOncePerWaiter(t *testing.T) {
 	p := newPool(2)
-	if !p.tryAcquire() || !p.tryAcquire() {
-		t.Fatal("two free slots not acquired")
+	for i := range 2 {
+		if !p.tryAcquire() {
+			t.Fatalf("free slot %d of 2 not acquired", i+1)
+		}
 	}
 	idle := p.contended()
 	if isClosed(idle) {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
 )
 
@@ -270,25 +269,4 @@ func (s *Store) Transcript(ctx context.Context, p store.TranscriptParams) ([]sto
 		return rows.Err()
 	})
 	return turns, err
-}
-
-// tail returns the session's last n transcript messages, oldest first.
-func tail(ctx context.Context, q querier, key store.ActorKey, n int) ([]abi.Message, error) {
-	if n <= 0 {
-		return nil, nil
-	}
-	rows, err := q.Query(ctx, `
-		SELECT role, content FROM (
-			SELECT turn_no, idx, role, content FROM messages
-			WHERE agent_uid = $1 AND session_id = $2
-			ORDER BY turn_no DESC, idx DESC LIMIT $3) m
-		ORDER BY turn_no, idx`, key.AgentUID, key.SessionID, n)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (abi.Message, error) {
-		var m abi.Message
-		err := r.Scan(&m.Role, &m.Content)
-		return m, err
-	})
 }
