@@ -141,13 +141,9 @@ func TestPluginRegisterHashesTheBinary(t *testing.T) {
 	ctx := context.Background()
 	ra := startRealAPI(t, 32<<20)
 	bin, built := plugintest.Build(t, plugintest.Notes)
-	// The only plugin build of this package's tests: remove it with the
-	// test (TestMain is pgtest's, which exits).
-	t.Cleanup(func() {
-		if dir, err := plugintest.Dir(); err == nil {
-			_ = os.RemoveAll(dir)
-		}
-	})
+	// The build is cached for the test binary (like paddockBin's) and left
+	// in its temporary directory: TestMain is pgtest.Main, which exits, and
+	// removing it here would break -count=N.
 	content, err := os.ReadFile(bin)
 	if err != nil {
 		t.Fatal(err)
