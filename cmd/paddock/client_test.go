@@ -15,67 +15,83 @@ import (
 
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/host/api"
+	apiclient "github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/runner"
 	"github.com/paddock-dev/paddock/store/sqlite"
 	"github.com/paddock-dev/paddock/wasm"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
 
-// TestEventsLabelsTheLastErrorOfADoneEvent runs `paddock events` against a
-// server answering a fixed event list: a done event's last error (from an
-// earlier, failed attempt) is labelled as such, an open event's is shown
-// as it is, and --output json prints the server's body unchanged.
+// TestEventsLabelsTheLastErrorOfADoneEvent runs `paddock events` against
+// the real API with the faulty agent in a session whose crash policy is
+// sleep: a done event's last error (from an earlier, failed attempt of
+// "flaky 2") is labelled as such, an open event's (a trap put the session
+// to sleep) is shown as it is, a done event that never failed shows none,
+// and --output json prints the server's body unchanged.
 func TestEventsLabelsTheLastErrorOfADoneEvent(t *testing.T) {
-	const body = `{"events":[` +
-		`{"event_id":1,"seq":1,"kind":"message","payload":{"message":"a"},"status":"done","attempts":1,"last_error":"no_worker: no worker of pool p"},` +
-		`{"event_id":2,"seq":2,"kind":"message","payload":{"message":"b"},"status":"open","attempts":2,"last_error":"trap: unreachable"},` +
-		`{"event_id":3,"seq":3,"kind":"message","payload":{"message":"c"},"status":"done","attempts":0}]}`
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/v1/agents/ag/sessions/s1/events" {
-			http.NotFound(w, r)
-			return
+	ctx := context.Background()
+	ra := startRealAPI(t, 32<<20, fastRetries)
+	ra.faultyAgent(ctx, "ag")
+	s, err := ra.api.CreateSession(ctx, "ag", apiclient.SessionRequest{CrashPolicy: "sleep"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(sig apiclient.Signal) {
+		t.Helper()
+		if _, err := ra.api.SendSignal(ctx, "ag", s.SessionID, sig); err != nil {
+			t.Fatal(err)
 		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(body))
-	}))
-	defer srv.Close()
+	}
+	// "flaky 2" fails its first attempt, which puts the session to sleep;
+	// a wake retries it, and the second attempt succeeds.
+	send(apiclient.Signal{Message: "flaky 2"})
+	ra.waitEvents(ctx, "ag", s.SessionID, func(evs []apiclient.Event) bool {
+		return len(evs) == 1 && evs[0].Status == "open" && evs[0].LastError != ""
+	})
+	send(apiclient.Signal{Kind: apiclient.SignalWake})
+	ra.waitEvents(ctx, "ag", s.SessionID, func(evs []apiclient.Event) bool {
+		return len(evs) == 1 && evs[0].Status == "done"
+	})
+	// "hi" succeeds at once; "trap" fails and the session sleeps again,
+	// leaving the event open with its error.
+	send(apiclient.Signal{Message: "hi"})
+	send(apiclient.Signal{Message: "trap"})
+	evs := ra.waitEvents(ctx, "ag", s.SessionID, func(evs []apiclient.Event) bool {
+		return len(evs) == 3 && evs[0].Status == "done" && evs[1].Status == "done" && evs[2].Status == "open" && evs[2].LastError != ""
+	})
+	if evs[0].LastError == "" || evs[0].Attempts != 1 || evs[1].LastError != "" {
+		t.Fatalf("the events are not the situation under test: %+v", evs)
+	}
 	run := func(args ...string) string {
 		t.Helper()
-		root := newRoot()
-		var out bytes.Buffer
-		root.SetOut(&out)
-		root.SetErr(&out)
-		root.SetArgs(append([]string{"--server", srv.URL}, args...))
-		if err := root.Execute(); err != nil {
-			t.Fatalf("paddock %s: %v\n%s", strings.Join(args, " "), err, out.String())
+		out, err := ra.run(ctx, args...)
+		if err != nil {
+			t.Fatalf("paddock %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
-		return out.String()
+		return out
 	}
 
-	lines := strings.Split(strings.TrimSpace(run("events", "ag", "s1")), "\n")
+	lines := strings.Split(strings.TrimSpace(run("events", "ag", s.SessionID)), "\n")
 	if len(lines) != 4 {
 		t.Fatalf("want a header and 3 rows, got:\n%s", strings.Join(lines, "\n"))
 	}
 	for i, want := range []struct{ has, hasNot string }{
-		{"(earlier attempt) no_worker: no worker of pool p", ""},
-		{"trap: unreachable", "(earlier attempt)"},
+		{"(earlier attempt) " + oneLine(evs[0].LastError, 100), ""},
 		{"done", "(earlier attempt)"},
+		{oneLine(evs[2].LastError, 100), "(earlier attempt)"},
 	} {
 		row := lines[i+1]
 		if !strings.Contains(row, want.has) || (want.hasNot != "" && strings.Contains(row, want.hasNot)) {
 			t.Errorf("row %d %q: want %q and not %q", i+1, row, want.has, want.hasNot)
 		}
 	}
-
-	var got, sent any
-	if err := json.Unmarshal([]byte(run("events", "ag", "s1", "--output", "json")), &got); err != nil {
-		t.Fatalf("--output json is not JSON: %v", err)
+	if !strings.Contains(lines[1], "faulty: error requested") || !strings.Contains(lines[3], "trap") {
+		t.Errorf("the rows do not show the real errors:\n%s", strings.Join(lines, "\n"))
 	}
-	_ = json.Unmarshal([]byte(body), &sent)
-	g, _ := json.Marshal(got)
-	s, _ := json.Marshal(sent)
-	if !bytes.Equal(g, s) {
-		t.Errorf("--output json changed the body:\n got %s\nwant %s", g, s)
+
+	got := canonJSON(t, run("events", "ag", s.SessionID, "--output", "json"))
+	if sent := ra.getJSON("/v1/agents/ag/sessions/" + s.SessionID + "/events?limit=1000"); !bytes.Equal(got, sent) {
+		t.Errorf("--output json changed the body:\n got %s\nwant %s", got, sent)
 	}
 }
 

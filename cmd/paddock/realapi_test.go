@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,7 @@ import (
 	"github.com/paddock-dev/paddock/host/api"
 	apiclient "github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/runner"
+	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/store/sqlite"
 	"github.com/paddock-dev/paddock/wasm"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
@@ -29,8 +31,10 @@ type realAPI struct {
 }
 
 // startRealAPI starts a host on SQLite behind the real API (token "tok",
-// module uploads capped at maxModule bytes); it stops with the test.
-func startRealAPI(t *testing.T, maxModule int64) *realAPI {
+// module uploads capped at maxModule bytes), running wasm modules and
+// plugin workers; it stops with the test. Each tune, if any, changes the
+// host's policy first.
+func startRealAPI(t *testing.T, maxModule int64, tune ...func(*host.Policy)) *realAPI {
 	t.Helper()
 	ctx := context.Background()
 	quiet := slog.New(slog.DiscardHandler)
@@ -44,8 +48,14 @@ func startRealAPI(t *testing.T, maxModule int64) *realAPI {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rt.Close(ctx) })
-	wr := runner.NewWasm(rt, st)
-	h, err := host.New(host.Options{Store: st, Runner: wr, Policy: host.DefaultPolicy(), Logger: quiet})
+	pm := pluginhost.NewManager(quiet, pluginhost.Options{})
+	t.Cleanup(func() { _ = pm.Close(context.Background()) })
+	wr := runner.New(runner.NewWasm(rt, st), pm, st)
+	pol := host.DefaultPolicy()
+	for _, f := range tune {
+		f(&pol)
+	}
+	h, err := host.New(host.Options{Store: st, Runner: wr, Policy: pol, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +64,7 @@ func startRealAPI(t *testing.T, maxModule int64) *realAPI {
 	go func() { _ = h.Run(hctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	ra := &realAPI{t: t}
-	handler := api.New(api.Options{Host: h, Modules: wr, AuthToken: "tok", MaxBodyBytes: 1 << 20, MaxModuleBytes: maxModule, Logger: quiet})
+	handler := api.New(api.Options{Host: h, Modules: wr, Plugins: wr, AuthToken: "tok", MaxBodyBytes: 1 << 20, MaxModuleBytes: maxModule, Logger: quiet})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == "POST" && r.URL.Path == "/v1/modules" {
 			ra.uploads.Add(1)
@@ -77,4 +87,70 @@ func (ra *realAPI) run(ctx context.Context, args ...string) (string, error) {
 	root.SetArgs(append([]string{"--server", ra.url, "--token", "tok"}, args...))
 	err := root.ExecuteContext(ctx)
 	return out.String(), err
+}
+
+// fastRetries retries failed attempts after 20–100 ms, so that a test sees
+// retries and dead letters at once.
+func fastRetries(p *host.Policy) {
+	p.ScanInterval, p.BackoffMin, p.BackoffMax, p.MaxAttempts = 100*time.Millisecond, 20*time.Millisecond, 100*time.Millisecond, 2
+}
+
+// faultyAgent uploads the faulty example and registers it as agent name.
+func (ra *realAPI) faultyAgent(ctx context.Context, name string) {
+	ra.t.Helper()
+	_, wasmBytes := wasmtest.BuildExample(ra.t, wasmtest.Faulty)
+	m, err := ra.api.UploadModule(ctx, wasmBytes)
+	if err != nil {
+		ra.t.Fatal(err)
+	}
+	if _, err := ra.api.CreateAgent(ctx, apiclient.CreateAgentRequest{Name: name, Module: m.Digest}); err != nil {
+		ra.t.Fatal(err)
+	}
+}
+
+// waitEvents polls the session's events until ok accepts them (30 s).
+func (ra *realAPI) waitEvents(ctx context.Context, agent, session string, ok func([]apiclient.Event) bool) []apiclient.Event {
+	ra.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		evs, err := ra.api.ListEvents(ctx, agent, session, apiclient.ListEventsOptions{Limit: 1000})
+		if err == nil && ok(evs) {
+			return evs
+		}
+		if time.Now().After(deadline) {
+			ra.t.Fatalf("events of %s/%s: %+v %v", agent, session, evs, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// getJSON GETs path from the API and returns the body re-encoded
+// canonically.
+func (ra *realAPI) getJSON(path string) []byte {
+	ra.t.Helper()
+	req, _ := http.NewRequest("GET", ra.url+path, nil)
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		ra.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v any
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		ra.t.Fatal(err)
+	}
+	b, _ := json.Marshal(v)
+	return b
+}
+
+// canonJSON re-encodes the JSON s canonically, failing the test if it is
+// not JSON.
+func canonJSON(t *testing.T, s string) []byte {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal([]byte(s), &v); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, s)
+	}
+	b, _ := json.Marshal(v)
+	return b
 }

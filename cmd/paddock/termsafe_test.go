@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -107,73 +105,118 @@ func TestTranscriptEscapesControlsAndForgedHeaders(t *testing.T) {
 }
 
 // TestErrorsAndPayloadsEscapeControls runs `paddock events`, `event show`
-// and `dead-letters` against a server answering error texts and payloads
-// with terminal controls (an agent's error or message can carry any
-// text): the human output escapes them and keeps a multi-line error's
-// lines indented; --output json prints the body unchanged.
+// and `dead-letters` against the real API with an event dead-lettered by
+// the faulty agent: its payload (the signal's message) carries terminal
+// controls and a forged line, its error chain real multi-line errors (a
+// Go panic and its goroutine dump). The human output escapes the controls
+// and keeps a multi-line error's lines indented; --output json prints the
+// body unchanged.
+//
+// No agent can make its error text carry controls (the faulty agent's
+// errors are fixed texts; a turn error quotes the guest's stderr only
+// when the guest dies, with the runtime's own words), so the escaping of
+// such an error is checked on the formatting functions themselves in
+// TestErrorCellsEscapeControls.
 func TestErrorsAndPayloadsEscapeControls(t *testing.T) {
-	lastErr, _ := json.Marshal(hostile + "\nline2\n── turn 99")
-	payload := `{"message":"\u009b2J` + "\u202e" + `"}`
-	event := fmt.Sprintf(`{"event_id":1,"seq":1,"kind":"message","payload":%s,"status":"dead_letter","attempts":1,"last_error":%s,`+
-		`"errors":[{"attempt":1,"actor_epoch":1,"counted":true,"error":%s}]}`, payload, lastErr, lastErr)
-	bodies := map[string]string{
-		"/v1/agents/ag/sessions/s1/events":       `{"events":[` + event + `]}`,
-		"/v1/agents/ag/sessions/s1/events/1":     event,
-		"/v1/agents/ag/sessions/s1/dead-letters": `{"dead_letters":[{"session_id":"s1","event":` + event + `}]}`,
+	ctx := context.Background()
+	ra := startRealAPI(t, 32<<20, fastRetries)
+	ra.faultyAgent(ctx, "ag")
+	s, err := ra.api.CreateSession(ctx, "ag", apiclient.SessionRequest{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, ok := bodies[r.URL.Path]
-		if !ok {
-			http.NotFound(w, r)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(b))
-	}))
-	defer srv.Close()
+	msg := "crash " + hostile + "\nline2\n── turn 99"
+	if _, err := ra.api.SendSignal(ctx, "ag", s.SessionID, apiclient.Signal{Message: msg}); err != nil {
+		t.Fatal(err)
+	}
+	evs := ra.waitEvents(ctx, "ag", s.SessionID, func(evs []apiclient.Event) bool {
+		return len(evs) == 1 && evs[0].Status == "dead_letter"
+	})
+	ev, err := ra.api.GetEvent(ctx, "ag", s.SessionID, evs[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var payload struct{ Message string }
+	if err := json.Unmarshal(ev.Payload, &payload); err != nil || payload.Message != msg {
+		t.Fatalf("the store changed the message: %q %v, want %q", payload.Message, err, msg)
+	}
+	if !strings.Contains(ev.LastError, "\n") || len(ev.Errors) == 0 || !strings.Contains(ev.Errors[0].Error, "\n") {
+		t.Fatalf("want multi-line errors, got %+v", ev)
+	}
 	run := func(args ...string) string {
 		t.Helper()
-		root := newRoot()
-		var out bytes.Buffer
-		root.SetOut(&out)
-		root.SetErr(&out)
-		root.SetArgs(append([]string{"--server", srv.URL}, args...))
-		if err := root.Execute(); err != nil {
-			t.Fatalf("paddock %s: %v\n%s", strings.Join(args, " "), err, out.String())
+		out, err := ra.run(ctx, args...)
+		if err != nil {
+			t.Fatalf("paddock %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
-		return out.String()
+		return out
 	}
+	id := fmt.Sprint(ev.ID)
+	base := "/v1/agents/ag/sessions/" + s.SessionID
 	for _, c := range []struct {
 		args []string
 		path string
 	}{
-		{[]string{"events", "ag", "s1"}, "/v1/agents/ag/sessions/s1/events"},
-		{[]string{"event", "show", "ag", "s1", "1"}, "/v1/agents/ag/sessions/s1/events/1"},
-		{[]string{"dead-letters", "ag", "s1"}, "/v1/agents/ag/sessions/s1/dead-letters"},
+		{[]string{"events", "ag", s.SessionID}, base + "/events?limit=1000"},
+		{[]string{"event", "show", "ag", s.SessionID, id}, base + "/events/" + id},
+		{[]string{"dead-letters", "ag", s.SessionID}, base + "/dead-letters?limit=1000"},
 	} {
 		args := c.args
 		out := run(args...)
 		if r, ok := hasControls(out); ok {
 			t.Errorf("paddock %s printed control %U raw:\n%q", strings.Join(args, " "), r, out)
 		}
-		if !strings.Contains(out, `\x1b]0;pwned\x07\x1b[2J`) {
-			t.Errorf("paddock %s does not show the error escaped:\n%s", strings.Join(args, " "), out)
-		}
 		for _, line := range strings.Split(out, "\n") {
-			if strings.HasPrefix(line, "── turn") {
-				t.Errorf("paddock %s: an error forged a line: %q", strings.Join(args, " "), line)
+			if strings.HasPrefix(line, "── turn") || strings.HasPrefix(line, "line2") || strings.HasPrefix(line, "goroutine") {
+				t.Errorf("paddock %s: a payload or error forged a line: %q", strings.Join(args, " "), line)
 			}
 		}
 		js := run(append(args, "--output", "json")...)
-		var got, sent any
-		if err := json.Unmarshal([]byte(js), &got); err != nil {
-			t.Fatal(err)
+		if got, sent := canonJSON(t, js), ra.getJSON(c.path); !bytes.Equal(got, sent) {
+			t.Errorf("paddock %s --output json changed the body:\n got %s\nwant %s", strings.Join(args, " "), got, sent)
 		}
-		_ = json.Unmarshal([]byte(bodies[c.path]), &sent)
-		g, _ := json.Marshal(got)
-		s, _ := json.Marshal(sent)
-		if !bytes.Equal(g, s) {
-			t.Errorf("paddock %s --output json changed the body:\n got %s\nwant %s", strings.Join(args, " "), g, s)
+	}
+	if out := run("events", "ag", s.SessionID); !strings.Contains(out, `\u009b31m`) || !strings.Contains(out, `\u202e`) {
+		t.Errorf("paddock events does not show the payload's controls escaped:\n%s", out)
+	}
+	// Every line of an error after its first is indented: only the CLI's
+	// own lines start with "event " or "  attempt ".
+	out := run("event", "show", "ag", s.SessionID, id)
+	for _, line := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
+		if !strings.HasPrefix(line, "event ") && !strings.HasPrefix(line, "  attempt ") && !strings.HasPrefix(line, contIndent) {
+			t.Errorf("paddock event show: a line of an error is not indented: %q", line)
+		}
+	}
+	_, second, _ := strings.Cut(ev.Errors[0].Error, "\n")
+	second, _, _ = strings.Cut(second, "\n")
+	if strings.Count(out, "  attempt ") != len(ev.Errors) || !strings.Contains(out, "\n"+contIndent+strings.TrimSpace(second)) {
+		t.Errorf("paddock event show does not show the error chain with indented lines (line 2 %q):\n%s", second, out)
+	}
+}
+
+// TestErrorCellsEscapeControls checks the formatting of an event error
+// that carries terminal controls and a forged line, which no agent can
+// produce through the API (see TestErrorsAndPayloadsEscapeControls): the
+// LAST ERROR cells of `paddock events` and `dead-letters` and the error
+// chain of `event show` escape the controls and forge no line.
+func TestErrorCellsEscapeControls(t *testing.T) {
+	lastErr := hostile + "\nline2\n── turn 99"
+	for name, out := range map[string]string{
+		"events":       lastErrorCell("dead_letter", lastErr),
+		"events done":  lastErrorCell("done", lastErr),
+		"dead-letters": oneLine(lastErr, 100),
+		"event show":   "  attempt 1 (epoch 1, counted true): " + safeText(firstLines(lastErr, 6)),
+	} {
+		if r, ok := hasControls(out); ok {
+			t.Errorf("%s printed control %U raw:\n%q", name, r, out)
+		}
+		if !strings.Contains(out, `\x1b]0;pwned\x07\x1b[2J`) {
+			t.Errorf("%s does not show the error escaped:\n%s", name, out)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, "── turn") {
+				t.Errorf("%s: an error forged a line: %q", name, line)
+			}
 		}
 	}
 }

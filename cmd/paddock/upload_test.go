@@ -4,11 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +13,7 @@ import (
 	"time"
 
 	apiclient "github.com/paddock-dev/paddock/host/api/client"
+	"github.com/paddock-dev/paddock/plugins/plugintest"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
 
@@ -137,31 +134,28 @@ func TestUploadsRefuseFilesTheyCannotStream(t *testing.T) {
 }
 
 // TestPluginRegisterHashesTheBinary checks the sha256 that `plugin
-// register` computes of a binary, read as a stream, against a server that
-// records the registration.
+// register` computes of a binary, read as a stream: the real API (which
+// checks the sum against the file) registers the notes plugin, and the
+// registration records the binary's sha256.
 func TestPluginRegisterHashesTheBinary(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "plugin")
-	content := []byte(strings.Repeat("plugin binary ", 100000))
-	if err := os.WriteFile(bin, content, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan apiclient.PluginRegistration, 1)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var in apiclient.PluginRegistration
-		_ = json.NewDecoder(r.Body).Decode(&in)
-		got <- in
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"name":%q,"path":%q,"sha256":%q}`, in.Name, in.Path, in.SHA256)
-	}))
-	defer srv.Close()
-	root := newRoot()
-	root.SetOut(&strings.Builder{})
-	root.SetArgs([]string{"--server", srv.URL, "plugin", "register", "p", "--path", bin})
-	if err := root.Execute(); err != nil {
+	ctx := context.Background()
+	ra := startRealAPI(t, 32<<20)
+	bin, built := plugintest.Build(t, plugintest.Notes)
+	// The build is cached for the test binary (like paddockBin's) and left
+	// in its temporary directory: TestMain is pgtest.Main, which exits, and
+	// removing it here would break -count=N.
+	content, err := os.ReadFile(bin)
+	if err != nil {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(content)
-	if in := <-got; in.SHA256 != hex.EncodeToString(sum[:]) {
-		t.Errorf("registered sha256 %s, want %x", in.SHA256, sum)
+	if built != hex.EncodeToString(sum[:]) {
+		t.Fatalf("plugintest says sha256 %s, the file has %x", built, sum)
+	}
+	if out, err := ra.run(ctx, "plugin", "register", "p", "--path", bin); err != nil || !strings.Contains(out, hex.EncodeToString(sum[:])) {
+		t.Fatalf("plugin register: %q %v", out, err)
+	}
+	if p, err := ra.api.GetPlugin(ctx, "p"); err != nil || p.SHA256 != hex.EncodeToString(sum[:]) || p.Path != bin {
+		t.Errorf("registered %+v %v, want sha256 %x", p, err, sum)
 	}
 }
