@@ -7,21 +7,15 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/service"
 	"github.com/paddock-dev/paddock/store"
 )
 
 // Error is an API error: HTTP status, stable code, message naming the
-// problem, and the offending field if any.
-type Error struct {
-	Status  int    `json:"-"`
-	Code    string `json:"code"`
-	Message string `json:"message"`
-	Field   string `json:"field,omitempty"`
-}
-
-// Error returns "code: message".
-func (e *Error) Error() string { return e.Code + ": " + e.Message }
+// problem, and the offending field if any. It is the client's type, so the
+// error body is defined once.
+type Error = client.Error
 
 func badRequest(code, field, format string, args ...any) *Error {
 	return &Error{Status: http.StatusBadRequest, Code: code, Field: field, Message: fmt.Sprintf(format, args...)}
@@ -84,7 +78,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		s.log.Error("api: internal error", "method", r.Method, "path", r.URL.Path, "err", err)
 		e = &Error{Status: http.StatusInternalServerError, Code: "internal", Message: "internal error"}
 	}
-	_ = writeJSON(w, e.Status, map[string]*Error{"error": e})
+	_ = writeJSON(w, e.Status, client.ErrorBody{Error: e})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) error {

@@ -1,12 +1,16 @@
 package api
 
-import "net/http"
+import (
+	"net/http"
+
+	"github.com/paddock-dev/paddock/host/api/client"
+)
 
 // health answers GET /healthz (no token needed): the store driver and the
 // host id. /metrics is the host's Prometheus registry (see New).
 func (s *Server) health(w http.ResponseWriter, r *http.Request) error {
 	h := s.svc.Health()
-	return writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "store": h.Store, "host_id": h.HostID})
+	return writeJSON(w, http.StatusOK, client.Health{Status: "ok", Store: h.Store, HostID: h.HostID})
 }
 
 // openapi serves the OpenAPI description.

@@ -3,17 +3,12 @@ package api
 import (
 	"net/http"
 
+	"github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/service"
 )
 
 func (s *Server) registerPlugin(w http.ResponseWriter, r *http.Request) error {
-	var in struct {
-		Name      string            `json:"name"`
-		Path      string            `json:"path"`
-		SHA256    string            `json:"sha256"`
-		Env       map[string]string `json:"env"`
-		Processes int               `json:"processes"`
-	}
+	var in client.PluginRegistration
 	if err := s.decode(w, r, &in); err != nil {
 		return err
 	}
@@ -32,7 +27,7 @@ func (s *Server) listPlugins(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"plugins": ps})
+	return writeJSON(w, http.StatusOK, client.PluginList{Plugins: ps})
 }
 
 func (s *Server) getPlugin(w http.ResponseWriter, r *http.Request) error {
