@@ -159,7 +159,7 @@ func TestClientAgainstTheRealAPI(t *testing.T) {
 	// Plugins.
 	path, sum := plugintest.Build(t, plugintest.Notes)
 	p, err := c.RegisterPlugin(ctx, client.PluginRegistration{Name: "notesp", Path: path, SHA256: sum, Env: map[string]string{"X": "1"}, Processes: 1}, client.Status(&status))
-	if err != nil || p.Name != "notesp" || p.SHA256 != sum || p.Processes != 1 || p.Env["X"] != "1" || status != 201 {
+	if err != nil || p.Name != "notesp" || p.SHA256 != sum || p.Processes != 1 || len(p.EnvNames) != 1 || p.EnvNames[0] != "X" || status != 201 {
 		t.Fatalf("RegisterPlugin: %+v status %d %v", p, status, err)
 	}
 	_, err = c.RegisterPlugin(ctx, client.PluginRegistration{Name: "bad", Path: path, SHA256: "ABC"})

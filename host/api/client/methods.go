@@ -62,14 +62,14 @@ func (c *Client) GetModule(ctx context.Context, digest string, opts ...CallOptio
 // host (POST /v1/plugins), which checks and starts it once: a bad binary
 // is a 400 invalid_plugin, a host without plugins a 501
 // plugins_disabled. The Status option tells 201 (new) from 200.
-func (c *Client) RegisterPlugin(ctx context.Context, in PluginRegistration, opts ...CallOption) (store.PluginWorker, error) {
-	var out store.PluginWorker
+func (c *Client) RegisterPlugin(ctx context.Context, in PluginRegistration, opts ...CallOption) (Plugin, error) {
+	var out Plugin
 	err := c.doJSON(ctx, "POST", "/v1/plugins", in, &out, opts)
 	return out, err
 }
 
 // ListPlugins lists the registered plugin workers (GET /v1/plugins).
-func (c *Client) ListPlugins(ctx context.Context, opts ...CallOption) ([]store.PluginWorker, error) {
+func (c *Client) ListPlugins(ctx context.Context, opts ...CallOption) ([]Plugin, error) {
 	var out PluginList
 	err := c.doJSON(ctx, "GET", "/v1/plugins", nil, &out, opts)
 	return out.Plugins, err
@@ -77,8 +77,8 @@ func (c *Client) ListPlugins(ctx context.Context, opts ...CallOption) ([]store.P
 
 // GetPlugin returns the plugin worker named name (GET
 // /v1/plugins/{plugin}); 404 plugin_not_found if there is none.
-func (c *Client) GetPlugin(ctx context.Context, name string, opts ...CallOption) (store.PluginWorker, error) {
-	var out store.PluginWorker
+func (c *Client) GetPlugin(ctx context.Context, name string, opts ...CallOption) (Plugin, error) {
+	var out Plugin
 	err := c.doJSON(ctx, "GET", "/v1/plugins/"+esc(name), nil, &out, opts)
 	return out, err
 }

@@ -51,6 +51,23 @@ type PluginRegistration struct {
 	Processes int `json:"processes,omitempty"`
 }
 
+// Plugin is a registered plugin worker as the API shows it: its
+// environment's names, never their values (they are often secrets).
+type Plugin struct {
+	Name string `json:"name"`
+	// Path is the binary's path on the host.
+	Path string `json:"path"`
+	// SHA256 is the binary's lowercase hex sha256.
+	SHA256 string `json:"sha256"`
+	// EnvNames are the names of the plugin's environment variables,
+	// sorted (their values are not returned).
+	EnvNames []string `json:"env_names,omitempty"`
+	// Processes is how many plugin processes serve its sessions.
+	Processes int       `json:"processes"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
 // Agent is a registered agent.
 type Agent struct {
 	UID  string `json:"uid"`
@@ -297,7 +314,7 @@ type ModuleList struct {
 
 // PluginList is the answer of ListPlugins (GET /v1/plugins).
 type PluginList struct {
-	Plugins []store.PluginWorker `json:"plugins"`
+	Plugins []Plugin `json:"plugins"`
 }
 
 // AgentList is the answer of ListAgents (GET /v1/agents).
