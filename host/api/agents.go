@@ -1,6 +1,7 @@
 package api
 
 import (
+	"fmt"
 	"net/http"
 
 	"github.com/paddock-dev/paddock/host/api/client"
@@ -20,7 +21,7 @@ func (s *Server) createAgent(w http.ResponseWriter, r *http.Request) error {
 	}
 	a, err := s.svc.CreateAgent(r.Context(), in.Name, service.Binding{Module: in.Module, Plugin: in.Plugin, CrashPolicy: in.CrashPolicy})
 	if err != nil {
-		return err
+		return hint(bindingHints(err), "agent_exists", fmt.Sprintf("; PUT /v1/agents/%s (paddock agent update) re-binds it", in.Name))
 	}
 	w.Header().Set("Location", "/v1/agents/"+a.Name)
 	return writeJSON(w, http.StatusCreated, toAgent(a))
@@ -40,7 +41,7 @@ func (s *Server) updateAgent(w http.ResponseWriter, r *http.Request) error {
 	}
 	a, err := s.svc.UpdateAgent(r.Context(), old, service.Binding{Module: in.Module, Plugin: in.Plugin, CrashPolicy: in.CrashPolicy})
 	if err != nil {
-		return err
+		return bindingHints(err)
 	}
 	w.Header().Set("Location", "/v1/agents/"+a.Name)
 	return writeJSON(w, http.StatusOK, toAgent(a))

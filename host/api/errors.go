@@ -60,6 +60,25 @@ func asError(err error) *Error {
 	return nil
 }
 
+// hint returns err with text appended to its message when err is answered
+// with code: the HTTP route that helps, which the service (a front door
+// of its own) does not name.
+func hint(err error, code, text string) error {
+	e := asError(err)
+	if e == nil || e.Code != code {
+		return err
+	}
+	h := *e
+	h.Message += text
+	return &h
+}
+
+// bindingHints adds the routes that help to a refused agent binding.
+func bindingHints(err error) error {
+	err = hint(err, "unknown_module", " (POST /v1/modules)")
+	return hint(err, "unknown_plugin", " (POST /v1/plugins)")
+}
+
 // asParam answers a refused input of a request without a body (a query or
 // path parameter) as invalid_parameter.
 func asParam(err error) error {

@@ -43,7 +43,8 @@ func (s *Server) putSession(w http.ResponseWriter, r *http.Request, getOrCreate 
 		x, err = s.svc.CreateSession(r.Context(), a, p)
 	}
 	if err != nil {
-		return err
+		err = hint(err, "missing_field", " (PUT /v1/agents/{agent}/sessions)")
+		return hint(err, "session_exists", " (get-or-create: PUT, or paddock session create --get-or-create)")
 	}
 	out := toSession(a, x)
 	out.Created = &created
