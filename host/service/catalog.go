@@ -161,13 +161,6 @@ func (s *Service) UpdateAgent(ctx context.Context, a store.Agent, b Binding) (st
 	return s.putAgent(ctx, a.Name, b, true)
 }
 
-// PutAgent registers the agent named name with binding b, or re-binds it
-// when it exists (what a configuration file declares). Refusals as
-// CreateAgent, without the conflict.
-func (s *Service) PutAgent(ctx context.Context, name string, b Binding) (store.Agent, error) {
-	return s.putAgent(ctx, name, b, true)
-}
-
 // checkNewName refuses a new agent's name that has the shape of an agent
 // uid (a UUID): GetAgent resolves a name or a uid, so such a name could
 // be taken for another agent's uid. Agents that have such a name already
