@@ -73,6 +73,7 @@ type Route struct {
 func Routes() []Route {
 	return []Route{
 		{"GET", "/healthz", (*Server).health},
+		{"GET", "/readyz", (*Server).ready},
 		{"GET", "/metrics", nil},
 		{"GET", "/v1/openapi.yaml", (*Server).openapi},
 		{"POST", "/v1/modules", (*Server).uploadModule},

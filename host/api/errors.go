@@ -54,6 +54,8 @@ func asError(err error) *Error {
 		return &Error{Status: http.StatusNotImplemented, Code: "plugins_disabled", Message: "this host runs no plugin workers"}
 	case errors.Is(err, store.ErrSessionDestroyed):
 		return &Error{Status: http.StatusGone, Code: "session_destroyed", Message: "the session is destroyed and accepts no signals"}
+	case errors.Is(err, store.ErrUnavailable):
+		return &Error{Status: http.StatusServiceUnavailable, Code: "store_unavailable", Message: "the store cannot be reached; retry later"}
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return &Error{Status: http.StatusServiceUnavailable, Code: "timeout", Message: "the store did not answer in time"}
 	}

@@ -78,6 +78,7 @@ const (
 	CodeIdempotencyKeyReused = "idempotency_key_reused"
 	CodeSignalTooLarge       = "signal_too_large"
 	CodeTimeout              = "timeout"
+	CodeStoreUnavailable     = "store_unavailable"
 	CodeInternal             = "internal"
 )
 
