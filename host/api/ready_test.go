@@ -44,7 +44,9 @@ func (c *ownCluster) start() {
 		"-o", "-p "+c.port+" -h 127.0.0.1 -k "+c.dir+" -c fsync=off")
 }
 
-func (c *ownCluster) stop() { c.run("pg_ctl", "stop", "-w", "-m", "fast", "-D", filepath.Join(c.dir, "data")) }
+func (c *ownCluster) stop() {
+	c.run("pg_ctl", "stop", "-w", "-m", "fast", "-D", filepath.Join(c.dir, "data"))
+}
 
 func newOwnCluster(t *testing.T) *ownCluster {
 	if _, err := os.Stat(filepath.Join(pgBin, "initdb")); err != nil {
