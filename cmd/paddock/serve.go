@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -319,20 +320,24 @@ func registerPlugins(ctx context.Context, cfg config.Config, svc *service.Servic
 // pluginDiff names the fields in which the stored plugin worker differs
 // from the config's.
 func pluginDiff(old store.PluginWorker, want service.PluginParams) []string {
-	var diff []string
-	if old.Path != want.Path {
-		diff = append(diff, "path")
+	return differing(map[string]bool{
+		"path":      old.Path != want.Path,
+		"sha256":    old.SHA256 != want.SHA256,
+		"env":       !maps.Equal(old.Env, want.Env) && (len(old.Env) > 0 || len(want.Env) > 0),
+		"processes": old.Processes != max(want.Processes, 1),
+	})
+}
+
+// differing returns the sorted names whose value is true.
+func differing(fields map[string]bool) []string {
+	var out []string
+	for name, differs := range fields {
+		if differs {
+			out = append(out, name)
+		}
 	}
-	if old.SHA256 != want.SHA256 {
-		diff = append(diff, "sha256")
-	}
-	if !maps.Equal(old.Env, want.Env) && (len(old.Env) > 0 || len(want.Env) > 0) {
-		diff = append(diff, "env")
-	}
-	if old.Processes != max(want.Processes, 1) {
-		diff = append(diff, "processes")
-	}
-	return diff
+	slices.Sort(out)
+	return out
 }
 
 // logLeftAlone logs that the config left an existing agent or plugin
@@ -393,17 +398,11 @@ func registerAgents(ctx context.Context, cfg config.Config, svc *service.Service
 // agentDiff names the fields in which the stored agent differs from the
 // config's binding.
 func agentDiff(old store.Agent, b service.Binding) []string {
-	var diff []string
-	if old.ModuleDigest != b.Module {
-		diff = append(diff, "module")
-	}
-	if old.Plugin != b.Plugin {
-		diff = append(diff, "plugin")
-	}
-	if b.CrashPolicy != "" && string(old.CrashPolicy) != b.CrashPolicy {
-		diff = append(diff, "crash_policy")
-	}
-	return diff
+	return differing(map[string]bool{
+		"module":       old.ModuleDigest != b.Module,
+		"plugin":       old.Plugin != b.Plugin,
+		"crash_policy": b.CrashPolicy != "" && string(old.CrashPolicy) != b.CrashPolicy,
+	})
 }
 
 // watchConfig reloads the policies when the config file changes: the new
