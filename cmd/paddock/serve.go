@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -290,15 +292,28 @@ func startBroker(ctx context.Context, cfg config.Config, st store.Store, log *sl
 	return b, nil
 }
 
-// registerPlugins verifies and registers the configured plugin workers
-// (service.RegisterPlugin: the API's rules and check).
+// registerPlugins verifies and registers the configured plugin workers that
+// do not exist yet (service.RegisterPlugin: the API's rules and check). The
+// config seeds; the store owns: a plugin worker that exists (registered
+// through the API, or by another host) is left as it is, and a difference
+// from the config is logged by field name (never the env values).
 func registerPlugins(ctx context.Context, cfg config.Config, svc *service.Service, log *slog.Logger) error {
 	for i, p := range cfg.Plugins {
 		sum, err := p.PluginSHA256()
 		if err != nil {
 			return fmt.Errorf("config: plugins[%d]: %w", i, err)
 		}
-		_, _, err = svc.RegisterPlugin(ctx, service.PluginParams{Name: p.Name, Path: p.Path, SHA256: sum, Env: p.Env, Processes: p.Processes})
+		want := service.PluginParams{Name: p.Name, Path: p.Path, SHA256: sum, Env: p.Env, Processes: p.Processes}
+		old, err := svc.GetPlugin(ctx, p.Name)
+		var notFound *service.NotFoundError
+		switch {
+		case err == nil:
+			logLeftAlone(log, "plugin", p.Name, pluginDiff(old, want))
+			continue
+		case !errors.As(err, &notFound):
+			return fmt.Errorf("look up plugin %s: %w", p.Name, err)
+		}
+		_, _, err = svc.RegisterPlugin(ctx, want)
 		var rejected *service.RejectedError
 		switch {
 		case errors.As(err, &rejected):
@@ -311,8 +326,45 @@ func registerPlugins(ctx context.Context, cfg config.Config, svc *service.Servic
 	return nil
 }
 
-// registerAgents uploads the configured agents' modules and registers (or
-// re-binds) the agents, so that `make run` has example agents ready.
+// pluginDiff names the fields in which the stored plugin worker differs
+// from the config's.
+func pluginDiff(old store.PluginWorker, want service.PluginParams) []string {
+	return differing(map[string]bool{
+		"path":      old.Path != want.Path,
+		"sha256":    old.SHA256 != want.SHA256,
+		"env":       !maps.Equal(old.Env, want.Env) && (len(old.Env) > 0 || len(want.Env) > 0),
+		"processes": old.Processes != max(want.Processes, 1),
+	})
+}
+
+// differing returns the sorted names whose value is true.
+func differing(fields map[string]bool) []string {
+	var out []string
+	for name, differs := range fields {
+		if differs {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// logLeftAlone logs that the config left an existing agent or plugin
+// worker as it is, naming what differs from the config.
+func logLeftAlone(log *slog.Logger, kind, name string, diff []string) {
+	if len(diff) == 0 {
+		log.Info(kind+" exists; config matches", kind, name)
+		return
+	}
+	log.Warn(kind+" exists and differs from the config; left as it is (the config only seeds what does not exist; change it through the API)",
+		kind, name, "differs", strings.Join(diff, ","))
+}
+
+// registerAgents uploads the configured agents' modules and registers the
+// agents that do not exist yet, so that `make run` has example agents
+// ready. The config seeds; the store owns: an agent that exists (created or
+// re-bound through the API, or by another host) is left as it is, and a
+// difference from the config is logged by field name, never rolled back.
 func registerAgents(ctx context.Context, cfg config.Config, svc *service.Service, log *slog.Logger) error {
 	for i, a := range cfg.Agents {
 		b := service.Binding{Plugin: a.Plugin, CrashPolicy: cfg.AgentPolicy(a.Name).CrashPolicy}
@@ -334,13 +386,32 @@ func registerAgents(ctx context.Context, cfg config.Config, svc *service.Service
 			}
 			b.Module = m.Digest
 		}
-		ag, err := svc.PutAgent(ctx, a.Name, b)
+		ag, err := svc.CreateAgent(ctx, a.Name, b)
+		var conflict *service.ConflictError
+		if errors.As(err, &conflict) && conflict.Reason == service.ConflictAgentExists {
+			old, err := svc.GetAgent(ctx, a.Name)
+			if err != nil {
+				return fmt.Errorf("look up agent %s: %w", a.Name, err)
+			}
+			logLeftAlone(log, "agent", a.Name, agentDiff(old, b))
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("register agent %s: %w", a.Name, err)
 		}
 		log.Info("agent registered from config", "agent", ag.Name, "module", ag.ModuleDigest, "plugin", ag.Plugin, "crash_policy", ag.CrashPolicy)
 	}
 	return nil
+}
+
+// agentDiff names the fields in which the stored agent differs from the
+// config's binding.
+func agentDiff(old store.Agent, b service.Binding) []string {
+	return differing(map[string]bool{
+		"module":       old.ModuleDigest != b.Module,
+		"plugin":       old.Plugin != b.Plugin,
+		"crash_policy": b.CrashPolicy != "" && string(old.CrashPolicy) != b.CrashPolicy,
+	})
 }
 
 // watchConfig reloads the policies when the config file changes: the new

@@ -1,57 +1,30 @@
 package api
 
 import (
+	"fmt"
 	"net/http"
-	"time"
 
+	"github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/service"
 	"github.com/paddock-dev/paddock/store"
 )
 
-type agentJSON struct {
-	UID         string            `json:"uid"`
-	Name        string            `json:"name"`
-	Kind        string            `json:"kind"`
-	Module      string            `json:"module,omitempty"`
-	Plugin      string            `json:"plugin,omitempty"`
-	CrashPolicy store.CrashPolicy `json:"crash_policy"`
-	CreatedAt   time.Time         `json:"created_at"`
-	UpdatedAt   time.Time         `json:"updated_at"`
-}
-
-func toAgentJSON(a store.Agent) agentJSON {
-	return agentJSON{UID: a.UID, Name: a.Name, Kind: a.Kind, Module: a.ModuleDigest, Plugin: a.Plugin,
+func toAgent(a store.Agent) client.Agent {
+	return client.Agent{UID: a.UID, Name: a.Name, Kind: a.Kind, Module: a.ModuleDigest, Plugin: a.Plugin,
 		CrashPolicy: a.CrashPolicy, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt}
 }
 
-// bindingIn is the body of agent re-binding; agent registration adds the
-// name.
-type bindingIn struct {
-	Module      string `json:"module"`
-	Plugin      string `json:"plugin"`
-	CrashPolicy string `json:"crash_policy"`
-}
-
-func (b bindingIn) binding() service.Binding {
-	return service.Binding{Module: b.Module, Plugin: b.Plugin, CrashPolicy: b.CrashPolicy}
-}
-
 func (s *Server) createAgent(w http.ResponseWriter, r *http.Request) error {
-	var in struct {
-		Name        string `json:"name"`
-		Module      string `json:"module"`
-		Plugin      string `json:"plugin"`
-		CrashPolicy string `json:"crash_policy"`
-	}
+	var in client.CreateAgentRequest
 	if err := s.decode(w, r, &in); err != nil {
 		return err
 	}
-	a, err := s.svc.CreateAgent(r.Context(), in.Name, bindingIn{in.Module, in.Plugin, in.CrashPolicy}.binding())
+	a, err := s.svc.CreateAgent(r.Context(), in.Name, service.Binding{Module: in.Module, Plugin: in.Plugin, CrashPolicy: in.CrashPolicy})
 	if err != nil {
-		return err
+		return hint(bindingHints(err), "agent_exists", fmt.Sprintf("; PUT /v1/agents/%s (paddock agent update) re-binds it", in.Name))
 	}
 	w.Header().Set("Location", "/v1/agents/"+a.Name)
-	return writeJSON(w, http.StatusCreated, toAgentJSON(a))
+	return writeJSON(w, http.StatusCreated, toAgent(a))
 }
 
 // updateAgent re-binds an existing agent (a new module or plugin, or
@@ -62,16 +35,16 @@ func (s *Server) updateAgent(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var in bindingIn
+	var in client.UpdateAgentRequest
 	if err := s.decode(w, r, &in); err != nil {
 		return err
 	}
-	a, err := s.svc.UpdateAgent(r.Context(), old, in.binding())
+	a, err := s.svc.UpdateAgent(r.Context(), old, service.Binding{Module: in.Module, Plugin: in.Plugin, CrashPolicy: in.CrashPolicy})
 	if err != nil {
-		return err
+		return bindingHints(err)
 	}
 	w.Header().Set("Location", "/v1/agents/"+a.Name)
-	return writeJSON(w, http.StatusOK, toAgentJSON(a))
+	return writeJSON(w, http.StatusOK, toAgent(a))
 }
 
 func (s *Server) listAgents(w http.ResponseWriter, r *http.Request) error {
@@ -79,11 +52,11 @@ func (s *Server) listAgents(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]agentJSON, 0, len(as))
+	out := client.AgentList{Agents: make([]client.Agent, 0, len(as))}
 	for _, a := range as {
-		out = append(out, toAgentJSON(a))
+		out.Agents = append(out.Agents, toAgent(a))
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"agents": out})
+	return writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) getAgent(w http.ResponseWriter, r *http.Request) error {
@@ -91,5 +64,5 @@ func (s *Server) getAgent(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, toAgentJSON(a))
+	return writeJSON(w, http.StatusOK, toAgent(a))
 }

@@ -73,6 +73,7 @@ type Route struct {
 func Routes() []Route {
 	return []Route{
 		{"GET", "/healthz", (*Server).health},
+		{"GET", "/readyz", (*Server).ready},
 		{"GET", "/metrics", nil},
 		{"GET", "/v1/openapi.yaml", (*Server).openapi},
 		{"POST", "/v1/modules", (*Server).uploadModule},
@@ -148,8 +149,10 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
-			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.o.AuthToken)) != 1 {
+			// The scheme is case-insensitive (RFC 9110 11.1).
+			scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+			got = strings.TrimLeft(got, " ")
+			if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(got), []byte(s.o.AuthToken)) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="paddock"`)
 				s.writeError(w, r, &Error{Status: http.StatusUnauthorized, Code: "unauthenticated",
 					Message: "missing or wrong bearer token (Authorization: Bearer <token>)"})

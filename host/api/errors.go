@@ -7,21 +7,15 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/service"
 	"github.com/paddock-dev/paddock/store"
 )
 
 // Error is an API error: HTTP status, stable code, message naming the
-// problem, and the offending field if any.
-type Error struct {
-	Status  int    `json:"-"`
-	Code    string `json:"code"`
-	Message string `json:"message"`
-	Field   string `json:"field,omitempty"`
-}
-
-// Error returns "code: message".
-func (e *Error) Error() string { return e.Code + ": " + e.Message }
+// problem, and the offending field if any. It is the client's type, so the
+// error body is defined once.
+type Error = client.Error
 
 func badRequest(code, field, format string, args ...any) *Error {
 	return &Error{Status: http.StatusBadRequest, Code: code, Field: field, Message: fmt.Sprintf(format, args...)}
@@ -60,10 +54,31 @@ func asError(err error) *Error {
 		return &Error{Status: http.StatusNotImplemented, Code: "plugins_disabled", Message: "this host runs no plugin workers"}
 	case errors.Is(err, store.ErrSessionDestroyed):
 		return &Error{Status: http.StatusGone, Code: "session_destroyed", Message: "the session is destroyed and accepts no signals"}
+	case errors.Is(err, store.ErrUnavailable):
+		return &Error{Status: http.StatusServiceUnavailable, Code: "store_unavailable", Message: "the store cannot be reached; retry later"}
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return &Error{Status: http.StatusServiceUnavailable, Code: "timeout", Message: "the store did not answer in time"}
 	}
 	return nil
+}
+
+// hint returns err with text appended to its message when err is answered
+// with code: the HTTP route that helps, which the service (a front door
+// of its own) does not name.
+func hint(err error, code, text string) error {
+	e := asError(err)
+	if e == nil || e.Code != code {
+		return err
+	}
+	h := *e
+	h.Message += text
+	return &h
+}
+
+// bindingHints adds the routes that help to a refused agent binding.
+func bindingHints(err error) error {
+	err = hint(err, "unknown_module", " (POST /v1/modules)")
+	return hint(err, "unknown_plugin", " (POST /v1/plugins)")
 }
 
 // asParam answers a refused input of a request without a body (a query or
@@ -84,7 +99,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		s.log.Error("api: internal error", "method", r.Method, "path", r.URL.Path, "err", err)
 		e = &Error{Status: http.StatusInternalServerError, Code: "internal", Message: "internal error"}
 	}
-	_ = writeJSON(w, e.Status, map[string]*Error{"error": e})
+	_ = writeJSON(w, e.Status, client.ErrorBody{Error: e})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) error {

@@ -2,36 +2,15 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
-	"time"
 
+	"github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/service"
 	"github.com/paddock-dev/paddock/store"
 )
 
-// eventJSON is an actor event as the API shows it.
-type eventJSON struct {
-	ID             int64             `json:"event_id"`
-	Seq            int64             `json:"seq"`
-	Kind           string            `json:"kind"`
-	Payload        json.RawMessage   `json:"payload"`
-	IdempotencyKey string            `json:"idempotency_key,omitempty"`
-	Status         store.EventStatus `json:"status"`
-	Attempts       int               `json:"attempts"`
-	NextAttemptAt  time.Time         `json:"next_attempt_at"`
-	LastError      string            `json:"last_error,omitempty"`
-	Binding        string            `json:"binding,omitempty"`
-	AcceptedAt     time.Time         `json:"accepted_at"`
-	ClosedAt       *time.Time        `json:"closed_at,omitempty"`
-	SteerOf        int64             `json:"steer_of,omitempty"`
-	Redrives       int               `json:"redrives,omitempty"`
-	// Errors is the error chain, on single-event and dead-letter reads.
-	Errors []store.AttemptError `json:"errors,omitempty"`
-}
-
-func toEventJSON(e store.Event) eventJSON {
-	return eventJSON{ID: e.ID, Seq: e.Seq, Kind: e.Kind, Payload: e.Payload, IdempotencyKey: e.IdempotencyKey,
+func toEvent(e store.Event) client.Event {
+	return client.Event{ID: e.ID, Seq: e.Seq, Kind: e.Kind, Payload: e.Payload, IdempotencyKey: e.IdempotencyKey,
 		Status: e.Status, Attempts: e.Attempts, NextAttemptAt: e.NextAttemptAt, LastError: e.LastError,
 		Binding: e.Binding, AcceptedAt: e.AcceptedAt, ClosedAt: e.ClosedAt, SteerOf: e.SteerOf, Redrives: e.Redrives}
 }
@@ -64,11 +43,11 @@ func (s *Server) listEvents(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return asParam(err)
 	}
-	out := make([]eventJSON, 0, len(es))
+	out := client.EventList{Events: make([]client.Event, 0, len(es))}
 	for _, e := range es {
-		out = append(out, toEventJSON(e))
+		out.Events = append(out.Events, toEvent(e))
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"events": out})
+	return writeJSON(w, http.StatusOK, out)
 }
 
 // sessionEvent resolves the {agent} and {session} path values and parses
@@ -91,7 +70,7 @@ func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := toEventJSON(e)
+	out := toEvent(e)
 	out.Errors = chain
 	return writeJSON(w, http.StatusOK, out)
 }
@@ -106,7 +85,7 @@ func (s *Server) deadLetterOp(w http.ResponseWriter, r *http.Request, op func(*s
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, toEventJSON(e))
+	return writeJSON(w, http.StatusOK, toEvent(e))
 }
 
 func (s *Server) redriveEvent(w http.ResponseWriter, r *http.Request) error {
@@ -126,13 +105,13 @@ func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request, a store
 	if err != nil {
 		return asParam(err)
 	}
-	out := make([]map[string]any, 0, len(dls))
+	out := client.DeadLetterList{DeadLetters: make([]client.DeadLetter, 0, len(dls))}
 	for _, d := range dls {
-		ev := toEventJSON(d.Event)
+		ev := toEvent(d.Event)
 		ev.Errors = d.Errors
-		out = append(out, map[string]any{"session_id": d.Event.SessionID, "event": ev})
+		out.DeadLetters = append(out.DeadLetters, client.DeadLetter{SessionID: d.Event.SessionID, Event: ev})
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"dead_letters": out})
+	return writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) listAgentDeadLetters(w http.ResponseWriter, r *http.Request) error {
@@ -160,5 +139,5 @@ func (s *Server) listAlarms(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"alarms": as})
+	return writeJSON(w, http.StatusOK, client.AlarmList{Alarms: as})
 }

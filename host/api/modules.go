@@ -5,21 +5,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"time"
 
+	"github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/store"
 )
 
-type moduleJSON struct {
-	Digest     string    `json:"digest"`
-	Size       int64     `json:"size"`
-	ABIVersion int       `json:"abi_version"`
-	CreatedAt  time.Time `json:"created_at"`
-	Created    *bool     `json:"created,omitempty"`
-}
-
-func toModuleJSON(m store.Module) moduleJSON {
-	return moduleJSON{Digest: m.Digest, Size: m.Size, ABIVersion: m.ABIVersion, CreatedAt: m.CreatedAt}
+func toModule(m store.Module) client.Module {
+	return client.Module{Digest: m.Digest, Size: m.Size, ABIVersion: m.ABIVersion, CreatedAt: m.CreatedAt}
 }
 
 // uploadModule takes the raw .wasm bytes (at most MaxModuleBytes): 201 when
@@ -41,7 +33,7 @@ func (s *Server) uploadModule(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := toModuleJSON(m)
+	out := toModule(m)
 	out.Created = &created
 	w.Header().Set("Location", "/v1/modules/"+m.Digest)
 	return writeJSON(w, createdOr200(created), out)
@@ -60,11 +52,11 @@ func (s *Server) listModules(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]moduleJSON, 0, len(ms))
+	out := client.ModuleList{Modules: make([]client.Module, 0, len(ms))}
 	for _, m := range ms {
-		out = append(out, toModuleJSON(m))
+		out.Modules = append(out.Modules, toModule(m))
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"modules": out})
+	return writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) getModule(w http.ResponseWriter, r *http.Request) error {
@@ -72,5 +64,5 @@ func (s *Server) getModule(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, toModuleJSON(m))
+	return writeJSON(w, http.StatusOK, toModule(m))
 }

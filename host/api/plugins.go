@@ -2,18 +2,27 @@ package api
 
 import (
 	"net/http"
+	"slices"
 
+	"github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/service"
+	"github.com/paddock-dev/paddock/store"
 )
 
-func (s *Server) registerPlugin(w http.ResponseWriter, r *http.Request) error {
-	var in struct {
-		Name      string            `json:"name"`
-		Path      string            `json:"path"`
-		SHA256    string            `json:"sha256"`
-		Env       map[string]string `json:"env"`
-		Processes int               `json:"processes"`
+// toPlugin shows a plugin worker with its environment's names only: the
+// values are often secrets, and the API never returns them.
+func toPlugin(p store.PluginWorker) client.Plugin {
+	out := client.Plugin{Name: p.Name, Path: p.Path, SHA256: p.SHA256, Processes: p.Processes,
+		CreatedAt: p.CreatedAt, UpdatedAt: p.UpdatedAt}
+	for k := range p.Env {
+		out.EnvNames = append(out.EnvNames, k)
 	}
+	slices.Sort(out.EnvNames)
+	return out
+}
+
+func (s *Server) registerPlugin(w http.ResponseWriter, r *http.Request) error {
+	var in client.PluginRegistration
 	if err := s.decode(w, r, &in); err != nil {
 		return err
 	}
@@ -24,7 +33,7 @@ func (s *Server) registerPlugin(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.Header().Set("Location", "/v1/plugins/"+pw.Name)
-	return writeJSON(w, createdOr200(created), pw)
+	return writeJSON(w, createdOr200(created), toPlugin(pw))
 }
 
 func (s *Server) listPlugins(w http.ResponseWriter, r *http.Request) error {
@@ -32,7 +41,11 @@ func (s *Server) listPlugins(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"plugins": ps})
+	out := client.PluginList{Plugins: make([]client.Plugin, 0, len(ps))}
+	for _, p := range ps {
+		out.Plugins = append(out.Plugins, toPlugin(p))
+	}
+	return writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) getPlugin(w http.ResponseWriter, r *http.Request) error {
@@ -40,5 +53,5 @@ func (s *Server) getPlugin(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, p)
+	return writeJSON(w, http.StatusOK, toPlugin(p))
 }

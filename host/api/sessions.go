@@ -2,47 +2,19 @@ package api
 
 import (
 	"net/http"
-	"time"
 
+	"github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/service"
 	"github.com/paddock-dev/paddock/store"
 )
 
-type sessionJSON struct {
-	Agent       string              `json:"agent"`
-	AgentUID    string              `json:"agent_uid"`
-	SessionID   string              `json:"session_id"`
-	Key         string              `json:"key,omitempty"`
-	Input       []byte              `json:"input,omitempty"`
-	Status      store.SessionStatus `json:"status"`
-	CrashPolicy store.CrashPolicy   `json:"crash_policy"`
-	ActorEpoch  int64               `json:"actor_epoch"`
-	TurnCount   int64               `json:"turn_count"`
-	EventCount  int64               `json:"event_count"`
-	OpenEvents  int64               `json:"open_events"`
-	CreatedAt   time.Time           `json:"created_at"`
-	SleepTS     *time.Time          `json:"sleep_ts,omitempty"`
-	DestroyTS   *time.Time          `json:"destroy_ts,omitempty"`
-	// SleepReason: crash, capacity, pending_timeout or agent.
-	SleepReason  string     `json:"sleep_reason,omitempty"`
-	DeadLetters  int64      `json:"dead_letters"`
-	PendingSince *time.Time `json:"pending_since,omitempty"`
-	Created      *bool      `json:"created,omitempty"`
-}
-
-func toSessionJSON(a store.Agent, x store.Session) sessionJSON {
-	return sessionJSON{
+func toSession(a store.Agent, x store.Session) client.Session {
+	return client.Session{
 		Agent: a.Name, AgentUID: x.AgentUID, SessionID: x.SessionID, Key: x.Key, Input: x.Input, Status: x.Status,
 		CrashPolicy: x.CrashPolicy, ActorEpoch: x.ActorEpoch, TurnCount: x.TurnCount, EventCount: x.EventCount,
 		OpenEvents: x.OpenEvents, CreatedAt: x.CreatedAt, SleepTS: x.SleepTS, DestroyTS: x.DestroyTS,
 		SleepReason: x.SleepReason, DeadLetters: x.DeadLetters, PendingSince: x.PendingSince,
 	}
-}
-
-type sessionIn struct {
-	Key         string `json:"key"`
-	Input       []byte `json:"input"` // base64 in JSON
-	CrashPolicy string `json:"crash_policy"`
 }
 
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
@@ -58,7 +30,7 @@ func (s *Server) putSession(w http.ResponseWriter, r *http.Request, getOrCreate 
 	if err != nil {
 		return err
 	}
-	var in sessionIn
+	var in client.SessionRequest
 	if err := s.decode(w, r, &in); err != nil {
 		return err
 	}
@@ -71,9 +43,10 @@ func (s *Server) putSession(w http.ResponseWriter, r *http.Request, getOrCreate 
 		x, err = s.svc.CreateSession(r.Context(), a, p)
 	}
 	if err != nil {
-		return err
+		err = hint(err, "missing_field", " (PUT /v1/agents/{agent}/sessions)")
+		return hint(err, "session_exists", " (get-or-create: PUT, or paddock session create --get-or-create)")
 	}
-	out := toSessionJSON(a, x)
+	out := toSession(a, x)
 	out.Created = &created
 	w.Header().Set("Location", "/v1/agents/"+a.Name+"/sessions/"+x.SessionID)
 	return writeJSON(w, createdOr200(created), out)
@@ -94,7 +67,7 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, toSessionJSON(a, x))
+	return writeJSON(w, http.StatusOK, toSession(a, x))
 }
 
 func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) error {
@@ -110,15 +83,11 @@ func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return asParam(err)
 	}
-	out := make([]sessionJSON, 0, len(xs))
+	out := client.SessionPage{Sessions: make([]client.Session, 0, len(xs)), NextCursor: next}
 	for _, x := range xs {
-		out = append(out, toSessionJSON(a, x))
+		out.Sessions = append(out.Sessions, toSession(a, x))
 	}
-	resp := map[string]any{"sessions": out}
-	if next != "" {
-		resp["next_cursor"] = next
-	}
-	return writeJSON(w, http.StatusOK, resp)
+	return writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) destroySession(w http.ResponseWriter, r *http.Request) error {
@@ -130,5 +99,5 @@ func (s *Server) destroySession(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, toSessionJSON(a, x))
+	return writeJSON(w, http.StatusOK, toSession(a, x))
 }

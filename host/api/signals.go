@@ -1,10 +1,9 @@
 package api
 
 import (
-	"encoding/json"
 	"net/http"
 
-	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/service"
 )
 
@@ -15,17 +14,7 @@ func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var in struct {
-		Kind           string          `json:"kind"`
-		Message        string          `json:"message"`
-		Data           json.RawMessage `json:"data"`
-		IdempotencyKey string          `json:"idempotency_key"`
-		// EventID names the event a cancel aims at (0: the one in flight).
-		EventID int64 `json:"event_id"`
-		// ForceAllocation: a sleep-policy session waits for capacity
-		// instead of sleeping at once when its pool is full.
-		ForceAllocation bool `json:"force_allocation"`
-	}
+	var in client.Signal
 	if err := s.decode(w, r, &in); err != nil {
 		return err
 	}
@@ -43,17 +32,10 @@ func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 // event (and, for a steer, whether it reached a turn in flight), the
 // cancelled event, or a woken session's status.
 func writeSignal(w http.ResponseWriter, res service.SignalResult) error {
-	var out map[string]any
-	switch res.Kind {
-	case service.SignalCancel:
-		out = map[string]any{"kind": res.Kind, "event_id": res.Event.ID, "status": res.Event.Status, "in_flight": res.InFlight}
-	case service.SignalWake:
-		out = map[string]any{"kind": res.Kind, "status": res.Status}
-	default:
-		out = map[string]any{"kind": res.Kind, "event_id": res.Event.ID, "seq": res.Event.Seq, "status": res.Event.Status, "created": res.Created}
-		if res.Kind == abi.EventSteer {
-			out["in_flight"] = res.InFlight
-		}
+	out := client.SignalResult{Kind: res.Kind, EventID: res.Event.ID, Seq: res.Event.Seq, Status: string(res.Event.Status),
+		Created: res.Created, InFlight: res.InFlight}
+	if res.Kind == service.SignalWake {
+		out.Status = string(res.Status)
 	}
 	return writeJSON(w, http.StatusAccepted, out)
 }

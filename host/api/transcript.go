@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/service"
 )
 
@@ -29,5 +30,5 @@ func (s *Server) transcript(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return asParam(err)
 	}
-	return writeJSON(w, http.StatusOK, map[string]any{"turns": turns, "next_after": next})
+	return writeJSON(w, http.StatusOK, client.TranscriptPage{Turns: turns, NextAfter: next})
 }

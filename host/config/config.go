@@ -488,8 +488,8 @@ func (e *KeyError) Error() string {
 	return fmt.Sprintf("config: %s = %v: %s", e.Key, e.Value, e.Reason)
 }
 
-// checkKeys refuses keys the Config struct does not have, with the list of
-// known keys of the same section.
+// checkKeys refuses keys the Config struct does not have: one *KeyError
+// per unknown key, joined, the last followed by the list of known keys.
 func checkKeys(k *koanf.Koanf) error {
 	known := knownKeys(reflect.TypeOf(Config{}), "")
 	var unknown []string
@@ -502,7 +502,16 @@ func checkKeys(k *koanf.Koanf) error {
 		return nil
 	}
 	sort.Strings(unknown)
-	return &KeyError{Key: unknown[0], Value: k.Get(unknown[0]), Reason: "unknown key (known keys: " + strings.Join(known, ", ") + ")"}
+	errs := make([]error, 0, len(unknown))
+	for i, key := range unknown {
+		reason := "unknown key"
+		if i == len(unknown)-1 {
+			// The known keys once, after the last unknown one.
+			reason += " (known keys: " + strings.Join(known, ", ") + ")"
+		}
+		errs = append(errs, &KeyError{Key: key, Value: k.Get(key), Reason: reason})
+	}
+	return errors.Join(errs...)
 }
 
 // underList reports whether key is inside a list-valued key (agents), whose

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -158,5 +159,22 @@ func TestAgentTranscriptTailOverridesTheRuntimes(t *testing.T) {
 	}
 	if p := cfg.AgentPolicy("chatty"); p.TranscriptTail != nil || cfg.Runtime.TranscriptTail != 7 {
 		t.Fatalf("chatty: transcript_tail %v (runtime %d), want unset and the runtime's 7", p.TranscriptTail, cfg.Runtime.TranscriptTail)
+	}
+}
+
+// TestEveryUnknownKeyIsReported: one load names all of them, not the first.
+func TestEveryUnknownKeyIsReported(t *testing.T) {
+	_, err := Load(Sources{File: writeFile(t, "lisen: 127.0.0.1:1\npolicy:\n  idle_timout: 3s\nzzz: 1\n"), Environ: []string{"PADDOCK_NOPE=1"}})
+	if err == nil {
+		t.Fatal("config accepted")
+	}
+	for _, k := range []string{"lisen", "policy.idle_timout", "zzz", "nope"} {
+		if !strings.Contains(err.Error(), "config: "+k+" = ") {
+			t.Errorf("error %q does not name unknown key %q", err, k)
+		}
+	}
+	var ke *KeyError
+	if !errors.As(err, &ke) || ke.Reason == "" {
+		t.Errorf("error %v holds no *KeyError", err)
 	}
 }

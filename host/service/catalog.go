@@ -145,6 +145,9 @@ type Binding struct {
 // ConflictAgentExists (field "name") when the name is taken; a
 // *NotFoundError with Referenced when the module or plugin does not exist.
 func (s *Service) CreateAgent(ctx context.Context, name string, b Binding) (store.Agent, error) {
+	if err := checkNewName(name); err != nil {
+		return store.Agent{}, err
+	}
 	return s.putAgent(ctx, name, b, false)
 }
 
@@ -158,11 +161,15 @@ func (s *Service) UpdateAgent(ctx context.Context, a store.Agent, b Binding) (st
 	return s.putAgent(ctx, a.Name, b, true)
 }
 
-// PutAgent registers the agent named name with binding b, or re-binds it
-// when it exists (what a configuration file declares). Refusals as
-// CreateAgent, without the conflict.
-func (s *Service) PutAgent(ctx context.Context, name string, b Binding) (store.Agent, error) {
-	return s.putAgent(ctx, name, b, true)
+// checkNewName refuses a new agent's name that has the shape of an agent
+// uid (a UUID): GetAgent resolves a name or a uid, so such a name could
+// be taken for another agent's uid. Agents that have such a name already
+// keep it.
+func checkNewName(name string) error {
+	if len(name) == 36 && uuid.Validate(name) == nil {
+		return invalid("name", "name %q has the shape of an agent uid (a UUID); choose a name that does not", name)
+	}
+	return nil
 }
 
 func (s *Service) putAgent(ctx context.Context, name string, b Binding, update bool) (store.Agent, error) {
@@ -191,13 +198,13 @@ func (s *Service) putAgent(ctx context.Context, name string, b Binding, update b
 	switch {
 	case errors.Is(err, store.ErrConflict):
 		return a, &ConflictError{Reason: ConflictAgentExists, Field: "name",
-			Message: fmt.Sprintf("an agent named %q already exists; PUT /v1/agents/%s (paddock agent update) re-binds it", name, name)}
+			Message: fmt.Sprintf("an agent named %q already exists", name)}
 	case errors.Is(err, store.ErrNotFound) && kind == store.KindPlugin:
 		return a, &NotFoundError{Resource: ResourcePlugin, Field: "plugin", Referenced: true,
-			Message: fmt.Sprintf("no plugin worker named %q; register it first (POST /v1/plugins)", b.Plugin)}
+			Message: fmt.Sprintf("no plugin worker named %q; register it first", b.Plugin)}
 	case errors.Is(err, store.ErrNotFound):
 		return a, &NotFoundError{Resource: ResourceModule, Field: "module", Referenced: true,
-			Message: fmt.Sprintf("no module with digest %q; upload it first (POST /v1/modules)", b.Module)}
+			Message: fmt.Sprintf("no module with digest %q; upload it first", b.Module)}
 	}
 	return a, wrap("put agent", err)
 }

@@ -21,8 +21,10 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
+	"time"
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host"
@@ -90,6 +92,24 @@ type Health struct {
 // Health reports the store driver and the host id.
 func (s *Service) Health() Health {
 	return Health{Store: s.st.Driver(), HostID: s.h.ID()}
+}
+
+// ReadyTimeout bounds Ready's read of the store.
+const ReadyTimeout = 2 * time.Second
+
+// Ready reports whether the store answers a cheap read within
+// ReadyTimeout: nil, or the store's error (store.ErrUnavailable when it
+// cannot be reached, context.DeadlineExceeded when it did not answer).
+func (s *Service) Ready(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, ReadyTimeout)
+	defer cancel()
+	// A lookup by primary key of a name no agent can have (names are
+	// lowercase): one index probe, answered ErrNotFound.
+	_, err := s.st.GetAgent(ctx, "READY-PROBE")
+	if err == nil || errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	return wrap("ready", err)
 }
 
 // nameRE bounds agent and plugin worker names.

@@ -45,7 +45,7 @@ func (s *Service) putSession(ctx context.Context, a store.Agent, p SessionParams
 		return store.Session{}, false, invalid("key", "key must be 1–200 printable ASCII characters without spaces")
 	}
 	if getOrCreate && p.Key == "" {
-		return store.Session{}, false, missing("key", "get-or-create (PUT) needs a key")
+		return store.Session{}, false, missing("key", "get-or-create needs a key")
 	}
 	if len(p.Input) > abi.MaxStateBytes {
 		return store.Session{}, false, invalid("input", "input is %d bytes, limit %d", len(p.Input), abi.MaxStateBytes)
@@ -75,7 +75,7 @@ func (s *Service) putSession(ctx context.Context, a store.Agent, p SessionParams
 	}
 	if errors.Is(err, store.ErrConflict) {
 		return x, false, &ConflictError{Reason: ConflictSessionExists, Field: "key",
-			Message: fmt.Sprintf("agent %q already has a session with key %q (get-or-create: PUT, or paddock session create --get-or-create)", a.Name, p.Key)}
+			Message: fmt.Sprintf("agent %q already has a session with key %q", a.Name, p.Key)}
 	}
 	return x, created, wrap("create session", err)
 }

@@ -102,7 +102,10 @@ func (s *Service) Signal(ctx context.Context, a store.Agent, sessionID string, p
 				Message: fmt.Sprintf("message and data encode to %d bytes; a signal may carry at most %d (a quarter of a turn request, abi.MaxRequestBytes)", len(payload), MaxEventPayloadBytes)}
 		}
 	case SignalCancel:
-		if p.Message != "" || len(p.Data) > 0 || p.IdempotencyKey != "" {
+		if p.IdempotencyKey != "" {
+			return SignalResult{}, invalid("idempotency_key", "a cancel signal takes no idempotency_key, only event_id (0 or absent: the turn in flight)")
+		}
+		if p.Message != "" || len(p.Data) > 0 {
 			return SignalResult{}, invalid("message", "a cancel signal takes only event_id (0 or absent: the turn in flight)")
 		}
 	case SignalWake:

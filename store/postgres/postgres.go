@@ -349,7 +349,8 @@ func (s *Store) txOnce(ctx context.Context, opts pgx.TxOptions, fn func(ctx cont
 }
 
 // wrap prefixes err with the package and operation, except for the typed
-// errors callers inspect by type.
+// errors callers inspect by type, and marks a failure to reach the server
+// as store.ErrUnavailable.
 func wrap(op string, err error) error {
 	if err == nil {
 		return nil
@@ -362,7 +363,7 @@ func wrap(op string, err error) error {
 	if errors.As(err, &nd) {
 		return nd
 	}
-	return fmt.Errorf("store/postgres: %s: %w", op, err)
+	return store.MarkUnavailable(fmt.Errorf("store/postgres: %s: %w", op, err))
 }
 
 // SQLSTATE codes the driver branches on.

@@ -127,7 +127,7 @@ func TestClientAgainstTheRealAPI(t *testing.T) {
 	var raw json.RawMessage
 	var status int
 	m, err := c.UploadModule(ctx, notesWasm, client.Raw(&raw), client.Status(&status))
-	if err != nil || !strings.HasPrefix(m.Digest, "sha256:") || !m.Created || m.Size != int64(len(notesWasm)) || m.ABIVersion == 0 || status != 201 {
+	if err != nil || !strings.HasPrefix(m.Digest, "sha256:") || (m.Created == nil || !*m.Created) || m.Size != int64(len(notesWasm)) || m.ABIVersion == 0 || status != 201 {
 		t.Fatalf("UploadModule: %+v status %d %v", m, status, err)
 	}
 	var rawModule map[string]any
@@ -135,7 +135,7 @@ func TestClientAgainstTheRealAPI(t *testing.T) {
 		t.Errorf("Raw body of UploadModule: %s (%v)", raw, err)
 	}
 	again, err := c.UploadModule(ctx, notesWasm, client.Status(&status))
-	if err != nil || again.Created || again.Digest != m.Digest || status != 200 {
+	if err != nil || again.Created == nil || *again.Created || again.Digest != m.Digest || status != 200 {
 		t.Errorf("UploadModule again: %+v status %d %v", again, status, err)
 	}
 	fm, err := c.UploadModule(ctx, faultyWasm)
@@ -148,7 +148,7 @@ func TestClientAgainstTheRealAPI(t *testing.T) {
 	if err != nil || len(ms) != 2 {
 		t.Errorf("ListModules: %+v %v", ms, err)
 	}
-	if got, err := c.GetModule(ctx, m.Digest); err != nil || got.Digest != m.Digest || got.Size != m.Size || got.Created {
+	if got, err := c.GetModule(ctx, m.Digest); err != nil || got.Digest != m.Digest || got.Size != m.Size || got.Created != nil {
 		t.Errorf("GetModule: %+v %v", got, err)
 	}
 	_, err = c.GetModule(ctx, "sha256:"+strings.Repeat("0", 64))
@@ -159,7 +159,7 @@ func TestClientAgainstTheRealAPI(t *testing.T) {
 	// Plugins.
 	path, sum := plugintest.Build(t, plugintest.Notes)
 	p, err := c.RegisterPlugin(ctx, client.PluginRegistration{Name: "notesp", Path: path, SHA256: sum, Env: map[string]string{"X": "1"}, Processes: 1}, client.Status(&status))
-	if err != nil || p.Name != "notesp" || p.SHA256 != sum || p.Processes != 1 || p.Env["X"] != "1" || status != 201 {
+	if err != nil || p.Name != "notesp" || p.SHA256 != sum || p.Processes != 1 || len(p.EnvNames) != 1 || p.EnvNames[0] != "X" || status != 201 {
 		t.Fatalf("RegisterPlugin: %+v status %d %v", p, status, err)
 	}
 	_, err = c.RegisterPlugin(ctx, client.PluginRegistration{Name: "bad", Path: path, SHA256: "ABC"})
@@ -213,13 +213,13 @@ func TestClientAgainstTheRealAPI(t *testing.T) {
 
 	// Sessions.
 	s, err := c.CreateSession(ctx, "notes", client.SessionRequest{Key: "k1", Input: []byte("in")})
-	if err != nil || s.SessionID == "" || s.Agent != "notes" || s.AgentUID != a.UID || s.Key != "k1" || string(s.Input) != "in" || !s.Created || s.Status == "" {
+	if err != nil || s.SessionID == "" || s.Agent != "notes" || s.AgentUID != a.UID || s.Key != "k1" || string(s.Input) != "in" || (s.Created == nil || !*s.Created) || s.Status == "" {
 		t.Fatalf("CreateSession: %+v %v", s, err)
 	}
 	_, err = c.CreateSession(ctx, "notes", client.SessionRequest{Key: "k1"})
 	wantCode(t, "CreateSession with a taken key", err, 409, client.CodeSessionExists)
 	g, err := c.GetOrCreateSession(ctx, "notes", client.SessionRequest{Key: "k1"}, client.Status(&status))
-	if err != nil || g.SessionID != s.SessionID || g.Created || status != 200 {
+	if err != nil || g.SessionID != s.SessionID || g.Created == nil || *g.Created || status != 200 {
 		t.Errorf("GetOrCreateSession of k1: %+v status %d %v", g, status, err)
 	}
 	_, err = c.GetOrCreateSession(ctx, "notes", client.SessionRequest{})

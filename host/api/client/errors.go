@@ -78,6 +78,7 @@ const (
 	CodeIdempotencyKeyReused = "idempotency_key_reused"
 	CodeSignalTooLarge       = "signal_too_large"
 	CodeTimeout              = "timeout"
+	CodeStoreUnavailable     = "store_unavailable"
 	CodeInternal             = "internal"
 )
 
@@ -130,11 +131,14 @@ func isStatus(err error, status int) bool {
 	return e != nil && e.Status == status
 }
 
+// ErrorBody is the body of an error answer: {"error": {...}}.
+type ErrorBody struct {
+	Error *Error `json:"error"`
+}
+
 // decodeError turns an error answer into an *Error.
 func decodeError(status int, body []byte) *Error {
-	var env struct {
-		Error *Error `json:"error"`
-	}
+	var env ErrorBody
 	if json.Unmarshal(body, &env) == nil && env.Error != nil && env.Error.Code != "" {
 		env.Error.Status = status
 		return env.Error

@@ -58,9 +58,7 @@ func (c *Client) UploadModuleFrom(ctx context.Context, r io.Reader, size int64, 
 
 // ListModules lists the stored modules (GET /v1/modules).
 func (c *Client) ListModules(ctx context.Context, opts ...CallOption) ([]Module, error) {
-	var out struct {
-		Modules []Module `json:"modules"`
-	}
+	var out ModuleList
 	err := c.doJSON(ctx, "GET", "/v1/modules", nil, &out, opts)
 	return out.Modules, err
 }
@@ -79,25 +77,23 @@ func (c *Client) GetModule(ctx context.Context, digest string, opts ...CallOptio
 // host (POST /v1/plugins), which checks and starts it once: a bad binary
 // is a 400 invalid_plugin, a host without plugins a 501
 // plugins_disabled. The Status option tells 201 (new) from 200.
-func (c *Client) RegisterPlugin(ctx context.Context, in PluginRegistration, opts ...CallOption) (store.PluginWorker, error) {
-	var out store.PluginWorker
+func (c *Client) RegisterPlugin(ctx context.Context, in PluginRegistration, opts ...CallOption) (Plugin, error) {
+	var out Plugin
 	err := c.doJSON(ctx, "POST", "/v1/plugins", in, &out, opts)
 	return out, err
 }
 
 // ListPlugins lists the registered plugin workers (GET /v1/plugins).
-func (c *Client) ListPlugins(ctx context.Context, opts ...CallOption) ([]store.PluginWorker, error) {
-	var out struct {
-		Plugins []store.PluginWorker `json:"plugins"`
-	}
+func (c *Client) ListPlugins(ctx context.Context, opts ...CallOption) ([]Plugin, error) {
+	var out PluginList
 	err := c.doJSON(ctx, "GET", "/v1/plugins", nil, &out, opts)
 	return out.Plugins, err
 }
 
 // GetPlugin returns the plugin worker named name (GET
 // /v1/plugins/{plugin}); 404 plugin_not_found if there is none.
-func (c *Client) GetPlugin(ctx context.Context, name string, opts ...CallOption) (store.PluginWorker, error) {
-	var out store.PluginWorker
+func (c *Client) GetPlugin(ctx context.Context, name string, opts ...CallOption) (Plugin, error) {
+	var out Plugin
 	err := c.doJSON(ctx, "GET", "/v1/plugins/"+esc(name), nil, &out, opts)
 	return out, err
 }
@@ -124,9 +120,7 @@ func (c *Client) UpdateAgent(ctx context.Context, name string, in UpdateAgentReq
 
 // ListAgents lists the agents (GET /v1/agents).
 func (c *Client) ListAgents(ctx context.Context, opts ...CallOption) ([]Agent, error) {
-	var out struct {
-		Agents []Agent `json:"agents"`
-	}
+	var out AgentList
 	err := c.doJSON(ctx, "GET", "/v1/agents", nil, &out, opts)
 	return out.Agents, err
 }
@@ -201,9 +195,7 @@ func (c *Client) SendSignal(ctx context.Context, agent, session string, in Signa
 // ListEvents lists a session's actor events by id (GET
 // /v1/agents/{agent}/sessions/{session}/events).
 func (c *Client) ListEvents(ctx context.Context, agent, session string, o ListEventsOptions, opts ...CallOption) ([]Event, error) {
-	var out struct {
-		Events []Event `json:"events"`
-	}
+	var out EventList
 	q := query("status", string(o.Status), "after", itoa(o.After), "limit", itoa(int64(o.Limit)))
 	err := c.doJSON(ctx, "GET", sessionPath(agent, session)+"/events"+q, nil, &out, opts)
 	return out.Events, err
@@ -259,18 +251,14 @@ func (c *Client) SessionDeadLetters(ctx context.Context, agent, session string, 
 }
 
 func (c *Client) deadLetters(ctx context.Context, path string, opts []CallOption) ([]DeadLetter, error) {
-	var out struct {
-		DeadLetters []DeadLetter `json:"dead_letters"`
-	}
+	var out DeadLetterList
 	err := c.doJSON(ctx, "GET", path, nil, &out, opts)
 	return out.DeadLetters, err
 }
 
 // ListAlarms lists a session's pending alarms (GET …/alarms).
 func (c *Client) ListAlarms(ctx context.Context, agent, session string, opts ...CallOption) ([]store.Alarm, error) {
-	var out struct {
-		Alarms []store.Alarm `json:"alarms"`
-	}
+	var out AlarmList
 	err := c.doJSON(ctx, "GET", sessionPath(agent, session)+"/alarms", nil, &out, opts)
 	return out.Alarms, err
 }

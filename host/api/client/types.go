@@ -13,12 +13,12 @@ import (
 
 // Health is the answer of GET /healthz.
 type Health struct {
+	// HostID identifies the answering host.
+	HostID string `json:"host_id"`
 	// Status is "ok".
 	Status string `json:"status"`
 	// Store is the store driver: "sqlite" or "postgres".
 	Store string `json:"store"`
-	// HostID identifies the answering host.
-	HostID string `json:"host_id"`
 }
 
 // Module is a stored wasm module.
@@ -31,9 +31,9 @@ type Module struct {
 	ABIVersion int `json:"abi_version"`
 	// CreatedAt is when it was first uploaded.
 	CreatedAt time.Time `json:"created_at"`
-	// Created is set by UploadModule only: true when this upload stored
-	// it, false when it was stored already.
-	Created bool `json:"created,omitempty"`
+	// Created is set by UploadModule only (nil elsewhere): true when this
+	// upload stored it, false when it was stored already.
+	Created *bool `json:"created,omitempty"`
 }
 
 // PluginRegistration is the body of RegisterPlugin (POST /v1/plugins).
@@ -49,6 +49,23 @@ type PluginRegistration struct {
 	// Processes is how many plugin processes serve its sessions, 1–64
 	// (0: 1).
 	Processes int `json:"processes,omitempty"`
+}
+
+// Plugin is a registered plugin worker as the API shows it: its
+// environment's names, never their values (they are often secrets).
+type Plugin struct {
+	Name string `json:"name"`
+	// Path is the binary's path on the host.
+	Path string `json:"path"`
+	// SHA256 is the binary's lowercase hex sha256.
+	SHA256 string `json:"sha256"`
+	// EnvNames are the names of the plugin's environment variables,
+	// sorted (their values are not returned).
+	EnvNames []string `json:"env_names,omitempty"`
+	// Processes is how many plugin processes serve its sessions.
+	Processes int       `json:"processes"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // Agent is a registered agent.
@@ -106,19 +123,21 @@ type Session struct {
 	EventCount  int64               `json:"event_count"`
 	OpenEvents  int64               `json:"open_events"`
 	CreatedAt   time.Time           `json:"created_at"`
-	// SleepTS is when it fell asleep (nil unless sleeping); SleepReason
-	// is crash, capacity, pending_timeout or agent.
-	SleepTS     *time.Time `json:"sleep_ts,omitempty"`
-	SleepReason string     `json:"sleep_reason,omitempty"`
+	// SleepTS is when it fell asleep (nil unless sleeping).
+	SleepTS *time.Time `json:"sleep_ts,omitempty"`
 	// DestroyTS is when it was destroyed (nil unless destroyed).
-	DestroyTS   *time.Time `json:"destroy_ts,omitempty"`
-	DeadLetters int64      `json:"dead_letters"`
+	DestroyTS *time.Time `json:"destroy_ts,omitempty"`
+	// SleepReason is crash, capacity, pending_timeout or agent ("" unless
+	// sleeping).
+	SleepReason string `json:"sleep_reason,omitempty"`
+	DeadLetters int64  `json:"dead_letters"`
 	// PendingSince is when it began to wait for pool capacity (nil unless
 	// waiting).
 	PendingSince *time.Time `json:"pending_since,omitempty"`
-	// Created is set by CreateSession and GetOrCreateSession only: true
-	// when the call created the session.
-	Created bool `json:"created,omitempty"`
+	// Created is set by CreateSession and GetOrCreateSession only (nil
+	// elsewhere): true when the call created the session, false when
+	// GetOrCreateSession found it.
+	Created *bool `json:"created,omitempty"`
 }
 
 // SessionRequest is the body of CreateSession and GetOrCreateSession.
@@ -143,9 +162,9 @@ type ListSessionsOptions struct {
 
 // SessionPage is one page of an agent's sessions, by session id.
 type SessionPage struct {
-	Sessions []Session `json:"sessions"`
 	// NextCursor continues the listing ("" after the last page).
-	NextCursor string `json:"next_cursor,omitempty"`
+	NextCursor string    `json:"next_cursor,omitempty"`
+	Sessions   []Session `json:"sessions"`
 }
 
 // Signal kinds of Signal.Kind.
@@ -176,7 +195,10 @@ type Signal struct {
 	ForceAllocation bool `json:"force_allocation,omitempty"`
 }
 
-// SignalResult is the answer to SendSignal and Cancel (HTTP 202).
+// SignalResult is the answer to SendSignal and Cancel (HTTP 202). Which
+// fields it carries depends on Kind (see MarshalJSON): Created is sent for
+// a message and a steer only, InFlight for a steer and a cancel only;
+// EventID is 0 and Seq 0 where they are not sent.
 type SignalResult struct {
 	// Kind is the signal's kind.
 	Kind string `json:"kind"`
@@ -191,6 +213,24 @@ type SignalResult struct {
 	// InFlight: a steer was handed to the turn in flight, or a cancel hit
 	// it.
 	InFlight bool `json:"in_flight"`
+}
+
+// MarshalJSON encodes the fields r's kind has: kind and status always;
+// event_id, seq and created for a message; those and in_flight for a
+// steer; event_id and in_flight for a cancel; nothing more for a wake.
+func (r SignalResult) MarshalJSON() ([]byte, error) {
+	out := map[string]any{"kind": r.Kind, "status": r.Status}
+	switch r.Kind {
+	case SignalWake:
+	case SignalCancel:
+		out["event_id"], out["in_flight"] = r.EventID, r.InFlight
+	default:
+		out["event_id"], out["seq"], out["created"] = r.EventID, r.Seq, r.Created
+		if r.Kind == SignalSteer {
+			out["in_flight"] = r.InFlight
+		}
+	}
+	return json.Marshal(out)
 }
 
 // Event is one of a session's actor events.
@@ -231,9 +271,9 @@ type ListEventsOptions struct {
 
 // DeadLetter is a dead-lettered event with its session.
 type DeadLetter struct {
-	SessionID string `json:"session_id"`
 	// Event carries its error chain in Errors.
-	Event Event `json:"event"`
+	Event     Event  `json:"event"`
+	SessionID string `json:"session_id"`
 }
 
 // DeadLetterOptions filter and page AgentDeadLetters and
@@ -261,8 +301,38 @@ type TranscriptOptions struct {
 
 // TranscriptPage is a page of committed turns.
 type TranscriptPage struct {
-	Turns []store.Turn `json:"turns"`
 	// NextAfter is the last turn's number (After when Turns is empty):
 	// the After of the next page.
-	NextAfter int64 `json:"next_after"`
+	NextAfter int64        `json:"next_after"`
+	Turns     []store.Turn `json:"turns"`
+}
+
+// ModuleList is the answer of ListModules (GET /v1/modules).
+type ModuleList struct {
+	Modules []Module `json:"modules"`
+}
+
+// PluginList is the answer of ListPlugins (GET /v1/plugins).
+type PluginList struct {
+	Plugins []Plugin `json:"plugins"`
+}
+
+// AgentList is the answer of ListAgents (GET /v1/agents).
+type AgentList struct {
+	Agents []Agent `json:"agents"`
+}
+
+// EventList is the answer of ListEvents.
+type EventList struct {
+	Events []Event `json:"events"`
+}
+
+// DeadLetterList is the answer of AgentDeadLetters and SessionDeadLetters.
+type DeadLetterList struct {
+	DeadLetters []DeadLetter `json:"dead_letters"`
+}
+
+// AlarmList is the answer of ListAlarms.
+type AlarmList struct {
+	Alarms []store.Alarm `json:"alarms"`
 }
