@@ -29,10 +29,10 @@ func TestUploadModuleFromStreams(t *testing.T) {
 	c := client.New(base, client.WithToken(token))
 	_, notesWasm := wasmtest.BuildExample(t, wasmtest.Notes)
 	m, err := c.UploadModuleFrom(ctx, struct{ io.Reader }{strings.NewReader(string(notesWasm))}, int64(len(notesWasm)))
-	if err != nil || !m.Created || m.Size != int64(len(notesWasm)) {
+	if err != nil || m.Created == nil || !*m.Created || m.Size != int64(len(notesWasm)) {
 		t.Fatalf("UploadModuleFrom: %+v %v", m, err)
 	}
-	if again, err := c.UploadModule(ctx, notesWasm); err != nil || again.Created || again.Digest != m.Digest {
+	if again, err := c.UploadModule(ctx, notesWasm); err != nil || again.Created == nil || *again.Created || again.Digest != m.Digest {
 		t.Errorf("UploadModule of the same bytes: %+v %v, want the digest %s stored already", again, err, m.Digest)
 	}
 
