@@ -244,7 +244,7 @@ func NotDeadLetter(key ActorKey, eventID int64, status EventStatus) error {
 // CheckExistingSession decides a CreateSession whose key is taken by the
 // live session existing: nil when p.GetOrCreate and p asks for that same
 // session (CrashPolicy empty, meaning the agent's, or equal to the
-// existing one's; Input byte-equal, nil and empty being the same), which
+// existing one's; Input empty, meaning no opinion, or byte-equal), which
 // the driver then returns with created=false. Otherwise a
 // *SessionExistsError (errors.Is ErrConflict) naming the existing session
 // and the field: "key" without GetOrCreate, else "crash_policy" or
@@ -256,7 +256,7 @@ func CheckExistingSession(existing Session, p CreateSessionParams) error {
 		field = "key"
 	case p.CrashPolicy != "" && p.CrashPolicy != existing.CrashPolicy:
 		field = "crash_policy"
-	case !bytes.Equal(p.Input, existing.Input):
+	case len(p.Input) > 0 && !bytes.Equal(p.Input, existing.Input):
 		field = "input"
 	default:
 		return nil

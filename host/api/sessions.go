@@ -44,7 +44,10 @@ func (s *Server) putSession(w http.ResponseWriter, r *http.Request, getOrCreate 
 	}
 	if err != nil {
 		err = hint(err, "missing_field", " (PUT /v1/agents/{agent}/sessions)")
-		return hint(err, "session_exists", " (get-or-create: PUT, or paddock session create --get-or-create)")
+		if e := asError(err); e != nil && e.Field == "key" {
+			err = hint(err, "session_exists", " (get-or-create: PUT, or paddock session create --get-or-create)")
+		}
+		return err
 	}
 	out := toSession(a, x)
 	out.Created = &created
