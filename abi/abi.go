@@ -20,7 +20,7 @@ import (
 
 // Version is the major version of the turn contract. A module, plugin or
 // remote worker that speaks another major version is refused when it is
-// uploaded or registered (DESIGN "Workers").
+// uploaded or registered (docs/DESIGN.md "Workers").
 const Version = 1
 
 // Size limits of the v1 contract, in bytes. Hosts may configure lower ones.
@@ -37,7 +37,7 @@ const (
 
 // TurnRef is the fence tuple of one delivery. A worker must echo it unchanged
 // in its TurnResult; the store commits the reply only if every field equals
-// the database rows (DESIGN invariant 3).
+// the database rows (docs/DESIGN.md invariant 3).
 type TurnRef struct {
 	DeliveryID    string `json:"delivery_id"`
 	ActivationUID string `json:"activation_uid"`
@@ -150,7 +150,7 @@ type TurnRequest struct {
 }
 
 // AlarmOp sets, replaces or clears one named alarm of the session, a
-// durable timer that fires as an EventAlarm event (DESIGN "Alarms").
+// durable timer that fires as an EventAlarm event (docs/DESIGN.md "Alarms").
 // Exactly one of InMs, At or Clear is given.
 type AlarmOp struct {
 	// Name identifies the alarm within the session (1–100 bytes).

@@ -6,7 +6,7 @@ import "context"
 type steersKey struct{}
 
 // WithSteers returns a copy of ctx that carries steers, the steer input of
-// the turn a worker runs under it (DESIGN "Steering and cancellation"). It
+// the turn a worker runs under it (docs/DESIGN.md "Steering and cancellation"). It
 // is the one way every worker kind — wasm, plugin, remote — receives steers:
 // the host's controller makes the channel, each worker reads it with
 // SteersOf.

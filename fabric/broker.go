@@ -315,7 +315,7 @@ func (b *Broker) Workers() []WorkerStatus {
 // and the worker kind of binding (a module digest or
 // "plugin:<name>@<sha256>"; "" matches any kind): whether a turn of
 // binding on pool could be dispatched now, capacity aside. A host asks it
-// before it claims a session of a remote pool (DESIGN "Remote pools
+// before it claims a session of a remote pool (docs/DESIGN.md "Remote pools
 // across hosts"). A malformed binding matches no worker.
 func (b *Broker) Serves(pool, binding string) bool {
 	kind := ""

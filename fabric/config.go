@@ -90,7 +90,7 @@ type BrokerConfig struct {
 	// (a worker connected or reconnected), with the worker's id and the
 	// pools it announced, on the broker's lifecycle goroutine: it must
 	// return at once. The host uses it to look for sessions of those pools
-	// that wait for a worker (DESIGN "Remote pools across hosts").
+	// that wait for a worker (docs/DESIGN.md "Remote pools across hosts").
 	Admitted func(worker string, pools []string)
 	// ClockSkew is how far a HELLO's timestamp may be from the broker's
 	// clock.

@@ -6,7 +6,7 @@
 // fabric/wire, documented for implementers in abi/FABRIC.md; the guard
 // transport the production host binds through is fabric/guard.
 //
-// The transport carries ids and fences, not truth (DESIGN "Workers"): a
+// The transport carries ids and fences, not truth (docs/DESIGN.md "Workers"): a
 // lost or late message can cost time, never correctness. Every result
 // echoes its turn_ref and the store's fences decide; a reply that arrives
 // for no waiting turn goes to BrokerConfig.LateResult for the fences to

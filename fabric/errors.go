@@ -44,7 +44,7 @@ const (
 // TurnError is a failed fabric turn. Accepted says whether the worker
 // acknowledged the turn (ACCEPTED, or a result) before the failure: only
 // then did the turn reach a worker, so only then does the attempt count
-// (TurnSent; DESIGN "What counts as an attempt").
+// (TurnSent; docs/DESIGN.md "What counts as an attempt").
 type TurnError struct {
 	// Kind is one of the Kind constants.
 	Kind string

@@ -9,7 +9,7 @@ import (
 
 // Serves follows the admitted workers' announced pools and kinds, and
 // Admitted reports each admission: what a host decides placement by
-// (DESIGN "Remote pools across hosts").
+// (docs/DESIGN.md "Remote pools across hosts").
 func TestServesFollowsLiveWorkersAndAdmittedIsCalled(t *testing.T) {
 	type admission struct {
 		worker string

@@ -136,16 +136,16 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	c.pol = pol
 	if !h.placeable(runCtx, agent, pol.Pool) {
 		// Remote pool without a live worker here: leave the session to a
-		// host that has one (DESIGN "Remote pools across hosts").
+		// host that has one (docs/DESIGN.md "Remote pools across hosts").
 		c.log.Debug("pool not runnable on this host: session left alone", "pool", pol.Pool)
 		return 0
 	}
 
-	// Capacity (DESIGN "Capacity"): a slot of the agent's pool on this host.
+	// Capacity (docs/DESIGN.md "Capacity"): a slot of the agent's pool on this host.
 	slots := h.pool(pol.Pool)
 	if forCapacity {
 		// Asleep for lack of capacity with a due event (the scan listed it,
-		// DESIGN invariant 11): take a slot if one frees within a scan
+		// docs/DESIGN.md invariant 11): take a slot if one frees within a scan
 		// interval — idle holders yield to a waiter — then wake the session.
 		// Without a slot it stays asleep and the next scan tries again.
 		if retry, ok := c.wakeForCapacity(runCtx, slots); !ok {
@@ -384,7 +384,7 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 				}
 			case <-a.slots.contended():
 				// A session waits for a slot of this pool: an idle
-				// activation gives its slot up (DESIGN invariant 11). A
+				// activation gives its slot up (docs/DESIGN.md invariant 11). A
 				// later event of this session queues for a slot like any.
 				if a.slots.claimYield() {
 					a.yielded = true
@@ -615,7 +615,7 @@ func steerOf(ref abi.TurnRef, e store.Event) abi.Steer {
 	return abi.Steer{TurnRef: ref, EventID: e.ID, Message: p.Message, Data: p.Data}
 }
 
-// Commit submits a worker's reply through the store's fences (DESIGN
+// Commit submits a worker's reply through the store's fences (docs/DESIGN.md
 // invariant 3). A rejected reply is counted by reason and logged, and the
 // *store.FenceError is returned; nothing was written. Every worker kind's
 // replies, late ones included, come through here.

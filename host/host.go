@@ -2,7 +2,7 @@
 // controller per live actor key, activation leases and their renewal, the
 // lease watchdog, the scan for runnable sessions, and dispatch of turns to
 // workers. It decides nothing about correctness on its own: every commit and
-// every failed attempt goes through the store's fences (DESIGN invariant 3),
+// every failed attempt goes through the store's fences (docs/DESIGN.md invariant 3),
 // so a host with empty memory decides exactly as the old one did (invariant 6).
 package host
 
@@ -20,7 +20,7 @@ import (
 	"github.com/paddock-dev/paddock/store"
 )
 
-// AgentPolicy is what an agent's sessions run with (DESIGN "Failure, retry
+// AgentPolicy is what an agent's sessions run with (docs/DESIGN.md "Failure, retry
 // and crash policy"); config.Policy is its configuration form.
 type AgentPolicy struct {
 	// CrashPolicy is the default stored on sessions created without one.
@@ -322,7 +322,7 @@ func (h *Host) Ensure(key store.ActorKey) {
 	}()
 }
 
-// Force marks key's next allocation as forced (DESIGN "Capacity"): when
+// Force marks key's next allocation as forced (docs/DESIGN.md "Capacity"): when
 // the pool is full, a sleep-policy session waits for a slot instead of
 // going to sleep at once. Call it before the store write that makes the
 // session runnable (the signal or wake), then Ensure: a controller started
@@ -494,7 +494,7 @@ func (h *Host) watchdog(ctx context.Context) {
 		// A lost host already cost its sessions a lease TTL: the event is
 		// retried at once on a live host (no further backoff), but the
 		// attempt counts, so a poison event that kills every host that
-		// runs it is dead-lettered (DESIGN "What counts as an attempt").
+		// runs it is dead-lettered (docs/DESIGN.md "What counts as an attempt").
 		// The agent's own threshold is not known here without a lookup;
 		// the default policy's applies to expiries.
 		res, err := h.st.ExpireActivation(sctx, store.ExpireActivationParams{

@@ -11,7 +11,7 @@ import (
 	"github.com/paddock-dev/paddock/store"
 )
 
-// These tests check DESIGN invariant 11 (liveness): an open, due event of a
+// These tests check docs/DESIGN.md invariant 11 (liveness): an open, due event of a
 // session that is not destroyed runs without any client action as soon as
 // capacity for its pool exists on a live host. The idle timeout is far
 // longer than the tests' bound, so a slot freed only by an idle timeout, or

@@ -12,7 +12,7 @@ import (
 type Metrics struct {
 	Registry *prometheus.Registry
 	// FenceRejections counts replies the fences dropped, by reason
-	// (DESIGN invariant 3).
+	// (docs/DESIGN.md invariant 3).
 	FenceRejections *prometheus.CounterVec
 	// Turns counts committed turns by outcome.
 	Turns *prometheus.CounterVec

@@ -12,7 +12,7 @@ import (
 // connected to this host's broker. Before a controller claims an
 // activation it asks CanRun; when the answer is no, the host leaves the
 // session alone (no claim, no epoch bump, no attempt) so that a host that
-// can run it claims it from its own wake-up or scan (DESIGN "Remote pools
+// can run it claims it from its own wake-up or scan (docs/DESIGN.md "Remote pools
 // across hosts"). A runner that does not implement Placer can run every
 // pool at any time.
 type Placer interface {

@@ -6,13 +6,13 @@ import (
 )
 
 // pool is one capacity pool of this host: at most capacity concurrent
-// activations, handed out first come, first served (DESIGN "Capacity":
+// activations, handed out first come, first served (docs/DESIGN.md "Capacity":
 // sessions that must wait queue FIFO).
 //
 // An idle activation holds its slot only while nobody waits for one: a
 // waiter closes the pool's contention channel, and each idle holder that
 // wins a yield (claimYield) stops its activation and returns the slot
-// (DESIGN invariant 11).
+// (docs/DESIGN.md invariant 11).
 type pool struct {
 	mu       sync.Mutex
 	capacity int

@@ -17,7 +17,7 @@ func isClosed(ch <-chan struct{}) bool {
 }
 
 // TestPoolIdleHoldersYieldOncePerWaiter checks the yield accounting behind
-// DESIGN invariant 11: a queued waiter closes the contention channel, one
+// docs/DESIGN.md invariant 11: a queued waiter closes the contention channel, one
 // idle holder (not two) wins the yield, and its release hands the slot to
 // the waiter.
 func TestPoolIdleHoldersYieldOncePerWaiter(t *testing.T) {

@@ -10,13 +10,13 @@ import (
 // Runner makes worker instances for a binding. The binding is what an
 // agent runs (a wasm module digest today; a plugin or pool name later). It
 // is the seam between the host, which decides turns, and the worker kinds,
-// which only run them (DESIGN "Layout").
+// which only run them (docs/DESIGN.md "Layout").
 type Runner interface {
 	// Binding returns what the agent runs now, in its policy's pool: a
 	// wasm module digest, or "plugin:<name>@<sha256>" for a plugin worker's
 	// current binary — prefixed with "pool:<name>/" when the pool is served
 	// by remote workers. It is recorded on an event at its first attempt,
-	// and that event's retries run it (DESIGN invariant 10).
+	// and that event's retries run it (docs/DESIGN.md invariant 10).
 	Binding(ctx context.Context, agent store.Agent, pool string) (string, error)
 	// Instantiate returns a fresh instance for binding. Errors mean the
 	// binding cannot run at all (e.g. the module is missing or does not
@@ -42,7 +42,7 @@ type Recycler interface {
 
 // SendAware is implemented by worker errors that know whether the turn
 // reached the worker at all. A turn that never reached it (no process could
-// start, the worker was busy) fails without consuming an attempt (DESIGN
+// start, the worker was busy) fails without consuming an attempt (docs/DESIGN.md
 // "What counts as an attempt"); every other failure counts.
 type SendAware interface {
 	TurnSent() bool

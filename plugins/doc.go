@@ -1,6 +1,6 @@
 // Package plugins is the plugin SDK: what an agent author imports to run
 // an agent out of process as a plugin worker, served to the Paddock host
-// through hashicorp/go-plugin over gRPC (DESIGN "Workers"). The host side —
+// through hashicorp/go-plugin over gRPC (docs/DESIGN.md "Workers"). The host side —
 // starting, supervising and talking to plugin processes — is package
 // plugins/pluginhost; a plugin binary does not link it.
 //

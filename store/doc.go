@@ -3,9 +3,9 @@
 //
 // Every fence decision lives here and is made in SQL: a turn commits only if
 // the echoed turn_ref equals the delivery and activation rows inside the
-// commit transaction (DESIGN invariant 3). Nothing in this package trusts a
+// commit transaction (docs/DESIGN.md invariant 3). Nothing in this package trusts a
 // value the caller read earlier. Every time comparison that decides
-// correctness uses the database's clock (DESIGN invariant 8). (DESIGN is
+// correctness uses the database's clock (docs/DESIGN.md invariant 8). (DESIGN is
 // docs/DESIGN.md at the repository root.)
 //
 // The conformance suite in store/storetest runs against every driver; its
@@ -107,7 +107,7 @@
 //     lease_id, lease_expires_at, current_event_id, revision, state,
 //     host_id, created_at, ended_at, end_reason); the partial unique index
 //     on (agent_uid, session_id) WHERE state IN ('starting', 'active',
-//     'draining') is DESIGN invariant 1
+//     'draining') is docs/DESIGN.md invariant 1
 //   - deliveries(delivery_id PK, agent_uid, session_id, activation_uid,
 //     actor_epoch, event_id, revision, state, binding, created_at, sent_at,
 //     closed_at, error)

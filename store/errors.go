@@ -38,7 +38,7 @@ func (e *NotDeadLetterError) Error() string {
 // Is makes errors.Is(err, ErrConflict) true for every *NotDeadLetterError.
 func (e *NotDeadLetterError) Is(target error) bool { return target == ErrConflict }
 
-// FenceReason says why a reply was rejected (DESIGN invariant 3).
+// FenceReason says why a reply was rejected (docs/DESIGN.md invariant 3).
 type FenceReason string
 
 // Fence rejection reasons, one per check.

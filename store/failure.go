@@ -8,7 +8,7 @@ import "time"
 type FailureInput struct {
 	// Policy is the session's crash policy.
 	Policy CrashPolicy
-	// Counted: the worker had accepted the turn (DESIGN "What counts as an
+	// Counted: the worker had accepted the turn (docs/DESIGN.md "What counts as an
 	// attempt"); only a counted failure consumes an attempt and applies
 	// the crash policy.
 	Counted bool
@@ -59,7 +59,7 @@ type FailurePlan struct {
 // policy parked.
 const SleepReasonCrash = "crash"
 
-// PlanFailure decides what one failed attempt does (DESIGN "Failure, retry
+// PlanFailure decides what one failed attempt does (docs/DESIGN.md "Failure, retry
 // and crash policy"):
 //
 //   - A counted failure adds an attempt; once attempts reach MaxAttempts
@@ -112,7 +112,7 @@ const (
 // expired, from the state its delivery was closed with (the SQL moves sent
 // to superseded, created to send_failed): a superseded delivery — a worker
 // had the turn — counts an attempt and waits out backoff; a send_failed one
-// was never sent, so it counts nothing and is due at once (DESIGN "What
+// was never sent, so it counts nothing and is due at once (docs/DESIGN.md "What
 // counts as an attempt"). lastError is recorded on the event.
 func LeaseLost(closed DeliveryState, backoff time.Duration) (counted bool, delay time.Duration, lastError string) {
 	if closed == DeliverySuperseded {

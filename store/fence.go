@@ -7,7 +7,7 @@ import (
 )
 
 // Live reports whether s is starting, active or draining: the states the
-// partial unique index allows once per actor key (DESIGN invariant 1).
+// partial unique index allows once per actor key (docs/DESIGN.md invariant 1).
 func (s ActivationState) Live() bool {
 	return s == ActivationStarting || s == ActivationActive || s == ActivationDraining
 }
@@ -43,7 +43,7 @@ type FenceRows struct {
 	// Revision, CurrentEventID with 0 for none, State); nil when there is
 	// none. Not needed for FenceMarkSent.
 	Activation *Activation
-	// LeaseExpired is lease_expires_at <= the database's now (DESIGN
+	// LeaseExpired is lease_expires_at <= the database's now (docs/DESIGN.md
 	// invariant 8), for FenceCommit.
 	LeaseExpired bool
 }

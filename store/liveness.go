@@ -21,7 +21,7 @@ const (
 )
 
 // CapacitySleepReasons are the sleep reasons of a session parked only for
-// lack of capacity (DESIGN invariant 11): such a session that holds a due
+// lack of capacity (docs/DESIGN.md invariant 11): such a session that holds a due
 // open event is runnable (RunnableSessions lists it), and the host that
 // has a slot for it wakes and runs it. A session asleep for any other
 // reason (the agent's sleep or finish, the crash policy's sleep) waits for

@@ -23,7 +23,7 @@ func KeyOf(ref abi.TurnRef) ActorKey {
 }
 
 // CrashPolicy is what happens to a session after a failed attempt
-// (DESIGN "Failure, retry and crash policy").
+// (docs/DESIGN.md "Failure, retry and crash policy").
 type CrashPolicy string
 
 // Crash policies.
@@ -38,7 +38,7 @@ func (p CrashPolicy) Valid() bool {
 	return p == CrashRestart || p == CrashSleep || p == CrashDestroy
 }
 
-// SessionStatus is the session state machine (DESIGN "State machines").
+// SessionStatus is the session state machine (docs/DESIGN.md "State machines").
 type SessionStatus string
 
 // Session statuses.
@@ -99,7 +99,7 @@ type Module struct {
 	Bytes []byte `json:"-"`
 }
 
-// Worker kinds an agent can be bound to (DESIGN "Workers").
+// Worker kinds an agent can be bound to (docs/DESIGN.md "Workers").
 const (
 	KindWasm   = "wasm"
 	KindPlugin = "plugin"
@@ -182,7 +182,7 @@ type Event struct {
 	NextAttemptAt time.Time `json:"next_attempt_at"`
 	LastError     string    `json:"last_error,omitempty"`
 	// Binding is the module digest recorded at the first attempt
-	// (DESIGN invariant 10); empty before it.
+	// (docs/DESIGN.md invariant 10); empty before it.
 	Binding    string     `json:"binding,omitempty"`
 	AcceptedAt time.Time  `json:"accepted_at"`
 	ClosedAt   *time.Time `json:"closed_at,omitempty"`
@@ -418,7 +418,7 @@ type Store interface {
 	ExpireActivation(ctx context.Context, p ExpireActivationParams) (FailResult, error)
 	// RunnableSessions lists sessions with a due open event and no live
 	// activation that are active or asleep for lack of capacity
-	// (CapacitySleepReasons: the host wakes them when it has a slot, DESIGN
+	// (CapacitySleepReasons: the host wakes them when it has a slot, docs/DESIGN.md
 	// invariant 11), oldest due first; sessions of p.BlockedAgents that
 	// hold a dead letter are left out (dead-letter policy "block").
 	RunnableSessions(ctx context.Context, p RunnableSessionsParams) ([]ActorKey, error)
@@ -611,7 +611,7 @@ type FailAttemptParams struct {
 	// Error is recorded as the event's last_error.
 	Error string
 	// Counted: the worker had accepted the turn, so the attempt counts
-	// toward MaxAttempts (DESIGN "What counts as an attempt").
+	// toward MaxAttempts (docs/DESIGN.md "What counts as an attempt").
 	Counted     bool
 	Backoff     time.Duration
 	MaxAttempts int
@@ -629,7 +629,7 @@ type ExpireActivationParams struct {
 // transaction: restart leaves the session active; sleep parks it (sleeping,
 // sleep_ts, reason "crash") unless the failure dead-lettered the event,
 // which moves the session on; destroy destroys it and discards its open
-// events (DESIGN "Crash policy").
+// events (docs/DESIGN.md "Crash policy").
 type FailResult struct {
 	EventID       int64
 	Attempts      int

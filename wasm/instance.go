@@ -43,7 +43,7 @@ const (
 	KindInvalidResult = "invalid_result"
 )
 
-// TurnError is a failed turn: the attempt fails (DESIGN "Failure, retry and
+// TurnError is a failed turn: the attempt fails (docs/DESIGN.md "Failure, retry and
 // crash policy") and the Instance that ran it is closed. The host never
 // crashes or hangs on a guest's behalf; every guest failure ends here.
 type TurnError struct {

@@ -13,7 +13,7 @@ import (
 
 // The checker reads the store directly (the schema of
 // store/postgres/migrations), never through a host: what the database holds
-// is the truth the invariants are about (DESIGN "Invariants").
+// is the truth the invariants are about (docs/DESIGN.md "Invariants").
 
 // Check names, as printed.
 const (

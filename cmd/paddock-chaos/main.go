@@ -15,7 +15,7 @@
 //
 // Once every process is back and every accepted signal is terminal, a
 // checker reads the store with SQL and asserts the invariants of
-// DESIGN.md: every accepted signal ended in exactly one terminal state;
+// docs/DESIGN.md "Invariants": every accepted signal ended in exactly one terminal state;
 // every transcript holds each committed event once, in acceptance order;
 // no commit came from an epoch lower than one already used for its session;
 // no session is left with an expired live activation; and (the notes agent

@@ -73,7 +73,7 @@ func post(client *http.Client, url string, in, out any) error {
 	return json.NewDecoder(resp.Body).Decode(out)
 }
 
-// TestBurstAgainstACapacityPoolStrandsNoEvent is DESIGN invariant 11 end
+// TestBurstAgainstACapacityPoolStrandsNoEvent is docs/DESIGN.md invariant 11 end
 // to end: two `paddock serve` processes on one PostgreSQL, a capacity pool
 // far smaller than the burst, and one signal to each of many new notes
 // sessions, sent half to each host. With no further client action every

@@ -138,7 +138,7 @@ func TestCorruptStateFailsTheTurn(t *testing.T) {
 }
 
 // TestModuleMatchesLogic: the wasm module gives the same results as the
-// logic run in-process (DESIGN: one agent, the same transcript on every
+// logic run in-process (docs/DESIGN.md "Workers": one agent, the same transcript on every
 // worker kind).
 func TestModuleMatchesLogic(t *testing.T) {
 	t.Parallel()

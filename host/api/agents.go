@@ -29,7 +29,7 @@ func (s *Server) createAgent(w http.ResponseWriter, r *http.Request) error {
 
 // updateAgent re-binds an existing agent (a new module or plugin, or
 // another default crash policy): new events run the new binding, events
-// already started keep theirs (DESIGN invariant 10).
+// already started keep theirs (docs/DESIGN.md invariant 10).
 func (s *Server) updateAgent(w http.ResponseWriter, r *http.Request) error {
 	old, err := s.svc.GetAgent(r.Context(), r.PathValue("agent"))
 	if err != nil {

@@ -1,4 +1,4 @@
-// Package api is Paddock's HTTP JSON API under /v1 (DESIGN "API shape"):
+// Package api is Paddock's HTTP JSON API under /v1 (docs/DESIGN.md "API shape"):
 // modules, agents, an agent's sessions, a session's signals, events and
 // transcript. Errors are {"error": {"code", "message", "field"}} with stable
 // codes; unknown JSON fields are refused; bodies are size-limited. The

@@ -8,7 +8,7 @@ import (
 )
 
 // sendSignal accepts a signal: message (the default kind), steer, cancel
-// or wake (DESIGN "Steering and cancellation"), with 202.
+// or wake (docs/DESIGN.md "Steering and cancellation"), with 202.
 func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 	a, err := s.svc.GetAgent(r.Context(), r.PathValue("agent"))
 	if err != nil {

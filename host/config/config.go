@@ -1,6 +1,6 @@
 // Package config loads and validates Paddock's configuration with koanf:
 // defaults → YAML file → PADDOCK_ environment → command-line flags, later
-// layers winning (DESIGN "Configuration").
+// layers winning (docs/DESIGN.md "Configuration").
 //
 // Loading is strict: an unknown key, a value of the wrong type or a value
 // out of range is refused, naming the key, the value and why.
@@ -49,7 +49,7 @@ type Config struct {
 	Wasm    Wasm    `koanf:"wasm"`
 	Runtime Runtime `koanf:"runtime"`
 	API     API     `koanf:"api"`
-	// Policy is the default policy of every agent (DESIGN "Failure, retry
+	// Policy is the default policy of every agent (docs/DESIGN.md "Failure, retry
 	// and crash policy"); agents[].policy overrides it per agent. Policies
 	// are reloaded from the config file without a restart.
 	Policy Policy `koanf:"policy"`
@@ -232,7 +232,7 @@ type AgentSpec struct {
 	Policy Policy `koanf:"policy"`
 }
 
-// PluginSpec registers a plugin worker at start (DESIGN "Workers").
+// PluginSpec registers a plugin worker at start (docs/DESIGN.md "Workers").
 type PluginSpec struct {
 	Name string `koanf:"name"`
 	// Path is the plugin binary.

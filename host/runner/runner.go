@@ -38,7 +38,7 @@ func (r *Runner) WithFabric(b *fabric.Broker, remote []string) *Runner {
 	return r
 }
 
-// A remote pool runs only where its worker is (DESIGN "Remote pools across
+// A remote pool runs only where its worker is (docs/DESIGN.md "Remote pools across
 // hosts").
 var _ host.Placer = (*Runner)(nil)
 
@@ -88,7 +88,7 @@ func (r *Runner) CanRun(ctx context.Context, a store.Agent, pool string) bool {
 // A plugin registered on another host (through the shared store) is
 // registered here on first use. An event whose first attempt ran a plugin
 // version that has since been replaced fails: its retries must run the
-// version they started with (DESIGN invariant 10), which is gone.
+// version they started with (docs/DESIGN.md invariant 10), which is gone.
 func (r *Runner) Instantiate(ctx context.Context, binding string) (host.Instance, error) {
 	if rest, ok := strings.CutPrefix(binding, poolPrefix); ok {
 		pool, inner, _ := strings.Cut(rest, "/")

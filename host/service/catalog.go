@@ -152,7 +152,7 @@ func (s *Service) CreateAgent(ctx context.Context, name string, b Binding) (stor
 }
 
 // UpdateAgent re-binds the agent a (as GetAgent returned it): new events
-// run the new binding, events already started keep theirs (DESIGN
+// run the new binding, events already started keep theirs (docs/DESIGN.md
 // invariant 10). Refusals as CreateAgent, without the conflict.
 func (s *Service) UpdateAgent(ctx context.Context, a store.Agent, b Binding) (store.Agent, error) {
 	if b.CrashPolicy == "" {
@@ -185,7 +185,7 @@ func (s *Service) putAgent(ctx context.Context, name string, b Binding, update b
 	case b.Module == "":
 		return store.Agent{}, missing("module", "module (a module digest, sha256:<hex>) or plugin (a plugin worker name) is required")
 	}
-	// The one configured default (DESIGN "Crash policy"), or the agent's
+	// The one configured default (docs/DESIGN.md "Crash policy"), or the agent's
 	// override in the config.
 	pol, err := policy(b.CrashPolicy, s.h.Policy().For(name).CrashPolicy)
 	if err != nil {

@@ -2,7 +2,7 @@
 // door (the HTTP API today; a second API or a web console tomorrow). Each
 // operation holds its rules: input validation, size limits, defaults,
 // idempotency, and waking the runtime (Host.Ensure, Host.Force) after the
-// store write that gives a session work (DESIGN "The flow of one signal").
+// store write that gives a session work (docs/DESIGN.md "The flow of one signal").
 //
 // Front doors translate their requests into these operations and map the
 // errors back: *InvalidError (an input is refused; Field names it),

@@ -20,7 +20,7 @@ const (
 	SignalWake = "wake"
 )
 
-// SignalParams is a signal as a client sends it (DESIGN "Steering and
+// SignalParams is a signal as a client sends it (docs/DESIGN.md "Steering and
 // cancellation").
 type SignalParams struct {
 	// Kind is abi.EventMessage (when empty), abi.EventSteer, SignalCancel
@@ -32,13 +32,13 @@ type SignalParams struct {
 	Message string
 	Data    json.RawMessage
 	// IdempotencyKey (messages and steers): a signal re-sent with the
-	// same key returns the first event (DESIGN invariant 7). 1–200
+	// same key returns the first event (docs/DESIGN.md invariant 7). 1–200
 	// printable ASCII characters without spaces.
 	IdempotencyKey string
 	// EventID names the event a cancel aims at (0: the one in flight).
 	EventID int64
 	// ForceAllocation: a sleep-policy session waits for capacity instead
-	// of sleeping at once when its pool is full (DESIGN "Capacity").
+	// of sleeping at once when its pool is full (docs/DESIGN.md "Capacity").
 	ForceAllocation bool
 }
 

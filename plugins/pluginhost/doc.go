@@ -1,7 +1,7 @@
 // Package pluginhost is the host side of Paddock's plugin workers: it
 // starts, supervises and talks to the processes that agent authors build
 // with the plugin SDK (package plugins, plugins.Serve), through
-// hashicorp/go-plugin over gRPC (DESIGN "Workers"). `paddock serve`
+// hashicorp/go-plugin over gRPC (docs/DESIGN.md "Workers"). `paddock serve`
 // (host/runner) and `paddock worker` use it; an agent author does not
 // import it.
 //

@@ -52,7 +52,7 @@ const (
 
 // TurnError is a failed plugin turn or process start. Every failure of a
 // plugin ends here; the host never crashes or hangs on a plugin's behalf.
-// The attempt fails (DESIGN "Failure, retry and crash policy"). Sent says
+// The attempt fails (docs/DESIGN.md "Failure, retry and crash policy"). Sent says
 // whether the request reached a running plugin process: when it is false
 // (a failed start, KindRestartLimit, KindBusy, KindClosed before sending,
 // or the deadline passing while a process started) the plugin never saw
@@ -168,6 +168,6 @@ var (
 )
 
 // TurnSent reports whether the turn reached the plugin (the host's
-// controller counts an attempt only then: DESIGN "What counts as an
+// controller counts an attempt only then: docs/DESIGN.md "What counts as an
 // attempt").
 func (e *TurnError) TurnSent() bool { return e.Sent }

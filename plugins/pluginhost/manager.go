@@ -239,7 +239,7 @@ const BindingPrefix = "plugin:"
 
 // Binding returns the binding string of a plugin version,
 // "plugin:<name>@<sha256>", which identifies exactly what runs a turn
-// (DESIGN invariant 10).
+// (docs/DESIGN.md invariant 10).
 func Binding(name, sha256 string) string {
 	return BindingPrefix + name + "@" + strings.ToLower(sha256)
 }

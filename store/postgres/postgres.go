@@ -1,7 +1,7 @@
 // Package postgres is Paddock's production store driver: PostgreSQL through
 // jackc/pgx/v5 and pgxpool, for one or many hosts sharing a database.
 //
-// How it keeps the store's promises (DESIGN "Invariants"):
+// How it keeps the store's promises (docs/DESIGN.md "Invariants"):
 //
 //   - Fences in SQL. CommitTurn and FailAttempt lock the activation row
 //     (SELECT ... FOR UPDATE) first, so that a commit and the watchdog's

@@ -286,7 +286,7 @@ func (s *Store) MarkDeliverySent(ctx context.Context, ref abi.TurnRef) error {
 
 // CommitTurn checks every fence by equality inside one transaction and
 // appends the turn; see store.Store. A mismatch writes nothing and returns
-// *store.FenceError (DESIGN invariant 3).
+// *store.FenceError (docs/DESIGN.md invariant 3).
 //
 // Order: lock the activation row (FOR UPDATE, so that the watchdog and this
 // commit serialise; the same statement reads the event's payload), then the

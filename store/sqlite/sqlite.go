@@ -12,7 +12,7 @@
 //     (WAL gives them a snapshot while the writer works).
 //   - Fences in SQL. A commit is a set of UPDATEs whose WHERE clauses compare
 //     every field of the echoed turn_ref by equality with the delivery and
-//     activation rows, and the lease with the database clock (DESIGN
+//     activation rows, and the lease with the database clock (docs/DESIGN.md
 //     invariants 3 and 8). The rows are read only after a guarded UPDATE
 //     matched nothing, to say why, in the same transaction, before rolling it
 //     back.
@@ -54,7 +54,7 @@ var migrations embed.FS
 // nowMS is the database clock in unix milliseconds, for use inside SQL.
 const nowMS = "CAST(unixepoch('subsec')*1000 AS INTEGER)"
 
-// liveStates is the SQL list of live activation states (DESIGN invariant 1).
+// liveStates is the SQL list of live activation states (docs/DESIGN.md invariant 1).
 const liveStates = "('starting','active','draining')"
 
 // Defaults of the options.

@@ -184,7 +184,7 @@ func (s *Store) MarkDeliverySent(ctx context.Context, ref abi.TurnRef) error {
 
 // CommitTurn checks every fence by equality inside one transaction and
 // appends the turn; see store.Store. A mismatch writes nothing and returns
-// *store.FenceError (DESIGN invariant 3).
+// *store.FenceError (docs/DESIGN.md invariant 3).
 func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store.Turn, error) {
 	ref := p.Ref
 	key := store.KeyOf(ref)

@@ -187,7 +187,7 @@ func testCrashSleepDeadLetter(t *testing.T, b *bundle) {
 // due at once (the wake is the trigger) and the session moves active →
 // sleeping with reason "crash", its pending wait cleared; a failure that
 // dead-letters the event is not parked, so the policy does not touch its
-// timing: next_attempt_at = DB now + backoff, as under restart (DESIGN
+// timing: next_attempt_at = DB now + backoff, as under restart (docs/DESIGN.md
 // "Failed attempt"), and the session stays active (pending kept).
 func testCrashSleepTiming(t *testing.T, b *bundle) {
 	// Parked: a pending session, failed counted with an hour of backoff.
@@ -555,7 +555,7 @@ func testCommitOutcomeFinish(t *testing.T, b *bundle) {
 	wantEq(t, b.next(b.claim(key, LongTTL)).Event.ID, ev.ID, "the waking event runs")
 }
 
-// testCapacitySleeperRunnable is DESIGN invariant 11 at the store: a
+// testCapacitySleeperRunnable is docs/DESIGN.md invariant 11 at the store: a
 // session put to sleep only for lack of capacity that holds a due open
 // event is listed by RunnableSessions (so a host with a free slot wakes
 // and runs it); asleep for another reason, or with nothing due, it is not.

@@ -13,7 +13,7 @@ import (
 	"github.com/paddock-dev/paddock/store"
 )
 
-// Agent kinds and plugin workers (store/SPEC4.md).
+// Agent kinds and plugin workers (store/storetest/README.md "Agent kinds and plugin workers").
 func pluginCases() []testCase {
 	return []testCase{
 		{"PluginWorkers/PutGetListReplace", testPluginWorkers},

@@ -1,5 +1,5 @@
 // Package storetest is the one conformance suite every store driver runs:
-// each DESIGN invariant the store decides, and the behaviour of every
+// each docs/DESIGN.md invariant the store decides, and the behaviour of every
 // store.Store method, through the interface only.
 //
 // A driver's test calls

@@ -1,4 +1,4 @@
--- The durable lifecycle (store/SPEC3.md): crash policies, sleep/wake, dead
+-- The durable lifecycle (docs/DESIGN.md "Failure, retry and crash policy"): crash policies, sleep/wake, dead
 -- letters with their error chains, redrive/discard, steering, cancellation
 -- and alarms. Times are clock_timestamp(), as in 00001.
 --

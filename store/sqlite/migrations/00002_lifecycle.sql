@@ -1,4 +1,4 @@
--- The durable lifecycle (store/SPEC3.md): sleep reasons and the pending
+-- The durable lifecycle (docs/DESIGN.md "Failure, retry and crash policy"): sleep reasons and the pending
 -- queue, steers attached to a turn in flight, redrives, the error chain of
 -- every failed attempt, and alarms. Times are INTEGER unix milliseconds from
 -- the database clock, as in 00001.

@@ -1,4 +1,4 @@
--- Agent kinds and plugin workers (store/SPEC4.md): an agent runs either a
+-- Agent kinds and plugin workers (docs/DESIGN.md "Workers"): an agent runs either a
 -- wasm module (kind 'wasm', module_digest) or a registered plugin worker
 -- (kind 'plugin', plugin). Existing agents become kind 'wasm'.
 --
