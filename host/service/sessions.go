@@ -65,7 +65,7 @@ func (s *Service) putSession(ctx context.Context, a store.Agent, p SessionParams
 		CrashPolicy: store.CrashPolicy(p.CrashPolicy), DefaultCrashPolicy: def, GetOrCreate: getOrCreate,
 	})
 	if se, ok := errors.AsType[*store.SessionExistsError](err); ok {
-		msg := fmt.Sprintf("agent %q already has session %s with key %q (get-or-create: PUT, or paddock session create --get-or-create)",
+		msg := fmt.Sprintf("agent %q already has session %s with key %q",
 			a.Name, se.Existing.SessionID, p.Key)
 		if se.Field != "key" {
 			msg = fmt.Sprintf("agent %q's session %s with key %q has a different %s (get-or-create with the same %s, or none)",
