@@ -42,7 +42,7 @@ type rawClient struct {
 func (e *env) raw(id string) *rawClient {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	sock := zmq4.NewDealer(ctx, zmq4.WithID(zmq4.SocketIdentity(id)), zmq4.WithTimeout(5*time.Second))
+	sock := zmq4.NewDealer(ctx, zmq4.WithID(zmq4.SocketIdentity(id)), zmq4.WithTimeout(30*time.Second))
 	if err := sock.Dial(e.connect()); err != nil {
 		e.t.Fatal(err)
 	}
