@@ -31,6 +31,19 @@ const (
 	MaxResultBytes = 4 << 20
 	// MaxStateBytes bounds the session state blob.
 	MaxStateBytes = 1 << 20
+	// MaxStateEncodedBytes is the size of MaxStateBytes of state as it
+	// travels in a TurnResult or TurnRequest: base64 with padding,
+	// 4·⌈MaxStateBytes/3⌉ = 1 398 104 bytes.
+	MaxStateEncodedBytes = 4 * ((MaxStateBytes + 2) / 3)
+	// ResultHeadroomBytes is what DefaultResultBytes leaves beside a
+	// maximal state for messages, alarm operations and the JSON around
+	// them (512 KiB).
+	ResultHeadroomBytes = 512 << 10
+	// DefaultResultBytes is the default cap of an encoded TurnResult that
+	// hosts configure (wasm.max_result_bytes): a maximal state, base64, plus
+	// ResultHeadroomBytes = 1 922 392 bytes. A lower cap lowers the state
+	// an agent can keep; hosts refuse one below it.
+	DefaultResultBytes = MaxStateEncodedBytes + ResultHeadroomBytes
 	// MaxMessages bounds the number of messages in one TurnResult.
 	MaxMessages = 256
 )

@@ -11,6 +11,8 @@
 //	oom           allocates until the memory cap is hit
 //	big [bytes]   a reply of that many bytes (default abi.MaxResultBytes+1)
 //	bigstate      a state over abi.MaxStateBytes (an invalid result)
+//	state <n>     a state of n bytes (StateOf(n)), answering "state <n>"
+//	statesum      answers "state <len> <sha256 hex>" of the state it received
 //	sleep <ms>    busy-waits ms milliseconds of wall time, then answers
 //	nap <ms>      time.Sleep(ms), then answers
 //	think <ms>    busy-waits ms milliseconds, polling for steers every ~10 ms:
@@ -28,6 +30,8 @@ package faulty
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -97,6 +101,12 @@ func (a *Agent) Turn(_ context.Context, req *abi.TurnRequest) (*abi.TurnResult, 
 		res := reply1(reply)
 		res.State = make([]byte, abi.MaxStateBytes+1)
 		return res, nil
+	case "state":
+		res := reply1("state " + arg)
+		res.State = StateOf(intArg(arg, 0))
+		return res, nil
+	case "statesum":
+		return reply1(StateSum(req.State)), nil
 	case "sleep":
 		d := time.Duration(intArg(arg, 0)) * time.Millisecond
 		for start := time.Now(); time.Since(start) < d; {
@@ -152,6 +162,24 @@ func reply1(content string) *abi.TurnResult {
 }
 
 // intArg parses s as an int, or returns def.
+// StateOf returns the n-byte state of the "state <n>" command: a
+// repeating pattern of all 256 byte values, so that a truncation, a shift
+// or an encoding slip shows in its checksum.
+func StateOf(n int) []byte {
+	b := make([]byte, max(n, 0))
+	for i := range b {
+		b[i] = byte(i*7 + i/256)
+	}
+	return b
+}
+
+// StateSum is the "statesum" command's reply for state: its length and
+// SHA-256.
+func StateSum(state []byte) string {
+	sum := sha256.Sum256(state)
+	return fmt.Sprintf("state %d %s", len(state), hex.EncodeToString(sum[:]))
+}
+
 func intArg(s string, def int) int {
 	if n, err := strconv.Atoi(s); err == nil {
 		return n

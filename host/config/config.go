@@ -22,12 +22,14 @@ import (
 	"time"
 
 	"github.com/go-viper/mapstructure/v2"
+
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/confmap"
 	"github.com/knadh/koanf/providers/env/v2"
 	"github.com/knadh/koanf/providers/file"
 	"github.com/knadh/koanf/providers/posflag"
 	"github.com/knadh/koanf/v2"
+	"github.com/paddock-dev/paddock/abi"
 	"github.com/spf13/pflag"
 )
 
@@ -85,7 +87,9 @@ type Store struct {
 type Wasm struct {
 	// MemoryLimitPages caps a guest's linear memory, in 64 KiB pages.
 	MemoryLimitPages uint32 `koanf:"memory_limit_pages"`
-	// MaxResultBytes caps an encoded TurnResult.
+	// MaxResultBytes caps an encoded TurnResult: default
+	// abi.DefaultResultBytes (a maximal state, base64, plus headroom), at
+	// most abi.MaxResultBytes.
 	MaxResultBytes int `koanf:"max_result_bytes"`
 	// CompilationCache keeps compiled modules on disk, so a restart loads
 	// them in ~0.1 s instead of compiling for ~1 s each.
@@ -255,7 +259,7 @@ func Default() Config {
 		DataDir: "./data",
 		Log:     Log{Level: "info", Format: "text"},
 		Store:   Store{Driver: "sqlite"},
-		Wasm:    Wasm{MemoryLimitPages: 1024 /* 64 MiB */, MaxResultBytes: 1 << 20, CompilationCache: true},
+		Wasm:    Wasm{MemoryLimitPages: 1024 /* 64 MiB */, MaxResultBytes: abi.DefaultResultBytes, CompilationCache: true},
 		Runtime: Runtime{
 			LeaseTTL:        8 * time.Second,
 			ScanInterval:    time.Second,
@@ -608,8 +612,8 @@ func (c Config) Validate() error {
 	if c.Wasm.MemoryLimitPages < 64 || c.Wasm.MemoryLimitPages > 65536 {
 		bad("wasm.memory_limit_pages", c.Wasm.MemoryLimitPages, "must be between 64 (4 MiB; a Go guest needs ~40 pages) and 65536 (4 GiB)")
 	}
-	if c.Wasm.MaxResultBytes < 1024 {
-		bad("wasm.max_result_bytes", c.Wasm.MaxResultBytes, "must be at least 1024")
+	if c.Wasm.MaxResultBytes < abi.DefaultResultBytes || c.Wasm.MaxResultBytes > abi.MaxResultBytes {
+		bad("wasm.max_result_bytes", c.Wasm.MaxResultBytes, fmt.Sprintf("must be between %d (a maximal state, base64, plus %d bytes for messages) and %d", abi.DefaultResultBytes, abi.ResultHeadroomBytes, abi.MaxResultBytes))
 	}
 	if c.Runtime.LeaseTTL < 100*time.Millisecond {
 		bad("runtime.lease_ttl", c.Runtime.LeaseTTL, "must be at least 100ms")

@@ -12,6 +12,8 @@
 //	exit            os.Exit(3)
 //	log <text>      logs text through plugins.Logger and to stderr, answers "logged"
 //	big             answers abi.MaxResultBytes+1 bytes
+//	state <n>       keeps a state of n bytes (faulty.StateOf), answers "state <n>"
+//	statesum        answers faulty.StateSum of the state it received
 package main
 
 import (
@@ -24,6 +26,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/examples/faulty"
 	"github.com/paddock-dev/paddock/plugins"
 )
 
@@ -78,6 +81,12 @@ func turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 		return reply("logged"), nil
 	case "big":
 		return reply(strings.Repeat("x", abi.MaxResultBytes+1)), nil
+	case "state":
+		res := reply("state " + arg)
+		res.State = faulty.StateOf(ms)
+		return res, nil
+	case "statesum":
+		return reply(faulty.StateSum(req.State)), nil
 	}
 	return reply("ok: " + req.Event.Message), nil
 }
