@@ -133,7 +133,10 @@
 //
 // sqlite.Open(ctx, dsnOrPath, opts...) takes a path or a file: DSN and
 // sets WAL, busy_timeout, foreign_keys, synchronous NORMAL; writes run on
-// one connection with _txlock=immediate, pure reads on a query_only pool.
+// one connection with _txlock=immediate, pure reads on a query_only pool;
+// it holds an exclusive flock on path+".lock" until Close, so a database
+// file serves one process (one host) and a second Open fails with
+// sqlite.ErrInUse naming the file and the holder.
 // postgres.Open(ctx, dsn, opts...) uses pgxpool with READ COMMITTED and row
 // locks taken in one order, retrying deadlocks and serialisation failures
 // (40P01, 40001). Each driver's package doc says how it keeps these rules.

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 
 	"github.com/paddock-dev/paddock/abi"
@@ -132,12 +131,19 @@ func (s signature) String() string {
 	return names(s.params) + " -> " + names(s.results)
 }
 
-func (s signature) matches(d api.FunctionDefinition) bool {
-	return slices.Equal(s.params, d.ParamTypes()) && slices.Equal(s.results, d.ResultTypes())
+func (s signature) equal(o signature) bool {
+	return slices.Equal(s.params, o.params) && slices.Equal(s.results, o.results)
 }
 
 func sigOf(d api.FunctionDefinition) signature {
-	return signature{d.ParamTypes(), d.ResultTypes()}
+	return signature{nilIfEmpty(d.ParamTypes()), nilIfEmpty(d.ResultTypes())}
+}
+
+func nilIfEmpty(ts []api.ValueType) []api.ValueType {
+	if len(ts) == 0 {
+		return nil
+	}
+	return ts
 }
 
 var (
@@ -156,50 +162,59 @@ var requiredExports = []struct {
 	{ExportTurn, signature{[]api.ValueType{i32, i32}, []api.ValueType{i64}}},
 }
 
-// checkInterface checks the compiled module's exports and imports against
-// the ABI.
-func (r *Runtime) checkInterface(c wazero.CompiledModule) *ModuleError {
-	exports := c.ExportedFunctions()
-	_, hasInit := exports[ExportInitialize]
-	if _, hasStart := exports[ExportStart]; hasStart && !hasInit {
-		return &ModuleError{Reason: ReasonCommandModule}
-	}
-	e := &ModuleError{Reason: ReasonMissingExports}
-	for _, want := range requiredExports {
-		d, ok := exports[want.name]
-		switch {
-		case !ok:
-			e.Missing = append(e.Missing, want.name)
-		case !want.sig.matches(d):
-			e.Mismatched = append(e.Mismatched, fmt.Sprintf("%s: want %s, have %s", want.name, want.sig, sigOf(d)))
+// checkInterface checks a module's imports, then its exports, against the
+// ABI, from its header (readHeader), before anything is compiled: the first
+// fault found is reported, an import the host does not provide before a
+// missing export.
+func (r *Runtime) checkInterface(h *header) *ModuleError {
+	e := &ModuleError{Reason: ReasonBadImports}
+	for _, im := range h.imports {
+		switch im.kind {
+		case externFunc:
+			have, ok := r.imports[im.module][im.name]
+			switch {
+			case !ok:
+				e.Unresolved = append(e.Unresolved, im.module+"."+im.name)
+			case !sigOf(have).equal(im.sig):
+				e.Unresolved = append(e.Unresolved, fmt.Sprintf("%s.%s %s (host has %s)", im.module, im.name, im.sig, sigOf(have)))
+			}
+		case externMemory:
+			e.Unresolved = append(e.Unresolved, im.module+"."+im.name+" (memory)")
+		case externTable:
+			e.Unresolved = append(e.Unresolved, im.module+"."+im.name+" (table)")
+		case externGlobal:
+			e.Unresolved = append(e.Unresolved, im.module+"."+im.name+" (global)")
 		}
 	}
-	if _, ok := c.ExportedMemories()[ExportMemory]; !ok {
-		e.Missing = append(e.Missing, ExportMemory)
-	}
-	if d, ok := exports[ExportInitialize]; ok && (len(d.ParamTypes()) > 0 || len(d.ResultTypes()) > 0) {
-		e.Mismatched = append(e.Mismatched, fmt.Sprintf("%s: want () -> (), have %s", ExportInitialize, sigOf(d)))
-	}
-	if len(e.Missing) > 0 || len(e.Mismatched) > 0 {
+	if len(e.Unresolved) > 0 {
 		return e
 	}
 
-	e = &ModuleError{Reason: ReasonBadImports}
-	for _, d := range c.ImportedFunctions() {
-		mod, name, _ := d.Import()
-		have, ok := r.imports[mod][name]
+	fn := func(name string) (signature, bool) {
+		x, ok := h.exports[name]
+		return x.sig, ok && x.kind == externFunc
+	}
+	_, hasInit := fn(ExportInitialize)
+	if _, hasStart := fn(ExportStart); hasStart && !hasInit {
+		return &ModuleError{Reason: ReasonCommandModule}
+	}
+	e = &ModuleError{Reason: ReasonMissingExports}
+	for _, want := range requiredExports {
+		have, ok := fn(want.name)
 		switch {
 		case !ok:
-			e.Unresolved = append(e.Unresolved, mod+"."+name)
-		case !sigOf(have).matches(d):
-			e.Unresolved = append(e.Unresolved, fmt.Sprintf("%s.%s %s (host has %s)", mod, name, sigOf(d), sigOf(have)))
+			e.Missing = append(e.Missing, want.name)
+		case !want.sig.equal(have):
+			e.Mismatched = append(e.Mismatched, fmt.Sprintf("%s: want %s, have %s", want.name, want.sig, have))
 		}
 	}
-	for _, d := range c.ImportedMemories() {
-		mod, name, _ := d.Import()
-		e.Unresolved = append(e.Unresolved, mod+"."+name+" (memory)")
+	if x, ok := h.exports[ExportMemory]; !ok || x.kind != externMemory {
+		e.Missing = append(e.Missing, ExportMemory)
 	}
-	if len(e.Unresolved) > 0 {
+	if have, ok := fn(ExportInitialize); ok && (len(have.params) > 0 || len(have.results) > 0) {
+		e.Mismatched = append(e.Mismatched, fmt.Sprintf("%s: want () -> (), have %s", ExportInitialize, have))
+	}
+	if len(e.Missing) > 0 || len(e.Mismatched) > 0 {
 		return e
 	}
 	return nil

@@ -289,11 +289,14 @@ func (r *Runtime) Config() Config { return r.cfg }
 // *ModuleError naming every problem found (the API answers 400); other
 // errors are the host's (ErrClosed, a cancelled ctx).
 //
-// Validation compiles the module, checks its exports and imports against
-// the ABI, then instantiates it once in the sandbox, bounded by InitTimeout,
-// to call paddock_abi_version: the only guest code run is the module's
-// initialiser and that function. The module stays loaded; call Unload if
-// this Runtime will not run it.
+// Validation first reads the module's imports and exports from its header
+// (the type, import, function and export sections) and checks them against
+// the ABI, imports first; a module refused there is never compiled, so it
+// leaves nothing in the compilation cache. Then it compiles the module and
+// instantiates it once in the sandbox, bounded by InitTimeout, to call
+// paddock_abi_version: the only guest code run is the module's initialiser
+// and that function. The module stays loaded; call Unload if this Runtime
+// will not run it.
 func (r *Runtime) Validate(ctx context.Context, wasm []byte) (ModuleInfo, error) {
 	return r.Load(ctx, Digest(wasm), wasm)
 }
@@ -350,6 +353,17 @@ func (r *Runtime) compile(ctx context.Context, digest string, wasm []byte) (waze
 		err.Digest = digest
 		return nil, info, err
 	}
+	// Imports and exports are checked from the header first, so that a
+	// module that cannot serve turns is refused without being compiled
+	// (and leaves nothing in the compilation cache).
+	h, err := readHeader(wasm)
+	if err != nil {
+		return nil, info, &ModuleError{Digest: digest, Reason: ReasonInvalidWasm, Err: err}
+	}
+	if merr := r.checkInterface(h); merr != nil {
+		merr.Digest = digest
+		return nil, info, merr
+	}
 	start := time.Now()
 	workers := min(runtime.GOMAXPROCS(0), 4)
 	compiled, err := r.wz.CompileModule(experimental.WithCompilationWorkers(ctx, workers), wasm)
@@ -359,11 +373,6 @@ func (r *Runtime) compile(ctx context.Context, digest string, wasm []byte) (waze
 			return nil, info, ErrClosed
 		}
 		return nil, info, &ModuleError{Digest: digest, Reason: ReasonInvalidWasm, Err: err}
-	}
-	if merr := r.checkInterface(compiled); merr != nil {
-		merr.Digest = digest
-		_ = compiled.Close(ctx)
-		return nil, info, merr
 	}
 	v, err := r.probeVersion(ctx, digest, compiled)
 	if err != nil {

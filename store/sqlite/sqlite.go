@@ -22,8 +22,16 @@
 //   - Subscribe is an in-process fan-out: only this process's appends wake
 //     subscribers. That is enough for the single host SQLite serves.
 //
-// Limits: one process per database file; a ":memory:" database is not
-// supported (the reader pool would see a different, empty database).
+// Limits: one process per database file, enforced: Open takes an exclusive
+// advisory lock (flock(2)) on a lock file beside the database, path+".lock",
+// held until Close, and fails with an *InUseError (ErrInUse) naming the file
+// and the holding process when another Store has it. A SQLite file so
+// serves one host: a second host on it would wait on SQLite's write lock
+// behind the first, forever if the first is stopped (SIGSTOP). The kernel
+// releases the lock when its process dies, kill -9 included, so a restart
+// opens the file at once. Several hosts share a PostgreSQL store. A
+// ":memory:" database is not supported (the reader pool would see a
+// different, empty database).
 package sqlite
 
 import (
@@ -108,6 +116,8 @@ type Store struct {
 	w   *sql.DB // the single writer: MaxOpenConns 1, BEGIN IMMEDIATE
 	r   *sql.DB // readers: query_only
 	cfg config
+	// lock is the database file's exclusive lock, held until Close.
+	lock *fileLock
 
 	wstmts stmtCache // prepared statements of the writer
 	rstmts stmtCache // prepared statements of the readers
@@ -142,6 +152,24 @@ func Open(ctx context.Context, dsnOrPath string, opts ...Option) (*Store, error)
 	if err != nil {
 		return nil, fmt.Errorf("store/sqlite: open: %w", err)
 	}
+	path, err := dbPath(dsnOrPath)
+	if err != nil {
+		return nil, fmt.Errorf("store/sqlite: open: %w", err)
+	}
+	lock, err := lockFile(path)
+	if err != nil {
+		var inUse *InUseError
+		if errors.As(err, &inUse) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("store/sqlite: open: %w", err)
+	}
+	opened := false
+	defer func() {
+		if !opened {
+			_ = lock.release()
+		}
+	}()
 	w, err := sql.Open("sqlite", wdsn)
 	if err != nil {
 		return nil, fmt.Errorf("store/sqlite: open: %w", err)
@@ -170,8 +198,9 @@ func Open(ctx context.Context, dsnOrPath string, opts ...Option) (*Store, error)
 		_ = r.Close()
 		return nil, fmt.Errorf("store/sqlite: open: readers: %w", err)
 	}
+	opened = true
 	return &Store{
-		w: w, r: r, cfg: cfg,
+		w: w, r: r, cfg: cfg, lock: lock,
 		wstmts: stmtCache{db: w}, rstmts: stmtCache{db: r},
 		subs: make(map[*subscriber]struct{}), done: make(chan struct{}),
 	}, nil
@@ -270,7 +299,7 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	s.wstmts.close()
 	s.rstmts.close()
-	return errors.Join(s.r.Close(), s.w.Close())
+	return errors.Join(s.r.Close(), s.w.Close(), s.lock.release())
 }
 
 // Subscribe returns a channel that receives the key of every session this

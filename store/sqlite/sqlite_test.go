@@ -2,6 +2,9 @@ package sqlite_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -65,5 +68,36 @@ func TestOpenRefusesMemory(t *testing.T) {
 	_, err := sqlite.Open(t.Context(), ":memory:")
 	if err == nil || !strings.HasPrefix(err.Error(), "store/sqlite: open: ") {
 		t.Fatalf("Open(:memory:) error = %v, want a store/sqlite: open: error", err)
+	}
+}
+
+// A database file serves one Store at a time: a second Open is refused,
+// naming the file and the holder, and the file opens again once the first
+// Store closes.
+func TestOpenRefusesAFileAnotherStoreHolds(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "paddock.db")
+	first, err := sqlite.Open(t.Context(), path)
+	if err != nil {
+		t.Fatalf("sqlite.Open: %v", err)
+	}
+	second, err := sqlite.Open(t.Context(), "file:"+path+"?_pragma=cache_size(-4000)")
+	if err == nil {
+		_ = second.Close()
+		_ = first.Close()
+		t.Fatal("a second Open of a held file succeeded")
+	}
+	if !errors.Is(err, sqlite.ErrInUse) || !strings.Contains(err.Error(), path) ||
+		!strings.Contains(err.Error(), fmt.Sprintf("pid %d", os.Getpid())) {
+		t.Fatalf("second Open: %v; want ErrInUse naming %s and pid %d", err, path, os.Getpid())
+	}
+	if err := first.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	again, err := sqlite.Open(t.Context(), path)
+	if err != nil {
+		t.Fatalf("Open after Close: %v", err)
+	}
+	if err := again.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
 	}
 }
