@@ -339,21 +339,6 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			return a.stop()
 		}
 		ctx, cancel := context.WithTimeout(a.leaseCtx, 10*time.Second)
-		// Reload the agent before each delivery: an update (a new module)
-		// made while the activation is live binds the next new event, whose
-		// differing binding then gets a fresh instance below. Events that
-		// already started keep their recorded binding (docs/DESIGN.md
-		// invariant 10).
-		agent, err := h.st.GetAgent(ctx, a.agent.UID)
-		if err != nil {
-			cancel()
-			if !errors.Is(err, store.ErrNotFound) && a.leaseCtx.Err() == nil {
-				a.log.Warn("reload agent", "err", err)
-			}
-			a.stop()
-			return time.Second
-		}
-		a.agent = agent
 		binding, err := h.runner.Binding(ctx, a.agent, a.pol.Pool)
 		if err != nil {
 			cancel()
