@@ -132,6 +132,12 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	if sess.Status != store.SessionActive && !forCapacity {
 		return 0 // sleeping or destroyed: a signal, a wake or a redrive resumes it
 	}
+	if sess.OpenEvents == 0 {
+		// Nothing to run: neither a slot nor a claim (an activation that
+		// yielded its slot must not queue for one again, marked pending,
+		// with nothing due). The append of the next event wakes it.
+		return 0
+	}
 	pol := h.Policy().For(agent.Name)
 	c.pol = pol
 	if !h.placeable(runCtx, agent, pol.Pool) {
