@@ -330,6 +330,15 @@ func (a *activationRun) stop() time.Duration {
 	return 0
 }
 
+// bind is NextDelivery's Bind: what the agent runs now (read by the store
+// with the candidate event), in the activation's pool. An update of the
+// agent thus binds its next new event, which then runs on a fresh instance
+// (turn), while events that started keep their recorded binding
+// (docs/DESIGN.md invariant 10).
+func (a *activationRun) bind(b store.AgentBinding) (string, error) {
+	return a.h.runner.Binding(b, a.pol.Pool)
+}
+
 // loop takes due events one at a time until idle, lease loss or shutdown.
 func (a *activationRun) loop(runCtx context.Context) time.Duration {
 	h, c := a.h, a.c
@@ -345,14 +354,8 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			return a.stop()
 		}
 		ctx, cancel := context.WithTimeout(a.leaseCtx, 10*time.Second)
-		binding, err := h.runner.Binding(ctx, a.agent, a.pol.Pool)
-		if err != nil {
-			cancel()
-			a.log.Warn("agent binding", "err", err)
-			a.stop()
-			return time.Second
-		}
 		var d store.Dispatch
+		var err error
 		if a.nothingOpen {
 			// Nothing was open when the last turn committed: wait for the
 			// wake-up of the next signal instead of asking now.
@@ -360,7 +363,7 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			err = &store.NoDueEventError{}
 		} else {
 			d, err = h.st.NextDelivery(ctx, store.NextDeliveryParams{
-				Activation: a.act.Ref(), DeliveryID: uuid.NewString(), Binding: binding,
+				Activation: a.act.Ref(), DeliveryID: uuid.NewString(), Bind: a.bind,
 				BlockOnDeadLetter: a.pol.BlockOnDeadLetter, MarkSent: true, TailMessages: a.tail(),
 			})
 		}

@@ -59,8 +59,8 @@ func eachDriver(t *testing.T, f func(t *testing.T, st store.Store)) {
 // as a worker kind would. The binding is the function's name.
 type funcRunner struct{ funcs map[string]abi.TurnFunc }
 
-func (r funcRunner) Binding(_ context.Context, a store.Agent, _ string) (string, error) {
-	return a.ModuleDigest, nil
+func (r funcRunner) Binding(b store.AgentBinding, _ string) (string, error) {
+	return b.ModuleDigest, nil
 }
 
 func (r funcRunner) Instantiate(_ context.Context, binding string) (host.Instance, error) {

@@ -12,12 +12,14 @@ import (
 // is the seam between the host, which decides turns, and the worker kinds,
 // which only run them (docs/DESIGN.md "Layout").
 type Runner interface {
-	// Binding returns what the agent runs now, in its policy's pool: a
-	// wasm module digest, or "plugin:<name>@<sha256>" for a plugin worker's
+	// Binding returns the binding of what an agent runs (b, as the store
+	// read it under the activation's lock) in its policy's pool: a wasm
+	// module digest, or "plugin:<name>@<sha256>" for a plugin worker's
 	// current binary — prefixed with "pool:<name>/" when the pool is served
 	// by remote workers. It is recorded on an event at its first attempt,
-	// and that event's retries run it (docs/DESIGN.md invariant 10).
-	Binding(ctx context.Context, agent store.Agent, pool string) (string, error)
+	// and that event's retries run it (docs/DESIGN.md invariant 10). It does
+	// no I/O: it runs inside NextDelivery's transaction.
+	Binding(b store.AgentBinding, pool string) (string, error)
 	// Instantiate returns a fresh instance for binding. Errors mean the
 	// binding cannot run at all (e.g. the module is missing or does not
 	// instantiate).

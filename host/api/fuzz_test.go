@@ -65,7 +65,7 @@ func (fuzzPlugins) CheckPlugin(_ context.Context, w store.PluginWorker) error {
 // noRunner is the host's runner; the host never runs, so it is never asked.
 type noRunner struct{}
 
-func (noRunner) Binding(context.Context, store.Agent, string) (string, error) { return "", nil }
+func (noRunner) Binding(store.AgentBinding, string) (string, error) { return "", nil }
 func (noRunner) Instantiate(context.Context, string) (host.Instance, error) {
 	return nil, fmt.Errorf("no runner")
 }

@@ -46,21 +46,38 @@ var _ host.Placer = (*Runner)(nil)
 // "pool:<name>/<module digest or plugin binding>".
 const poolPrefix = "pool:"
 
-// Binding returns what the agent runs now: its module digest, or
-// "plugin:<name>@<sha256>" of its plugin worker's registered binary.
-func (r *Runner) Binding(ctx context.Context, a store.Agent, pool string) (string, error) {
-	inner := a.ModuleDigest
-	if a.Kind == store.KindPlugin {
-		w, err := r.st.GetPluginWorker(ctx, a.Plugin)
-		if err != nil {
-			return "", fmt.Errorf("runner: plugin worker %s: %w", a.Plugin, err)
+// Binding returns the binding of what an agent runs (host.Runner): its
+// module digest, or "plugin:<name>@<sha256>" of its plugin worker's
+// registered binary; "pool:<name>/" first for a remote pool. A plugin agent
+// whose plugin worker is not registered has none (an error).
+func (r *Runner) Binding(b store.AgentBinding, pool string) (string, error) {
+	inner := b.ModuleDigest
+	if b.Kind == store.KindPlugin {
+		if b.PluginSHA256 == "" {
+			return "", fmt.Errorf("runner: plugin worker %q is not registered", b.Plugin)
 		}
-		inner = pluginhost.Binding(w.Name, w.SHA256)
+		inner = pluginhost.Binding(b.Plugin, b.PluginSHA256)
+	}
+	if inner == "" {
+		return "", fmt.Errorf("runner: the agent (%s) has no module", b.Kind)
 	}
 	if r.remote[pool] {
 		return poolPrefix + pool + "/" + inner, nil
 	}
 	return inner, nil
+}
+
+// current is the binding agent a runs now, read from the store.
+func (r *Runner) current(ctx context.Context, a store.Agent, pool string) (string, error) {
+	b := store.AgentBinding{Kind: a.Kind, ModuleDigest: a.ModuleDigest, Plugin: a.Plugin}
+	if a.Kind == store.KindPlugin {
+		w, err := r.st.GetPluginWorker(ctx, a.Plugin)
+		if err != nil {
+			return "", fmt.Errorf("runner: plugin worker %s: %w", a.Plugin, err)
+		}
+		b.PluginSHA256 = w.SHA256
+	}
+	return r.Binding(b, pool)
 }
 
 // CanRun reports whether a turn of agent in pool could be dispatched on
@@ -76,7 +93,7 @@ func (r *Runner) CanRun(ctx context.Context, a store.Agent, pool string) bool {
 	if r.fabric == nil {
 		return false
 	}
-	binding, err := r.Binding(ctx, a, pool)
+	binding, err := r.current(ctx, a, pool)
 	if err != nil {
 		return r.fabric.Serves(pool, "")
 	}

@@ -162,9 +162,9 @@ func (w *Wasm) Inspect(ctx context.Context, b []byte) (string, int, error) {
 
 // Binding returns the module digest a wasm agent runs (host.Runner). For
 // other kinds use Runner.
-func (w *Wasm) Binding(_ context.Context, a store.Agent, _ string) (string, error) {
-	if a.Kind != "" && a.Kind != store.KindWasm {
-		return "", fmt.Errorf("runner: agent %s is a %s agent; this host runs wasm only", a.Name, a.Kind)
+func (w *Wasm) Binding(b store.AgentBinding, _ string) (string, error) {
+	if b.Kind != "" && b.Kind != store.KindWasm {
+		return "", fmt.Errorf("runner: the agent is a %s agent; this host runs wasm only", b.Kind)
 	}
-	return a.ModuleDigest, nil
+	return b.ModuleDigest, nil
 }

@@ -36,8 +36,11 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		var eventID *int64
 		var nextAt *time.Time
 		var due, blocked, steered *bool
+		var recorded *string
+		var ab store.AgentBinding
 		err := tx.QueryRow(ctx, nextDeliverySQL+` FOR UPDATE OF a`, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID,
-			p.BlockOnDeadLetter).Scan(&epoch, &revision, &eventID, &nextAt, &due, &blocked, &steered)
+			p.BlockOnDeadLetter).Scan(&epoch, &revision, &eventID, &nextAt, &due, &blocked, &steered,
+			&recorded, &ab.Kind, &ab.ModuleDigest, &ab.Plugin, &ab.PluginSHA256)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("activation %s of %s at epoch %d (or it has a current event, or its lease expired): %w",
 				ref.UID, ref.ActorKey, ref.ActorEpoch, store.ErrNotLive)
@@ -51,12 +54,20 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		if !*due {
 			return &store.NoDueEventError{NextDueAt: utc(*nextAt)}
 		}
+		// Invariant 10: the binding is recorded at the first attempt only;
+		// a first attempt takes what the agent runs now (its row was read
+		// just above), so an update reaches a live activation's next event.
+		binding := ""
+		if recorded == nil || *recorded == "" {
+			if binding, err = p.Resolve(ab); err != nil {
+				return err
+			}
+		}
 		state := store.DeliveryCreated
 		if p.MarkSent {
 			state = store.DeliverySent
 		}
-		// The rest in one round trip, COMMIT included. Invariant 10: the
-		// binding is recorded at the first attempt only.
+		// The rest in one round trip, COMMIT included.
 		b := &pgx.Batch{}
 		// The lock statement's snapshot predates its wait for the row lock:
 		// the event may have been closed (cancelled) meanwhile. This later
@@ -68,7 +79,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		b.Queue(`
 			UPDATE actor_events SET binding = CASE WHEN coalesce(binding, '') = '' THEN nullif($1, '') ELSE binding END
 			WHERE event_id = $2 AND status = 'open'
-			RETURNING `+eventCols, p.Binding, *eventID).QueryRow(func(row pgx.Row) (err error) {
+			RETURNING `+eventCols, binding, *eventID).QueryRow(func(row pgx.Row) (err error) {
 			d.Event, err = scanEvent(row)
 			if errors.Is(err, pgx.ErrNoRows) {
 				// Unreachable: the guard above saw the event open under the
@@ -149,7 +160,8 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 // and its session's oldest open event that is not a steer: the event's id,
 // next attempt time, whether it is due by the database clock, whether a
 // dead letter blocks it ($6: the block policy) and whether steers are
-// attached to it.
+// attached to it; then the event's recorded binding and what the agent
+// runs now (store.AgentBinding's fields).
 const nextDeliverySQL = `
 			SELECT a.actor_epoch, a.revision, e.event_id, e.next_attempt_at, e.next_attempt_at <= clock_timestamp(),
 				$6::boolean AND EXISTS (SELECT 1 FROM actor_events d
@@ -157,9 +169,12 @@ const nextDeliverySQL = `
 					  AND d.seq < e.seq),
 				EXISTS (SELECT 1 FROM actor_events st
 					WHERE st.agent_uid = a.agent_uid AND st.session_id = a.session_id AND st.steer_of = e.event_id
-					  AND st.status = 'open')
+					  AND st.status = 'open'),
+				e.binding, ag.kind, coalesce(ag.module_digest, ''), coalesce(ag.plugin, ''), coalesce(pw.sha256, '')
 			FROM activations a
-			LEFT JOIN LATERAL (SELECT event_id, seq, next_attempt_at FROM actor_events
+			JOIN agents ag ON ag.agent_uid = a.agent_uid
+			LEFT JOIN plugin_workers pw ON pw.name = ag.plugin
+			LEFT JOIN LATERAL (SELECT event_id, seq, next_attempt_at, binding FROM actor_events
 				WHERE agent_uid = a.agent_uid AND session_id = a.session_id AND status = 'open' AND steer_of IS NULL
 				ORDER BY seq LIMIT 1) e ON true
 			WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3 AND a.actor_epoch = $4
@@ -181,8 +196,11 @@ func (s *Store) probeNoDue(ctx context.Context, p store.NextDeliveryParams) (*st
 		var eventID *int64
 		var nextAt *time.Time
 		var due, blocked, steered *bool
+		var recorded *string
+		var ab store.AgentBinding
 		err := s.pool.QueryRow(ctx, nextDeliverySQL, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID,
-			p.BlockOnDeadLetter).Scan(&epoch, &revision, &eventID, &nextAt, &due, &blocked, &steered)
+			p.BlockOnDeadLetter).Scan(&epoch, &revision, &eventID, &nextAt, &due, &blocked, &steered,
+			&recorded, &ab.Kind, &ab.ModuleDigest, &ab.Plugin, &ab.PluginSHA256)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return nil

@@ -23,8 +23,17 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 	refArgs := []any{ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID}
 	var d store.Dispatch
 	err := s.write(ctx, "next delivery", func(tx *txn) error {
-		var one int
-		err := tx.queryRow(`SELECT 1 FROM activations WHERE `+activationLiveWhere, refArgs...).Scan(&one)
+		// The activation, and what its agent runs now (for an event's first
+		// attempt below).
+		var ab store.AgentBinding
+		err := tx.queryRow(`
+			SELECT ag.kind, coalesce(ag.module_digest, ''), coalesce(ag.plugin, ''), coalesce(pw.sha256, '')
+			FROM activations a
+			JOIN agents ag ON ag.agent_uid = a.agent_uid
+			LEFT JOIN plugin_workers pw ON pw.name = ag.plugin
+			WHERE a.activation_uid = ? AND a.agent_uid = ? AND a.session_id = ? AND a.actor_epoch = ? AND a.lease_id = ?
+			  AND a.state IN `+liveStates+` AND a.current_event_id IS NULL AND a.lease_expires_at > `+nowMS, refArgs...).Scan(
+			&ab.Kind, &ab.ModuleDigest, &ab.Plugin, &ab.PluginSHA256)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("activation %s of %s at epoch %d (or it has a current event, or its lease expired): %w",
 				ref.UID, ref.ActorKey, ref.ActorEpoch, store.ErrNotLive)
@@ -37,10 +46,11 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		// with their event.
 		var eventID, seq, nextAt int64
 		var due bool
+		var recorded string
 		err = tx.queryRow(`
-			SELECT event_id, seq, next_attempt_at, next_attempt_at <= `+nowMS+` FROM actor_events
+			SELECT event_id, seq, next_attempt_at, next_attempt_at <= `+nowMS+`, coalesce(binding, '') FROM actor_events
 			WHERE agent_uid = ? AND session_id = ? AND status = 'open' AND steer_of IS NULL
-			ORDER BY seq LIMIT 1`, ref.AgentUID, ref.SessionID).Scan(&eventID, &seq, &nextAt, &due)
+			ORDER BY seq LIMIT 1`, ref.AgentUID, ref.SessionID).Scan(&eventID, &seq, &nextAt, &due, &recorded)
 		if errors.Is(err, sql.ErrNoRows) {
 			return &store.NoDueEventError{}
 		}
@@ -64,11 +74,19 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		if !due {
 			return &store.NoDueEventError{NextDueAt: msTime(nextAt)}
 		}
-		// Invariant 10: the binding is recorded at the first attempt only.
+		// Invariant 10: the binding is recorded at the first attempt only;
+		// a first attempt takes what the agent runs now, so an update
+		// reaches a live activation's next event.
+		binding := ""
+		if recorded == "" {
+			if binding, err = p.Resolve(ab); err != nil {
+				return err
+			}
+		}
 		d.Event, err = scanEvent(tx.queryRow(`
 			UPDATE actor_events SET binding = CASE WHEN coalesce(binding, '') = '' THEN nullif(?, '') ELSE binding END
 			WHERE event_id = ? AND status = 'open' AND next_attempt_at <= `+nowMS+`
-			RETURNING `+eventReturning, p.Binding, eventID))
+			RETURNING `+eventReturning, binding, eventID))
 		if errors.Is(err, sql.ErrNoRows) {
 			return &store.NoDueEventError{NextDueAt: msTime(nextAt)}
 		}

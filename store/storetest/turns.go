@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,6 +24,7 @@ func turnCases() []testCase {
 		{"Invariant5/NotDueOldestEventBlocksLaterOnes", testNotDueBlocks},
 		{"Invariant9/MarkDeliverySentGuardsCreatedToSent", testMarkSent},
 		{"Invariant10/RetriesKeepTheFirstAttemptsBinding", testBinding},
+		{"Deploys/BindSeesTheAgentAsUpdatedWhileTheActivationIsLive", testBindCurrentAgent},
 		{"FailAttempt/DeadLetterAtMaxAttemptsThenNextEvent", testDeadLetter},
 		{"FailAttempt/UncountedFailureKeepsAttempts", testUncounted},
 		{"Transcript/PagesTurnsWithMessagesInOrder", testTranscriptPaging},
@@ -378,6 +380,72 @@ func testBinding(t *testing.T, b *bundle) {
 	d3, err := b.tryNext(a2, true, "sha256:v2")
 	noErr(t, err, "next event's NextDelivery")
 	wantEq(t, d3.Delivery.Binding, "sha256:v2", "a new event takes the current binding")
+}
+
+// testBindCurrentAgent: NextDelivery's Bind gets what the agent runs now —
+// also after an update made while the activation is live — and a retry
+// keeps the binding recorded at its first attempt without asking Bind
+// (docs/DESIGN.md invariant 10). A Bind error writes nothing.
+func testBindCurrentAgent(t *testing.T, b *bundle) {
+	v1 := b.module("bind v1")
+	a := b.newAgent("bind-"+uuid.NewString()[:8], v1.Digest, store.CrashRestart)
+	key := b.sessionOf(a.UID, store.CrashRestart)
+	var seen []store.AgentBinding
+	next := func(act store.Activation) (store.Dispatch, error) {
+		return b.s.NextDelivery(b.ctx, store.NextDeliveryParams{
+			Activation: act.Ref(), DeliveryID: uuid.NewString(), MarkSent: true, Binding: "unused",
+			Bind: func(ab store.AgentBinding) (string, error) {
+				seen = append(seen, ab)
+				if ab.ModuleDigest == "" {
+					return "", errors.New("no module")
+				}
+				return "bound:" + ab.ModuleDigest, nil
+			},
+		})
+	}
+	first := b.message(key, "one")
+	act := b.claim(key, LongTTL)
+	d, err := next(act)
+	noErr(t, err, "NextDelivery")
+	wantEq(t, d.Event.ID, first.ID, "first event")
+	wantEq(t, d.Delivery.Binding, "bound:"+v1.Digest, "first event's binding")
+	wantEq(t, seen[len(seen)-1], store.AgentBinding{Kind: store.KindWasm, ModuleDigest: v1.Digest}, "Bind's input")
+	b.fail(d.Delivery.TurnRef(), true, 0, 5)
+
+	// The agent is updated while a new activation is live; the retry keeps
+	// v1 and Bind is not asked for it.
+	v2 := b.module("bind v2")
+	_, err = b.s.CreateAgent(b.ctx, store.CreateAgentParams{UID: a.UID, Name: a.Name, ModuleDigest: v2.Digest, CrashPolicy: store.CrashRestart, Upsert: true})
+	noErr(t, err, "update the agent")
+	act = b.claim(key, LongTTL)
+	asked := len(seen)
+	d, err = next(act)
+	noErr(t, err, "retry NextDelivery")
+	wantEq(t, d.Event.ID, first.ID, "retry event")
+	wantEq(t, d.Delivery.Binding, "bound:"+v1.Digest, "a retry keeps its first attempt's binding")
+	wantEq(t, len(seen), asked, "Bind calls for a retry")
+	b.commit(d.Delivery.TurnRef(), "ok", "")
+
+	second := b.message(key, "two")
+	d, err = next(act)
+	noErr(t, err, "next event's NextDelivery under the same activation")
+	wantEq(t, d.Event.ID, second.ID, "second event")
+	wantEq(t, d.Delivery.Binding, "bound:"+v2.Digest, "a new event under the live activation takes the updated agent")
+	b.commit(d.Delivery.TurnRef(), "ok", "")
+
+	// A plugin agent: Bind sees the plugin and its registered binary.
+	w := b.pluginWorker("bind-" + uuid.NewString()[:8])
+	pa := b.pluginAgent("bindp-"+uuid.NewString()[:8], w.Name, store.CrashRestart)
+	pkey := b.sessionOf(pa.UID, store.CrashRestart)
+	b.message(pkey, "p")
+	pact := b.claim(pkey, LongTTL)
+	before := b.snapshot(pkey)
+	_, err = next(pact)
+	if err == nil || !strings.Contains(err.Error(), "no module") {
+		t.Fatalf("NextDelivery with a failing Bind: %v, want its error", err)
+	}
+	wantEq(t, seen[len(seen)-1], store.AgentBinding{Kind: store.KindPlugin, Plugin: w.Name, PluginSHA256: w.SHA256}, "Bind's input for a plugin agent")
+	b.sameSnapshot(pkey, before, "NextDelivery refused by Bind")
 }
 
 func testDeadLetter(t *testing.T, b *bundle) {
