@@ -260,3 +260,42 @@ func TestCompilationCachePersists(t *testing.T) {
 	warm := load()
 	t.Logf("compile cold %s, from cache %s; cache %d files, %d bytes", cold.CompileTime, warm.CompileTime, files, size)
 }
+
+// TestRefusedModuleLeavesNoCompiledArtefact: a module refused after it
+// compiled (its start traps, or it speaks another ABI version) leaves no
+// file in the compilation cache, while an accepted one keeps its artefact
+// (issue: refused uploads filled the cache for ever).
+func TestRefusedModuleLeavesNoCompiledArtefact(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	rt, err := wasm.New(ctx, wasm.Config{CacheDir: dir}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close(ctx)
+	files := func() []string {
+		var out []string
+		filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				out = append(out, p)
+			}
+			return nil
+		})
+		return out
+	}
+	if _, err := rt.Validate(ctx, fixedGuest(1, []byte("{}")).bytes()); err != nil {
+		t.Fatal(err)
+	}
+	accepted := files()
+	if len(accepted) != 1 {
+		t.Fatalf("cache files after one accepted module: %v, want 1", accepted)
+	}
+	traps := fixedGuest(1, []byte(`{"x":1}`))
+	traps.funcs = append(traps.funcs, wfunc{export: "_initialize", body: []byte{opUnreachable}})
+	moduleError(t, second(rt.Validate(ctx, traps.bytes())), wasm.ReasonInitFailed, "unreachable")
+	moduleError(t, second(rt.Validate(ctx, fixedGuest(2, []byte("{}")).bytes())), wasm.ReasonABIVersion, "v2")
+	if got := files(); !slices.Equal(got, accepted) {
+		t.Fatalf("cache files after two refused modules: %v, want only the accepted module's %v", got, accepted)
+	}
+}

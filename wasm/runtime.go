@@ -194,6 +194,11 @@ type Runtime struct {
 	modCfg  wazero.ModuleConfig     // the sandbox, without stdout/stderr
 	imports map[string]map[string]api.FunctionDefinition
 
+	// compileMu serialises compilations when there is a compilation cache,
+	// so that the artefacts of a module refused after compiling are known
+	// and evicted (evictNew).
+	compileMu sync.Mutex
+
 	mu      sync.Mutex
 	closed  bool
 	modules map[string]*module // by digest
@@ -364,6 +369,12 @@ func (r *Runtime) compile(ctx context.Context, digest string, wasm []byte) (waze
 		merr.Digest = digest
 		return nil, info, merr
 	}
+	var before map[string]bool
+	if r.cache != nil {
+		r.compileMu.Lock()
+		defer r.compileMu.Unlock()
+		before = r.cacheFiles()
+	}
 	start := time.Now()
 	workers := min(runtime.GOMAXPROCS(0), 4)
 	compiled, err := r.wz.CompileModule(experimental.WithCompilationWorkers(ctx, workers), wasm)
@@ -377,11 +388,13 @@ func (r *Runtime) compile(ctx context.Context, digest string, wasm []byte) (waze
 	v, err := r.probeVersion(ctx, digest, compiled)
 	if err != nil {
 		_ = compiled.Close(ctx)
+		r.evictNew(before)
 		return nil, info, err
 	}
 	info.ABIVersion = v
 	if v != abi.Version {
 		_ = compiled.Close(ctx)
+		r.evictNew(before)
 		return nil, info, &ModuleError{Digest: digest, Reason: ReasonABIVersion, ABIVersion: v}
 	}
 	r.log.LogAttrs(ctx, slog.LevelInfo, "wasm module loaded",

@@ -1,0 +1,49 @@
+package wasm
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// cacheFiles lists the regular files under the compilation cache dir (the
+// compiled artefacts, in wazero's per-version subdirectory). nil without a
+// CacheDir or when it cannot be read: eviction is then skipped, never
+// guessed.
+func (r *Runtime) cacheFiles() map[string]bool {
+	if r.cfg.CacheDir == "" {
+		return nil
+	}
+	files := map[string]bool{}
+	err := filepath.WalkDir(r.cfg.CacheDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			files[p] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil
+	}
+	return files
+}
+
+// evictNew removes the cache files that are not in before: the artefacts a
+// compilation made for a module refused after compiling (its start failed,
+// or it speaks another ABI version), which would otherwise stay in the
+// cache for ever (wazero's CompilationCache has no per-module delete). The
+// caller holds compileMu, so no other compilation's artefact is new.
+func (r *Runtime) evictNew(before map[string]bool) {
+	if before == nil {
+		return
+	}
+	for p := range r.cacheFiles() {
+		if !before[p] {
+			if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+				r.log.Warn("wasm: evict a refused module's compiled artefact", "path", p, "err", err)
+			}
+		}
+	}
+}
