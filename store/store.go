@@ -287,6 +287,9 @@ type Turn struct {
 	Outcome     abi.Outcome         `json:"outcome"`
 	CommittedAt time.Time           `json:"committed_at"`
 	Messages    []TranscriptMessage `json:"messages"`
+	// Usage is the turn's model-token usage: the sum over its event's
+	// journal rows that are not set aside, as of the commit.
+	Usage abi.Usage `json:"usage"`
 	// NextOpen is a hint set by CommitTurn: whether the session had another
 	// open event (not a steer) when the turn committed. False lets a
 	// controller wait for a wake-up instead of asking NextDelivery at once
