@@ -1,7 +1,7 @@
 # Paddock — run `make help` for the targets.
 SHELL := /bin/bash
 GO ?= go
-EXAMPLES := notes faulty hasher
+EXAMPLES := notes faulty hasher chat
 WASM := $(foreach e,$(EXAMPLES),examples/$(e)/$(e).wasm)
 # Test packages need no external server: PostgreSQL tests start a throwaway
 # cluster from the installed server binaries unless DATABASE_URL is set.
@@ -29,11 +29,12 @@ examples/%.wasm: FORCE
 
 FORCE:
 
-plugins: ## build the example plugin workers bin/notes-plugin, bin/hasher-plugin and their checksum files
+plugins: ## build the example plugin workers bin/notes-plugin, bin/hasher-plugin, bin/chat-plugin and their checksum files
 	@mkdir -p bin
 	$(GO) build -o bin/notes-plugin ./examples/notes/plugin
 	$(GO) build -o bin/hasher-plugin ./examples/hasher/plugin
-	cd bin && sha256sum notes-plugin > notes-plugin.sha256 && sha256sum hasher-plugin > hasher-plugin.sha256
+	$(GO) build -o bin/chat-plugin ./examples/chat/plugin
+	cd bin && for p in notes-plugin hasher-plugin chat-plugin; do sha256sum $$p > $$p.sha256; done
 
 run: build examples ## start `paddock serve` on SQLite under ./data with the example agents registered
 	@echo
