@@ -14,7 +14,9 @@ import (
 // callerFunc adapts a function to abi.Caller.
 type callerFunc func(context.Context, *abi.CallRequest) *abi.CallResult
 
-func (f callerFunc) Call(ctx context.Context, req *abi.CallRequest) *abi.CallResult { return f(ctx, req) }
+func (f callerFunc) Call(ctx context.Context, req *abi.CallRequest) *abi.CallResult {
+	return f(ctx, req)
+}
 
 // TestHTTPAndModelOutsideWasm: on the developer's machine HTTP and Model
 // use the Caller a test harness put in ctx, and answer not_configured
