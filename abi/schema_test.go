@@ -119,6 +119,18 @@ func TestSchemaMatchesGoTypes(t *testing.T) {
 		"Steer":       reflect.TypeFor[abi.Steer](),
 		"AlarmOp":     reflect.TypeFor[abi.AlarmOp](),
 		"AlarmFired":  reflect.TypeFor[abi.AlarmFired](),
+		// Host calls.
+		"CallRequest":   reflect.TypeFor[abi.CallRequest](),
+		"HTTPRequest":   reflect.TypeFor[abi.HTTPRequest](),
+		"ModelRequest":  reflect.TypeFor[abi.ModelRequest](),
+		"ModelMessage":  reflect.TypeFor[abi.ModelMessage](),
+		"ToolCall":      reflect.TypeFor[abi.ToolCall](),
+		"ModelTool":     reflect.TypeFor[abi.ModelTool](),
+		"CallResult":    reflect.TypeFor[abi.CallResult](),
+		"HTTPResponse":  reflect.TypeFor[abi.HTTPResponse](),
+		"ModelResponse": reflect.TypeFor[abi.ModelResponse](),
+		"Usage":         reflect.TypeFor[abi.Usage](),
+		"CallError":     reflect.TypeFor[abi.CallError](),
 	}
 	var defs []string
 	for name := range doc.Defs {
@@ -197,6 +209,18 @@ func TestSchemaMatchesGoConstants(t *testing.T) {
 	roles := []string{abi.RoleAssistant, abi.RoleSystem, abi.RoleTool, abi.RoleUser}
 	if got := enum(prop("Message", "role")); !slices.Equal(got, roles) {
 		t.Errorf("role enum %v, Go roles %v", got, roles)
+	}
+	if got := enum(prop("ModelMessage", "role")); !slices.Equal(got, roles) {
+		t.Errorf("model message role enum %v, Go roles %v", got, roles)
+	}
+	kinds := []string{string(abi.CallKindHTTP), string(abi.CallKindModel)}
+	if got := enum(prop("CallRequest", "kind")); !slices.Equal(got, kinds) {
+		t.Errorf("call kind enum %v, Go kinds %v", got, kinds)
+	}
+	codes := []string{string(abi.CallCancelled), string(abi.CallDenied), string(abi.CallInvalid), string(abi.CallNotConfigured),
+		string(abi.CallTimeout), string(abi.CallTooLarge), string(abi.CallUpstream)}
+	if got := enum(prop("CallError", "code")); !slices.Equal(got, codes) {
+		t.Errorf("call error code enum %v, Go codes %v", got, codes)
 	}
 	if got := prop("TurnRequest", "abi_version")["const"]; got != float64(abi.Version) {
 		t.Errorf("abi_version const %v, abi.Version %d", got, abi.Version)
@@ -383,8 +407,8 @@ func TestReadmeExamples(t *testing.T) {
 		t.Fatal(err)
 	}
 	blocks := regexp.MustCompile("(?s)```json\n(.*?)```").FindAllSubmatch(readme, -1)
-	if len(blocks) < 3 {
-		t.Fatalf("README.md has %d json examples, want at least 3", len(blocks))
+	if len(blocks) < 8 {
+		t.Fatalf("README.md has %d json examples, want at least 8 (turns and host calls)", len(blocks))
 	}
 	root := compileSchema(t, "")
 	for i, m := range blocks {
@@ -393,10 +417,30 @@ func TestReadmeExamples(t *testing.T) {
 			t.Errorf("README example %d: %v\n%s", i+1, err, body)
 			continue
 		}
-		if bytes.Contains(body, []byte(`"abi_version"`)) {
+		var top map[string]json.RawMessage
+		if err := json.Unmarshal(body, &top); err != nil {
+			t.Errorf("README example %d: %v", i+1, err)
+			continue
+		}
+		switch {
+		case top["abi_version"] != nil:
 			var req abi.TurnRequest
 			if err := json.Unmarshal(body, &req); err != nil {
 				t.Errorf("README example %d as TurnRequest: %v", i+1, err)
+			}
+			continue
+		case top["kind"] != nil:
+			var req abi.CallRequest
+			if err := json.Unmarshal(body, &req); err != nil {
+				t.Errorf("README example %d as CallRequest: %v", i+1, err)
+			} else if err := req.Validate(); err != nil {
+				t.Errorf("README example %d: %v", i+1, err)
+			}
+			continue
+		case top["seq"] != nil:
+			var res abi.CallResult
+			if err := json.Unmarshal(body, &res); err != nil {
+				t.Errorf("README example %d as CallResult: %v", i+1, err)
 			}
 			continue
 		}
@@ -421,5 +465,94 @@ func TestResultTextMustBeValidUTF8WithoutNUL(t *testing.T) {
 	ok := &abi.TurnResult{Outcome: abi.OutcomeOK, Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "héllo ✓"}}}
 	if err := ok.Validate(); err != nil {
 		t.Errorf("valid text refused: %v", err)
+	}
+}
+
+// TestSchemaHostCalls: the host-call messages the Go types encode validate
+// against their definitions and the root schema, and samples that break
+// one rule each are refused.
+func TestSchemaHostCalls(t *testing.T) {
+	reqSchema := compileSchema(t, "CallRequest")
+	resSchema := compileSchema(t, "CallResult")
+	root := compileSchema(t, "")
+	temp := 0.2
+	requests := map[string]*abi.CallRequest{
+		"http": {Kind: abi.CallKindHTTP, HTTP: &abi.HTTPRequest{Method: "POST", URL: "https://api.example.com/x",
+			Headers: map[string]string{"Authorization": "Bearer {{secret:TOKEN}}"}, Body: []byte{0, 1, 2}}},
+		"http minimal": {Kind: abi.CallKindHTTP, HTTP: &abi.HTTPRequest{URL: "https://example.com"}},
+		"model": {Kind: abi.CallKindModel, Model: &abi.ModelRequest{Endpoint: "main", Model: "m", MaxTokens: 100, Temperature: &temp,
+			Stop: []string{"END"},
+			Messages: []abi.ModelMessage{{Role: abi.RoleSystem, Content: "be brief"}, {Role: abi.RoleUser, Content: "hi"},
+				{Role: abi.RoleAssistant, ToolCalls: []abi.ToolCall{{ID: "c1", Name: "f", Arguments: json.RawMessage(`{"a":1}`)}}},
+				{Role: abi.RoleTool, ToolCallID: "c1", Content: "42"}},
+			Tools: []abi.ModelTool{{Name: "f", Description: "d", Parameters: json.RawMessage(`{"type":"object"}`)}}}},
+	}
+	for name, req := range requests {
+		if err := req.Validate(); err != nil {
+			t.Fatalf("request %q is not valid in Go: %v", name, err)
+		}
+		b, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []*jsonschema.Schema{reqSchema, root} {
+			if err := validate(t, s, b); err != nil {
+				t.Errorf("request %q %s: %v", name, b, err)
+			}
+		}
+	}
+	results := map[string]*abi.CallResult{
+		"http": {Seq: 1, HTTP: &abi.HTTPResponse{Status: 404, Headers: map[string]string{"A": "b, c"}, Body: []byte("no")}},
+		"model": {Seq: 2, Replayed: true, Model: &abi.ModelResponse{Message: abi.ModelMessage{Role: abi.RoleAssistant, Content: "hi"},
+			StopReason: abi.StopEndTurn, Model: "m", Usage: abi.Usage{InputTokens: 3, OutputTokens: 1}}},
+		"error":      {Seq: 3, Error: &abi.CallError{Code: abi.CallUpstream, Message: "bad gateway", Status: 502}},
+		"no channel": abi.NoCaller(),
+	}
+	for name, res := range results {
+		b, err := json.Marshal(res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []*jsonschema.Schema{resSchema, root} {
+			if err := validate(t, s, b); err != nil {
+				t.Errorf("result %q %s: %v", name, b, err)
+			}
+		}
+	}
+	for name, body := range map[string]string{
+		"unknown kind":           `{"kind":"ftp"}`,
+		"http without http":      `{"kind":"http"}`,
+		"http with model":        `{"kind":"http","http":{"url":"https://x"},"model":{"endpoint":"e","messages":[{"role":"user"}]}}`,
+		"kind and field differ":  `{"kind":"model","http":{"url":"https://x"}}`,
+		"http without url":       `{"kind":"http","http":{}}`,
+		"header not a string":    `{"kind":"http","http":{"url":"https://x","headers":{"a":1}}}`,
+		"body not base64":        `{"kind":"http","http":{"url":"https://x","body":"%%%"}}`,
+		"model without messages": `{"kind":"model","model":{"endpoint":"e","messages":[]}}`,
+		"bad role":               `{"kind":"model","model":{"endpoint":"e","messages":[{"role":"bot"}]}}`,
+		"tool without id":        `{"kind":"model","model":{"endpoint":"e","messages":[{"role":"tool","content":"x"}]}}`,
+		"tool without name":      `{"kind":"model","model":{"endpoint":"e","messages":[{"role":"user"}],"tools":[{"name":""}]}}`,
+	} {
+		if err := validate(t, reqSchema, []byte(body)); err == nil {
+			t.Errorf("request %q validated: %s", name, body)
+		}
+		// The schema and Validate agree on what a request is.
+		var req abi.CallRequest
+		if json.Unmarshal([]byte(body), &req) == nil && req.Validate() == nil && name != "header not a string" && name != "body not base64" {
+			t.Errorf("request %q is valid in Go: %s", name, body)
+		}
+	}
+	for name, body := range map[string]string{
+		"no seq":            `{"http":{"status":200}}`,
+		"nothing":           `{"seq":1}`,
+		"http and error":    `{"seq":1,"http":{"status":200},"error":{"code":"denied","message":"x"}}`,
+		"unknown code":      `{"seq":1,"error":{"code":"nope","message":"x"}}`,
+		"error no message":  `{"seq":1,"error":{"code":"denied"}}`,
+		"model no usage":    `{"seq":1,"model":{"message":{"role":"assistant"},"stop_reason":"end_turn"}}`,
+		"negative seq":      `{"seq":-1,"http":{"status":200}}`,
+		"replayed a string": `{"seq":1,"http":{"status":200},"replayed":"yes"}`,
+	} {
+		if err := validate(t, resSchema, []byte(body)); err == nil {
+			t.Errorf("result %q validated: %s", name, body)
+		}
 	}
 }

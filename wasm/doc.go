@@ -19,6 +19,17 @@
 //	// res.TurnRef is the newest ref the guest took in (or req.TurnRef); the store decides
 //	// cancel()                                 // aborts the turn: a *TurnError of KindCanceled
 //
+// Host calls (abi/README.md, "Host calls"): the guest's paddock.call import
+// is performed by the abi.Caller the controller puts in the turn's context,
+// under the turn's deadline; the guest waits in the import meanwhile.
+//
+//	res, err := inst.Turn(abi.WithCaller(ctx, caller), req) // no Caller: calls answer not_configured
+//
+// Measured (BenchmarkHostCall, a Go guest making 100 calls per turn to a
+// Caller that answers at once, 2 vCPU): ~120 us per call, nearly all of it
+// the guest's encoding/json running as wasm; the host's side (reading the
+// request, encoding the result, writing it) is ~1% of the profile.
+//
 // The package runs turns; it never decides them. A TurnResult it returns has
 // been checked against the contract (abi.TurnResult.Validate, size caps, the
 // echoed turn_ref), but whether it commits is the store's fence check.

@@ -145,7 +145,10 @@ func (r *Runtime) instantiate(ctx context.Context, digest string, compiled wazer
 	defer cancel()
 	inst.glog.startTurn("")
 	defer inst.glog.endTurn(ictx)
-	mod, err := r.wz.InstantiateModule(withGuestLog(ictx, inst.glog), compiled, cfg)
+	// The initialiser belongs to no event: a host call made there answers
+	// not_configured, whatever Caller ctx carries.
+	gctx := withTurnCalls(withGuestLog(abi.WithCaller(ictx, nil), inst.glog), &turnCalls{digest: digest})
+	mod, err := r.wz.InstantiateModule(gctx, compiled, cfg)
 	if err != nil {
 		if r.isClosed() {
 			return nil, ErrClosed
@@ -170,6 +173,10 @@ func (i *Instance) Digest() string { return i.digest }
 // within Config.TurnTimeout (or ctx's earlier deadline), and returns the
 // guest's result after checking it: size, JSON, abi.TurnResult.Validate and
 // the echoed turn_ref. An "error" outcome is a valid result, not an error.
+//
+// Host calls of the guest (paddock.call) are performed by the abi.Caller
+// of ctx (abi.WithCaller; without one they answer not_configured), under
+// ctx and the turn's timeout: the guest waits in the import meanwhile.
 //
 // Steers reach the running turn through ctx (abi.WithSteers). The result's
 // TurnRef is then the request's or that of a steer the guest took in — the
@@ -201,7 +208,9 @@ func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnRes
 	i.glog.startTurn(ref)
 	defer i.glog.endTurn(ctx)
 	var steers *turnSteers
-	callCtx := withGuestLog(ctx, i.glog)
+	// Host calls go through the Caller the controller put in ctx
+	// (abi.WithCaller), under the turn's deadline.
+	callCtx := withTurnCalls(withGuestLog(ctx, i.glog), &turnCalls{digest: i.digest})
 	if ch := abi.SteersOf(ctx); ch != nil {
 		steers = &turnSteers{ch: ch, log: i.rt.log, digest: i.digest, glog: i.glog}
 		callCtx = withTurnSteers(callCtx, steers)

@@ -30,6 +30,15 @@ const (
 	// i32) -> i32, by which a running turn takes in steers (see
 	// abi.WithSteers). Importing it is optional.
 	HostSteerPoll = "steer_poll"
+	// HostCall is the host function call(req_ptr i32, req_len i32,
+	// buf_ptr i32, buf_cap i32) -> i32, by which a running turn makes a
+	// host call (abi.CallRequest in, abi.CallResult out; see abi.Caller).
+	// Importing it is optional.
+	HostCall = "call"
+	// HostCallResult is the host function call_result(buf_ptr i32,
+	// buf_cap i32) -> i32, which delivers a call's result that did not fit
+	// the buffer given to call. Importing it is optional.
+	HostCallResult = "call_result"
 
 	// ExportABIVersion is paddock_abi_version() -> i32.
 	ExportABIVersion = "paddock_abi_version"
@@ -258,6 +267,18 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Runtime, error)
 		WithParameterNames("buf_ptr", "buf_cap").
 		WithResultNames("n").
 		Export(HostSteerPoll).
+		NewFunctionBuilder().
+		WithGoModuleFunction(api.GoModuleFunc(hostCall),
+			[]api.ValueType{api.ValueTypeI32, api.ValueTypeI32, api.ValueTypeI32, api.ValueTypeI32}, []api.ValueType{api.ValueTypeI32}).
+		WithParameterNames("req_ptr", "req_len", "buf_ptr", "buf_cap").
+		WithResultNames("n").
+		Export(HostCall).
+		NewFunctionBuilder().
+		WithGoModuleFunction(api.GoModuleFunc(hostCallResult),
+			[]api.ValueType{api.ValueTypeI32, api.ValueTypeI32}, []api.ValueType{api.ValueTypeI32}).
+		WithParameterNames("buf_ptr", "buf_cap").
+		WithResultNames("n").
+		Export(HostCallResult).
 		Instantiate(ctx)
 	if err != nil {
 		return fail(fmt.Errorf("wasm: instantiate host module %q: %w", HostModule, err))
@@ -418,7 +439,8 @@ func (r *Runtime) probeVersion(ctx context.Context, digest string, compiled waze
 	inst.callStart = time.Now()
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.InitTimeout)
 	defer cancel()
-	out, err := inst.mod.ExportedFunction(ExportABIVersion).Call(withGuestLog(cctx, inst.glog))
+	gctx := withTurnCalls(withGuestLog(abi.WithCaller(cctx, nil), inst.glog), &turnCalls{digest: digest})
+	out, err := inst.mod.ExportedFunction(ExportABIVersion).Call(gctx)
 	if err != nil {
 		return 0, &ModuleError{Digest: digest, Reason: ReasonInitFailed,
 			Err: inst.classify(cctx, "paddock_abi_version", err)}

@@ -27,6 +27,7 @@ type wfunc struct {
 	params, results []byte
 	body            []byte // instructions, without the final end
 	export          string // "" for none
+	locals          []byte // types of the locals after the params, one each
 }
 
 type wimport struct {
@@ -105,7 +106,11 @@ func (m wmod) bytes() []byte {
 		if f.export != "" {
 			exports = append(exports, append(name(f.export), append([]byte{0x00}, uleb(uint64(len(m.imports)+i))...)...))
 		}
-		body := append(append([]byte{0x00}, f.body...), opEnd) // no locals
+		locals := uleb(uint64(len(f.locals)))
+		for _, l := range f.locals {
+			locals = append(locals, 0x01, l)
+		}
+		body := append(append(locals, f.body...), opEnd)
 		codes = append(codes, append(uleb(uint64(len(body))), body...))
 	}
 	if m.exportMe {

@@ -40,6 +40,13 @@
 // paddock.steer_poll and still works: the host then runs the turn again
 // with the steers in TurnRequest.Steers.
 //
+// A turn reaches the outside world through host calls (abi/README.md,
+// "Host calls"): the SDK puts an abi.Caller into the TurnFunc's context
+// (abi.WithCaller), so agent code calls abi.CallHTTP(ctx, ...) and
+// abi.CallModel(ctx, ...) — or HTTP and Model here, which are the same —
+// and the same source works in a plugin worker. A module that never makes
+// a host call does not import paddock.call or paddock.call_result.
+//
 // One module instance serves many turns of one session, one at a time, so
 // package-level variables of the agent survive between turns of an
 // activation — but not across activations, hosts or failures. Keep anything
@@ -49,11 +56,19 @@
 // (abi/README.md, "Instances and state").
 //
 // On platforms other than wasip1, Handle does nothing, PollSteer reports no
-// steer and Log writes to standard error, so agent packages that call them
-// still build and test on the developer's machine.
+// steer, Log writes to standard error, and HTTP and Model use the Caller
+// a test harness put in ctx (not_configured without one), so agent
+// packages that call them still build and test on the developer's
+// machine.
 //
 // The package imports only the standard library and abi.
 package guest
+
+import (
+	"context"
+
+	"github.com/paddock-dev/paddock/abi"
+)
 
 // Level is the severity of a log record sent to the host. The values are
 // those of log/slog (the host logs records with slog).
@@ -66,3 +81,22 @@ const (
 	LevelWarn  Level = 4
 	LevelError Level = 8
 )
+
+// HTTP makes an http host call from the running turn: it is exactly
+// abi.CallHTTP(ctx, req), and ctx must be the turn's context (or derived
+// from it), which carries the SDK's abi.Caller. In a wasm module the call
+// goes through the paddock.call import (abi/README.md, "Host calls"); on
+// other platforms through the Caller a test harness put in ctx with
+// abi.WithCaller, or it fails with a *abi.CallError of code
+// not_configured. A refused or failed call returns a *abi.CallError; a
+// response with any status is a response.
+func HTTP(ctx context.Context, req *abi.HTTPRequest) (*abi.HTTPResponse, error) {
+	return abi.CallHTTP(ctx, req)
+}
+
+// Model makes a model host call from the running turn: it is exactly
+// abi.CallModel(ctx, req), with the same context rule as HTTP. A refused
+// or failed call returns a *abi.CallError.
+func Model(ctx context.Context, req *abi.ModelRequest) (*abi.ModelResponse, error) {
+	return abi.CallModel(ctx, req)
+}

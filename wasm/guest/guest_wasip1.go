@@ -29,7 +29,16 @@ var (
 	// steerBuf receives steers from the host; it grows to the largest
 	// steer seen.
 	steerBuf []byte
+	// callBuf receives host-call results that fit callBufSize; larger
+	// ones get a buffer of their own, dropped after the call.
+	callBuf []byte
 )
+
+// callBufSize is the size of callBuf, the first buffer given to
+// paddock.call (64 KiB): most results (model replies, small HTTP bodies)
+// fit it, and a larger one costs one more import call, never a second
+// request.
+const callBufSize = 64 << 10
 
 // steerBufStart is the initial size of steerBuf; most steers are a line of
 // text and a turn_ref.
@@ -115,6 +124,67 @@ func PollSteer() (abi.Steer, bool) {
 //go:noescape
 func hostSteerPoll(ptr unsafe.Pointer, capacity uint32) int32
 
+// hostCaller is the abi.Caller of a turn in a wasm guest: it makes each
+// call through the paddock.call and paddock.call_result imports. The
+// linker keeps its Call method, and with it the imports, only in modules
+// that make host calls (abi.Call, abi.CallHTTP, abi.CallModel, HTTP,
+// Model), so other modules do not import them.
+type hostCaller struct{}
+
+// Call encodes req, hands it to paddock.call with callBuf, and fetches a
+// result larger than callBuf with paddock.call_result into a buffer of
+// the size the host announced. The guest is blocked meanwhile (wasm is
+// synchronous): ctx cannot interrupt the host, which ends the call itself
+// when the turn is cancelled or times out. Transport failures, which the
+// host never causes when it follows the ABI, come back as error results.
+func (hostCaller) Call(ctx context.Context, req *abi.CallRequest) *abi.CallResult {
+	if err := ctx.Err(); err != nil {
+		return callFailed(abi.CallCancelled, fmt.Sprintf("host call not made: %v", err))
+	}
+	in, err := json.Marshal(req)
+	if err != nil {
+		return callFailed(abi.CallInvalid, fmt.Sprintf("encode call request: %v", err))
+	}
+	if len(in) > abi.MaxCallRequestBytes {
+		return callFailed(abi.CallTooLarge, fmt.Sprintf("call request is %d bytes, limit %d", len(in), abi.MaxCallRequestBytes))
+	}
+	if callBuf == nil {
+		callBuf = make([]byte, callBufSize)
+	}
+	buf := callBuf
+	n := hostCall(unsafe.Pointer(unsafe.SliceData(in)), uint32(len(in)),
+		unsafe.Pointer(unsafe.SliceData(buf)), uint32(len(buf)))
+	if n < 0 {
+		// The result is pending in the host; the call was made once.
+		if -int64(n) > abi.MaxCallResultBytes {
+			return callFailed(abi.CallTooLarge, fmt.Sprintf("paddock.call: result of %d bytes exceeds %d", -int64(n), abi.MaxCallResultBytes))
+		}
+		buf = make([]byte, -n)
+		n = hostCallResult(unsafe.Pointer(unsafe.SliceData(buf)), uint32(len(buf)))
+	}
+	if n <= 0 || int(n) > len(buf) {
+		return callFailed(abi.CallUpstream, fmt.Sprintf("paddock.call_result answered %d for a %d-byte buffer", n, len(buf)))
+	}
+	res := new(abi.CallResult)
+	if err := json.Unmarshal(buf[:n], res); err != nil {
+		return callFailed(abi.CallUpstream, fmt.Sprintf("decode call result: %v", err))
+	}
+	return res
+}
+
+// callFailed is the result of a call that failed in the guest's transport.
+func callFailed(code abi.CallErrorCode, msg string) *abi.CallResult {
+	return &abi.CallResult{Error: &abi.CallError{Code: code, Message: msg}}
+}
+
+//go:wasmimport paddock call
+//go:noescape
+func hostCall(reqPtr unsafe.Pointer, reqLen uint32, bufPtr unsafe.Pointer, bufCap uint32) int32
+
+//go:wasmimport paddock call_result
+//go:noescape
+func hostCallResult(bufPtr unsafe.Pointer, bufCap uint32) int32
+
 //go:wasmexport paddock_abi_version
 func exportABIVersion() int32 {
 	return abi.Version
@@ -167,7 +237,8 @@ func turn(ptr, size uint32) []byte {
 	}
 	current = &req
 	defer func() { current = nil }()
-	return encode(abi.Run(context.Background(), handler, &req))
+	ctx := abi.WithCaller(context.Background(), hostCaller{})
+	return encode(abi.Run(ctx, handler, &req))
 }
 
 // encode marshals res; it cannot fail for a TurnResult, but stays total.

@@ -16,13 +16,15 @@ import (
 	"testing"
 )
 
-// Packages of wasip1 mains for BuildExample: the example agents, and the
-// hostile module of the host's sandbox suite (a testdata package: go
-// builds it when named, and ./... patterns skip it).
+// Packages of wasip1 mains for BuildExample: the example agents, the
+// hostile module of the host's sandbox suite and the host-call guest of
+// the wasm package's tests (testdata packages: go builds them when named,
+// and ./... patterns skip them).
 const (
-	Notes   = "./examples/notes/cmd"
-	Faulty  = "./examples/faulty/cmd"
-	Hostile = "./host/testdata/hostile"
+	Notes     = "./examples/notes/cmd"
+	Faulty    = "./examples/faulty/cmd"
+	Hostile   = "./host/testdata/hostile"
+	CallGuest = "./wasm/testdata/callguest"
 )
 
 // Package state of this test helper, kept for the life of the test binary
