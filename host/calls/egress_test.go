@@ -113,11 +113,11 @@ func TestHTTPCallAllowedAndDenied(t *testing.T) {
 		t.Helper()
 		wantErr(t, x.Do(ctx, "a", c, httpReq(method, u, nil), CallOptions{}), abi.CallDenied, reason)
 	}
-	deny(caps, "GET", "http://example.com/", ReasonDestination)                          // unlisted host
-	deny(caps, "GET", fmt.Sprintf("http://127.0.0.1:%d/ok", port+1), ReasonDestination)  // other port
-	deny(caps, "GET", fmt.Sprintf("https://127.0.0.1:%d/ok", port), ReasonDestination)   // other scheme
-	deny(caps, "DELETE", d.URL+"/ok", ReasonMethod)                                      // method
-	deny(Capabilities{}, "GET", d.URL+"/ok", ReasonDestination)                          // zero value denies all
+	deny(caps, "GET", "http://example.com/", ReasonDestination)                                                              // unlisted host
+	deny(caps, "GET", fmt.Sprintf("http://127.0.0.1:%d/ok", port+1), ReasonDestination)                                      // other port
+	deny(caps, "GET", fmt.Sprintf("https://127.0.0.1:%d/ok", port), ReasonDestination)                                       // other scheme
+	deny(caps, "DELETE", d.URL+"/ok", ReasonMethod)                                                                          // method
+	deny(Capabilities{}, "GET", d.URL+"/ok", ReasonDestination)                                                              // zero value denies all
 	deny(Capabilities{HTTP: []HTTPRule{{Scheme: "http", Host: "127.0.0.1", Port: port}}}, "POST", d.URL+"/ok", ReasonMethod) // default GET, HEAD
 	// 127.0.0.1 when a rule names something else.
 	deny(Capabilities{HTTP: []HTTPRule{{Scheme: "http", Host: "localhost", Port: port}}}, "GET", d.URL+"/ok", ReasonDestination)
