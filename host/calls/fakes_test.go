@@ -126,11 +126,6 @@ func (f *fakeProvider) requests() []recorded {
 	return append([]recorded(nil), f.reqs...)
 }
 
-// port returns the server's port.
-func (f *fakeProvider) port(t *testing.T) int {
-	return serverPort(t, f.URL)
-}
-
 func serverPort(t *testing.T, raw string) int {
 	t.Helper()
 	u, err := url.Parse(raw)
