@@ -248,19 +248,21 @@ func (r HTTPRule) allowsPrivate() bool {
 }
 
 // CheckHTTP checks an http call's method and URL against the allowed
-// destinations and returns the rule that allows it. A refusal is a
+// destinations. A refusal is a
 // *abi.CallError: denied with reason destination (no rule for the scheme,
 // host and port) or method (a rule for the destination, not this method);
 // a malformed URL is invalid_request. The resolved address is checked
 // later, at connection time, by Egress.
-func (c Capabilities) CheckHTTP(method, rawURL string) (HTTPRule, error) {
+func (c Capabilities) CheckHTTP(method, rawURL string) error {
 	d, _, cerr := parseDest(rawURL)
 	if cerr != nil {
-		return HTTPRule{}, cerr
+		return cerr
 	}
-	return c.checkDest(method, d)
+	_, err := c.checkDest(method, d)
+	return err
 }
 
+// checkDest returns the first rule that allows method to d.
 func (c Capabilities) checkDest(method string, d dest) (HTTPRule, error) {
 	hostMatch := false
 	for _, r := range c.HTTP {

@@ -390,7 +390,7 @@ func TestRuleMatching(t *testing.T) {
 		{"GET", "http://[::1]:8080/", ""},
 		{"GET", "http://[::1]/", ReasonDestination},
 	} {
-		_, err := caps.CheckHTTP(c.method, c.url)
+		err := caps.CheckHTTP(c.method, c.url)
 		if c.reason == "" && err != nil {
 			t.Errorf("%s %s: %v", c.method, c.url, err)
 		}

@@ -33,8 +33,9 @@ type Config struct {
 	// never a secret). Nil means slog.Default().
 	Logger *slog.Logger
 	// ModelClient is the client of model endpoints; nil means a client of
-	// its own (no environment proxy). Its own timeouts, if any, add to the
-	// call's.
+	// its own (no environment proxy, no redirects followed, so the API key
+	// reaches only the configured endpoint). A client given here must keep
+	// those properties; its own timeouts, if any, add to the call's.
 	ModelClient *http.Client
 }
 
@@ -73,10 +74,17 @@ func New(cfg Config) (*Executor, error) {
 	}
 	x.egress = NewEgress(cfg.Egress)
 	if x.model == nil {
-		x.model = &http.Client{Transport: &http.Transport{
-			Proxy: nil, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 16,
-			IdleConnTimeout: 90 * time.Second, TLSHandshakeTimeout: 15 * time.Second,
-		}}
+		x.model = &http.Client{
+			Transport: &http.Transport{
+				Proxy: nil, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 16,
+				IdleConnTimeout: 90 * time.Second, TLSHandshakeTimeout: 15 * time.Second,
+			},
+			// A redirect is not followed: the API key (x-api-key survives
+			// Go's cross-domain header stripping) goes only to the
+			// configured endpoint (invariant 13); the 3xx is an upstream
+			// error.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
 	}
 	for name, ep := range x.endpoints {
 		if ep.Provider != ProviderOpenAI && ep.Provider != ProviderAnthropic {
@@ -117,8 +125,10 @@ type Outcome struct {
 
 // Do performs one host call of agent under ctx (the turn's context, whose
 // deadline bounds the call): validation (req.Validate and the kind's
-// rules), the capability check, the Budget's limits, then the call. It
-// never returns a nil Result and never panics on bad input.
+// rules), then the Budget counts the call (every valid call counts toward
+// calls_per_turn, a denied one too, so an agent looping on refusals is
+// bounded), then the capability check and the other limits, then the
+// call. It never returns a nil Result and never panics on bad input.
 func (x *Executor) Do(ctx context.Context, agent string, caps Capabilities, req *abi.CallRequest, opts CallOptions) Outcome {
 	start := time.Now()
 	out := x.do(ctx, caps, req, opts)
@@ -223,6 +233,9 @@ func (x *Executor) doModel(ctx context.Context, caps Capabilities, r *abi.ModelR
 		out.Result = &abi.CallResult{Error: asCallError(err)}
 		return out
 	}
+	if err := budget.beginCall(); err != nil {
+		return fail(err)
+	}
 	if err := caps.CheckEndpoint(r.Endpoint); err != nil {
 		return fail(err)
 	}
@@ -237,9 +250,6 @@ func (x *Executor) doModel(ctx context.Context, caps Capabilities, r *abi.ModelR
 	out.Destination += "/" + model
 	if r.MaxTokens < 0 {
 		return fail(callErr(abi.CallInvalid, "model.max_tokens %d: must not be negative", r.MaxTokens))
-	}
-	if err := budget.beginCall(); err != nil {
-		return fail(err)
 	}
 	tokenCap, err := budget.tokenCap(ctx)
 	if err != nil {

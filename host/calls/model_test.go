@@ -3,6 +3,8 @@ package calls
 import (
 	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -305,5 +307,24 @@ func TestModelBudgetLimits(t *testing.T) {
 	wantErr(t, x.Do(ctx, "a", caps, modelReq("oa", "", user), CallOptions{Budget: calls}), abi.CallDenied, ReasonCallsPerTurn)
 	if len(f.requests()) != 4 {
 		t.Errorf("%d requests, want 4", len(f.requests()))
+	}
+}
+
+// A model endpoint's redirect is not followed: its key goes nowhere else.
+func TestModelEndpointRedirectNotFollowed(t *testing.T) {
+	other := newFake(t, false, reply{events: []string{`{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}]}`}})
+	redir := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+"/v1/chat/completions", http.StatusTemporaryRedirect)
+	}))
+	defer redir.Close()
+	x, _ := testExec(t, Config{Endpoints: map[string]Endpoint{
+		"an": {Provider: ProviderAnthropic, BaseURL: redir.URL, Models: []string{"c"}, Secret: "api_key"},
+	}}, env{"API_KEY": "k-redirected"})
+	out := x.Do(context.Background(), "a", Capabilities{Models: []string{"an"}}, modelReq("an", "", abi.ModelMessage{Role: abi.RoleUser, Content: "hi"}), CallOptions{})
+	if e := wantErr(t, out, abi.CallUpstream, ""); e.Status != http.StatusTemporaryRedirect {
+		t.Errorf("status %d", e.Status)
+	}
+	if len(other.requests()) != 0 {
+		t.Error("the redirect was followed with the key")
 	}
 }
