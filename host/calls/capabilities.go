@@ -89,6 +89,11 @@ type HTTPRule struct {
 	// the rule above). Meaningless on an IP literal (always explicit);
 	// refused on a wildcard by ValidateRule.
 	AllowPrivate bool
+	// Secrets, when not empty, are the only secrets filled into requests
+	// this rule allows (each must also be granted in Capabilities.Secrets):
+	// it binds a credential to the destination it is meant for
+	// (invariant 13). Empty: any granted secret.
+	Secrets []string
 }
 
 // ValidateRule checks a rule's shape; the error names the field.
@@ -123,6 +128,11 @@ func ValidateRule(r HTTPRule) error {
 	for _, m := range r.Methods {
 		if m == "" || m != strings.ToUpper(m) || strings.ContainsAny(m, " \t\r\n\x00") {
 			return fmt.Errorf("method %q: want an upper-case HTTP method", m)
+		}
+	}
+	for _, s := range r.Secrets {
+		if s == "" || strings.ContainsAny(s, "{}") {
+			return fmt.Errorf("secrets: name %q", s)
 		}
 	}
 	return nil
@@ -294,6 +304,18 @@ func (c Capabilities) CheckEndpoint(endpoint string) error {
 func (c Capabilities) CheckSecret(name string) error {
 	if !slices.Contains(c.Secrets, name) {
 		return denied(ReasonSecret, "secret %q is not granted", name)
+	}
+	return nil
+}
+
+// checkSecretFor checks a secret for a request the rule allowed: granted,
+// and listed by the rule when the rule lists any.
+func (c Capabilities) checkSecretFor(rule HTTPRule, name string) *abi.CallError {
+	if err := c.CheckSecret(name); err != nil {
+		return err.(*abi.CallError)
+	}
+	if len(rule.Secrets) > 0 && !slices.Contains(rule.Secrets, name) {
+		return denied(ReasonSecret, "secret %q may not be sent to %s (the rule lists its secrets)", name, rule.Host)
 	}
 	return nil
 }

@@ -351,7 +351,7 @@ func (e *Egress) Do(ctx context.Context, call HTTPCall) (*abi.HTTPResponse, int6
 	pol := &policy{caps: call.Caps, rule: rule, origin: d}
 	header := http.Header{}
 	for k, v := range r.Headers {
-		filled, had, cerr := fillSecrets(ctx, call, v, &scrub)
+		filled, had, cerr := fillSecrets(ctx, call, rule, v, &scrub)
 		if cerr != nil {
 			return nil, 0, cerr
 		}
@@ -413,7 +413,7 @@ func (e *Egress) Do(ctx context.Context, call HTTPCall) (*abi.HTTPResponse, int6
 }
 
 // fillSecrets replaces the placeholders of one header value.
-func fillSecrets(ctx context.Context, call HTTPCall, v string, scrub *scrubber) (string, bool, *abi.CallError) {
+func fillSecrets(ctx context.Context, call HTTPCall, rule HTTPRule, v string, scrub *scrubber) (string, bool, *abi.CallError) {
 	matches := secretRE.FindAllStringSubmatchIndex(v, -1)
 	if len(matches) == 0 {
 		return v, false, nil
@@ -422,8 +422,8 @@ func fillSecrets(ctx context.Context, call HTTPCall, v string, scrub *scrubber) 
 	last := 0
 	for _, m := range matches {
 		name := v[m[2]:m[3]]
-		if err := call.Caps.CheckSecret(name); err != nil {
-			return "", false, err.(*abi.CallError)
+		if cerr := call.Caps.checkSecretFor(rule, name); cerr != nil {
+			return "", false, cerr
 		}
 		val, err := call.Secrets.Resolve(ctx, name)
 		if err != nil {

@@ -299,6 +299,11 @@ func TestSecretPlaceholdersAndLeaks(t *testing.T) {
 	wantErr(t, do(httpReq("GET", d.URL+"/echo", map[string]string{"X-Api-Key": "{{secret:api_key}}"})), abi.CallDenied, ReasonSecret)
 	wantErr(t, do(httpReq("GET", d.URL+"/echo", map[string]string{"X-Api-Key": "{{secret:nowhere}}"})), abi.CallNotConfigured, "")
 	wantErr(t, do(httpReq("GET", d.URL+"/echo", map[string]string{"X-Api-Key": "{{secret:unset}}"})), abi.CallNotConfigured, "")
+	// A rule that lists its secrets refuses the others.
+	bound := Capabilities{HTTP: []HTTPRule{{Scheme: "http", Host: "127.0.0.1", Port: serverPort(t, d.URL), Secrets: []string{"other"}}}, Secrets: []string{"token", "other"}}
+	if out := x.Do(ctx, "agent-x", bound, httpReq("GET", d.URL+"/echo", map[string]string{"X-Api-Key": "{{secret:token}}"}), CallOptions{}); out.Result.Error == nil || out.Result.Error.Reason != ReasonSecret {
+		t.Errorf("a secret the rule does not list: %+v", out.Result)
+	}
 	// The destination check comes first: a denied destination never
 	// resolves the secret.
 	wantErr(t, do(httpReq("GET", "http://example.com/", map[string]string{"X-Api-Key": "{{secret:token}}"})), abi.CallDenied, ReasonDestination)
@@ -338,7 +343,7 @@ func TestSecretPlaceholdersAndLeaks(t *testing.T) {
 	}
 
 	// Metrics.
-	if v := testutil.ToFloat64(x.metrics.Denied.WithLabelValues("agent-x", ReasonSecret)); v != 1 {
+	if v := testutil.ToFloat64(x.metrics.Denied.WithLabelValues("agent-x", ReasonSecret)); v != 2 {
 		t.Errorf("denied{secret} = %v", v)
 	}
 	if v := testutil.ToFloat64(x.metrics.Calls.WithLabelValues("agent-x", "http", "ok")); v != 1 {

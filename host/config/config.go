@@ -153,6 +153,9 @@ type HTTPRule struct {
 	Methods []string `koanf:"methods"`
 	// AllowPrivate lets an exact name resolve to a private address.
 	AllowPrivate bool `koanf:"allow_private"`
+	// Secrets, when set, are the only secrets filled into requests to
+	// this destination; each must be listed in the block's secrets.
+	Secrets []string `koanf:"secrets"`
 }
 
 // Limits are per-turn and per-day limits of host calls.

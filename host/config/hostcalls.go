@@ -110,6 +110,11 @@ func (c Capabilities) validate(prefix string, models map[string]ModelEndpoint) [
 		if err := calls.ValidateRule(r.calls()); err != nil {
 			bad(fmt.Sprintf("http[%d]", i), r.Host, err.Error())
 		}
+		for j, s := range r.Secrets {
+			if !slices.Contains(c.Secrets, s) {
+				bad(fmt.Sprintf("http[%d].secrets[%d]", i, j), s, "is not granted in "+prefix+".secrets")
+			}
+		}
 	}
 	for i, m := range c.Models {
 		if _, ok := models[m]; !ok {
@@ -129,7 +134,8 @@ func (c Capabilities) validate(prefix string, models map[string]ModelEndpoint) [
 }
 
 func (r HTTPRule) calls() calls.HTTPRule {
-	return calls.HTTPRule{Scheme: r.Scheme, Host: r.Host, Port: r.Port, Methods: slices.Clone(r.Methods), AllowPrivate: r.AllowPrivate}
+	return calls.HTTPRule{Scheme: r.Scheme, Host: r.Host, Port: r.Port, Methods: slices.Clone(r.Methods),
+		AllowPrivate: r.AllowPrivate, Secrets: slices.Clone(r.Secrets)}
 }
 
 // Calls converts the block to calls.Capabilities.

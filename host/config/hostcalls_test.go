@@ -41,6 +41,7 @@ agents:
         - scheme: https
           host: "*.github.com"
           methods: [GET, POST]
+          secrets: [github_token]
         - scheme: http
           host: 127.0.0.1
           port: 8081
@@ -77,7 +78,7 @@ func TestHostCallKeysLoadAndConvert(t *testing.T) {
 		t.Errorf("key = %d bytes, %v", len(k), err)
 	}
 	r := cfg.AgentCapabilities("researcher")
-	if len(r.HTTP) != 3 || r.HTTP[0].Host != "*.github.com" || r.HTTP[1].Port != 8081 || !r.HTTP[2].AllowPrivate ||
+	if len(r.HTTP) != 3 || r.HTTP[0].Host != "*.github.com" || len(r.HTTP[0].Secrets) != 1 || r.HTTP[1].Port != 8081 || !r.HTTP[2].AllowPrivate ||
 		r.Models[0] != "openai-main" || r.Secrets[0] != "github_token" ||
 		r.Limits != (calls.Limits{CallsPerTurn: 10, ResponseBytesPerTurn: 100000, TokensPerTurn: 5000, TokensPerDay: 100000}) {
 		t.Errorf("researcher = %+v", r)
@@ -130,6 +131,7 @@ func TestHostCallKeysAreStrict(t *testing.T) {
 		{"unknown rule key", "capabilities:\n  http:\n    - scheme: https\n      host: a.com\n      path: /x\n", "path"},
 		{"negative limit", "capabilities:\n  limits:\n    calls_per_turn: -1\n", "capabilities.limits"},
 		{"bad secret name", "capabilities:\n  secrets: ['a b']\n", "capabilities.secrets[0]"},
+		{"rule secret not granted", "capabilities:\n  secrets: [a]\n  http:\n    - scheme: https\n      host: a.com\n      secrets: [b]\n", "capabilities.http[0].secrets[0]"},
 		{"agent unknown endpoint", "agents:\n  - name: a\n    capabilities:\n      models: [nope]\n", "agents[0].capabilities.models[0]"},
 		{"agent unknown capability key", "agents:\n  - name: a\n    capabilities:\n      tools: [x]\n", "tools"},
 	}
