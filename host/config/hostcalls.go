@@ -3,10 +3,13 @@ package config
 import (
 	"encoding/base64"
 	"fmt"
+	"net"
+	"net/netip"
 	"net/url"
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/paddock-dev/paddock/abi"
@@ -202,4 +205,42 @@ func (c Config) SecretsKeyBytes() ([]byte, error) {
 		return nil, fmt.Errorf("the secrets key must be 32 bytes in base64 (e.g. head -c32 /dev/urandom | base64)")
 	}
 	return key, nil
+}
+
+// OwnAPIAddrs returns the API's listen address(es) for
+// calls.EgressConfig.OwnAddrs: the IP of listen, both loopback addresses
+// for "localhost", the unspecified address for an empty host (":8080"),
+// which Egress expands to every interface address. A host name other
+// than localhost is resolved now; an error leaves it out.
+func (c Config) OwnAPIAddrs() []netip.AddrPort {
+	host, portStr, err := net.SplitHostPort(c.Listen)
+	if err != nil {
+		return nil
+	}
+	port, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil {
+		return nil
+	}
+	var addrs []netip.Addr
+	switch {
+	case host == "":
+		addrs = []netip.Addr{netip.IPv4Unspecified()}
+	case host == "localhost":
+		addrs = []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()}
+	default:
+		if a, err := netip.ParseAddr(host); err == nil {
+			addrs = []netip.Addr{a}
+		} else if ips, err := net.LookupIP(host); err == nil {
+			for _, ip := range ips {
+				if a, ok := netip.AddrFromSlice(ip); ok {
+					addrs = append(addrs, a.Unmap())
+				}
+			}
+		}
+	}
+	out := make([]netip.AddrPort, 0, len(addrs))
+	for _, a := range addrs {
+		out = append(out, netip.AddrPortFrom(a, uint16(port)))
+	}
+	return out
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"encoding/base64"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -159,5 +160,19 @@ func TestHostCallRestartOnlyKeys(t *testing.T) {
 	got := a.RestartOnlyChanges(b)
 	if len(got) != 1 || got[0] != "host_calls" {
 		t.Errorf("restart-only changes = %v, want [host_calls] (capabilities reload)", got)
+	}
+}
+
+func TestOwnAPIAddrs(t *testing.T) {
+	for listen, want := range map[string]string{
+		"127.0.0.1:8080": "[127.0.0.1:8080]",
+		"localhost:9000": "[127.0.0.1:9000 [::1]:9000]",
+		":7000":          "[0.0.0.0:7000]",
+		"[::1]:80":       "[[::1]:80]",
+	} {
+		c := Config{Listen: listen}
+		if got := fmt.Sprint(c.OwnAPIAddrs()); got != want {
+			t.Errorf("%s: %s, want %s", listen, got, want)
+		}
 	}
 }
