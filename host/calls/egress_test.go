@@ -246,12 +246,13 @@ func TestHTTPCallSizeAndTime(t *testing.T) {
 	if el := time.Since(start); el > 2*time.Second {
 		t.Errorf("timeout after %v", el)
 	}
-	// The turn's deadline when earlier than the call's.
+	// The turn's deadline when earlier than the call's (10 s here).
+	slow, _ := testExec(t, Config{Timeout: 10 * time.Second}, env{})
 	tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
 	start = time.Now()
-	wantErr(t, x.Do(tctx, "a", caps, httpReq("GET", d.URL+"/hang", nil), CallOptions{}), abi.CallTimeout, "")
-	if el := time.Since(start); el > 280*time.Millisecond {
+	wantErr(t, slow.Do(tctx, "a", caps, httpReq("GET", d.URL+"/hang", nil), CallOptions{}), abi.CallTimeout, "")
+	if el := time.Since(start); el > 3*time.Second {
 		t.Errorf("the turn's 100ms deadline ended the call after %v", el)
 	}
 	// After the deadline: no request at all.
