@@ -29,6 +29,10 @@ const (
 	DefaultMaxResponseBytes = 4 << 20
 	// MaxRedirects is how many redirects an http call follows.
 	MaxRedirects = 5
+	// MaxResponseBytesCeiling is the highest per-call response cap: a body
+	// of this size, base64 in a CallResult with its headers, stays under
+	// abi.MaxCallResultBytes.
+	MaxResponseBytesCeiling = abi.MaxCallResultBytes/4*3 - 256<<10
 )
 
 // EgressConfig configures the host's outbound HTTP client.

@@ -23,7 +23,7 @@ type Config struct {
 	Timeout time.Duration
 	// MaxResponseBytes caps one call's response (host_calls.
 	// max_response_bytes); 0 means DefaultMaxResponseBytes. At most
-	// abi.MaxCallResultBytes.
+	// MaxResponseBytesCeiling.
 	MaxResponseBytes int64
 	// Egress configures the outbound client of http calls.
 	Egress EgressConfig
@@ -63,8 +63,8 @@ func New(cfg Config) (*Executor, error) {
 	if x.maxBytes <= 0 {
 		x.maxBytes = DefaultMaxResponseBytes
 	}
-	if x.maxBytes > abi.MaxCallResultBytes {
-		return nil, fmt.Errorf("max response bytes %d: more than the contract's %d", x.maxBytes, abi.MaxCallResultBytes)
+	if x.maxBytes > MaxResponseBytesCeiling {
+		return nil, fmt.Errorf("max response bytes %d: more than %d (base64 in a CallResult must fit abi.MaxCallResultBytes)", x.maxBytes, MaxResponseBytesCeiling)
 	}
 	if x.log == nil {
 		x.log = slog.Default()

@@ -121,7 +121,8 @@ type HostCalls struct {
 	// earlier). Default 60s.
 	Timeout time.Duration `koanf:"timeout"`
 	// MaxResponseBytes caps one call's response body or model stream.
-	// Default 4 MiB, at most abi.MaxCallResultBytes.
+	// Default 4 MiB, at most calls.MaxResponseBytesCeiling (~5.75 MiB:
+	// base64 in a call result must fit abi.MaxCallResultBytes).
 	MaxResponseBytes int64 `koanf:"max_response_bytes"`
 }
 

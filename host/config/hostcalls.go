@@ -80,8 +80,8 @@ func (c Config) validateHostCalls() []error {
 	if c.HostCalls.Timeout <= 0 {
 		bad("host_calls.timeout", c.HostCalls.Timeout, "must be positive")
 	}
-	if c.HostCalls.MaxResponseBytes < 1024 || c.HostCalls.MaxResponseBytes > abi.MaxCallResultBytes {
-		bad("host_calls.max_response_bytes", c.HostCalls.MaxResponseBytes, fmt.Sprintf("must be between 1024 and %d", abi.MaxCallResultBytes))
+	if c.HostCalls.MaxResponseBytes < 1024 || c.HostCalls.MaxResponseBytes > calls.MaxResponseBytesCeiling {
+		bad("host_calls.max_response_bytes", c.HostCalls.MaxResponseBytes, fmt.Sprintf("must be between 1024 and %d (a body that size, base64 in a call result, fits abi.MaxCallResultBytes = %d)", calls.MaxResponseBytesCeiling, abi.MaxCallResultBytes))
 	}
 	errs = append(errs, c.Capabilities.validate("capabilities", c.Models)...)
 	for i, a := range c.Agents {

@@ -122,6 +122,7 @@ func TestHostCallKeysAreStrict(t *testing.T) {
 		{"short key file", "secrets_key_file: " + keyFile + "\n", "secrets_key_file"},
 		{"timeout", "host_calls:\n  timeout: 0s\n", "host_calls.timeout"},
 		{"max bytes", "host_calls:\n  max_response_bytes: 10\n", "host_calls.max_response_bytes"},
+		{"max bytes over the result cap", "host_calls:\n  max_response_bytes: 8388608\n", "host_calls.max_response_bytes"},
 		{"unknown host_calls key", "host_calls:\n  retries: 3\n", "host_calls.retries"},
 		{"unknown endpoint", "capabilities:\n  models: [nope]\n", "capabilities.models[0]"},
 		{"bad scheme", "capabilities:\n  http:\n    - scheme: ftp\n      host: a.com\n", "capabilities.http[0]"},
