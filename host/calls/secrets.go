@@ -14,8 +14,7 @@ import (
 
 // ErrSecretNotFound is returned (wrapped) by Secrets.Resolve for a name
 // that is neither declared in the config nor set through the API. A
-// SealedSource may return it, or store.ErrNotFound-style errors wrapping
-// it, for a name it does not hold.
+// SealedSource may return it (wrapped) for a name it does not hold.
 var ErrSecretNotFound = errors.New("secret not found")
 
 // maxSecretBytes bounds a secret read from a file or the store.
@@ -29,10 +28,11 @@ type SecretSource struct {
 	File string
 }
 
-// SealedSource gives the sealed value of a secret set through the API.
-// store.Store satisfies it. A name it does not hold is an error for which
-// errors.Is(err, ErrSecretNotFound) or isNotFound holds, or a nil slice
-// with a nil error.
+// SealedSource gives the sealed value (Secrets.Seal's output) of a secret
+// set through the API. store.Store satisfies it. For a name it does not
+// hold it returns an error for which errors.Is(err, ErrSecretNotFound) or
+// SecretsConfig.NotFound (e.g. errors.Is(err, store.ErrNotFound)) holds,
+// or a nil slice with a nil error.
 type SealedSource interface {
 	SealedSecret(ctx context.Context, name string) ([]byte, error)
 }
