@@ -30,6 +30,7 @@ import (
 	"github.com/knadh/koanf/providers/posflag"
 	"github.com/knadh/koanf/v2"
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/host/calls"
 	"github.com/spf13/pflag"
 )
 
@@ -64,6 +65,106 @@ type Config struct {
 	// Agents are registered (or updated) at start from module files or
 	// plugin workers, and/or given per-agent policy overrides.
 	Agents []AgentSpec `koanf:"agents"`
+	// Models are the named model endpoints host calls may reach (restart
+	// to change).
+	Models map[string]ModelEndpoint `koanf:"models"`
+	// Secrets are config-declared secrets, by name (restart to change);
+	// they win over API-set secrets of the same name.
+	Secrets map[string]SecretSpec `koanf:"secrets"`
+	// SecretsKey is the base64 of the 32-byte AES-256 key that seals
+	// API-set secrets; SecretsKeyFile names a file holding it. At most one;
+	// without either, secrets cannot be set through the API.
+	SecretsKey     string `koanf:"secrets_key"`
+	SecretsKeyFile string `koanf:"secrets_key_file"`
+	// HostCalls are the host-wide limits of host calls.
+	HostCalls HostCalls `koanf:"host_calls"`
+	// Capabilities are the default capabilities of every agent; an agent's
+	// agents[].capabilities replace them as a whole. The zero value (the
+	// default) denies every host call (docs/DESIGN.md "Next: the agent
+	// layer"). Reloaded from the config file like policies.
+	Capabilities Capabilities `koanf:"capabilities"`
+}
+
+// ModelEndpoint is a named model endpoint (models.NAME).
+type ModelEndpoint struct {
+	// Provider is openai (OpenAI-compatible chat completions: OpenAI,
+	// Ollama, vLLM, llama.cpp server, OpenRouter) or anthropic (Messages
+	// API).
+	Provider string `koanf:"provider"`
+	// BaseURL is the API root: for openai with its version path
+	// (https://api.openai.com/v1, http://127.0.0.1:11434/v1), for
+	// anthropic without (https://api.anthropic.com).
+	BaseURL string `koanf:"base_url"`
+	// Models are the model names agents may ask for; the first is the
+	// default.
+	Models []string `koanf:"models"`
+	// Secret names the secret holding the API key (declared under
+	// secrets: or set through the API); empty sends no key.
+	Secret string `koanf:"secret"`
+	// MaxTokens is the reply cap when a call gives none (0: 4096).
+	MaxTokens int `koanf:"max_tokens"`
+	// Timeout bounds one call to the endpoint (0: host_calls.timeout).
+	Timeout time.Duration `koanf:"timeout"`
+}
+
+// SecretSpec says where a config-declared secret's value is read, at
+// each use: exactly one of Env (a host environment variable) and File (a
+// file, one trailing newline removed).
+type SecretSpec struct {
+	Env  string `koanf:"env"`
+	File string `koanf:"file"`
+}
+
+// HostCalls are the host-wide settings of host calls.
+type HostCalls struct {
+	// Timeout bounds one host call (the turn's deadline applies when
+	// earlier). Default 60s.
+	Timeout time.Duration `koanf:"timeout"`
+	// MaxResponseBytes caps one call's response body or model stream.
+	// Default 4 MiB, at most calls.MaxResponseBytesCeiling (~5.75 MiB:
+	// base64 in a call result must fit abi.MaxCallResultBytes).
+	MaxResponseBytes int64 `koanf:"max_response_bytes"`
+}
+
+// Capabilities grant host calls (capabilities:, agents[].capabilities).
+// Nothing is granted by default.
+type Capabilities struct {
+	// HTTP are the destinations http calls may reach.
+	HTTP []HTTPRule `koanf:"http"`
+	// Models are names of model endpoints (models:) the agent may call.
+	Models []string `koanf:"models"`
+	// Secrets are names of secrets the agent's http calls may use in
+	// header values ("{{secret:NAME}}").
+	Secrets []string `koanf:"secrets"`
+	// Limits bound calls per turn and tokens per day; 0 sets no limit of
+	// its own (the host-wide caps hold).
+	Limits Limits `koanf:"limits"`
+}
+
+// HTTPRule allows one destination (calls.HTTPRule documents the
+// private-address rule).
+type HTTPRule struct {
+	// Scheme is http or https.
+	Scheme string `koanf:"scheme"`
+	// Host is an exact name, an IP literal or "*.example.com".
+	Host string `koanf:"host"`
+	// Port is 0 for the scheme's default.
+	Port int `koanf:"port"`
+	// Methods are upper-case methods; empty means GET and HEAD.
+	Methods []string `koanf:"methods"`
+	// AllowPrivate lets an exact name resolve to a private address.
+	AllowPrivate bool `koanf:"allow_private"`
+	// Secrets, when set, are the only secrets filled into requests to
+	// this destination; each must be listed in the block's secrets.
+	Secrets []string `koanf:"secrets"`
+}
+
+// Limits are per-turn and per-day limits of host calls.
+type Limits struct {
+	CallsPerTurn         int   `koanf:"calls_per_turn"`
+	ResponseBytesPerTurn int64 `koanf:"response_bytes_per_turn"`
+	TokensPerTurn        int64 `koanf:"tokens_per_turn"`
+	TokensPerDay         int64 `koanf:"tokens_per_day"`
 }
 
 // Log configures log/slog output.
@@ -234,6 +335,9 @@ type AgentSpec struct {
 	Plugin string `koanf:"plugin"`
 	// Policy overrides the default policy for this agent.
 	Policy Policy `koanf:"policy"`
+	// Capabilities, when set, replace the default capabilities for this
+	// agent as a whole (grants are not merged).
+	Capabilities *Capabilities `koanf:"capabilities"`
 }
 
 // PluginSpec registers a plugin worker at start (docs/DESIGN.md "Workers").
@@ -279,6 +383,7 @@ func Default() Config {
 			HeartbeatInterval: time.Second, HeartbeatTimeout: 5 * time.Second,
 			AcceptTimeout: 5 * time.Second, SendTimeout: 2 * time.Second, MaxMessageBytes: 8 << 20,
 		},
+		HostCalls: HostCalls{Timeout: calls.DefaultTimeout, MaxResponseBytes: calls.DefaultMaxResponseBytes},
 	}
 }
 
@@ -359,6 +464,11 @@ func (c Config) RestartOnlyChanges(next Config) []string {
 	}
 	diff("agents[].module_file", mods, nextMods)
 	diff("plugins", c.Plugins, next.Plugins)
+	diff("models", c.Models, next.Models)
+	diff("secrets", c.Secrets, next.Secrets)
+	diff("secrets_key", c.SecretsKey, next.SecretsKey)
+	diff("secrets_key_file", c.SecretsKeyFile, next.SecretsKeyFile)
+	diff("host_calls", c.HostCalls, next.HostCalls)
 	return out
 }
 
@@ -703,6 +813,7 @@ func (c Config) Validate() error {
 	if remote && c.Fabric.Listen == "" {
 		bad("fabric.listen", `""`, "a pool is remote: set fabric.listen so that workers can connect")
 	}
+	errs = append(errs, c.validateHostCalls()...)
 	seenPlugins := map[string]bool{}
 	for i, p := range c.Plugins {
 		key := fmt.Sprintf("plugins[%d]", i)

@@ -1,0 +1,15 @@
+// Package calls is the host side of host calls (abi/call.go; docs/DESIGN.md
+// "Next: the agent layer", invariants 12 and 13), without the journal: it
+// checks a call against the calling agent's Capabilities and the turn's
+// Budget, fills secrets into outbound requests after the destination check,
+// and performs the call — an http call through Egress, the host's guarded
+// outbound client, or a model call through the provider adapter of a named
+// endpoint (OpenAI-compatible chat completions or Anthropic's Messages
+// API). The Executor ties these together; the integrator records its
+// Outcomes in the journal.
+//
+// Nothing is granted by default: the zero Capabilities deny every call.
+// A secret's value is never part of an error, a log line, an Outcome or a
+// result: every error string and every response is scrubbed of the values
+// filled into its request (invariant 13).
+package calls
