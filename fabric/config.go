@@ -23,7 +23,7 @@ const (
 	// DefaultMaxCallsInFlight bounds the host calls (CALL) of one worker
 	// session being answered at once (WELCOME max_calls_in_flight).
 	DefaultMaxCallsInFlight = 16
-	DefaultClockSkew         = 2 * time.Minute
+	DefaultClockSkew        = 2 * time.Minute
 	// DefaultWindowBytes is the per-worker flow-control window: at most
 	// this many bytes sent and not yet acknowledged by the worker (one
 	// larger message may go when nothing is outstanding). It is kept below
