@@ -164,6 +164,7 @@ type Call struct {
 // chunk's end), the final one with Last set and Offset + len(Data) =
 // TotalBytes.
 type CallResult struct {
+	// DeliveryID and CallID are the Call's.
 	DeliveryID string `json:"delivery_id"`
 	CallID     uint64 `json:"call_id"`
 	// Result is the whole abi CallResult (absent in chunks).

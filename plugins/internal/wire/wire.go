@@ -81,14 +81,18 @@ type Frame struct {
 // CallBody is the body of a call frame: a host call of the turn, numbered
 // by the plugin (ID ≥ 1, unique within the stream).
 type CallBody struct {
-	ID      uint64          `json:"id"`
+	// ID numbers the call within the stream.
+	ID uint64 `json:"id"`
+	// Request is the abi CallRequest JSON.
 	Request json.RawMessage `json:"request"`
 }
 
 // CallResultBody is the body of a call_result frame: the answer to call
 // ID.
 type CallResultBody struct {
-	ID     uint64          `json:"id"`
+	// ID is the call's (CallBody.ID).
+	ID uint64 `json:"id"`
+	// Result is the abi CallResult JSON.
 	Result json.RawMessage `json:"result"`
 }
 
