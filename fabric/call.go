@@ -3,8 +3,10 @@ package fabric
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/fabric/wire"
@@ -33,6 +35,8 @@ func (b *Broker) routeCall(s *session, body []byte) {
 	}
 	b.mu.Unlock()
 	refuse := func(code abi.CallErrorCode, msg string) {
+		// Receive goroutine: one attempt, no retry (a full queue is
+		// counted there, and the worker's session is in trouble anyway).
 		res, _ := abi.Marshal(&abi.CallResult{Error: &abi.CallError{Code: code, Message: msg}})
 		_ = b.enqueue(s, wire.KindCallResult, wire.CallResult{DeliveryID: m.DeliveryID, CallID: m.CallID, Result: res, Last: true}, nil, false)
 	}
@@ -96,12 +100,14 @@ func (b *Broker) callChunk() int {
 // sendCallResult sends res (a CallResult's JSON) for call m: whole when
 // it fits one chunk, else in chunks, one after the other (each waits for
 // the previous to leave, so that a long result neither fills the
-// session's queue nor bypasses its flow-control window). ctx's end stops
-// the chunks: the worker's call ends with the turn anyway.
+// session's queue nor bypasses its flow-control window). When ctx (the
+// turn's) ends between chunks, a whole cancelled result with last set
+// ends the call instead: the worker frees the call's slot on the message
+// marked last, so every CALL gets one while the session lives.
 func (b *Broker) sendCallResult(ctx context.Context, s *session, m wire.Call, res []byte) error {
 	chunk := b.callChunk()
 	if len(res) <= chunk {
-		return b.enqueue(s, wire.KindCallResult, wire.CallResult{DeliveryID: m.DeliveryID, CallID: m.CallID, Result: res, Last: true}, nil, false)
+		return b.sendFinal(s, m, res)
 	}
 	done := make(chan error, 1)
 	for off := 0; off < len(res); off += chunk {
@@ -118,8 +124,34 @@ func (b *Broker) sendCallResult(ctx context.Context, s *session, m wire.Call, re
 			}
 			b.st.callChunks.Add(1)
 		case <-ctx.Done():
-			return fmt.Errorf("fabric: call result chunk at %d of %d: %w", off, len(res), ctx.Err())
+			cancelled, _ := abi.Marshal(&abi.CallResult{Error: &abi.CallError{Code: abi.CallCancelled,
+				Message: "the turn ended while its call result was being sent"}})
+			if err := b.sendFinal(s, m, cancelled); err != nil {
+				return err
+			}
+			return fmt.Errorf("fabric: call result cut at chunk %d of %d bytes: %w", off, len(res), ctx.Err())
 		}
 	}
 	return nil
+}
+
+// sendFinal queues a whole CallResult for call m, marked last. A full
+// session queue is retried for up to SendTimeout: a result lost there
+// would hold one of the worker's call slots until the session ends.
+func (b *Broker) sendFinal(s *session, m wire.Call, res []byte) error {
+	msg := wire.CallResult{DeliveryID: m.DeliveryID, CallID: m.CallID, Result: res, Last: true}
+	deadline := time.Now().Add(b.cfg.SendTimeout)
+	for {
+		err := b.enqueue(s, wire.KindCallResult, msg, nil, false)
+		if !errors.Is(err, ErrQueueFull) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-time.After(10 * time.Millisecond):
+		case <-s.dead:
+			return err
+		case <-b.ctx.Done():
+			return err
+		}
+	}
 }
