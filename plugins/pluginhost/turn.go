@@ -46,9 +46,16 @@ func (i *Instance) Close(context.Context) error {
 // of a steer the plugin took in). An "error" outcome is a valid result,
 // not an error.
 //
-// ctx carries the turn's deadline (capped by Options.TurnTimeout) and
-// steers (abi.WithSteers). When ctx ends, Turn returns at once with
-// KindTimeout or KindCanceled; the plugin is told to cancel the turn (its
+// ctx carries the turn's deadline (capped by Options.TurnTimeout), steers
+// (abi.WithSteers) and the turn's host-call channel (abi.WithCaller): the
+// plugin's host calls (call frames on the turn's stream) are answered
+// through ctx's abi.Caller under ctx — none answers not_configured — so
+// that they reach this turn's caller only, and the turn's cancellation,
+// deadline or end aborts them. A turn has at most 16 calls answered at
+// once; an excess call is answered denied, a result over
+// abi.MaxCallResultBytes too_large.
+//
+// When ctx ends, Turn returns at once with KindTimeout or KindCanceled; the plugin is told to cancel the turn (its
 // TurnFunc's ctx is cancelled) and a process that does not stop it within
 // Options.CancelGrace is replaced.
 //
