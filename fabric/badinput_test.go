@@ -37,6 +37,8 @@ type rawClient struct {
 	gate   *gate    // closed: the client stops receiving
 	// stopOn, if set, closes gate once a frame of this kind was received.
 	stopOn atomic.Int32
+	// welcome is the WELCOME of the last join.
+	welcome wire.Welcome
 }
 
 func (e *env) raw(id string) *rawClient {
@@ -138,8 +140,12 @@ func (r *rawClient) joinCap(key []byte, pool string, capacity int) {
 				continue
 			}
 			s, _ := wire.NewSession(key, r.id, inc, h.Session)
-			if _, _, err := s.Open(wire.ToWorker, f); err != nil {
+			_, body, err := s.Open(wire.ToWorker, f)
+			if err != nil {
 				r.t.Fatalf("WELCOME does not authenticate: %v", err)
+			}
+			if err := json.Unmarshal(body, &r.welcome); err != nil {
+				r.t.Fatalf("WELCOME does not decode: %v", err)
 			}
 			r.sess = s
 		case <-deadline:

@@ -104,6 +104,7 @@ type session struct {
 	endedAt     time.Time
 	turns       map[string]*call // by delivery id
 	inflight    int
+	calls       int // CALLs being answered (request lane)
 	lastPick    time.Time
 	pingNonce   uint64
 	pingSent    time.Time // zero: no PING outstanding on the wire
@@ -140,12 +141,12 @@ func (s *session) isDead() bool {
 
 // counters are the atomics behind Stats.
 type counters struct {
-	oversized, malformed, unknownVersion, unauthenticated, forged, replayed, flood, unknownSession, staleSession atomic.Uint64
+	oversized, malformed, unknownVersion, unauthenticated, forged, replayed, flood, unknownSession, staleSession, noTurn atomic.Uint64
 
 	in, out, admitted, rejected                                                              atomic.Uint64
 	lostHB, lostPing, lostNotReading, lostGoodbye, lostSuperseded, lostStalled, lostRejected atomic.Uint64
 	sendStalls, queueFull, expired, sendFailed, late, lateDropped, turns, busy, acc          atomic.Uint64
-	moduleChunks                                                                             atomic.Uint64
+	moduleChunks, hostCalls, callChunks                                                      atomic.Uint64
 }
 
 type lifeKind int
@@ -247,6 +248,7 @@ func (b *Broker) Stats() Stats {
 			Oversized: c.oversized.Load(), Malformed: c.malformed.Load(), UnknownVersion: c.unknownVersion.Load(),
 			Unauthenticated: c.unauthenticated.Load(), Forged: c.forged.Load(), Replayed: c.replayed.Load(),
 			Flood: c.flood.Load(), UnknownSession: c.unknownSession.Load(), StaleSession: c.staleSession.Load(),
+			NoTurn: c.noTurn.Load(),
 		},
 		MessagesIn: c.in.Load(), MessagesOut: c.out.Load(), Admitted: c.admitted.Load(), Rejected: c.rejected.Load(),
 		Lost: LostCounts{
@@ -256,6 +258,7 @@ func (b *Broker) Stats() Stats {
 		SendStalls: c.sendStalls.Load(), SendQueueFull: c.queueFull.Load(), SendExpired: c.expired.Load(),
 		SendFailed: c.sendFailed.Load(), LateResults: c.late.Load(), LateDropped: c.lateDropped.Load(),
 		Turns: c.turns.Load(), Busy: c.busy.Load(), AcceptTimeouts: c.acc.Load(), ModuleChunks: c.moduleChunks.Load(),
+		HostCalls: c.hostCalls.Load(), CallResultChunks: c.callChunks.Load(),
 	}
 	b.mu.Lock()
 	for _, p := range b.peers {
@@ -567,6 +570,8 @@ func (b *Broker) route(s *session, kind wire.Kind, body []byte) {
 		b.deliver(s, env.DeliveryID, laneEvent{kind: kind, body: body})
 	case wire.KindResult:
 		b.routeResult(s, body)
+	case wire.KindCall:
+		b.routeCall(s, body)
 	case wire.KindProgress:
 		if b.log.Enabled(b.ctx, slog.LevelDebug) {
 			b.log.LogAttrs(b.ctx, slog.LevelDebug, "fabric turn progress", slog.String("worker", s.worker),
@@ -859,7 +864,7 @@ func (b *Broker) apply(ev lifeEvent) {
 		_ = b.enqueue(s, wire.KindWelcome, wire.Welcome{
 			TimeMs: now.UnixMilli(), HeartbeatIntervalMs: b.cfg.HeartbeatInterval.Milliseconds(),
 			HeartbeatTimeoutMs: b.cfg.HeartbeatTimeout.Milliseconds(), MaxMessageBytes: b.cfg.MaxMessageBytes,
-			WindowBytes: b.cfg.WindowBytes,
+			WindowBytes: b.cfg.WindowBytes, MaxCallsInFlight: b.cfg.MaxCallsInFlight,
 		}, nil, true)
 	case lifeAdmit:
 		s := ev.sess

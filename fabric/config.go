@@ -20,7 +20,10 @@ const (
 	DefaultSendTimeout       = 2 * time.Second
 	DefaultQueueLen          = 64
 	DefaultRPCWorkers        = 4
-	DefaultClockSkew         = 2 * time.Minute
+	// DefaultMaxCallsInFlight bounds the host calls (CALL) of one worker
+	// session being answered at once (WELCOME max_calls_in_flight).
+	DefaultMaxCallsInFlight = 16
+	DefaultClockSkew        = 2 * time.Minute
 	// DefaultWindowBytes is the per-worker flow-control window: at most
 	// this many bytes sent and not yet acknowledged by the worker (one
 	// larger message may go when nothing is outstanding). It is kept below
@@ -92,6 +95,12 @@ type BrokerConfig struct {
 	// return at once. The host uses it to look for sessions of those pools
 	// that wait for a worker (docs/DESIGN.md "Remote pools across hosts").
 	Admitted func(worker string, pools []string)
+	// MaxCallsInFlight bounds the host calls (CALL messages) of one
+	// worker session the broker answers at once; a CALL above it is
+	// answered denied and counted as flood (abi/FABRIC.md "The request
+	// lane"). It also bounds the results held for sending: at most this
+	// many, each at most abi.MaxCallResultBytes, per session.
+	MaxCallsInFlight int
 	// ClockSkew is how far a HELLO's timestamp may be from the broker's
 	// clock.
 	ClockSkew time.Duration
@@ -118,6 +127,9 @@ func (c BrokerConfig) withDefaults() (BrokerConfig, error) {
 	}
 	if c.RPCWorkers <= 0 {
 		c.RPCWorkers = DefaultRPCWorkers
+	}
+	if c.MaxCallsInFlight <= 0 {
+		c.MaxCallsInFlight = DefaultMaxCallsInFlight
 	}
 	if c.WindowBytes <= 0 {
 		c.WindowBytes = DefaultWindowBytes
@@ -174,6 +186,10 @@ type Stats struct {
 	Turns, Busy, AcceptTimeouts uint64
 	// ModuleChunks counts MODULE messages served.
 	ModuleChunks uint64
+	// HostCalls counts CALLs answered through a turn's abi.Caller;
+	// CallResultChunks the CALL_RESULT messages that carried chunks of
+	// long results.
+	HostCalls, CallResultChunks uint64
 	// LiveWorkers is the number of admitted worker sessions now.
 	LiveWorkers int
 	// Stalled reports a socket send in progress for longer than
@@ -206,12 +222,16 @@ type Drops struct {
 	UnknownSession uint64
 	// StaleSession: authentic, for an ended session, and not a RESULT.
 	StaleSession uint64
+	// NoTurn: an authentic CALL for a delivery not in flight on its
+	// session (the turn ended, or never ran there); answered CALL_RESULT
+	// cancelled.
+	NoTurn uint64
 }
 
 // Total is the sum of all drop reasons.
 func (d Drops) Total() uint64 {
 	return d.Oversized + d.Malformed + d.UnknownVersion + d.Unauthenticated + d.Forged + d.Replayed +
-		d.Flood + d.UnknownSession + d.StaleSession
+		d.Flood + d.UnknownSession + d.StaleSession + d.NoTurn
 }
 
 // LostCounts counts ended worker sessions by reason.

@@ -17,7 +17,8 @@
 //		Modules: loadModule, LateResult: submitToFences,
 //	}, logger)
 //	inst, err := b.Instance("gpu", binding)          // binding: module digest or plugin:<name>@<sha>
-//	res, err := inst.Turn(abi.WithSteers(ctx, steers), req)
+//	res, err := inst.Turn(abi.WithCaller(abi.WithSteers(ctx, steers), caller), req)
+//	// the worker's host calls (CALL) are answered through caller, under ctx
 //	// err: *TurnError; TurnSent() false = never accepted, retry without an attempt
 //
 // # Why application-level authentication

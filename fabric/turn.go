@@ -69,6 +69,11 @@ type laneEvent struct {
 type call struct {
 	deliveryID string
 	events     chan laneEvent
+	// ctx is the ctx of the turn's Instance.Turn, ended when the dispatch
+	// does: the worker's host calls are answered under it (its
+	// abi.Caller). Set before the call is registered on its session.
+	ctx    context.Context
+	cancel context.CancelFunc
 	// accepted is set once the worker's ACCEPTED arrived (WorkerStatus).
 	accepted atomic.Bool
 }
@@ -87,7 +92,9 @@ type call struct {
 // within HeartbeatTimeout of the worker going silent, whatever ctx's
 // deadline. ctx's deadline is sent with the turn; when ctx ends the
 // broker sends CANCEL and Turn returns KindTimeout or KindCanceled. Steers
-// from abi.WithSteers go out as STEER messages.
+// from abi.WithSteers go out as STEER messages. The worker's host calls
+// (CALL) are answered through ctx's abi.Caller (abi.WithCaller; none:
+// not_configured) under ctx, so the turn's end aborts them.
 //
 // Errors: a *TurnError (TurnSent reports whether the worker accepted the
 // turn), or, before anything was sent, ErrInstanceClosed,
@@ -108,7 +115,7 @@ func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnRes
 		if err := ctx.Err(); err != nil {
 			return nil, i.fail(nil, ctxKind(ctx), "", false, err, req)
 		}
-		s, c, kind := i.b.reserve(i.pool, i.kind, req.TurnRef.DeliveryID, tried)
+		s, c, kind := i.b.reserve(ctx, i.pool, i.kind, req.TurnRef.DeliveryID, tried)
 		if s == nil {
 			var err error
 			switch kind {
@@ -139,9 +146,10 @@ func ctxKind(ctx context.Context) string {
 
 // reserve picks the live worker session of pool announcing kind with the
 // most free capacity (ties: the one picked least recently), not in tried
-// and not already running deliveryID, and registers a call on it. kind is
-// KindNoWorker or KindBusy when none fits, "closed" when the broker is.
-func (b *Broker) reserve(pool, kind, deliveryID string, tried map[*session]bool) (*session, *call, string) {
+// and not already running deliveryID, and registers a call on it, whose
+// host calls are answered under ctx. kind is KindNoWorker or KindBusy
+// when none fits, "closed" when the broker is.
+func (b *Broker) reserve(ctx context.Context, pool, kind, deliveryID string, tried map[*session]bool) (*session, *call, string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -176,13 +184,15 @@ func (b *Broker) reserve(pool, kind, deliveryID string, tried map[*session]bool)
 		return nil, nil, KindBusy
 	}
 	c := &call{deliveryID: deliveryID, events: make(chan laneEvent, 8)}
+	c.ctx, c.cancel = context.WithCancel(ctx)
 	best.turns[deliveryID] = c
 	best.inflight++
 	best.lastPick = time.Now()
 	return best, c, ""
 }
 
-// release unregisters c from s: later lane messages for it are late.
+// release unregisters c from s: later lane messages for it are late, and
+// later CALLs for it are answered cancelled.
 func (b *Broker) release(s *session, c *call) {
 	b.mu.Lock()
 	if s.turns[c.deliveryID] == c {
@@ -197,6 +207,7 @@ func (b *Broker) release(s *session, c *call) {
 func (i *Instance) run(ctx context.Context, s *session, c *call, req *abi.TurnRequest, reqJSON []byte) (res *abi.TurnResult, busy bool, err error) {
 	b := i.b
 	defer b.release(s, c)
+	defer c.cancel() // the turn's host calls end with it
 	var deadlineMs int64
 	if dl, ok := ctx.Deadline(); ok {
 		deadlineMs = max(1, time.Until(dl).Milliseconds())

@@ -39,10 +39,12 @@
 // {"type": ..., "body": ...} whose body is abi v1 JSON (abi/README.md).
 // One stream is one turn:
 //
-//	host → plugin   {"type":"request","body":TurnRequest}   first, once
+//	host → plugin   {"type":"request","body":TurnRequest,"calls":true}   first, once
 //	plugin → host   {"type":"accepted"}                      at once: the turn is taken in
 //	host → plugin   {"type":"steer","body":Steer}            any number, while the turn runs
 //	plugin → host   {"type":"steer_taken","body":TurnRef}    when the turn takes a steer in
+//	plugin → host   {"type":"call","body":{"id":N,"request":CallRequest}}      a host call
+//	host → plugin   {"type":"call_result","body":{"id":N,"result":CallResult}} its answer
 //	host → plugin   {"type":"cancel"}                        the turn must stop (cancel or deadline)
 //	plugin → host   {"type":"result","body":TurnResult}      last; then the plugin ends the stream
 //
@@ -50,5 +52,22 @@
 // plugin announced with steer_taken; receivers ignore frame types they do
 // not know. The host half-closes its side after a cancel and cancels the
 // stream (gRPC cancellation) after its cancel grace
-// (pluginhost.Options.CancelGrace); frames are at most 8 MiB.
+// (pluginhost.Options.CancelGrace); frames are at most 9 MiB.
+//
+// # Host calls
+//
+// A turn reaches the outside world only through host calls (abi.CallHTTP,
+// abi.CallModel, or their equals HTTP and Model): Serve gives the
+// TurnFunc's ctx an abi.Caller that sends each call as a call frame on the
+// turn's own stream, numbered by the plugin (id ≥ 1), and waits for the
+// call_result with that id. The host answers it through the abi.Caller of
+// the ctx its Instance.Turn runs under, so a call can only ever reach the
+// turn that made it, also when several turns share the process. A call
+// whose turn was cancelled, timed out or ended returns the error
+// "cancelled" at once on the plugin side, and the host's call is cancelled
+// with the turn's ctx. A turn has at most 16 calls in flight (the SDK makes
+// more wait; the host answers an excess call "denied"); a request is at
+// most abi.MaxCallRequestBytes, a result abi.MaxCallResultBytes. The
+// request frame's "calls": true says the host answers calls: without it
+// (an older host) every call returns "not_configured" at once.
 package plugins

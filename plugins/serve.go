@@ -50,3 +50,23 @@ func PollSteer(ctx context.Context) (abi.Steer, bool) {
 func Logger(ctx context.Context) hclog.Logger {
 	return wire.Logger(ctx)
 }
+
+// HTTP makes an http host call from the turn running under ctx: the host
+// checks it against the agent's capabilities, fills secret placeholders,
+// performs it and journals it. It is exactly abi.CallHTTP, which agent
+// code may call instead (the same source then builds as a wasm guest):
+// Serve puts the turn's abi.Caller in the TurnFunc's ctx. A refused or
+// failed call returns a *abi.CallError; any HTTP status is a response.
+// Calls may be made from several goroutines of the turn; at most 16 are
+// in flight at once (more wait), and every call ends, cancelled, when the
+// turn does.
+func HTTP(ctx context.Context, req *abi.HTTPRequest) (*abi.HTTPResponse, error) {
+	return abi.CallHTTP(ctx, req)
+}
+
+// Model makes a model host call from the turn running under ctx; it is
+// exactly abi.CallModel (see HTTP). A refused or failed call returns a
+// *abi.CallError.
+func Model(ctx context.Context, req *abi.ModelRequest) (*abi.ModelResponse, error) {
+	return abi.CallModel(ctx, req)
+}

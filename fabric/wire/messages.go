@@ -36,6 +36,11 @@ type Welcome struct {
 	// WindowBytes is the flow-control window: the worker acknowledges the
 	// bytes it received (Heartbeat.RxBytes) at least every WindowBytes/4.
 	WindowBytes int `json:"window_bytes"`
+	// MaxCallsInFlight is the host's request lane: how many CALLs of the
+	// session it answers at once. Absent or 0: the host has no request
+	// lane (an older host), and the worker answers its turns' host calls
+	// not_configured itself, sending no CALL.
+	MaxCallsInFlight int `json:"max_calls_in_flight,omitempty"`
 }
 
 // Reject codes.
@@ -140,6 +145,37 @@ type Progress struct {
 	TurnRef    abi.TurnRef `json:"turn_ref"`
 	Stage      string      `json:"stage"`
 	Detail     string      `json:"detail,omitempty"`
+}
+
+// Call is a host call of a running turn (worker → host), answered by
+// CALL_RESULT with the same CallID.
+type Call struct {
+	// DeliveryID is the turn's (its TURN's delivery_id).
+	DeliveryID string `json:"delivery_id"`
+	// CallID numbers the worker's calls on the session: ≥ 1, unique.
+	CallID uint64 `json:"call_id"`
+	// Request is the abi CallRequest, at most abi.MaxCallRequestBytes.
+	Request json.RawMessage `json:"request"`
+}
+
+// CallResult answers a Call (host → worker). A CallResult JSON of at most
+// MaxCallResultChunk bytes travels whole in Result, with Last set; a
+// longer one travels in order in chunks of Data (offsets 0, then each
+// chunk's end), the final one with Last set and Offset + len(Data) =
+// TotalBytes.
+type CallResult struct {
+	// DeliveryID and CallID are the Call's.
+	DeliveryID string `json:"delivery_id"`
+	CallID     uint64 `json:"call_id"`
+	// Result is the whole abi CallResult (absent in chunks).
+	Result json.RawMessage `json:"result,omitempty"`
+	// Offset, TotalBytes and Data (base64 in JSON) carry one chunk of
+	// the CallResult JSON.
+	Offset     int64  `json:"offset,omitempty"`
+	TotalBytes int64  `json:"total_bytes,omitempty"`
+	Data       []byte `json:"data,omitempty"`
+	// Last marks the message that completes the result.
+	Last bool `json:"last,omitempty"`
 }
 
 // FetchModule asks for bytes [Offset, Offset+MaxBytes) of a wasm module.

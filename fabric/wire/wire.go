@@ -70,6 +70,9 @@ const (
 	// MaxModuleChunk bounds the data of one MODULE message (256 KiB before
 	// base64), so that no single message keeps a receiver busy for long.
 	MaxModuleChunk = 256 << 10
+	// MaxCallResultChunk bounds one CALL_RESULT: a CallResult whose JSON
+	// is longer goes in chunks of at most this many bytes (before base64).
+	MaxCallResultChunk = 1 << 20
 )
 
 // keyInfo is the HKDF info string of v1 session keys.
@@ -97,6 +100,9 @@ const (
 	KindCancel   Kind = 0x15 // host → worker: stop the turn
 	KindProgress Kind = 0x16 // worker → host: observability only
 
+	KindCall       Kind = 0x17 // worker → host: a host call of a running turn
+	KindCallResult Kind = 0x18 // host → worker: a host call's result (or one chunk of it)
+
 	KindFetchModule Kind = 0x20 // worker → host: a chunk of a wasm module
 	KindModule      Kind = 0x21 // host → worker: the chunk
 
@@ -107,6 +113,7 @@ var kindNames = map[Kind]string{
 	KindHello: "HELLO", KindWelcome: "WELCOME", KindReject: "REJECT", KindHeartbeat: "HEARTBEAT",
 	KindPing: "PING", KindPong: "PONG", KindGoodbye: "GOODBYE", KindTurn: "TURN", KindAccepted: "ACCEPTED",
 	KindBusy: "BUSY", KindResult: "RESULT", KindSteer: "STEER", KindCancel: "CANCEL", KindProgress: "PROGRESS",
+	KindCall: "CALL", KindCallResult: "CALL_RESULT",
 	KindFetchModule: "FETCH_MODULE", KindModule: "MODULE", KindError: "ERROR",
 }
 
@@ -126,7 +133,7 @@ func (k Kind) Known() bool { _, ok := kindNames[k]; return ok }
 func (k Kind) FromWorker() bool {
 	switch k {
 	case KindHello, KindHeartbeat, KindPong, KindGoodbye, KindAccepted, KindBusy, KindResult,
-		KindProgress, KindFetchModule, KindError:
+		KindProgress, KindCall, KindFetchModule, KindError:
 		return true
 	}
 	return false
@@ -135,7 +142,7 @@ func (k Kind) FromWorker() bool {
 // FromHost reports whether hosts send k.
 func (k Kind) FromHost() bool {
 	switch k {
-	case KindWelcome, KindReject, KindPing, KindGoodbye, KindTurn, KindSteer, KindCancel, KindModule, KindError:
+	case KindWelcome, KindReject, KindPing, KindGoodbye, KindTurn, KindSteer, KindCancel, KindCallResult, KindModule, KindError:
 		return true
 	}
 	return false

@@ -112,7 +112,9 @@ var errSessionLost = errors.New("fabric: session lost")
 // wasm modules (fetched from the host by digest and cached under
 // CacheDir) and the plugins of cfg.Plugins. It answers every TURN at once
 // with ACCEPTED or BUSY, then RESULT or ERROR; STEER reaches the running
-// turn (abi.WithSteers) and CANCEL cancels its ctx.
+// turn (abi.WithSteers) and CANCEL cancels its ctx. The turn's host calls
+// (abi.CallerOf its ctx, which wasm and plugin instances forward their
+// guests' calls to) go to the host as CALL and wait for CALL_RESULT.
 //
 // When the connection breaks, the host goes silent for the heartbeat
 // timeout, or the host REJECTs the session, the worker cancels the turns
@@ -236,9 +238,17 @@ type conn struct {
 	// the session, which the flow-control count includes.
 	welcomeBytes uint64
 
-	mu      sync.Mutex
-	nextReq uint64
-	waiters map[uint64]chan fetchReply
+	// maxMessage is the host's max_message_bytes; callSlots bounds the
+	// host calls in flight (WELCOME max_calls_in_flight), nil when the
+	// host has no request lane.
+	maxMessage int
+	callSlots  chan struct{}
+
+	mu       sync.Mutex
+	nextReq  uint64
+	waiters  map[uint64]chan fetchReply
+	nextCall uint64
+	calls    map[uint64]*pendingCall
 }
 
 type outFrame struct {
@@ -287,7 +297,8 @@ func (w *worker) session(ctx context.Context) (welcomed bool, err error) {
 		return false, fmt.Errorf("fabric: dial %s: %w", cfg.Connect, err)
 	}
 	inc := wire.NewID()
-	c := &conn{w: w, ctx: sctx, cancel: cancel, sock: sock, inc: inc, out: make(chan outFrame, 256), waiters: map[uint64]chan fetchReply{}}
+	c := &conn{w: w, ctx: sctx, cancel: cancel, sock: sock, inc: inc, out: make(chan outFrame, 256), waiters: map[uint64]chan fetchReply{},
+		calls: map[uint64]*pendingCall{}}
 
 	// The receive loop: frames in, until the connection breaks.
 	frames := make(chan []byte, 16)
@@ -345,6 +356,13 @@ func (w *worker) session(ctx context.Context) (welcomed bool, err error) {
 		return true, fmt.Errorf("fabric: the host's heartbeat interval %s / timeout %s are unusable", hbInterval, hbTimeout)
 	}
 	c.window = max(welcome.WindowBytes, 4096)
+	c.maxMessage = welcome.MaxMessageBytes
+	if c.maxMessage <= 0 || c.maxMessage > wire.DefaultMaxMessageBytes {
+		c.maxMessage = wire.DefaultMaxMessageBytes
+	}
+	if welcome.MaxCallsInFlight > 0 {
+		c.callSlots = make(chan struct{}, min(welcome.MaxCallsInFlight, 4096))
+	}
 	w.log.LogAttrs(ctx, slog.LevelInfo, "fabric worker joined", slog.String("incarnation", inc.String()),
 		slog.String("host", cfg.Connect), slog.Duration("heartbeat", hbInterval))
 
@@ -621,6 +639,8 @@ func (c *conn) dispatch(ctx context.Context, kind wire.Kind, body []byte, turns 
 				t.cancel()
 			}
 		}
+	case wire.KindCallResult:
+		c.routeCallResult(body)
 	case wire.KindModule, wire.KindError:
 		var env struct {
 			RequestID uint64 `json:"request_id"`
@@ -677,6 +697,7 @@ func (c *conn) startTurn(ctx context.Context, t wire.Turn, turns map[string]*run
 	if t.DeadlineMs > 0 {
 		tctx, cancel = context.WithTimeout(c.ctx, time.Duration(t.DeadlineMs)*time.Millisecond)
 	}
+	tctx = abi.WithCaller(tctx, hostCaller{c: c, deliveryID: t.DeliveryID})
 	r := &running{cancel: cancel, steers: make(chan abi.Steer, 16)}
 	turns[t.DeliveryID] = r
 	w.turnsWG.Add(1)
@@ -732,6 +753,9 @@ func errorCode(err error) string {
 
 // runTurn runs one turn on the binding's worker kind.
 func (w *worker) runTurn(ctx context.Context, c *conn, binding string, req *abi.TurnRequest, steers chan abi.Steer) (*abi.TurnResult, error) {
+	if w.hooks != nil && w.hooks.Turn != nil {
+		return w.hooks.Turn(abi.WithSteers(ctx, steers), binding, req)
+	}
 	if name, sum, ok := pluginhost.ParseBinding(binding); ok {
 		inst, err := w.pm.Instance(ctx, name, sum)
 		if err != nil {

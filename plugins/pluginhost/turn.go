@@ -46,9 +46,16 @@ func (i *Instance) Close(context.Context) error {
 // of a steer the plugin took in). An "error" outcome is a valid result,
 // not an error.
 //
-// ctx carries the turn's deadline (capped by Options.TurnTimeout) and
-// steers (abi.WithSteers). When ctx ends, Turn returns at once with
-// KindTimeout or KindCanceled; the plugin is told to cancel the turn (its
+// ctx carries the turn's deadline (capped by Options.TurnTimeout), steers
+// (abi.WithSteers) and the turn's host-call channel (abi.WithCaller): the
+// plugin's host calls (call frames on the turn's stream) are answered
+// through ctx's abi.Caller under ctx — none answers not_configured — so
+// that they reach this turn's caller only, and the turn's cancellation,
+// deadline or end aborts them. A turn has at most 16 calls answered at
+// once; an excess call is answered denied, a result over
+// abi.MaxCallResultBytes too_large.
+//
+// When ctx ends, Turn returns at once with KindTimeout or KindCanceled; the plugin is told to cancel the turn (its
 // TurnFunc's ctx is cancelled) and a process that does not stop it within
 // Options.CancelGrace is replaced.
 //
@@ -72,7 +79,7 @@ func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnRes
 	if len(body) > abi.MaxRequestBytes {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrRequestTooLarge, len(body), abi.MaxRequestBytes)
 	}
-	in, err := wire.Encode(wire.TypeRequest, json.RawMessage(body))
+	in, err := wire.EncodeFrame(wire.Frame{Type: wire.TypeRequest, Calls: true}, json.RawMessage(body))
 	if err != nil {
 		return nil, err
 	}
@@ -117,6 +124,7 @@ type call struct {
 	sent     bool
 	accepted bool
 	taken    []abi.TurnRef // turn_refs of the steers the plugin took in
+	calls    atomic.Int32  // host calls being answered
 }
 
 // fail returns a TurnError of kind about this call.
@@ -164,6 +172,15 @@ func (c *call) run(ctx context.Context, in *wrapperspb.BytesValue) (*abi.TurnRes
 	for {
 		select {
 		case f := <-frames:
+			if f.Type == wire.TypeCall {
+				if err := c.hostCall(ctx, f, out); err != nil {
+					close(abandon)
+					scancel()
+					c.w.retire(c.p, err.Error(), true)
+					return nil, c.fail(KindProtocol, err)
+				}
+				continue
+			}
 			result, ended, err := c.frame(f)
 			switch {
 			case err != nil:
@@ -225,6 +242,59 @@ func (c *call) frame(f wire.Frame) (result json.RawMessage, ended bool, err erro
 		return f.Body, true, nil
 	}
 	return nil, false, nil
+}
+
+// hostCall answers a call frame of the plugin in the background, through
+// the abi.Caller of ctx (the turn's: abi.WithCaller; none answers
+// not_configured), under ctx, so that the turn's cancellation or deadline
+// aborts it and its end cancels it. The call_result goes out on the
+// turn's stream; after the turn ended it is dropped (the plugin has
+// answered its own waiting calls "cancelled"). A frame without a call id
+// breaks the protocol (err); a request that does not decode is answered
+// invalid_request, one above the per-turn bound of calls in flight denied.
+func (c *call) hostCall(ctx context.Context, f wire.Frame, out *outbox) error {
+	var body wire.CallBody
+	if err := json.Unmarshal(f.Body, &body); err != nil || body.ID == 0 {
+		return fmt.Errorf("malformed call frame (no call id): %v", err)
+	}
+	answer := func(res *abi.CallResult) {
+		b, err := abi.Marshal(res)
+		if err == nil && len(b) > abi.MaxCallResultBytes {
+			b, err = abi.Marshal(&abi.CallResult{Seq: res.Seq, Error: &abi.CallError{Code: abi.CallTooLarge,
+				Message: fmt.Sprintf("call result is %d bytes, limit %d", len(b), abi.MaxCallResultBytes)}})
+		}
+		if err != nil {
+			c.w.log.LogAttrs(ctx, slog.LevelError, "plugin host call result not encodable", slog.String("error", err.Error()))
+			return
+		}
+		m, err := wire.Encode(wire.TypeCallResult, wire.CallResultBody{ID: body.ID, Result: b})
+		if err != nil {
+			return
+		}
+		out.push(m)
+	}
+	invalid := func(code abi.CallErrorCode, msg string) {
+		answer(&abi.CallResult{Error: &abi.CallError{Code: code, Message: msg}})
+	}
+	if len(body.Request) > abi.MaxCallRequestBytes {
+		invalid(abi.CallTooLarge, fmt.Sprintf("call request is %d bytes, limit %d", len(body.Request), abi.MaxCallRequestBytes))
+		return nil
+	}
+	req := new(abi.CallRequest)
+	if err := json.Unmarshal(body.Request, req); err != nil {
+		invalid(abi.CallInvalid, "call request does not decode: "+err.Error())
+		return nil
+	}
+	if c.calls.Add(1) > wire.MaxCallsInFlight {
+		c.calls.Add(-1)
+		invalid(abi.CallDenied, fmt.Sprintf("more than %d host calls of this turn in flight", wire.MaxCallsInFlight))
+		return nil
+	}
+	go func() {
+		defer c.calls.Add(-1)
+		answer(abi.Call(ctx, req))
+	}()
+	return nil
 }
 
 // result decodes and checks the plugin's result.

@@ -7,6 +7,8 @@ package workerhooks
 import (
 	"context"
 	"errors"
+
+	"github.com/paddock-dev/paddock/abi"
 )
 
 // Hooks break a worker.
@@ -19,6 +21,10 @@ type Hooks struct {
 	// Die, when closed, drops the connection without GOODBYE and stops
 	// the worker (an in-process kill -9); worker.Run returns ErrKilled.
 	Die <-chan struct{}
+	// Turn, if set, runs every turn the worker accepts instead of its
+	// wasm runtime or plugin manager, under the ctx the worker gives its
+	// instances (deadline, steers, the turn's abi.Caller).
+	Turn func(ctx context.Context, binding string, req *abi.TurnRequest) (*abi.TurnResult, error)
 }
 
 // ErrKilled is what worker.Run returns after Die was closed.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -102,6 +103,16 @@ type turn struct {
 
 	mu  sync.Mutex // guards req's TurnRef and Steers against PollSteer misuse
 	req *abi.TurnRequest
+
+	// Host calls (caller). callsOK: the host answers calls (request
+	// frame's Calls). slots bounds the calls in flight.
+	callsOK bool
+	slots   chan struct{}
+
+	callMu   sync.Mutex
+	nextCall uint64
+	pending  map[uint64]chan *abi.CallResult
+	ended    bool // the stream's receive side ended: no answer will come
 }
 
 func (t *turn) send(typ string, v any) error {
@@ -133,15 +144,18 @@ func (s *server) Turn(stream grpc.ServerStream) error {
 	if err := json.Unmarshal(fr.Body, req); err != nil {
 		return status.Errorf(codes.InvalidArgument, "decode turn request: %v", err)
 	}
-	t := &turn{stream: stream, log: s.log, steers: make(chan abi.Steer, steerQueue), req: req}
+	t := &turn{stream: stream, log: s.log, steers: make(chan abi.Steer, steerQueue), req: req,
+		callsOK: fr.Calls, slots: make(chan struct{}, MaxCallsInFlight), pending: map[uint64]chan *abi.CallResult{}}
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
+	defer t.endCalls()
 	if err := t.send(TypeAccepted, nil); err != nil {
 		return err
 	}
 	go t.recv(cancel)
 	done := make(chan *abi.TurnResult, 1)
-	go func() { done <- abi.Run(context.WithValue(ctx, turnKey{}, t), s.f, req) }()
+	tctx := abi.WithCaller(context.WithValue(ctx, turnKey{}, t), caller{t})
+	go func() { done <- abi.Run(tctx, s.f, req) }()
 	select {
 	case res := <-done:
 		return t.send(TypeResult, res)
@@ -156,6 +170,7 @@ func (s *server) Turn(stream grpc.ServerStream) error {
 // recv relays the host's frames after the request: steers to the queue
 // PollSteer reads, a cancel frame (or a broken stream) to cancel.
 func (t *turn) recv(cancel context.CancelFunc) {
+	defer t.endCalls()
 	for {
 		in := new(wrapperspb.BytesValue)
 		if err := t.stream.RecvMsg(in); err != nil {
@@ -184,7 +199,115 @@ func (t *turn) recv(cancel context.CancelFunc) {
 			}
 		case TypeCancel:
 			cancel()
+		case TypeCallResult:
+			var cr CallResultBody
+			if err := json.Unmarshal(fr.Body, &cr); err != nil {
+				t.log.Error("paddock plugin: bad call_result from host", "error", err)
+				continue
+			}
+			res := new(abi.CallResult)
+			if err := json.Unmarshal(cr.Result, res); err != nil {
+				res = &abi.CallResult{Error: &abi.CallError{Code: abi.CallUpstream,
+					Message: "the host's call result does not decode: " + err.Error()}}
+			}
+			t.callMu.Lock()
+			ch := t.pending[cr.ID]
+			delete(t.pending, cr.ID)
+			t.callMu.Unlock()
+			if ch != nil {
+				ch <- res // buffered 1, one send per id
+			}
 		}
+	}
+}
+
+// endCalls answers every call waiting for the host with cancelled and
+// makes later calls of the turn return cancelled: the turn ended, or the
+// stream can carry no more answers.
+func (t *turn) endCalls() {
+	t.callMu.Lock()
+	defer t.callMu.Unlock()
+	t.ended = true
+	for id, ch := range t.pending {
+		ch <- cancelled("the turn ended before the host answered the call")
+		delete(t.pending, id)
+	}
+}
+
+// cancelled is the result of a call its turn can no longer wait for.
+func cancelled(msg string) *abi.CallResult {
+	return &abi.CallResult{Error: &abi.CallError{Code: abi.CallCancelled, Message: msg}}
+}
+
+// ctxResult is the result of a call whose ctx ended first.
+func ctxResult(ctx context.Context) *abi.CallResult {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return &abi.CallResult{Error: &abi.CallError{Code: abi.CallTimeout, Message: "the call's deadline passed: " + ctx.Err().Error()}}
+	}
+	return cancelled("the turn was cancelled: " + context.Cause(ctx).Error())
+}
+
+// caller is the abi.Caller of a plugin turn: it sends each call to the
+// host as a call frame on the turn's stream and waits for its
+// call_result frame, the turn's end or ctx's end.
+type caller struct{ t *turn }
+
+// Call sends req to the host and waits for its result; see abi.Caller.
+func (c caller) Call(ctx context.Context, req *abi.CallRequest) *abi.CallResult {
+	t := c.t
+	if !t.callsOK {
+		return abi.NoCaller()
+	}
+	if req == nil {
+		return &abi.CallResult{Error: &abi.CallError{Code: abi.CallInvalid, Message: "call request is null"}}
+	}
+	body, err := abi.Marshal(req)
+	if err != nil {
+		return &abi.CallResult{Error: &abi.CallError{Code: abi.CallInvalid, Message: "encode call request: " + err.Error()}}
+	}
+	if len(body) > abi.MaxCallRequestBytes {
+		return &abi.CallResult{Error: &abi.CallError{Code: abi.CallTooLarge,
+			Message: fmt.Sprintf("call request is %d bytes, limit %d", len(body), abi.MaxCallRequestBytes)}}
+	}
+	if ctx.Err() != nil {
+		return ctxResult(ctx)
+	}
+	select {
+	case t.slots <- struct{}{}:
+	case <-ctx.Done():
+		return ctxResult(ctx)
+	}
+	ch := make(chan *abi.CallResult, 1)
+	t.callMu.Lock()
+	if t.ended {
+		t.callMu.Unlock()
+		<-t.slots
+		return cancelled("the turn has ended")
+	}
+	t.nextCall++
+	id := t.nextCall
+	t.pending[id] = ch
+	t.callMu.Unlock()
+	if err := t.send(TypeCall, CallBody{ID: id, Request: body}); err != nil {
+		t.callMu.Lock()
+		delete(t.pending, id)
+		t.callMu.Unlock()
+		<-t.slots
+		return cancelled("cannot send the call to the host: " + err.Error())
+	}
+	select {
+	case res := <-ch:
+		<-t.slots
+		return res
+	case <-ctx.Done():
+		// The host's answer, if it comes, finds no waiter; the slot is
+		// freed then (or when the turn ends), so the host never sees more
+		// than MaxCallsInFlight calls of this turn.
+		go func() {
+			<-ch
+			<-t.slots
+		}()
+		return ctxResult(ctx)
 	}
 }
 

@@ -39,12 +39,19 @@ const (
 )
 
 // MaxFrameBytes bounds one encoded frame in either direction: an abi
-// request or result (4 MiB each) plus the envelope.
-const MaxFrameBytes = 8 << 20
+// request or result (4 MiB each), a host-call request (4 MiB) or a
+// host-call result (abi.MaxCallResultBytes, 8 MiB), plus the envelope.
+const MaxFrameBytes = abi.MaxCallResultBytes + 1<<20
+
+// MaxCallsInFlight bounds the host calls one turn has sent and not yet
+// had answered. The SDK waits for a free slot before sending; the host
+// answers a call above the bound at once with a denied error.
+const MaxCallsInFlight = 16
 
 // Frame types. Host → plugin: TypeRequest (first frame, exactly once),
-// TypeSteer (any number), TypeCancel (at most once). Plugin → host:
-// TypeAccepted (first), TypeSteerTaken (one per steer taken in),
+// TypeSteer (any number), TypeCallResult (one per call), TypeCancel (at
+// most once). Plugin → host: TypeAccepted (first), TypeSteerTaken (one per
+// steer taken in), TypeCall (host calls, any number while the turn runs),
 // TypeResult (last).
 const (
 	TypeRequest    = "request"
@@ -53,20 +60,52 @@ const (
 	TypeAccepted   = "accepted"
 	TypeSteerTaken = "steer_taken"
 	TypeResult     = "result"
+	TypeCall       = "call"
+	TypeCallResult = "call_result"
 )
 
 // Frame is one message of the Turn stream. Body is abi v1 JSON: a
-// TurnRequest, a Steer, a TurnRef (steer_taken) or a TurnResult; absent for
-// accepted and cancel.
+// TurnRequest, a Steer, a TurnRef (steer_taken), a TurnResult, a CallBody
+// (call) or a CallResultBody (call_result); absent for accepted and
+// cancel.
 type Frame struct {
 	Type string          `json:"type"`
 	Body json.RawMessage `json:"body,omitempty"`
+	// Calls is set on the request frame by a host that answers host calls
+	// on this stream. A plugin whose request frame lacks it answers every
+	// host call itself with abi.NoCaller (an older host would never
+	// answer).
+	Calls bool `json:"calls,omitempty"`
+}
+
+// CallBody is the body of a call frame: a host call of the turn, numbered
+// by the plugin (ID ≥ 1, unique within the stream).
+type CallBody struct {
+	// ID numbers the call within the stream.
+	ID uint64 `json:"id"`
+	// Request is the abi CallRequest JSON.
+	Request json.RawMessage `json:"request"`
+}
+
+// CallResultBody is the body of a call_result frame: the answer to call
+// ID.
+type CallResultBody struct {
+	// ID is the call's (CallBody.ID).
+	ID uint64 `json:"id"`
+	// Result is the abi CallResult JSON.
+	Result json.RawMessage `json:"result"`
 }
 
 // Encode returns the BytesValue carrying a frame of type typ with body v
 // (nil for none).
 func Encode(typ string, v any) (*wrapperspb.BytesValue, error) {
-	f := Frame{Type: typ}
+	return EncodeFrame(Frame{Type: typ}, v)
+}
+
+// EncodeFrame is Encode for a frame whose other fields (Calls) are set:
+// f.Body is replaced by v's encoding.
+func EncodeFrame(f Frame, v any) (*wrapperspb.BytesValue, error) {
+	typ := f.Type
 	if v != nil {
 		b, err := abi.Marshal(v) // no HTML escaping: sizes as on every other path
 		if err != nil {

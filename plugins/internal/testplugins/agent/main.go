@@ -14,6 +14,16 @@
 //	big             answers abi.MaxResultBytes+1 bytes
 //	state <n>       keeps a state of n bytes (faulty.StateOf), answers "state <n>"
 //	statesum        answers faulty.StateSum of the state it received
+//	call <url>      makes an http host call GET <url> (abi.CallHTTP) and
+//	                answers "<status> <body>", or "error <code>: <message>"
+//	calllen <url>   the same, answering "<status> len <body length>"
+//	callmodel <ep>  makes a model host call (plugins.Model) to endpoint ep
+//	                and answers the reply's content, or "error <code>: …"
+//	callloop <n> <url>  makes n http host calls one after the other and
+//	                answers "<n> calls"
+//	callafter <url> answers at once, then calls <url> in the background
+//	                after the turn ended and logs the outcome
+//	                ("late call: error cancelled")
 package main
 
 import (
@@ -34,6 +44,15 @@ func main() { plugins.Serve(turn) }
 
 func reply(s string) *abi.TurnResult {
 	return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: s}}}
+}
+
+// callError renders a host call's error for a reply.
+func callError(err error) string {
+	var ce *abi.CallError
+	if errors.As(err, &ce) {
+		return fmt.Sprintf("error %s: %s", ce.Code, ce.Message)
+	}
+	return fmt.Sprint("error ", err)
 }
 
 func turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
@@ -87,6 +106,38 @@ func turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 		return res, nil
 	case "statesum":
 		return reply(faulty.StateSum(req.State)), nil
+	case "call", "calllen":
+		resp, err := abi.CallHTTP(ctx, &abi.HTTPRequest{URL: arg})
+		if err != nil {
+			return reply(callError(err)), nil
+		}
+		if verb == "calllen" {
+			return reply(fmt.Sprintf("%d len %d", resp.Status, len(resp.Body))), nil
+		}
+		return reply(fmt.Sprintf("%d %s", resp.Status, resp.Body)), nil
+	case "callmodel":
+		resp, err := plugins.Model(ctx, &abi.ModelRequest{Endpoint: arg,
+			Messages: []abi.ModelMessage{{Role: abi.RoleUser, Content: "hello"}}})
+		if err != nil {
+			return reply(callError(err)), nil
+		}
+		return reply(resp.Message.Content), nil
+	case "callloop":
+		n, url, _ := strings.Cut(arg, " ")
+		count, _ := strconv.Atoi(n)
+		for i := range count {
+			if _, err := abi.CallHTTP(ctx, &abi.HTTPRequest{URL: url}); err != nil {
+				return reply(fmt.Sprintf("call %d: %s", i, callError(err))), nil
+			}
+		}
+		return reply(fmt.Sprintf("%d calls", count)), nil
+	case "callafter":
+		go func() {
+			time.Sleep(100 * time.Millisecond)
+			_, err := plugins.HTTP(ctx, &abi.HTTPRequest{URL: arg})
+			plugins.Logger(ctx).Info("late call: " + callError(err))
+		}()
+		return reply("answered"), nil
 	}
 	return reply("ok: " + req.Event.Message), nil
 }
