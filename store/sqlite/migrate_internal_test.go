@@ -94,7 +94,7 @@ func gooseOn(t *testing.T, path string) (*sql.DB, *goose.Provider) {
 }
 
 // latestVersion is the goose version of the newest migration.
-const latestVersion = "4"
+const latestVersion = "5"
 
 // dumpQueries read every row of every table but agents and plugin_workers,
 // in a stable order, and the schema of every object except those two
@@ -180,6 +180,17 @@ func TestMigration00003KeepsRowsIndexesAndReferences(t *testing.T) {
 	indexesBefore := dump(t, db, `SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'agents' ORDER BY name`)
 	db.Close()
 
+	// What 00003 and 00004 did, at version 4 (00005 adds tables and turns
+	// columns: TestMigration00005AddsTheJournal).
+	db, p := gooseOn(t, path)
+	if _, err := p.UpTo(ctx, 4); err != nil {
+		t.Fatalf("up to 4: %v", err)
+	}
+	if after := dump(t, db, dumpQueries...); after != before {
+		t.Fatalf("rows or schema outside agents changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	db.Close()
+
 	s, err := Open(ctx, path)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
@@ -191,9 +202,6 @@ func TestMigration00003KeepsRowsIndexesAndReferences(t *testing.T) {
 	}
 	if got := queryString(t, s.w, `SELECT sql FROM sqlite_schema WHERE name = 'sessions_key'`); !strings.Contains(got, "status <> 'destroyed'") {
 		t.Fatalf("sessions_key after 00004: %s, want it partial over sessions not destroyed", got)
-	}
-	if after := dump(t, s.w, dumpQueries...); after != before {
-		t.Fatalf("rows or schema outside agents changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 	if got := dump(t, s.w, `SELECT agent_uid, name, module_digest, crash_policy, created_at, updated_at
 		FROM agents ORDER BY agent_uid`); got != agentsBefore {
@@ -326,8 +334,13 @@ func TestMigration00003DownAndRerun(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Down refuses while the plugin agent exists, and changes nothing.
+	// Down refuses while the plugin agent exists, and changes nothing
+	// (what 00005's Down and 00004's, which commit before 00003's refuses,
+	// change is not in the dump).
 	db, p = gooseOn(t, path)
+	if _, err := p.DownTo(ctx, 4); err != nil {
+		t.Fatalf("down to 4: %v", err)
+	}
 	want = dump(t, db, append(dumpQueries, `SELECT * FROM agents ORDER BY agent_uid`, `SELECT * FROM plugin_workers`)...)
 	if _, err := p.DownTo(ctx, 2); err == nil {
 		t.Fatalf("down to 2 with a plugin agent: no error")
