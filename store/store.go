@@ -288,7 +288,9 @@ type Turn struct {
 	CommittedAt time.Time           `json:"committed_at"`
 	Messages    []TranscriptMessage `json:"messages"`
 	// Usage is the turn's model-token usage: the sum over its event's
-	// journal rows that are not set aside, as of the commit.
+	// journal rows that are not set aside (docs/DESIGN.md invariant 12), as
+	// of the commit (CommitTurn; for a cancelled turn, CancelEvent), stored
+	// with the turn and read back by Transcript.
 	Usage abi.Usage `json:"usage"`
 	// NextOpen is a hint set by CommitTurn: whether the session had another
 	// open event (not a steer) when the turn committed. False lets a

@@ -22,6 +22,14 @@ const hostCallGuard = `EXISTS (SELECT 1 FROM deliveries WHERE ` + deliveryWhere 
 	AND EXISTS (SELECT 1 FROM activations WHERE ` + activationWhere + ` AND lease_expires_at > clock_timestamp())
 	AND EXISTS (SELECT 1 FROM actor_events WHERE event_id = $6 AND agent_uid = $2 AND session_id = $3 AND status = 'open')`
 
+// journalUsageSQL sums the tokens of an event's journal rows not set
+// aside (a turn's usage: CommitTurn, and CancelEvent's cancelled turn):
+// one row of columns input_tokens, output_tokens. Parameters: $1 agent
+// uid, $2 session id, $3 event id.
+const journalUsageSQL = `SELECT coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
+		coalesce(sum(output_tokens), 0)::bigint AS output_tokens
+	FROM host_calls WHERE event_id = $3 AND agent_uid = $1 AND session_id = $2 AND NOT set_aside`
+
 // hostCallCols are the columns scanHostCall reads, in its order.
 const hostCallCols = `id, event_id, seq, actor_epoch, kind, destination, request_digest, result, error_code, status,
 	started_at, duration_ms, input_tokens, output_tokens, replays, replayed_epoch, set_aside, created_at`

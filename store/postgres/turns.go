@@ -396,10 +396,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 			WITH turn AS (
 				UPDATE sessions SET turn_count = turn_count + 1 WHERE agent_uid = $1 AND session_id = $2
 				RETURNING turn_count),
-			usage AS (
-				SELECT coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
-					coalesce(sum(output_tokens), 0)::bigint AS output_tokens
-				FROM host_calls WHERE event_id = $3 AND agent_uid = $1 AND session_id = $2 AND NOT set_aside)
+			usage AS (`+journalUsageSQL+`)
 			INSERT INTO turns (agent_uid, session_id, turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at,
 				input_tokens, output_tokens)
 			SELECT $1, $2, turn.turn_count, $3, $4, $5, $6, clock_timestamp(), usage.input_tokens, usage.output_tokens

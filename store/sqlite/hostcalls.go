@@ -31,6 +31,17 @@ func hostCallRefArgs(r abi.TurnRef, extra ...any) []any {
 	return append(deliveryArgs(r), extra...)
 }
 
+// journalUsage sums the tokens of an event's journal rows not set aside: a
+// turn's usage (CommitTurn, and CancelEvent's cancelled turn).
+func journalUsage(tx *txn, key store.ActorKey, eventID int64) (abi.Usage, error) {
+	var u abi.Usage
+	err := tx.queryRow(`
+		SELECT coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0) FROM host_calls
+		WHERE event_id = ? AND agent_uid = ? AND session_id = ? AND set_aside = 0`,
+		eventID, key.AgentUID, key.SessionID).Scan(&u.InputTokens, &u.OutputTokens)
+	return u, err
+}
+
 // hostCallCols are the columns scanHostCall reads, in its order.
 const hostCallCols = `id, event_id, seq, actor_epoch, kind, destination, request_digest, result, error_code, status,
 	started_at, duration_ms, input_tokens, output_tokens, replays, replayed_epoch, set_aside, created_at`

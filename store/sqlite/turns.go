@@ -273,10 +273,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 			ActorEpoch: ref.ActorEpoch, Outcome: outcome, CommittedAt: msTime(closedAt),
 			Messages: store.TurnMessages(payloads, p.Messages), NextOpen: true}
 		// The turn's usage: its event's journal, not set aside, as of now.
-		if err := tx.queryRow(`
-			SELECT coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0) FROM host_calls
-			WHERE event_id = ? AND agent_uid = ? AND session_id = ? AND set_aside = 0`,
-			ref.ActorEventID, ref.AgentUID, ref.SessionID).Scan(&t.Usage.InputTokens, &t.Usage.OutputTokens); err != nil {
+		if t.Usage, err = journalUsage(tx, key, ref.ActorEventID); err != nil {
 			return err
 		}
 		if t.TurnNo, err = insertTurn(tx, t); err != nil {

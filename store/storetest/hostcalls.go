@@ -368,6 +368,19 @@ func testHostCallUsage(t *testing.T, b *bundle) {
 	tr = b.transcript(key)
 	wantEq(t, tr[1].Usage, abi.Usage{}, "Transcript Usage of a turn without host calls")
 	wantEq(t, tr[0].Usage, want, "Transcript Usage of the first turn, again")
+
+	// A cancelled turn's usage is its event's journal too: the calls were
+	// made.
+	b.message(key, "to be cancelled")
+	cref := b.next(a2).Delivery.TurnRef()
+	b.record(cref, hostCall(1, 7, 8))
+	cr, err := b.s.CancelEvent(b.ctx, store.CancelEventParams{Key: key, Reason: "enough"})
+	noErr(t, err, "CancelEvent")
+	wantEq(t, cr.InFlight, true, "cancelled in flight")
+	tr = b.transcript(key)
+	wantEq(t, len(tr), 3, "turns after the cancel")
+	wantEq(t, tr[2].Outcome, store.OutcomeCancelled, "the cancelled turn's outcome")
+	wantEq(t, tr[2].Usage, abi.Usage{InputTokens: 7, OutputTokens: 8}, "the cancelled turn's Usage")
 }
 
 func testHostCallInvalid(t *testing.T, b *bundle) {
