@@ -355,3 +355,73 @@ func TestMigration00003DownAndRerun(t *testing.T) {
 		t.Fatalf("goose version after a refused down = %s, want 3", got)
 	}
 }
+
+// TestMigration00005AddsTheJournal upgrades a part-2 database with data in
+// it to the journal: every existing row and object is kept (the dump at
+// version 4 is unchanged, the committed turn reads with zero usage), the
+// turn in flight records a host call and commits with its usage, secrets
+// are stored; 00005 goes down with rows in its tables, back to the exact
+// version-4 schema, and comes up again.
+func TestMigration00005AddsTheJournal(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "v2.db")
+	openV2(t, path)
+	db, p := gooseOn(t, path)
+	if _, err := p.UpTo(ctx, 4); err != nil {
+		t.Fatalf("up to 4: %v", err)
+	}
+	schema4 := dump(t, db, dumpQueries[0])
+	db.Close()
+
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer s.Close()
+	key := store.ActorKey{AgentUID: "a1", SessionID: "s1"}
+	turns, err := s.Transcript(ctx, store.TranscriptParams{Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(turns) != 1 || turns[0].Usage != (abi.Usage{}) {
+		t.Fatalf("migrated transcript = %+v", turns)
+	}
+	ref := abi.TurnRef{DeliveryID: "d3", ActivationUID: "act2", ActorEpoch: 2, ActorEventID: 3, AgentUID: "a1", SessionID: "s1"}
+	if _, err := s.RecordHostCall(ctx, store.RecordHostCallParams{Ref: ref, Call: store.HostCall{Seq: 1,
+		Kind: string(abi.CallKindModel), Destination: "e/m", RequestDigest: "sha256:r", Result: []byte("{}"),
+		InputTokens: 3, OutputTokens: 4}}); err != nil {
+		t.Fatalf("RecordHostCall: %v", err)
+	}
+	turn, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: ref, Outcome: abi.OutcomeOK})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if turn.TurnNo != 2 || turn.Usage != (abi.Usage{InputTokens: 3, OutputTokens: 4}) {
+		t.Fatalf("turn after the upgrade = %+v", turn)
+	}
+	if _, _, err := s.PutSecret(ctx, "k", []byte("sealed")); err != nil {
+		t.Fatal(err)
+	}
+	if got := dump(t, s.w, `PRAGMA foreign_key_check`); got != "[table rowid parent fkid]\n" {
+		t.Fatalf("foreign key violations after the upgrade:\n%s", got)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	db, p = gooseOn(t, path)
+	defer db.Close()
+	if _, err := p.DownTo(ctx, 4); err != nil {
+		t.Fatalf("down to 4: %v", err)
+	}
+	if got := dump(t, db, dumpQueries[0]); got != schema4 {
+		t.Fatalf("schema after the down:\nwant:\n%s\ngot:\n%s", schema4, got)
+	}
+	if got := queryString(t, db, `SELECT count(*) FROM turns`); got != "2" {
+		t.Fatalf("turns after the down: %s", got)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+}
