@@ -139,9 +139,10 @@
 //
 // Migrations are goose SQL files embedded from each driver's migrations/
 // folder and applied by Open (00001 init, 00002 the durable lifecycle,
-// 00003 agent kinds and plugin workers, then the live-session key index;
-// PostgreSQL also 00004, the paddock_check guard function; the journal and
-// secrets are PostgreSQL 00006, SQLite 00005). An applied migration is never edited: a
+// 00003 agent kinds and plugin workers; PostgreSQL 00004 the paddock_check
+// guard function; then the session key index over live sessions
+// (PostgreSQL 00005, SQLite 00004) and the journal and secrets
+// (PostgreSQL 00006, SQLite 00005)). An applied migration is never edited: a
 // change is the next number, on both drivers, with a Down, and an upgrade
 // test with data in it (migrate_internal_test.go). SQLite cannot alter a
 // column's constraints in place: a table rebuild runs with

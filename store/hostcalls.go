@@ -56,18 +56,21 @@ type HostCall struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-// RecordHostCallParams are RecordHostCall's inputs.
+// RecordHostCallParams are RecordHostCall's inputs, validated by
+// CheckHostCall before any database access (ErrInvalid).
 type RecordHostCallParams struct {
 	// Ref is the attempt's turn_ref; the row is written only if it passes
 	// the same fences as a commit (the delivery current, the activation
 	// live at that epoch with an unexpired lease by the database's clock,
 	// the event open) — else *FenceError and nothing is written.
 	Ref abi.TurnRef
-	// Call is the row (ID, EventID, ActorEpoch, Replays, SetAside and
-	// CreatedAt are set by the store from Ref).
+	// Call is the row (ID, EventID, ActorEpoch, Replays, ReplayedEpoch,
+	// SetAside and CreatedAt are set by the store: EventID and ActorEpoch
+	// from Ref; a zero StartedAt is the database's now).
 	Call HostCall
 	// SetAsideFrom > 0 first marks the event's rows with Seq ≥ it set aside
-	// (the attempt diverged there), in the same transaction.
+	// (the attempt diverged there), in the same transaction, under the same
+	// fences; at most Call.Seq. 0: nothing is set aside.
 	SetAsideFrom int
 }
 
