@@ -3,6 +3,7 @@ package storetest
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +24,8 @@ func hostCallCases() []testCase {
 		{"Invariant12/SetAsideFromMarksLaterRowsAndTheNewRowIsLive", testHostCallSetAside},
 		{"Invariant12/ReplayHostCallBumpsReplaysUnderTheFences", testHostCallReplay},
 		{"Invariant12/TurnUsageIsTheSumOfTheJournalNotSetAside", testHostCallUsage},
+		{"Invariant12/ConcurrentRecordsAtOneSeqLeaveOneLiveRow", testHostCallRace},
+		{"Invariant12/RecordsRacingTheCommitAreInItsUsageOrRefused", testHostCallRaceCommit},
 		{"Journal/RecordHostCallValidatesItsInputs", testHostCallInvalid},
 		{"Journal/AgentTokensSinceSumsTheAgentsRowsFromThen", testAgentTokensSince},
 		{"Secrets/PutReadListDeleteRoundTripTheSealedBytes", testSecrets},
@@ -526,4 +529,74 @@ func testSecretsInvalid(t *testing.T, b *bundle) {
 	if len(list) != 0 {
 		t.Fatalf("refused puts stored %+v", list)
 	}
+}
+
+func testHostCallRace(t *testing.T, b *bundle) {
+	key, ev, _, ref := b.callTurn(LongTTL)
+	const n = 8
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			c := hostCall(1, int64(i), 0)
+			c.RequestDigest = digest(fmt.Appendf(nil, "racer %d", i))
+			_, errs[i] = b.s.RecordHostCall(b.ctx, store.RecordHostCallParams{Ref: ref, Call: c})
+		})
+	}
+	wg.Wait()
+	won := -1
+	for i, err := range errs {
+		switch {
+		case err == nil && won < 0:
+			won = i
+		case err == nil:
+			t.Fatalf("racers %d and %d both recorded seq 1", won, i)
+		default:
+			wantIs(t, err, store.ErrConflict, fmt.Sprintf("racer %d", i))
+		}
+	}
+	if won < 0 {
+		t.Fatalf("no racer recorded seq 1: %v", errs)
+	}
+	rows := b.hostCalls(key, ev.ID)
+	wantEq(t, len(rows), 1, "rows")
+	wantEq(t, rows[0].InputTokens, int64(won), "the winner's row")
+}
+
+// testHostCallRaceCommit records calls while the turn commits: each record
+// either lands before the commit, and is in the turn's usage, or is
+// refused as superseded; none is lost or counted after the fact.
+func testHostCallRaceCommit(t *testing.T, b *bundle) {
+	key, ev, _, ref := b.callTurn(LongTTL)
+	const n = 16
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			_, errs[i] = b.s.RecordHostCall(b.ctx, store.RecordHostCallParams{Ref: ref, Call: hostCall(i+1, 1<<i, 1)})
+		})
+	}
+	var turn store.Turn
+	var commitErr error
+	wg.Go(func() {
+		<-start
+		turn, commitErr = b.s.CommitTurn(b.ctx, store.CommitTurnParams{Ref: ref, Outcome: abi.OutcomeOK, KeepState: true})
+	})
+	close(start)
+	wg.Wait()
+	noErr(t, commitErr, "CommitTurn")
+	var want abi.Usage
+	for i, err := range errs {
+		if err != nil {
+			wantFence(t, err, store.FenceSupersededDelivery, fmt.Sprintf("record %d after the commit", i+1))
+			continue
+		}
+		want.InputTokens += 1 << i
+		want.OutputTokens++
+	}
+	wantEq(t, turn.Usage, want, "the turn's usage (bit i: record i+1 landed)")
+	wantEq(t, b.transcript(key)[0].Usage, want, "Transcript usage")
+	wantEq(t, len(b.hostCalls(key, ev.ID)), int(want.OutputTokens), "journal rows")
 }
