@@ -26,7 +26,12 @@
 //     transaction only explain why (*FenceError, ErrNotLive). The activation
 //     row is locked before the guarded writes of CommitTurn, FailAttempt,
 //     NextDelivery and ExpireActivation, so a commit and the watchdog
-//     serialise.
+//     serialise. RecordHostCall and ReplayHostCall are guarded writes of a
+//     turn_ref too (docs/DESIGN.md invariant 12): CommitTurn's checks
+//     (delivery sent, activation live at that epoch, revision and current
+//     event with its lease unexpired, event open) in the statement that
+//     writes the journal, after the same row lock, refused with
+//     CommitTurn's classification (FenceCommit).
 //   - The database clock. "now" is computed in SQL — PostgreSQL:
 //     clock_timestamp() (not now(), which is frozen at BEGIN); SQLite:
 //     CAST(unixepoch('subsec')*1000 AS INTEGER), timestamps being INTEGER
@@ -117,11 +122,27 @@
 //   - messages(PK agent_uid+session_id+turn_no+idx, role, content)
 //   - alarms(PK agent_uid+session_id+name, due_at, every_ms, data, set_at);
 //     indexed by due_at
+//   - host_calls(id PK (identity / integer), agent_uid, session_id,
+//     event_id, seq ≥ 1, actor_epoch, kind http|model, destination,
+//     request_digest, result, error_code, status, started_at (the host's
+//     clock), duration_ms, input_tokens, output_tokens, replays,
+//     replayed_epoch, set_aside, created_at): the journal of docs/DESIGN.md
+//     invariant 12; the partial unique index host_calls_live on (event_id,
+//     seq) WHERE NOT set_aside is the journal proper (one live row per
+//     event and seq); indexed by (agent_uid, started_at) for
+//     AgentTokensSince. event_id references actor_events on SQLite only
+//     (PostgreSQL keeps no foreign key by a bare id, like turns.event_id)
+//   - turns also carry input_tokens, output_tokens: the event's journal not
+//     set aside, summed when the turn is recorded (Turn.Usage)
+//   - secrets(name PK, sealed (encrypted by the host), created_at,
+//     updated_at)
 //
 // Migrations are goose SQL files embedded from each driver's migrations/
 // folder and applied by Open (00001 init, 00002 the durable lifecycle,
-// 00003 agent kinds and plugin workers; PostgreSQL also 00004, the
-// paddock_check guard function). An applied migration is never edited: a
+// 00003 agent kinds and plugin workers; PostgreSQL 00004 the paddock_check
+// guard function; then the session key index over live sessions
+// (PostgreSQL 00005, SQLite 00004) and the journal and secrets
+// (PostgreSQL 00006, SQLite 00005)). An applied migration is never edited: a
 // change is the next number, on both drivers, with a Down, and an upgrade
 // test with data in it (migrate_internal_test.go). SQLite cannot alter a
 // column's constraints in place: a table rebuild runs with

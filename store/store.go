@@ -288,7 +288,9 @@ type Turn struct {
 	CommittedAt time.Time           `json:"committed_at"`
 	Messages    []TranscriptMessage `json:"messages"`
 	// Usage is the turn's model-token usage: the sum over its event's
-	// journal rows that are not set aside, as of the commit.
+	// journal rows that are not set aside (docs/DESIGN.md invariant 12), as
+	// of the commit (CommitTurn; for a cancelled turn, CancelEvent), stored
+	// with the turn and read back by Transcript.
 	Usage abi.Usage `json:"usage"`
 	// NextOpen is a hint set by CommitTurn: whether the session had another
 	// open event (not a steer) when the turn committed. False lets a
@@ -489,6 +491,34 @@ type Store interface {
 	// after now (missed firings coalesce). Alarms of destroyed sessions are
 	// deleted. It returns the keys that received events.
 	FireDueAlarms(ctx context.Context, limit int) ([]ActorKey, error)
+
+	// HostCalls returns an event's journal, set-aside rows included, by
+	// Seq then ID. Unknown session: ErrNotFound.
+	HostCalls(ctx context.Context, key ActorKey, eventID int64) ([]HostCall, error)
+	// RecordHostCall appends a host call to its event's journal under the
+	// attempt's fences (docs/DESIGN.md invariant 12): a zombie attempt's
+	// row is refused with *FenceError and nothing is written. A journal row
+	// not set aside already at that (event, Seq) returns ErrConflict.
+	RecordHostCall(ctx context.Context, p RecordHostCallParams) (HostCall, error)
+	// ReplayHostCall records that the attempt of ref replayed the journal
+	// row (event, seq) instead of calling again (Replays+1, ReplayedEpoch),
+	// under the same fences as RecordHostCall. No such row not set aside:
+	// ErrNotFound.
+	ReplayHostCall(ctx context.Context, ref abi.TurnRef, seq int) error
+	// AgentTokensSince sums the input and output tokens of an agent's
+	// journal rows started at or after since (set-aside rows included: they
+	// were paid for).
+	AgentTokensSince(ctx context.Context, agentUID string, since time.Time) (int64, error)
+
+	// PutSecret stores a secret's sealed value (encrypted by the caller;
+	// the store never sees the plain value), creating or replacing it.
+	PutSecret(ctx context.Context, name string, sealed []byte) (s Secret, created bool, err error)
+	// SealedSecret returns a secret's sealed value, or ErrNotFound.
+	SealedSecret(ctx context.Context, name string) ([]byte, error)
+	// ListSecrets returns every secret's metadata by name.
+	ListSecrets(ctx context.Context) ([]Secret, error)
+	// DeleteSecret deletes a secret, or returns ErrNotFound.
+	DeleteSecret(ctx context.Context, name string) error
 
 	// Subscribe returns a channel of actor keys that received events
 	// (postgres: LISTEN/NOTIFY from every host; sqlite: this process). It is

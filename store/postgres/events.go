@@ -227,7 +227,7 @@ func (s *Store) Transcript(ctx context.Context, p store.TranscriptParams) ([]sto
 	err := s.call(ctx, "transcript", func(ctx context.Context) error {
 		turns = nil
 		rows, err := s.pool.Query(ctx, `
-			SELECT turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at FROM turns
+			SELECT turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at, input_tokens, output_tokens FROM turns
 			WHERE agent_uid = $1 AND session_id = $2 AND turn_no > $3
 			ORDER BY turn_no LIMIT $4`, p.Key.AgentUID, p.Key.SessionID, p.AfterTurn, store.PageLimit(p.Limit))
 		if err != nil {
@@ -235,7 +235,8 @@ func (s *Store) Transcript(ctx context.Context, p store.TranscriptParams) ([]sto
 		}
 		turns, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Turn, error) {
 			t := store.Turn{ActorKey: p.Key, Messages: []store.TranscriptMessage{}}
-			err := r.Scan(&t.TurnNo, &t.EventID, &t.DeliveryID, &t.ActorEpoch, &t.Outcome, &t.CommittedAt)
+			err := r.Scan(&t.TurnNo, &t.EventID, &t.DeliveryID, &t.ActorEpoch, &t.Outcome, &t.CommittedAt,
+				&t.Usage.InputTokens, &t.Usage.OutputTokens)
 			t.CommittedAt = utc(t.CommittedAt)
 			return t, err
 		})

@@ -234,3 +234,81 @@ func migrationProvider(ctx context.Context, t *testing.T) (dsn string, pool *pgx
 	}
 	return dsn, pool, p
 }
+
+// TestMigration00006AddsTheJournal applies 00001-00005, writes a committed
+// turn and a turn in flight the way the previous driver did, then opens the
+// store (which applies 00006): the old turn reads with zero usage, the turn
+// in flight records a host call and commits with its usage, secrets are
+// stored. 00006 goes down with rows in the new tables and comes up again.
+func TestMigration00006AddsTheJournal(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn, pool, p := migrationProvider(ctx, t)
+	if _, err := p.UpTo(ctx, 5); err != nil {
+		t.Fatalf("up to 5: %v", err)
+	}
+	_, err := pool.Exec(ctx, `
+		INSERT INTO modules (digest, abi_version, size, bytes) VALUES ('sha256:m', 1, 1, '\x00');
+		INSERT INTO agents (agent_uid, name, kind, module_digest, crash_policy) VALUES ('a', 'agent', 'wasm', 'sha256:m', 'restart');
+		INSERT INTO sessions (agent_uid, session_id, crash_policy, last_event_seq, turn_count, actor_epoch)
+		VALUES ('a', 's', 'restart', 2, 1, 1);
+		INSERT INTO actor_events (agent_uid, session_id, seq, kind, payload, status, next_attempt_at, accepted_at, closed_at)
+		VALUES ('a', 's', 1, 'message', '{"message": "one"}', 'done', clock_timestamp(), clock_timestamp(), clock_timestamp());
+		INSERT INTO turns (agent_uid, session_id, turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at)
+		SELECT 'a', 's', 1, event_id, 'd1', 1, 'ok', clock_timestamp() FROM actor_events WHERE seq = 1;
+		INSERT INTO actor_events (agent_uid, session_id, seq, kind, payload, next_attempt_at, accepted_at)
+		VALUES ('a', 's', 2, 'message', '{"message": "two"}', clock_timestamp(), clock_timestamp());`)
+	if err != nil {
+		t.Fatalf("version-5 rows: %v", err)
+	}
+
+	s, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer s.Close()
+	key := store.ActorKey{AgentUID: "a", SessionID: "s"}
+	turns, err := s.Transcript(ctx, store.TranscriptParams{Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(turns) != 1 || turns[0].Usage != (abi.Usage{}) {
+		t.Fatalf("migrated transcript = %+v", turns)
+	}
+	act, err := s.ClaimActivation(ctx, store.ClaimActivationParams{Key: key, UID: "act", LeaseID: "l", HostID: "h",
+		LeaseTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := s.NextDelivery(ctx, store.NextDeliveryParams{Activation: act.Ref(), DeliveryID: "d2", MarkSent: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := d.Delivery.TurnRef()
+	if _, err := s.RecordHostCall(ctx, store.RecordHostCallParams{Ref: ref, Call: store.HostCall{Seq: 1,
+		Kind: string(abi.CallKindModel), Destination: "e/m", RequestDigest: "sha256:r", Result: []byte("{}"),
+		InputTokens: 3, OutputTokens: 4}}); err != nil {
+		t.Fatalf("RecordHostCall: %v", err)
+	}
+	turn, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: ref, Outcome: abi.OutcomeOK})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if turn.TurnNo != 2 || turn.Usage != (abi.Usage{InputTokens: 3, OutputTokens: 4}) {
+		t.Fatalf("turn after the upgrade = %+v", turn)
+	}
+	if _, _, err := s.PutSecret(ctx, "k", []byte("sealed")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.DownTo(ctx, 5); err != nil {
+		t.Fatalf("down to 5: %v", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM turns`).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("turns after the down: %d, %v", n, err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+}

@@ -185,7 +185,8 @@ func (s *Store) CancelEvent(ctx context.Context, p store.CancelEventParams) (sto
 			return nil
 		}
 		// The transcript records the cancellation: the event's message,
-		// then a system message with the reason.
+		// then a system message with the reason; its usage is the event's
+		// journal, as a commit's.
 		var roles, contents []string
 		if m, ok := store.PayloadMessage(payload); ok {
 			roles, contents = append(roles, abi.RoleUser), append(contents, m)
@@ -199,10 +200,13 @@ func (s *Store) CancelEvent(ctx context.Context, p store.CancelEventParams) (sto
 			WITH turn AS (
 				UPDATE sessions SET turn_count = turn_count + 1 WHERE agent_uid = $1 AND session_id = $2
 				RETURNING turn_count),
+			usage AS (`+journalUsageSQL+`),
 			t AS (
 				INSERT INTO turns (agent_uid, session_id, turn_no, event_id, delivery_id, actor_epoch, outcome,
-					committed_at)
-				SELECT $1, $2, turn.turn_count, $3, $4, $5, $6, clock_timestamp() FROM turn
+					committed_at, input_tokens, output_tokens)
+				SELECT $1, $2, turn.turn_count, $3, $4, $5, $6, clock_timestamp(), usage.input_tokens,
+					usage.output_tokens
+				FROM turn, usage
 				RETURNING turn_no)
 			INSERT INTO messages (agent_uid, session_id, turn_no, idx, role, content)
 			SELECT $1, $2, t.turn_no, m.idx - 1, m.role, m.content

@@ -388,16 +388,23 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) error { return row.Scan(&t.NextOpen) })
 		// Alarms before the session row: the lock order of FireDueAlarms.
 		queueAlarmOps(b, store.KeyOf(ref), alarms)
+		// The turn's usage is its event's journal (not set aside) as of
+		// now, summed in the statement that inserts the turn: no round
+		// trip of its own. The journal's rows are written under the
+		// activation's row lock, which this transaction holds.
 		b.Queue(`
 			WITH turn AS (
 				UPDATE sessions SET turn_count = turn_count + 1 WHERE agent_uid = $1 AND session_id = $2
-				RETURNING turn_count)
-			INSERT INTO turns (agent_uid, session_id, turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at)
-			SELECT $1, $2, turn.turn_count, $3, $4, $5, $6, clock_timestamp() FROM turn
-			RETURNING turn_no, committed_at`,
+				RETURNING turn_count),
+			usage AS (`+journalUsageSQL+`)
+			INSERT INTO turns (agent_uid, session_id, turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at,
+				input_tokens, output_tokens)
+			SELECT $1, $2, turn.turn_count, $3, $4, $5, $6, clock_timestamp(), usage.input_tokens, usage.output_tokens
+			FROM turn, usage
+			RETURNING turn_no, committed_at, input_tokens, output_tokens`,
 			ref.AgentUID, ref.SessionID, ref.ActorEventID, ref.DeliveryID, ref.ActorEpoch, string(outcome),
 		).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&t.TurnNo, &t.CommittedAt)
+			return row.Scan(&t.TurnNo, &t.CommittedAt, &t.Usage.InputTokens, &t.Usage.OutputTokens)
 		})
 		if n > 0 {
 			b.Queue(`

@@ -150,7 +150,7 @@ func (s *Store) Transcript(ctx context.Context, p store.TranscriptParams) ([]sto
 	var out []store.Turn
 	err := s.read(ctx, "transcript", func(tx *txn) error {
 		rows, err := tx.query(`
-			SELECT turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at FROM turns
+			SELECT turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at, input_tokens, output_tokens FROM turns
 			WHERE agent_uid = ? AND session_id = ? AND turn_no > ?
 			ORDER BY turn_no LIMIT ?`,
 			p.Key.AgentUID, p.Key.SessionID, p.AfterTurn, store.PageLimit(p.Limit))
@@ -161,7 +161,8 @@ func (s *Store) Transcript(ctx context.Context, p store.TranscriptParams) ([]sto
 		for rows.Next() {
 			t := store.Turn{ActorKey: p.Key, Messages: []store.TranscriptMessage{}}
 			var at int64
-			if err := rows.Scan(&t.TurnNo, &t.EventID, &t.DeliveryID, &t.ActorEpoch, &t.Outcome, &at); err != nil {
+			if err := rows.Scan(&t.TurnNo, &t.EventID, &t.DeliveryID, &t.ActorEpoch, &t.Outcome, &at,
+				&t.Usage.InputTokens, &t.Usage.OutputTokens); err != nil {
 				return err
 			}
 			t.CommittedAt = msTime(at)

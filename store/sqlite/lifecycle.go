@@ -434,6 +434,10 @@ func (s *Store) CancelEvent(ctx context.Context, p store.CancelEventParams) (sto
 		t := store.Turn{ActorKey: key, EventID: target, DeliveryID: deliveryID, ActorEpoch: f.epoch,
 			Outcome: store.OutcomeCancelled, CommittedAt: *r.Event.ClosedAt,
 			Messages: store.TurnMessages([]string{string(ev.Payload)}, []abi.Message{{Role: abi.RoleSystem, Content: note}})}
+		// Its usage is the event's journal, as a commit's.
+		if t.Usage, err = journalUsage(tx, key, target); err != nil {
+			return err
+		}
 		_, err = insertTurn(tx, t)
 		return err
 	})

@@ -94,7 +94,7 @@ func gooseOn(t *testing.T, path string) (*sql.DB, *goose.Provider) {
 }
 
 // latestVersion is the goose version of the newest migration.
-const latestVersion = "4"
+const latestVersion = "5"
 
 // dumpQueries read every row of every table but agents and plugin_workers,
 // in a stable order, and the schema of every object except those two
@@ -180,6 +180,17 @@ func TestMigration00003KeepsRowsIndexesAndReferences(t *testing.T) {
 	indexesBefore := dump(t, db, `SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'agents' ORDER BY name`)
 	db.Close()
 
+	// What 00003 and 00004 did, at version 4 (00005 adds tables and turns
+	// columns: TestMigration00005AddsTheJournal).
+	db, p := gooseOn(t, path)
+	if _, err := p.UpTo(ctx, 4); err != nil {
+		t.Fatalf("up to 4: %v", err)
+	}
+	if after := dump(t, db, dumpQueries...); after != before {
+		t.Fatalf("rows or schema outside agents changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	db.Close()
+
 	s, err := Open(ctx, path)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
@@ -191,9 +202,6 @@ func TestMigration00003KeepsRowsIndexesAndReferences(t *testing.T) {
 	}
 	if got := queryString(t, s.w, `SELECT sql FROM sqlite_schema WHERE name = 'sessions_key'`); !strings.Contains(got, "status <> 'destroyed'") {
 		t.Fatalf("sessions_key after 00004: %s, want it partial over sessions not destroyed", got)
-	}
-	if after := dump(t, s.w, dumpQueries...); after != before {
-		t.Fatalf("rows or schema outside agents changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 	if got := dump(t, s.w, `SELECT agent_uid, name, module_digest, crash_policy, created_at, updated_at
 		FROM agents ORDER BY agent_uid`); got != agentsBefore {
@@ -326,8 +334,13 @@ func TestMigration00003DownAndRerun(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Down refuses while the plugin agent exists, and changes nothing.
+	// Down refuses while the plugin agent exists, and changes nothing
+	// (what 00005's Down and 00004's, which commit before 00003's refuses,
+	// change is not in the dump).
 	db, p = gooseOn(t, path)
+	if _, err := p.DownTo(ctx, 4); err != nil {
+		t.Fatalf("down to 4: %v", err)
+	}
 	want = dump(t, db, append(dumpQueries, `SELECT * FROM agents ORDER BY agent_uid`, `SELECT * FROM plugin_workers`)...)
 	if _, err := p.DownTo(ctx, 2); err == nil {
 		t.Fatalf("down to 2 with a plugin agent: no error")
@@ -340,5 +353,75 @@ func TestMigration00003DownAndRerun(t *testing.T) {
 	}
 	if got := queryString(t, db, `SELECT max(version_id) FROM goose_db_version`); got != "3" {
 		t.Fatalf("goose version after a refused down = %s, want 3", got)
+	}
+}
+
+// TestMigration00005AddsTheJournal upgrades a part-2 database with data in
+// it to the journal: every existing row and object is kept (the dump at
+// version 4 is unchanged, the committed turn reads with zero usage), the
+// turn in flight records a host call and commits with its usage, secrets
+// are stored; 00005 goes down with rows in its tables, back to the exact
+// version-4 schema, and comes up again.
+func TestMigration00005AddsTheJournal(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "v2.db")
+	openV2(t, path)
+	db, p := gooseOn(t, path)
+	if _, err := p.UpTo(ctx, 4); err != nil {
+		t.Fatalf("up to 4: %v", err)
+	}
+	schema4 := dump(t, db, dumpQueries[0])
+	db.Close()
+
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer s.Close()
+	key := store.ActorKey{AgentUID: "a1", SessionID: "s1"}
+	turns, err := s.Transcript(ctx, store.TranscriptParams{Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(turns) != 1 || turns[0].Usage != (abi.Usage{}) {
+		t.Fatalf("migrated transcript = %+v", turns)
+	}
+	ref := abi.TurnRef{DeliveryID: "d3", ActivationUID: "act2", ActorEpoch: 2, ActorEventID: 3, AgentUID: "a1", SessionID: "s1"}
+	if _, err := s.RecordHostCall(ctx, store.RecordHostCallParams{Ref: ref, Call: store.HostCall{Seq: 1,
+		Kind: string(abi.CallKindModel), Destination: "e/m", RequestDigest: "sha256:r", Result: []byte("{}"),
+		InputTokens: 3, OutputTokens: 4}}); err != nil {
+		t.Fatalf("RecordHostCall: %v", err)
+	}
+	turn, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: ref, Outcome: abi.OutcomeOK})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if turn.TurnNo != 2 || turn.Usage != (abi.Usage{InputTokens: 3, OutputTokens: 4}) {
+		t.Fatalf("turn after the upgrade = %+v", turn)
+	}
+	if _, _, err := s.PutSecret(ctx, "k", []byte("sealed")); err != nil {
+		t.Fatal(err)
+	}
+	if got := dump(t, s.w, `PRAGMA foreign_key_check`); got != "[table rowid parent fkid]\n" {
+		t.Fatalf("foreign key violations after the upgrade:\n%s", got)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	db, p = gooseOn(t, path)
+	defer db.Close()
+	if _, err := p.DownTo(ctx, 4); err != nil {
+		t.Fatalf("down to 4: %v", err)
+	}
+	if got := dump(t, db, dumpQueries[0]); got != schema4 {
+		t.Fatalf("schema after the down:\nwant:\n%s\ngot:\n%s", schema4, got)
+	}
+	if got := queryString(t, db, `SELECT count(*) FROM turns`); got != "2" {
+		t.Fatalf("turns after the down: %s", got)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
 	}
 }

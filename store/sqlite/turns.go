@@ -272,6 +272,10 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		t = store.Turn{ActorKey: key, EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
 			ActorEpoch: ref.ActorEpoch, Outcome: outcome, CommittedAt: msTime(closedAt),
 			Messages: store.TurnMessages(payloads, p.Messages), NextOpen: true}
+		// The turn's usage: its event's journal, not set aside, as of now.
+		if t.Usage, err = journalUsage(tx, key, ref.ActorEventID); err != nil {
+			return err
+		}
 		if t.TurnNo, err = insertTurn(tx, t); err != nil {
 			return err
 		}
@@ -303,8 +307,8 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	return t, err
 }
 
-// insertTurn appends t (with its messages) as the session's next turn and
-// returns its turn number.
+// insertTurn appends t (with its messages and Usage) as the session's next
+// turn and returns its turn number.
 func insertTurn(tx *txn, t store.Turn) (int64, error) {
 	var turnNo int64
 	if err := tx.queryRow(`
@@ -313,10 +317,11 @@ func insertTurn(tx *txn, t store.Turn) (int64, error) {
 		return 0, err
 	}
 	if _, err := tx.exec(`
-		INSERT INTO turns (agent_uid, session_id, turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+		INSERT INTO turns (agent_uid, session_id, turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at,
+			input_tokens, output_tokens)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		t.AgentUID, t.SessionID, turnNo, t.EventID, t.DeliveryID, t.ActorEpoch, t.Outcome,
-		t.CommittedAt.UnixMilli()); err != nil {
+		t.CommittedAt.UnixMilli(), t.Usage.InputTokens, t.Usage.OutputTokens); err != nil {
 		return 0, err
 	}
 	for _, m := range t.Messages {

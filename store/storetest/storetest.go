@@ -63,6 +63,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) store.Store) {
 		steerCases(),
 		cancelCases(),
 		alarmCases(),
+		hostCallCases(),
 		hammerCases(),
 	}
 	for _, g := range groups {
@@ -272,7 +273,9 @@ func (b *bundle) waitExpired(acts ...store.Activation) {
 }
 
 // snapshot renders everything a rejected write must leave unchanged: the
-// session's counters, every event, and the transcript.
+// session's counters, every event with its error chain and its host-call
+// journal (every row, set-aside ones included), the alarms, and the
+// transcript with each turn's usage.
 func (b *bundle) snapshot(key store.ActorKey) string {
 	b.t.Helper()
 	var sb strings.Builder
@@ -289,13 +292,19 @@ func (b *bundle) snapshot(key store.ActorKey) string {
 		for _, e := range chain {
 			fmt.Fprintf(&sb, "  error attempt=%d epoch=%d counted=%v at=%s %q\n", e.Attempt, e.ActorEpoch, e.Counted, ts(e.FailedAt), e.Error)
 		}
+		calls, err := b.s.HostCalls(b.ctx, key, ev.ID)
+		noErr(b.t, err, "HostCalls")
+		for _, c := range calls {
+			fmt.Fprintf(&sb, "  call %s\n", renderCall(c))
+		}
 	}
 	for _, a := range b.alarms(key) {
 		fmt.Fprintf(&sb, "alarm %s due=%s every=%d data=%s set=%s\n", a.Name, ts(a.DueAt), a.EveryMs, a.Data, ts(a.SetAt))
 	}
 	for _, t := range b.transcript(key) {
-		fmt.Fprintf(&sb, "turn %d event=%d delivery=%s epoch=%d outcome=%s at=%s\n",
-			t.TurnNo, t.EventID, t.DeliveryID, t.ActorEpoch, t.Outcome, ts(t.CommittedAt))
+		fmt.Fprintf(&sb, "turn %d event=%d delivery=%s epoch=%d outcome=%s at=%s usage=%d/%d\n",
+			t.TurnNo, t.EventID, t.DeliveryID, t.ActorEpoch, t.Outcome, ts(t.CommittedAt),
+			t.Usage.InputTokens, t.Usage.OutputTokens)
 		for _, m := range t.Messages {
 			fmt.Fprintf(&sb, "  %d %s %q\n", m.Index, m.Role, m.Content)
 		}
