@@ -532,6 +532,11 @@ func (a *activationRun) run(d store.Dispatch) (res *abi.TurnResult, latest store
 	defer tcancel()
 	tctx = abi.WithSteers(tctx, steers)
 	tctx = WithInstanceScope(tctx, a.pol.InstanceReuse)
+	var jc *journalCaller
+	if h.calls != nil {
+		jc = newJournalCaller(h, h.calls, a.agent, d.Session.ActorKey, a.pol.Capabilities, d.Delivery.TurnRef(), a.log)
+		tctx = abi.WithCaller(tctx, jc)
+	}
 	type reply struct {
 		res   *abi.TurnResult
 		err   error
@@ -598,6 +603,9 @@ func (a *activationRun) run(d store.Dispatch) (res *abi.TurnResult, latest store
 				// every steer in its request — none is committed unseen.
 				older := latest.Delivery.TurnRef()
 				latest.Delivery, latest.Steers = cur.Delivery, cur.Steers
+				if jc != nil {
+					jc.setRef(cur.Delivery.TurnRef())
+				}
 				for i, s := range fresh {
 					ref := older
 					if i == len(fresh)-1 {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/paddock-dev/paddock/host/calls"
 	"github.com/paddock-dev/paddock/store"
 )
 
@@ -46,6 +47,9 @@ type AgentPolicy struct {
 	// InstanceReuse is the scope of a wasm instance (ScopeSession when
 	// empty).
 	InstanceReuse InstanceScope
+	// Capabilities are the agent's host-call grants (docs/DESIGN.md "Host
+	// calls and the journal"); the zero value denies every call.
+	Capabilities calls.Capabilities
 }
 
 // Policy is everything a host runs with: host-wide settings, fixed at
@@ -104,6 +108,10 @@ type Options struct {
 	HostID  string
 	Logger  *slog.Logger
 	Metrics *Metrics
+	// Calls performs the host calls of running turns (nil: a turn's host
+	// calls answer not_configured). Each attempt's calls go through its
+	// journal (docs/DESIGN.md invariant 12).
+	Calls *calls.Executor
 	// OnCommit, when set, is called after each turn this host committed,
 	// on the committing goroutine (keep it short). Benchmarks use it to
 	// observe signal→commit latency.
@@ -139,6 +147,7 @@ type Host struct {
 	commitMu sync.Mutex
 	commitCh chan struct{}
 	onCommit func(store.Turn)
+	calls    *calls.Executor
 }
 
 // New creates a host. Call Run to start it.
@@ -168,7 +177,7 @@ func New(o Options) (*Host, error) {
 		st: o.Store, runner: o.Runner, set: o.Policy, id: o.HostID,
 		log: o.Logger.With("host_id", o.HostID), metrics: o.Metrics,
 		ctrls: map[store.ActorKey]*controller{}, leases: map[string]*lease{}, forced: map[store.ActorKey]time.Time{}, pools: map[string]*pool{},
-		commitCh: make(chan struct{}), onCommit: o.OnCommit, rescan: make(chan struct{}, 1),
+		commitCh: make(chan struct{}), onCommit: o.OnCommit, calls: o.Calls, rescan: make(chan struct{}, 1),
 	}
 	h.SetPolicy(o.Policy)
 	return h, nil

@@ -36,6 +36,12 @@ type Metrics struct {
 	Steers prometheus.Counter
 	// PendingSessions is the number of sessions waiting for capacity.
 	PendingSessions prometheus.Gauge
+	// HostCallsReplayed counts host calls answered from the journal
+	// instead of being sent again, by agent (docs/DESIGN.md invariant 12).
+	HostCallsReplayed *prometheus.CounterVec
+	// HostCallsFenced counts host-call results refused by the journal's
+	// fences (a zombie attempt's), by reason.
+	HostCallsFenced *prometheus.CounterVec
 }
 
 // NewMetrics creates and registers the metrics.
@@ -76,6 +82,12 @@ func NewMetrics() *Metrics {
 		Steers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paddock_steers_delivered_total", Help: "Steers handed to running turns.",
 		}),
+		HostCallsReplayed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paddock_host_calls_replayed_total", Help: "Host calls answered from the event's journal instead of being sent again, by agent.",
+		}, []string{"agent"}),
+		HostCallsFenced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paddock_host_calls_fenced_total", Help: "Host-call results the journal's fences refused (a zombie attempt's), by reason.",
+		}, []string{"reason"}),
 		PendingSessions: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paddock_pending_sessions", Help: "Sessions waiting for pool capacity on this host.",
 		}),
@@ -85,6 +97,7 @@ func NewMetrics() *Metrics {
 	}
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Registry.MustRegister(m.FenceRejections, m.Turns, m.FailedAttempts, m.DeadLetters,
-		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.PendingSessions)
+		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.PendingSessions,
+		m.HostCallsReplayed, m.HostCallsFenced)
 	return m
 }

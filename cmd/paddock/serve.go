@@ -22,6 +22,7 @@ import (
 	"github.com/paddock-dev/paddock/fabric/guard"
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/host/api"
+	"github.com/paddock-dev/paddock/host/calls"
 	"github.com/paddock-dev/paddock/host/config"
 	"github.com/paddock-dev/paddock/host/runner"
 	"github.com/paddock-dev/paddock/host/service"
@@ -104,6 +105,33 @@ func agentPolicy(p config.Policy) host.AgentPolicy {
 	}
 }
 
+// newExecutor builds the host-call executor from the configuration: the
+// model endpoints, the secrets (declared in config, or set through the API
+// and sealed under secrets_key in the store), the egress rules and the
+// metrics on the host's registry.
+func newExecutor(cfg config.Config, st store.Store, m *host.Metrics, log *slog.Logger) (*calls.Executor, *calls.Secrets, error) {
+	key, err := cfg.SecretsKeyBytes()
+	if err != nil {
+		return nil, nil, err
+	}
+	secrets, err := calls.NewSecrets(calls.SecretsConfig{
+		Declared: cfg.SecretSources(), Key: key, Sealed: st,
+		NotFound: func(err error) bool { return errors.Is(err, store.ErrNotFound) },
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("secrets: %w", err)
+	}
+	x, err := calls.New(calls.Config{
+		Endpoints: cfg.ModelEndpoints(), Secrets: secrets, Timeout: cfg.HostCalls.Timeout,
+		MaxResponseBytes: cfg.HostCalls.MaxResponseBytes, Egress: calls.EgressConfig{OwnAddrs: cfg.OwnAPIAddrs()},
+		Metrics: calls.NewMetrics(m.Registry), Logger: log.With("component", "host-calls"),
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("host calls: %w", err)
+	}
+	return x, secrets, nil
+}
+
 // policyFromConfig maps configuration onto the host's policy.
 func policyFromConfig(cfg config.Config) host.Policy {
 	p := host.DefaultPolicy()
@@ -112,9 +140,12 @@ func policyFromConfig(cfg config.Config) host.Policy {
 	p.TranscriptTail = cfg.Runtime.TranscriptTail
 	p.ShutdownTimeout = cfg.Runtime.ShutdownTimeout
 	p.AgentPolicy = agentPolicy(cfg.Policy)
+	p.AgentPolicy.Capabilities = cfg.Capabilities.Calls()
 	p.Agents = map[string]host.AgentPolicy{}
 	for _, a := range cfg.Agents {
-		p.Agents[a.Name] = agentPolicy(cfg.AgentPolicy(a.Name))
+		ap := agentPolicy(cfg.AgentPolicy(a.Name))
+		ap.Capabilities = cfg.AgentCapabilities(a.Name)
+		p.Agents[a.Name] = ap
 	}
 	p.Pools = map[string]int{}
 	for name, pl := range cfg.Pools {
@@ -186,13 +217,18 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 		broker = b
 	}
 
-	h, err := host.New(host.Options{Store: st, Runner: r, Policy: policyFromConfig(cfg), Logger: log})
+	metrics := host.NewMetrics()
+	exec, secrets, err := newExecutor(cfg, st, metrics, log)
+	if err != nil {
+		return err
+	}
+	h, err := host.New(host.Options{Store: st, Runner: r, Policy: policyFromConfig(cfg), Logger: log, Metrics: metrics, Calls: exec})
 	if err != nil {
 		return err
 	}
 	// The one way into the runtime: the config's registrations and the
 	// HTTP API go through the same operations and rules.
-	svc := service.New(h, r, r)
+	svc := service.New(h, r, r).WithSecrets(secrets)
 	if err := registerPlugins(ctx, cfg, svc, log); err != nil {
 		return err
 	}

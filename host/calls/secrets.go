@@ -17,6 +17,10 @@ import (
 // SealedSource may return it (wrapped) for a name it does not hold.
 var ErrSecretNotFound = errors.New("secret not found")
 
+// ErrNoKey: Seal was called on a host without secrets_key (or
+// secrets_key_file), so a secret cannot be sealed for the store.
+var ErrNoKey = errors.New("no secrets key configured (secrets_key or secrets_key_file)")
+
 // maxSecretBytes bounds a secret read from a file or the store.
 const maxSecretBytes = 64 << 10
 
@@ -107,7 +111,7 @@ func additionalData(name string) []byte { return []byte("paddock-secret-v1\x00" 
 // the name as additional data). It fails without a secrets key.
 func (s *Secrets) Seal(name string, value []byte) ([]byte, error) {
 	if s.aead == nil {
-		return nil, errors.New("seal secret: no secrets key configured (secrets_key or secrets_key_file)")
+		return nil, fmt.Errorf("seal secret: %w", ErrNoKey)
 	}
 	nonce := make([]byte, s.aead.NonceSize())
 	if _, err := io.ReadFull(rand.Reader, nonce); err != nil {

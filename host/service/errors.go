@@ -91,6 +91,9 @@ const (
 	// ConflictNotDeadLetter: the event to redrive or discard is not
 	// dead-lettered.
 	ConflictNotDeadLetter Conflict = "not_dead_letter"
+	// ConflictSecretDeclared: the secret is declared in the host's config,
+	// which wins over the API.
+	ConflictSecretDeclared Conflict = "secret_declared"
 )
 
 // ConflictError refuses a request that conflicts with what is stored.

@@ -72,6 +72,7 @@ type Service struct {
 	st      store.Store
 	modules Modules
 	plugins Plugins
+	sealer  Sealer
 }
 
 // New returns the service of h. modules inspects uploaded modules; plugins

@@ -1,0 +1,226 @@
+package host
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/host/calls"
+	"github.com/paddock-dev/paddock/store"
+)
+
+// journalWriteTimeout bounds one journal read or write. It is not the
+// turn's context: a result the host already paid for is recorded even when
+// the turn was cancelled meanwhile.
+const journalWriteTimeout = 10 * time.Second
+
+// journalCaller is the abi.Caller of one turn attempt (docs/DESIGN.md
+// invariant 12, "Host calls and the journal"). It numbers the attempt's
+// calls from 1 in the order they are made — one at a time: a worker that
+// makes calls concurrently has them serialised, so the numbering is the
+// same on every attempt that makes the same calls — and for call k:
+//
+//   - when the event's journal holds a live row at k with the same request
+//     digest and a result without error, it returns that result marked
+//     replayed, without sending the request (ReplayHostCall records the
+//     replay under the attempt's fences);
+//   - otherwise the attempt has diverged at k: the rows from k on are set
+//     aside (kept, marked) with the first new row, and this and every later
+//     call of the attempt go live through the executor, each recorded by
+//     RecordHostCall under the attempt's fences as soon as its result is
+//     complete, before the worker sees it.
+//
+// A result whose record the fences refuse (a zombie attempt: its lease
+// expired, its epoch is stale, its delivery superseded) is not returned:
+// the worker gets a cancelled error, and the attempt's reply would be
+// refused anyway. An error result is recorded (refusals are visible in the
+// journal) but never replayed: the next attempt tries again.
+type journalCaller struct {
+	h      *Host
+	exec   *calls.Executor
+	agent  store.Agent
+	key    store.ActorKey
+	caps   calls.Capabilities
+	budget *calls.Budget
+	log    *slog.Logger
+
+	refMu sync.Mutex
+	ref   abi.TurnRef // the attempt's newest turn_ref (a steer raises it)
+
+	mu       sync.Mutex // one call at a time
+	seq      int
+	loaded   bool
+	journal  map[int]store.HostCall // the event's live rows by seq
+	diverged bool
+}
+
+// newJournalCaller returns the caller of the attempt whose first delivery
+// is ref.
+func newJournalCaller(h *Host, exec *calls.Executor, agent store.Agent, key store.ActorKey, caps calls.Capabilities,
+	ref abi.TurnRef, log *slog.Logger) *journalCaller {
+	c := &journalCaller{h: h, exec: exec, agent: agent, key: key, caps: caps, ref: ref, log: log}
+	c.budget = calls.NewBudget(caps.Limits, func(ctx context.Context) (int64, error) {
+		now := time.Now().UTC()
+		return h.st.AgentTokensSince(ctx, agent.UID, time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC))
+	})
+	return c
+}
+
+// setRef makes ref (a newer revision of the attempt's delivery, after a
+// steer) the one later journal writes are fenced by.
+func (c *journalCaller) setRef(ref abi.TurnRef) {
+	c.refMu.Lock()
+	c.ref = ref
+	c.refMu.Unlock()
+}
+
+func (c *journalCaller) currentRef() abi.TurnRef {
+	c.refMu.Lock()
+	defer c.refMu.Unlock()
+	return c.ref
+}
+
+// Call performs one host call of the attempt (abi.Caller).
+func (c *journalCaller) Call(ctx context.Context, req *abi.CallRequest) *abi.CallResult {
+	if err := req.Validate(); err != nil {
+		// Not numbered and not journaled: nothing was asked of anyone.
+		return &abi.CallResult{Error: &abi.CallError{Code: abi.CallInvalid, Message: err.Error()}}
+	}
+	digest, err := RequestDigest(req)
+	if err != nil {
+		return &abi.CallResult{Error: &abi.CallError{Code: abi.CallInvalid, Message: err.Error()}}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seq++
+	seq := c.seq
+	res := c.call(ctx, seq, req, digest)
+	res.Seq = seq
+	return res
+}
+
+// call answers call seq: from the journal, or live and then recorded.
+func (c *journalCaller) call(ctx context.Context, seq int, req *abi.CallRequest, digest string) *abi.CallResult {
+	if !c.loaded {
+		if err := c.load(ctx); err != nil {
+			// Without the journal a call could be paid twice: refuse it.
+			c.log.Warn("host call: read the journal", "seq", seq, "err", err)
+			return cancelled("the host could not read the event's journal; the call was not made")
+		}
+	}
+	setAsideFrom := 0
+	if !c.diverged {
+		if row, ok := c.journal[seq]; ok {
+			if row.RequestDigest == digest && row.ErrorCode == "" {
+				return c.replay(ctx, row)
+			}
+			c.diverged, setAsideFrom = true, seq
+		} else {
+			// Past the end of the journal: every later call is live too.
+			c.diverged = true
+		}
+	}
+	start := time.Now()
+	out := c.exec.Do(ctx, c.agent.Name, c.caps, req, calls.CallOptions{
+		Budget: c.budget, IdempotencyKey: fmt.Sprintf("%s-%d-%d", c.agent.UID, c.currentRef().ActorEventID, seq),
+	})
+	res := out.Result
+	res.Seq = seq
+	enc, err := json.Marshal(res)
+	if err != nil {
+		return cancelled("the host could not encode the call's result")
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), journalWriteTimeout)
+	defer cancel()
+	_, err = c.h.st.RecordHostCall(wctx, store.RecordHostCallParams{
+		Ref: c.currentRef(), SetAsideFrom: setAsideFrom,
+		Call: store.HostCall{
+			Seq: seq, Kind: string(req.Kind), Destination: out.Destination, RequestDigest: digest, Result: enc,
+			ErrorCode: string(out.ErrorCode), Status: out.Status, StartedAt: start,
+			DurationMS: time.Since(start).Milliseconds(), InputTokens: out.Usage.InputTokens, OutputTokens: out.Usage.OutputTokens,
+		},
+	})
+	if err != nil {
+		return c.refused(seq, err)
+	}
+	return res
+}
+
+// load reads the event's journal: its live rows by seq.
+func (c *journalCaller) load(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), journalWriteTimeout)
+	defer cancel()
+	rows, err := c.h.st.HostCalls(rctx, c.key, c.currentRef().ActorEventID)
+	if err != nil {
+		return err
+	}
+	c.journal = map[int]store.HostCall{}
+	for _, r := range rows {
+		if !r.SetAside {
+			c.journal[r.Seq] = r
+		}
+	}
+	c.loaded = true
+	return nil
+}
+
+// replay returns a recorded result, after recording the replay under the
+// attempt's fences.
+func (c *journalCaller) replay(ctx context.Context, row store.HostCall) *abi.CallResult {
+	var res abi.CallResult
+	if err := json.Unmarshal(row.Result, &res); err != nil {
+		// A row this host wrote always decodes; one that does not is not
+		// replayed: the call goes live as if the attempt diverged.
+		c.log.Error("host call: journal row does not decode", "seq", row.Seq, "err", err)
+		return cancelled("the journal row of this call is unreadable")
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), journalWriteTimeout)
+	defer cancel()
+	if err := c.h.st.ReplayHostCall(wctx, c.currentRef(), row.Seq); err != nil {
+		return c.refused(row.Seq, err)
+	}
+	c.h.metrics.HostCallsReplayed.WithLabelValues(c.agent.Name).Inc()
+	res.Replayed = true
+	return &res
+}
+
+// refused turns a journal write that failed into the worker's answer: the
+// result is withheld (a result the worker sees is always recorded).
+func (c *journalCaller) refused(seq int, err error) *abi.CallResult {
+	var fe *store.FenceError
+	if errors.As(err, &fe) {
+		c.h.metrics.HostCallsFenced.WithLabelValues(string(fe.Reason)).Inc()
+		c.log.Warn("host call result refused by the fences", "seq", seq, "reason", fe.Reason)
+		return cancelled(fmt.Sprintf("the attempt lost its fence (%s): its call result is not recorded and its turn will not commit", fe.Reason))
+	}
+	c.log.Warn("host call: record in the journal", "seq", seq, "err", err)
+	return cancelled("the host could not record the call in the journal; the result is withheld")
+}
+
+func cancelled(msg string) *abi.CallResult {
+	return &abi.CallResult{Error: &abi.CallError{Code: abi.CallCancelled, Message: msg}}
+}
+
+// RequestDigest is the journal's request digest of a host call:
+// "sha256:<hex>" of its canonical JSON (store.CanonicalJSON), taken as the
+// agent sent it — secret placeholders unfilled, so it never depends on a
+// secret's value.
+func RequestDigest(req *abi.CallRequest) (string, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return "", fmt.Errorf("encode the call request: %w", err)
+	}
+	canon, err := store.CanonicalJSON(b)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(canon)
+	return "sha256:" + hex.EncodeToString(sum[:]), nil
+}

@@ -1,0 +1,120 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/paddock-dev/paddock/host/calls"
+	"github.com/paddock-dev/paddock/store"
+)
+
+// ResourceSecret is a secret set through the API.
+const ResourceSecret Resource = "secret"
+
+// MaxSecretBytes bounds a secret's value, in bytes.
+const MaxSecretBytes = 64 << 10
+
+// ErrSecretsDisabled: the host has no secrets_key, so it cannot seal a
+// secret set through the API (docs/DESIGN.md "Host calls and the journal").
+var ErrSecretsDisabled = errors.New("this host has no secrets_key: secrets can only be declared in its config (secrets: NAME: {env|file})")
+
+// Sealer encrypts a secret's value for the store (calls.Secrets).
+type Sealer interface {
+	// Seal encrypts value bound to name. It fails when the host has no
+	// key (calls.ErrNoKey or similar).
+	Seal(name string, value []byte) ([]byte, error)
+	// Declared reports whether name is declared in the config, where it
+	// wins over a secret set through the API.
+	Declared(name string) bool
+}
+
+// WithSecrets makes s seal secrets set through PutSecret with sealer (nil:
+// PutSecret returns ErrSecretsDisabled). It returns s.
+func (s *Service) WithSecrets(sealer Sealer) *Service {
+	s.sealer = sealer
+	return s
+}
+
+// PutSecret seals value and stores it as the secret name, creating or
+// replacing it; the value is never returned or logged (docs/DESIGN.md
+// invariant 13). Errors: *InvalidError ("name": 1–128 of [A-Za-z0-9_.-];
+// "value": empty), *TooLargeError ("value", over MaxSecretBytes),
+// *ConflictError (the config declares that name, and the config wins),
+// ErrSecretsDisabled.
+func (s *Service) PutSecret(ctx context.Context, name string, value []byte) (store.Secret, bool, error) {
+	if err := store.CheckSecretName(name); err != nil {
+		return store.Secret{}, false, invalid("name", "secret name %q: 1 to %d characters of A-Z, a-z, 0-9, '_', '.', '-'", name, store.MaxSecretNameLen)
+	}
+	if len(value) == 0 {
+		return store.Secret{}, false, missing("value", "the secret's value is empty")
+	}
+	if len(value) > MaxSecretBytes {
+		return store.Secret{}, false, &TooLargeError{Field: "value", Size: len(value), Limit: MaxSecretBytes,
+			Message: fmt.Sprintf("the secret's value is %d bytes, more than the limit of %d", len(value), MaxSecretBytes)}
+	}
+	if s.sealer == nil {
+		return store.Secret{}, false, ErrSecretsDisabled
+	}
+	if s.sealer.Declared(name) {
+		return store.Secret{}, false, &ConflictError{Reason: ConflictSecretDeclared, Field: "name", Message: fmt.Sprintf("secret %q is declared in the host's config, which wins over the API: change it there", name)}
+	}
+	sealed, err := s.sealer.Seal(name, value)
+	if err != nil {
+		if errors.Is(err, calls.ErrNoKey) {
+			return store.Secret{}, false, ErrSecretsDisabled
+		}
+		return store.Secret{}, false, fmt.Errorf("seal secret %q: %w", name, err)
+	}
+	sec, created, err := s.st.PutSecret(ctx, name, sealed)
+	if err != nil {
+		return store.Secret{}, false, wrap("put secret", err)
+	}
+	return sec, created, nil
+}
+
+// ListSecrets returns the secrets set through the API, by name, without
+// values.
+func (s *Service) ListSecrets(ctx context.Context) ([]store.Secret, error) {
+	out, err := s.st.ListSecrets(ctx)
+	if err != nil {
+		return nil, wrap("list secrets", err)
+	}
+	return out, nil
+}
+
+// DeleteSecret deletes a secret set through the API. Unknown: a
+// *NotFoundError for "name".
+func (s *Service) DeleteSecret(ctx context.Context, name string) error {
+	if err := store.CheckSecretName(name); err != nil {
+		return invalid("name", "secret name %q: 1 to %d characters of A-Z, a-z, 0-9, '_', '.', '-'", name, store.MaxSecretNameLen)
+	}
+	err := s.st.DeleteSecret(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return &NotFoundError{Resource: ResourceSecret, Field: "name", Message: fmt.Sprintf("no secret %q was set through the API", name)}
+	}
+	if err != nil {
+		return wrap("delete secret", err)
+	}
+	return nil
+}
+
+// EventCalls returns the journal of event id of session x: its host calls
+// by seq, set-aside rows included (docs/DESIGN.md invariant 12). Unknown
+// event: a *NotFoundError.
+func (s *Service) EventCalls(ctx context.Context, x store.Session, id int64) ([]store.HostCall, error) {
+	if _, err := s.event(ctx, x, id); err != nil {
+		return nil, err
+	}
+	out, err := s.st.HostCalls(ctx, x.ActorKey, id)
+	if err != nil {
+		return nil, wrap("event journal", err)
+	}
+	return out, nil
+}
+
+// Capabilities returns agent a's host-call grants as this host's config
+// sets them now (secret names only, never values).
+func (s *Service) Capabilities(a store.Agent) calls.Capabilities {
+	return s.h.Policy().For(a.Name).Capabilities
+}
