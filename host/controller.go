@@ -534,7 +534,10 @@ func (a *activationRun) run(d store.Dispatch) (res *abi.TurnResult, latest store
 	tctx = WithInstanceScope(tctx, a.pol.InstanceReuse)
 	var jc *journalCaller
 	if h.calls != nil {
-		jc = newJournalCaller(h, h.calls, a.agent, d.Session.ActorKey, a.pol.Capabilities, d.Delivery.TurnRef(), a.log)
+		// Capabilities as configured now: a revoked grant holds from the
+		// next attempt, not from the next activation.
+		caps := h.Policy().For(a.agent.Name).Capabilities
+		jc = newJournalCaller(h, h.calls, a.agent, d.Session.ActorKey, caps, d.Delivery.TurnRef(), a.log)
 		tctx = abi.WithCaller(tctx, jc)
 	}
 	type reply struct {
