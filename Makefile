@@ -9,7 +9,7 @@ TEST_TIMEOUT ?= 20m
 # Fuzz targets as package:Target (`go test -fuzz` takes one target per run);
 # their seed corpora (testdata/fuzz/<Target>) also run in every `go test`.
 FUZZTIME ?= 10s
-FUZZ_TARGETS := ./abi:FuzzTurnResult ./abi:FuzzTurnRequest ./wasm:FuzzGuestMemory \
+FUZZ_TARGETS := ./abi:FuzzTurnResult ./abi:FuzzTurnRequest ./abi:FuzzCallRequest ./wasm:FuzzGuestMemory \
 	./host/api:FuzzSignal ./host/api:FuzzSession ./host/api:FuzzAgent ./host/api:FuzzPlugin ./host/api:FuzzQuery \
 	./host/config:FuzzLoad ./plugins/pluginhost:FuzzPluginFrames ./plugins/pluginhost:FuzzFrameRoundTrip \
 	./fabric:FuzzBrokerReceive ./fabric:FuzzRemoteResult ./fabric/wire:FuzzParseHeader ./fabric/wire:FuzzSessionOpen

@@ -110,6 +110,22 @@ type ToolCall struct {
 	Arguments json.RawMessage `json:"arguments"`
 }
 
+// Validate checks a tool call: an id, a name, and arguments that are a
+// JSON object.
+func (tc ToolCall) Validate() error {
+	if tc.ID == "" {
+		return errors.New("id is empty")
+	}
+	if tc.Name == "" {
+		return errors.New("name is empty")
+	}
+	var args map[string]json.RawMessage
+	if err := json.Unmarshal(tc.Arguments, &args); err != nil || args == nil {
+		return errors.New("arguments must be a JSON object")
+	}
+	return nil
+}
+
 // ModelTool is a tool the model may call.
 type ModelTool struct {
 	Name        string `json:"name"`
@@ -309,6 +325,11 @@ func (r *CallRequest) Validate() error {
 			}
 			if m.Role == RoleTool && m.ToolCallID == "" {
 				return fmt.Errorf("model.messages[%d]: a tool message needs tool_call_id", i)
+			}
+			for j, tc := range m.ToolCalls {
+				if err := tc.Validate(); err != nil {
+					return fmt.Errorf("model.messages[%d].tool_calls[%d]: %w", i, j, err)
+				}
 			}
 		}
 		for i, t := range r.Model.Tools {

@@ -189,3 +189,50 @@ func normRequest(r *abi.TurnRequest) abi.TurnRequest {
 	}
 	return c
 }
+
+// FuzzCallRequest: any bytes a guest sends as a host call either fail to
+// decode or give a request whose Validate answers without panicking; a
+// valid request survives an encode/decode round trip still valid and
+// equal, and the schema accepts what the Go types encode.
+func FuzzCallRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"kind":"http","http":{"method":"GET","url":"https://example.com/a?b=1","headers":{"Authorization":"Bearer {{secret:k}}"}}}`,
+		`{"kind":"http","http":{"url":"http://x","body":"aGk="}}`,
+		`{"kind":"model","model":{"endpoint":"chat","messages":[{"role":"system","content":"s"},{"role":"user","content":"u"},{"role":"assistant","tool_calls":[{"id":"1","name":"t","arguments":{"a":1}}]},{"role":"tool","tool_call_id":"1","content":"r"}],"tools":[{"name":"t","parameters":{"type":"object"}}],"max_tokens":10,"temperature":0.5,"stop":["x"]}}`,
+		`{"kind":"model","model":{"endpoint":"chat","messages":[{"role":"tool","content":"no id"}]}}`,
+		`{"kind":"model","http":{"url":"x"}}`, `{"kind":"ftp"}`, `{}`, `null`, `[]`,
+	} {
+		f.Add([]byte(s))
+	}
+	schema := compileSchema(f, "CallRequest")
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req := new(abi.CallRequest)
+		if err := json.Unmarshal(b, req); err != nil {
+			return
+		}
+		if err := req.Validate(); err != nil {
+			if err.Error() == "" {
+				t.Fatal("Validate error names no problem")
+			}
+			return
+		}
+		out, err := json.Marshal(req)
+		if err != nil {
+			t.Fatalf("encode a valid request: %v", err)
+		}
+		again := new(abi.CallRequest)
+		if err := json.Unmarshal(out, again); err != nil {
+			t.Fatalf("decode %s: %v", out, err)
+		}
+		if err := again.Validate(); err != nil {
+			t.Fatalf("a valid request is invalid after a round trip: %v\n%s", err, out)
+		}
+		var v any
+		if err := json.Unmarshal(out, &v); err != nil {
+			t.Fatal(err)
+		}
+		if err := schema.Validate(v); err != nil {
+			t.Fatalf("the schema refuses a valid request: %v\n%s", err, out)
+		}
+	})
+}

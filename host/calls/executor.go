@@ -292,6 +292,15 @@ func (x *Executor) doModel(ctx context.Context, caps Capabilities, r *abi.ModelR
 	}
 	out.Usage = resp.Usage
 	budget.addTokens(resp.Usage.InputTokens + resp.Usage.OutputTokens)
+	for i, tc := range resp.Message.ToolCalls {
+		// The agent sends the assistant message back in its next request,
+		// which Validate would refuse: the provider's answer is at fault.
+		if err := tc.Validate(); err != nil {
+			out.Status = http.StatusOK
+			return fail(callErr(abi.CallUpstream, "model endpoint %q returned an invalid tool call %d (%s): %v",
+				r.Endpoint, i, mc.scrub.str(tc.Name), err))
+		}
+	}
 	out.Status = http.StatusOK
 	out.Result = &abi.CallResult{Model: resp}
 	return out

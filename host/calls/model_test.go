@@ -328,3 +328,24 @@ func TestModelEndpointRedirectNotFollowed(t *testing.T) {
 		t.Error("the redirect was followed with the key")
 	}
 }
+
+// TestModelToolCallThatIsNotAnObjectIsAnUpstreamError: a provider's tool
+// call whose arguments are not a JSON object (or that has no id) would be
+// refused when the agent sends the assistant message back: the call fails
+// as upstream, naming it, and its tokens still count.
+func TestModelToolCallThatIsNotAnObjectIsAnUpstreamError(t *testing.T) {
+	f := newFake(t, false,
+		reply{body: `{"choices":[{"index":0,"finish_reason":"tool_calls","message":{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"t","arguments":"[1,2]"}}]}}],"usage":{"prompt_tokens":4,"completion_tokens":2}}`},
+		reply{body: `{"choices":[{"index":0,"finish_reason":"tool_calls","message":{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"t","arguments":"{}"}}]}}]}`},
+	)
+	x, _ := testExec(t, Config{Endpoints: map[string]Endpoint{"oa": {Provider: ProviderOpenAI, BaseURL: f.URL + "/v1", Models: []string{"m1"}}}}, env{})
+	caps := Capabilities{Models: []string{"oa"}}
+	user := abi.ModelMessage{Role: abi.RoleUser, Content: "hi"}
+	out := x.Do(context.Background(), "a", caps, modelReq("oa", "", user), CallOptions{})
+	if e := wantErr(t, out, abi.CallUpstream, ""); !strings.Contains(e.Message, "arguments must be a JSON object") || out.Usage.InputTokens != 4 {
+		t.Errorf("non-object arguments: %+v, usage %+v", e, out.Usage)
+	}
+	if e := wantErr(t, x.Do(context.Background(), "a", caps, modelReq("oa", "", user), CallOptions{}), abi.CallUpstream, ""); !strings.Contains(e.Message, "id is empty") {
+		t.Errorf("no id: %+v", e)
+	}
+}
