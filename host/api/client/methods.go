@@ -297,7 +297,8 @@ func (c *Client) Transcript(ctx context.Context, agent, session string, o Transc
 // never holds the value. Errors: 400 invalid_field (the name) or
 // missing_field (an empty value), 413 secret_too_large, 409
 // secret_declared (the host's config declares that name and wins), 501
-// secrets_disabled (the host has no secrets_key).
+// secrets_disabled (the host has no secrets_key). created is read from the
+// answer's status, so a Status option given here is not filled.
 func (c *Client) PutSecret(ctx context.Context, name, value string, opts ...CallOption) (sec Secret, created bool, err error) {
 	var status int
 	opts = append(opts, Status(&status))
