@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -15,7 +16,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/paddock-dev/paddock/abi"
 	apiclient "github.com/paddock-dev/paddock/host/api/client"
+	"github.com/paddock-dev/paddock/host/service"
 	"github.com/paddock-dev/paddock/store"
 )
 
@@ -202,8 +205,80 @@ func newAgentCmd(c *client) *cobra.Command {
 	c.maxModuleFlag(update)
 	update.MarkFlagsOneRequired("module", "plugin")
 	update.MarkFlagsMutuallyExclusive("module", "plugin")
-	cmd.AddCommand(create, list, update)
+	show := &cobra.Command{
+		Use: "show NAME", Short: "Show an agent with its host-call capabilities", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var raw json.RawMessage
+			a, err := c.api().GetAgent(cmd.Context(), args[0], apiclient.Raw(&raw))
+			if err != nil {
+				return c.reach(err)
+			}
+			return c.print(cmd, raw, func(w io.Writer) { printAgent(w, a) })
+		},
+	}
+	cmd.AddCommand(create, list, update, show)
 	return cmd
+}
+
+// printAgent prints agent a and its capabilities for `agent show`. Names
+// and rules come from the host's config and the API, not from agents, but
+// are escaped like any text from the server.
+func printAgent(w io.Writer, a apiclient.Agent) {
+	fmt.Fprintf(w, "agent\t%s\nuid\t%s\nruns\t%s\ncrash policy\t%s\ncreated\t%s\nupdated\t%s\n",
+		safeCell(a.Name), a.UID, safeCell(runs(a)), a.CrashPolicy, a.CreatedAt.Local().Format(time.DateTime), a.UpdatedAt.Local().Format(time.DateTime))
+	caps := a.Capabilities
+	if len(caps.HTTP) == 0 {
+		fmt.Fprintln(w, "http\t(none: every http call is denied)")
+	}
+	for i, r := range caps.HTTP {
+		label := ""
+		if i == 0 {
+			label = "http"
+		}
+		fmt.Fprintf(w, "%s\t%s\n", label, httpRuleCell(r))
+	}
+	fmt.Fprintf(w, "models\t%s\n", listCell(caps.Models, "(none: every model call is denied)"))
+	fmt.Fprintf(w, "secrets\t%s\n", listCell(caps.Secrets, "(none)"))
+	l := caps.Limits
+	fmt.Fprintf(w, "limits\tcalls/turn %s, response bytes/turn %s, tokens/turn %s, tokens/day %s\n",
+		limitCell(int64(l.CallsPerTurn)), limitCell(l.ResponseBytesPerTurn), limitCell(l.TokensPerTurn), limitCell(l.TokensPerDay))
+}
+
+// httpRuleCell renders an http rule: "GET,POST https://api.example.com
+// (secrets API_KEY)".
+func httpRuleCell(r apiclient.HTTPRule) string {
+	methods := "GET,HEAD"
+	if len(r.Methods) > 0 {
+		methods = strings.Join(r.Methods, ",")
+	}
+	dest := r.Scheme + "://" + r.Host
+	if r.Port != 0 {
+		dest += ":" + strconv.Itoa(r.Port)
+	}
+	out := methods + " " + dest
+	if r.AllowPrivate {
+		out += " (private addresses allowed)"
+	}
+	if len(r.Secrets) > 0 {
+		out += " (secrets " + strings.Join(r.Secrets, ", ") + ")"
+	}
+	return safeCell(out)
+}
+
+// listCell joins names for a cell, or says none.
+func listCell(names []string, none string) string {
+	if len(names) == 0 {
+		return none
+	}
+	return safeCell(strings.Join(names, ", "))
+}
+
+// limitCell renders a limit: 0 is none of the agent's own.
+func limitCell(n int64) string {
+	if n == 0 {
+		return "-"
+	}
+	return strconv.FormatInt(n, 10)
 }
 
 func newPluginCmd(c *client) *cobra.Command {
@@ -531,8 +606,17 @@ func (c *client) waitTurn(cmd *cobra.Command, agentName, sess string, id, after 
 	return fmt.Errorf("event %d is done but its turn is not in the transcript", id)
 }
 
+// usageNote is ", tokens N in / M out" for a turn header, "" when the
+// turn used no model tokens.
+func usageNote(u abi.Usage) string {
+	if u.InputTokens == 0 && u.OutputTokens == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", tokens %d in / %d out", u.InputTokens, u.OutputTokens)
+}
+
 // printedTurn is a turn as --output json prints it: these fields in this
-// order.
+// order; usage only when the turn used model tokens.
 type printedTurn struct {
 	TurnNo      int64                     `json:"turn_no"`
 	EventID     int64                     `json:"actor_event_id"`
@@ -540,11 +624,17 @@ type printedTurn struct {
 	Outcome     string                    `json:"outcome"`
 	CommittedAt time.Time                 `json:"committed_at"`
 	Messages    []store.TranscriptMessage `json:"messages"`
+	Usage       *abi.Usage                `json:"usage,omitempty"`
 }
 
 func toPrintedTurn(t store.Turn) printedTurn {
-	return printedTurn{TurnNo: t.TurnNo, EventID: t.EventID, ActorEpoch: t.ActorEpoch, Outcome: string(t.Outcome),
+	p := printedTurn{TurnNo: t.TurnNo, EventID: t.EventID, ActorEpoch: t.ActorEpoch, Outcome: string(t.Outcome),
 		CommittedAt: t.CommittedAt, Messages: t.Messages}
+	if t.Usage != (abi.Usage{}) {
+		u := t.Usage
+		p.Usage = &u
+	}
+	return p
 }
 
 func newTranscriptCmd(c *client) *cobra.Command {
@@ -585,7 +675,7 @@ func newTranscriptCmd(c *client) *cobra.Command {
 						}
 						continue
 					}
-					fmt.Fprintf(cmd.OutOrStdout(), "── turn %d (event %d, epoch %d, %s) %s\n", t.TurnNo, t.EventID, t.ActorEpoch, t.Outcome, t.CommittedAt.Local().Format(time.TimeOnly))
+					fmt.Fprintf(cmd.OutOrStdout(), "── turn %d (event %d, epoch %d, %s%s) %s\n", t.TurnNo, t.EventID, t.ActorEpoch, t.Outcome, usageNote(t.Usage), t.CommittedAt.Local().Format(time.TimeOnly))
 					for _, m := range t.Messages {
 						fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", safeCell(m.Role), safeText(m.Content))
 					}
@@ -640,6 +730,10 @@ func lastErrorCell(status, lastError string) string {
 
 func newEventCmd(c *client) *cobra.Command {
 	cmd := &cobra.Command{Use: "event", Short: "Show, redrive or discard one event"}
+	var results bool
+	show := func(api *apiclient.Client, ctx context.Context, agent, session string, id int64, opts ...apiclient.CallOption) (apiclient.Event, error) {
+		return api.GetEventWith(ctx, agent, session, id, apiclient.GetEventOptions{IncludeResults: results}, opts...)
+	}
 	eventOp := func(use, short string, op func(*apiclient.Client, context.Context, string, string, int64, ...apiclient.CallOption) (apiclient.Event, error)) *cobra.Command {
 		return &cobra.Command{
 			Use: use + " AGENT SESSION EVENT", Short: short, Args: cobra.ExactArgs(3),
@@ -659,16 +753,55 @@ func newEventCmd(c *client) *cobra.Command {
 						fmt.Fprintf(w, "  attempt %d (epoch %d, counted %v): %s\n", a.Attempt, a.ActorEpoch, a.Counted,
 							safeText(firstLines(a.Error, 6)))
 					}
+					printCalls(w, e.Calls)
 				})
 			},
 		}
 	}
+	showCmd := eventOp("show", "Show one event with its error chain and its host calls", show)
+	showCmd.Flags().BoolVar(&results, "results", false, "with --output json: include each host call's recorded result")
 	cmd.AddCommand(
-		eventOp("show", "Show one event with its error chain", (*apiclient.Client).GetEvent),
+		showCmd,
 		eventOp("redrive", "Redrive a dead-lettered event: a new attempt under a new epoch", (*apiclient.Client).Redrive),
 		eventOp("discard", "Discard a dead-lettered event", (*apiclient.Client).Discard),
 	)
 	return cmd
+}
+
+// printCalls prints an event's journal as a table: one row per host call
+// by seq, set-aside rows included. Destinations and error codes come from
+// the agent's requests and upstream answers: they are escaped.
+func printCalls(w io.Writer, calls []apiclient.HostCall) {
+	if len(calls) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "host calls (%d):\n", len(calls))
+	fmt.Fprintln(w, "SEQ\tKIND\tDESTINATION\tRESULT\tDURATION\tTOKENS\tEPOCH\tREPLAYED\tSET ASIDE")
+	for _, c := range calls {
+		result := "ok"
+		switch {
+		case c.ErrorCode != "" && c.Status != 0:
+			result = fmt.Sprintf("%s (HTTP %d)", c.ErrorCode, c.Status)
+		case c.ErrorCode != "":
+			result = c.ErrorCode
+		case c.Status != 0:
+			result = strconv.Itoa(c.Status)
+		}
+		tokens := "-"
+		if c.InputTokens != 0 || c.OutputTokens != 0 {
+			tokens = fmt.Sprintf("%d in / %d out", c.InputTokens, c.OutputTokens)
+		}
+		replayed := "live"
+		if c.Replays > 0 {
+			replayed = fmt.Sprintf("replayed ×%d (last epoch %d)", c.Replays, c.ReplayedEpoch)
+		}
+		aside := ""
+		if c.SetAside {
+			aside = "set aside"
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", c.Seq, safeCell(c.Kind), oneLine(c.Destination, 80), oneLine(result, 60),
+			(time.Duration(c.DurationMS) * time.Millisecond).String(), tokens, c.ActorEpoch, replayed, aside)
+	}
 }
 
 func newDeadLettersCmd(c *client) *cobra.Command {
@@ -718,4 +851,108 @@ func firstLines(s string, n int) string {
 		lines = append(lines[:n], "…")
 	}
 	return strings.Join(lines, "\n")
+}
+
+// secretValue reads the value of `secret set`: from --from-file, from the
+// environment variable --from-env, or from stdin; never from the command
+// line, where ps and shell histories show it. One trailing newline (as
+// `echo` or an editor leaves) is dropped from stdin and files.
+func secretValue(cmd *cobra.Command, fromFile, fromEnv string) (string, error) {
+	var raw []byte
+	switch {
+	case fromFile != "":
+		b, err := os.ReadFile(fromFile)
+		if err != nil {
+			// The error names the file, not its content.
+			return "", fmt.Errorf("--from-file: %w", err)
+		}
+		raw = b
+	case fromEnv != "":
+		v, ok := os.LookupEnv(fromEnv)
+		if !ok {
+			return "", fmt.Errorf("--from-env %s: the variable is not set", fromEnv)
+		}
+		return v, nil
+	default:
+		in := cmd.InOrStdin()
+		if f, ok := in.(*os.File); ok {
+			if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+				fmt.Fprintln(cmd.ErrOrStderr(), "paddock: reading the secret's value from stdin (end with Ctrl-D; it is echoed: prefer a pipe, --from-file or --from-env)")
+			}
+		}
+		b, err := io.ReadAll(io.LimitReader(in, service.MaxSecretBytes+3))
+		if err != nil {
+			return "", fmt.Errorf("reading the value from stdin: %w", err)
+		}
+		raw = b
+	}
+	raw = bytes.TrimSuffix(raw, []byte("\n"))
+	raw = bytes.TrimSuffix(raw, []byte("\r"))
+	if len(raw) == 0 {
+		return "", errors.New("the secret's value is empty")
+	}
+	return string(raw), nil
+}
+
+func newSecretCmd(c *client) *cobra.Command {
+	cmd := &cobra.Command{Use: "secret", Short: "Set, list and delete secrets agents' http calls may use ({{secret:NAME}})"}
+	var fromFile, fromEnv string
+	set := &cobra.Command{
+		Use:   "set NAME [--from-file PATH | --from-env VAR]",
+		Short: "Set a secret from stdin (or a file or an environment variable); the host seals it and never shows it again",
+		Long: "Set a secret from stdin (or a file or an environment variable); the host seals it and never shows it again.\n" +
+			"The value is never taken as an argument: arguments are visible to every user in ps.\n\n" +
+			"  printf %s \"$TOKEN\" | paddock secret set API_KEY\n  paddock secret set API_KEY --from-file token.txt\n  paddock secret set API_KEY --from-env TOKEN",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			value, err := secretValue(cmd, fromFile, fromEnv)
+			if err != nil {
+				return err
+			}
+			var raw json.RawMessage
+			sec, created, err := c.api().PutSecret(cmd.Context(), args[0], value, apiclient.Raw(&raw))
+			if err != nil {
+				return c.reach(err)
+			}
+			return c.print(cmd, raw, func(w io.Writer) {
+				if created {
+					fmt.Fprintf(w, "secret %s set\n", safeCell(sec.Name))
+				} else {
+					fmt.Fprintf(w, "secret %s replaced\n", safeCell(sec.Name))
+				}
+			})
+		},
+	}
+	set.Flags().StringVar(&fromFile, "from-file", "", "read the value from this file (one trailing newline is dropped)")
+	set.Flags().StringVar(&fromEnv, "from-env", "", "read the value from this environment variable")
+	set.MarkFlagsMutuallyExclusive("from-file", "from-env")
+	list := &cobra.Command{
+		Use: "list", Short: "List the secrets set through the API (names only)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var raw json.RawMessage
+			secs, err := c.api().ListSecrets(cmd.Context(), apiclient.Raw(&raw))
+			if err != nil {
+				return c.reach(err)
+			}
+			return c.print(cmd, raw, func(w io.Writer) {
+				fmt.Fprintln(w, "NAME\tCREATED\tUPDATED")
+				for _, s := range secs {
+					fmt.Fprintf(w, "%s\t%s\t%s\n", safeCell(s.Name), s.CreatedAt.Local().Format(time.DateTime), s.UpdatedAt.Local().Format(time.DateTime))
+				}
+			})
+		},
+	}
+	del := &cobra.Command{
+		Use: "delete NAME", Short: "Delete a secret set through the API", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := c.api().DeleteSecret(cmd.Context(), args[0]); err != nil {
+				return c.reach(err)
+			}
+			return c.print(cmd, map[string]any{"name": args[0], "deleted": true}, func(w io.Writer) {
+				fmt.Fprintf(w, "secret %s deleted\n", safeCell(args[0]))
+			})
+		},
+	}
+	cmd.AddCommand(set, list, del)
+	return cmd
 }

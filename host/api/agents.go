@@ -5,13 +5,31 @@ import (
 	"net/http"
 
 	"github.com/paddock-dev/paddock/host/api/client"
+	"github.com/paddock-dev/paddock/host/calls"
 	"github.com/paddock-dev/paddock/host/service"
 	"github.com/paddock-dev/paddock/store"
 )
 
-func toAgent(a store.Agent) client.Agent {
+// toAgent answers agent a with its capabilities as the host's config sets
+// them now (service.Capabilities).
+func (s *Server) toAgent(a store.Agent) client.Agent {
 	return client.Agent{UID: a.UID, Name: a.Name, Kind: a.Kind, Module: a.ModuleDigest, Plugin: a.Plugin,
-		CrashPolicy: a.CrashPolicy, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt}
+		CrashPolicy: a.CrashPolicy, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt,
+		Capabilities: toCapabilities(s.svc.Capabilities(a))}
+}
+
+// toCapabilities is the wire form of c: secret names only (c holds no
+// value), empty lists as [] rather than null.
+func toCapabilities(c calls.Capabilities) client.Capabilities {
+	out := client.Capabilities{HTTP: make([]client.HTTPRule, 0, len(c.HTTP)),
+		Models: append([]string{}, c.Models...), Secrets: append([]string{}, c.Secrets...),
+		Limits: client.Limits{CallsPerTurn: c.Limits.CallsPerTurn, ResponseBytesPerTurn: c.Limits.ResponseBytesPerTurn,
+			TokensPerTurn: c.Limits.TokensPerTurn, TokensPerDay: c.Limits.TokensPerDay}}
+	for _, r := range c.HTTP {
+		out.HTTP = append(out.HTTP, client.HTTPRule{Scheme: r.Scheme, Host: r.Host, Port: r.Port,
+			Methods: r.Methods, AllowPrivate: r.AllowPrivate, Secrets: r.Secrets})
+	}
+	return out
 }
 
 func (s *Server) createAgent(w http.ResponseWriter, r *http.Request) error {
@@ -24,7 +42,7 @@ func (s *Server) createAgent(w http.ResponseWriter, r *http.Request) error {
 		return hint(bindingHints(err), "agent_exists", fmt.Sprintf("; PUT /v1/agents/%s (paddock agent update) re-binds it", in.Name))
 	}
 	w.Header().Set("Location", "/v1/agents/"+a.Name)
-	return writeJSON(w, http.StatusCreated, toAgent(a))
+	return writeJSON(w, http.StatusCreated, s.toAgent(a))
 }
 
 // updateAgent re-binds an existing agent (a new module or plugin, or
@@ -44,7 +62,7 @@ func (s *Server) updateAgent(w http.ResponseWriter, r *http.Request) error {
 		return bindingHints(err)
 	}
 	w.Header().Set("Location", "/v1/agents/"+a.Name)
-	return writeJSON(w, http.StatusOK, toAgent(a))
+	return writeJSON(w, http.StatusOK, s.toAgent(a))
 }
 
 func (s *Server) listAgents(w http.ResponseWriter, r *http.Request) error {
@@ -54,7 +72,7 @@ func (s *Server) listAgents(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := client.AgentList{Agents: make([]client.Agent, 0, len(as))}
 	for _, a := range as {
-		out.Agents = append(out.Agents, toAgent(a))
+		out.Agents = append(out.Agents, s.toAgent(a))
 	}
 	return writeJSON(w, http.StatusOK, out)
 }
@@ -64,5 +82,5 @@ func (s *Server) getAgent(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, toAgent(a))
+	return writeJSON(w, http.StatusOK, s.toAgent(a))
 }

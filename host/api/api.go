@@ -1,7 +1,9 @@
 // Package api is Paddock's HTTP JSON API under /v1 (docs/DESIGN.md "API shape"):
-// modules, agents, an agent's sessions, a session's signals, events and
-// transcript. Errors are {"error": {"code", "message", "field"}} with stable
-// codes; unknown JSON fields are refused; bodies are size-limited. The
+// modules, agents, an agent's sessions, a session's signals, events (with
+// their journal of host calls) and transcript, and secrets (set, listed by
+// name, deleted; a value is never answered or logged). Errors are
+// {"error": {"code", "message", "field"}} with stable codes; unknown JSON
+// fields are refused; bodies are size-limited. The
 // routes are described in openapi.yaml, which a test keeps in sync.
 //
 // The handlers are thin: they decode a request, call the operation of
@@ -101,6 +103,9 @@ func Routes() []Route {
 		{"GET", "/v1/agents/{agent}/sessions/{session}/dead-letters", (*Server).listSessionDeadLetters},
 		{"GET", "/v1/agents/{agent}/sessions/{session}/alarms", (*Server).listAlarms},
 		{"GET", "/v1/agents/{agent}/sessions/{session}/transcript", (*Server).transcript},
+		{"GET", "/v1/secrets", (*Server).listSecrets},
+		{"PUT", "/v1/secrets/{name}", (*Server).putSecret},
+		{"DELETE", "/v1/secrets/{name}", (*Server).deleteSecret},
 	}
 }
 

@@ -17,9 +17,14 @@ import (
 // names matched exactly (encoding/json alone would match them ignoring
 // case), unknown fields refused, one value only.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.MaxBodyBytes))
+	return s.decodeLimit(w, r, v, s.o.MaxBodyBytes)
+}
+
+// decodeLimit is decode with a body of at most limit bytes.
+func (s *Server) decodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) error {
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
-		return jsonError(err, s.o.MaxBodyBytes)
+		return jsonError(err, limit)
 	}
 	body := bytes.TrimSpace(raw)
 	if len(body) == 0 {
@@ -31,7 +36,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
 	var fields map[string]json.RawMessage
 	first := json.NewDecoder(bytes.NewReader(body))
 	if err := first.Decode(&fields); err != nil {
-		return jsonError(err, s.o.MaxBodyBytes)
+		return jsonError(err, limit)
 	}
 	if _, err := first.Token(); err != io.EOF {
 		return badRequest("malformed_json", "", "the body holds more than one JSON value")
@@ -45,7 +50,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return jsonError(err, s.o.MaxBodyBytes)
+		return jsonError(err, limit)
 	}
 	return nil
 }

@@ -40,7 +40,7 @@ func asError(err error) *Error {
 	case errors.As(err, &invalid):
 		return badRequest("invalid_field", invalid.Field, "%s", invalid.Message)
 	case errors.As(err, &tooLarge):
-		// Only a signal's payload has a size limit in the service.
+		// A signal's payload; a secret's value is answered by putSecret.
 		return &Error{Status: http.StatusRequestEntityTooLarge, Code: "signal_too_large", Field: tooLarge.Field, Message: tooLarge.Message}
 	case errors.As(err, &notFound) && notFound.Referenced:
 		return badRequest("unknown_"+string(notFound.Resource), notFound.Field, "%s", notFound.Message)
@@ -50,6 +50,12 @@ func asError(err error) *Error {
 		return &Error{Status: http.StatusConflict, Code: string(conflict.Reason), Field: conflict.Field, Message: conflict.Message}
 	case errors.As(err, &rejected):
 		return badRequest("invalid_"+string(rejected.Resource), "", "%s", rejected.Error())
+	case errors.Is(err, service.ErrSecretsDisabled):
+		// 501 like plugins_disabled: this host is not set up to serve the
+		// request (it has no secrets_key to seal a value with), and no
+		// retry or other request will change that until its operator
+		// configures one.
+		return &Error{Status: http.StatusNotImplemented, Code: "secrets_disabled", Message: "this host has no secrets_key, so it cannot seal a secret set through the API; set secrets_key (or secrets_key_file) in its config, or declare the secret there (secrets: NAME: {env|file})"}
 	case errors.Is(err, service.ErrPluginsDisabled):
 		return &Error{Status: http.StatusNotImplemented, Code: "plugins_disabled", Message: "this host runs no plugin workers"}
 	case errors.Is(err, store.ErrSessionDestroyed):

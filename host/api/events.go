@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 
 	"github.com/paddock-dev/paddock/host/api/client"
@@ -66,13 +67,48 @@ func (s *Server) getEvent(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	var results bool
+	switch v := r.URL.Query().Get("include"); v {
+	case "":
+	case "results":
+		results = true
+	default:
+		return badRequest("invalid_parameter", "include", "include=%q: the only value is \"results\"", v)
+	}
 	e, chain, err := s.svc.GetEvent(r.Context(), x, id)
+	if err != nil {
+		return err
+	}
+	journal, err := s.svc.EventCalls(r.Context(), x, id)
 	if err != nil {
 		return err
 	}
 	out := toEvent(e)
 	out.Errors = chain
+	for _, c := range journal {
+		out.Calls = append(out.Calls, toHostCall(c, results))
+	}
 	return writeJSON(w, http.StatusOK, out)
+}
+
+// toHostCall is the wire form of journal row c, with its recorded result
+// when results is set (a result never holds a secret's value: the host
+// scrubs it and never records a filled request).
+func toHostCall(c store.HostCall, results bool) client.HostCall {
+	out := client.HostCall{Seq: c.Seq, Kind: c.Kind, Destination: c.Destination, RequestDigest: c.RequestDigest,
+		ErrorCode: c.ErrorCode, Status: c.Status, StartedAt: c.StartedAt, DurationMS: c.DurationMS,
+		InputTokens: c.InputTokens, OutputTokens: c.OutputTokens, ActorEpoch: c.ActorEpoch,
+		Replays: c.Replays, ReplayedEpoch: c.ReplayedEpoch, SetAside: c.SetAside}
+	if results && len(c.Result) > 0 {
+		if json.Valid(c.Result) {
+			out.Result = json.RawMessage(c.Result)
+		} else {
+			// Not written by the host; sent as a (lossy) string rather
+			// than breaking the answer.
+			out.Result, _ = json.Marshal(string(c.Result))
+		}
+	}
+	return out
 }
 
 // deadLetterOp redrives or discards a dead-lettered event.

@@ -209,6 +209,18 @@ func (c *Client) GetEvent(ctx context.Context, agent, session string, id int64, 
 	return out, err
 }
 
+// GetEventWith is GetEvent asking for more with o: o.IncludeResults adds
+// each journal row's recorded result (?include=results).
+func (c *Client) GetEventWith(ctx context.Context, agent, session string, id int64, o GetEventOptions, opts ...CallOption) (Event, error) {
+	var out Event
+	include := ""
+	if o.IncludeResults {
+		include = "results"
+	}
+	err := c.doJSON(ctx, "GET", eventPath(agent, session, id)+query("include", include), nil, &out, opts)
+	return out, err
+}
+
 // Redrive gives a dead-lettered event a new attempt under a new epoch
 // (POST …/events/{event}/redrive) and returns it open; 409 not_dead_letter
 // if it is not dead-lettered.
@@ -276,4 +288,34 @@ func (c *Client) Transcript(ctx context.Context, agent, session string, o Transc
 	q := query("after", itoa(o.After), "limit", itoa(int64(o.Limit)), "wait", wait)
 	err := c.doJSON(ctx, "GET", sessionPath(agent, session)+"/transcript"+q, nil, &out, opts)
 	return out, err
+}
+
+// ---- secrets
+
+// PutSecret sets the secret name to value (PUT /v1/secrets/{name}),
+// creating or replacing it; created tells which (201 or 200). The answer
+// never holds the value. Errors: 400 invalid_field (the name) or
+// missing_field (an empty value), 413 secret_too_large, 409
+// secret_declared (the host's config declares that name and wins), 501
+// secrets_disabled (the host has no secrets_key). created is read from the
+// answer's status, so a Status option given here is not filled.
+func (c *Client) PutSecret(ctx context.Context, name, value string, opts ...CallOption) (sec Secret, created bool, err error) {
+	var status int
+	opts = append(opts, Status(&status))
+	err = c.doJSON(ctx, "PUT", "/v1/secrets/"+esc(name), PutSecretRequest{Value: value}, &sec, opts)
+	return sec, status == 201, err
+}
+
+// ListSecrets lists the secrets set through the API, by name, without
+// values (GET /v1/secrets).
+func (c *Client) ListSecrets(ctx context.Context, opts ...CallOption) ([]Secret, error) {
+	var out SecretList
+	err := c.doJSON(ctx, "GET", "/v1/secrets", nil, &out, opts)
+	return out.Secrets, err
+}
+
+// DeleteSecret deletes a secret set through the API (DELETE
+// /v1/secrets/{name}); 404 secret_not_found if there is none.
+func (c *Client) DeleteSecret(ctx context.Context, name string, opts ...CallOption) error {
+	return c.doJSON(ctx, "DELETE", "/v1/secrets/"+esc(name), nil, nil, opts)
 }

@@ -82,6 +82,9 @@ type Agent struct {
 	CrashPolicy store.CrashPolicy `json:"crash_policy"`
 	CreatedAt   time.Time         `json:"created_at"`
 	UpdatedAt   time.Time         `json:"updated_at"`
+	// Capabilities are its host-call grants as the host's config sets
+	// them now (not stored with the agent).
+	Capabilities Capabilities `json:"capabilities"`
 }
 
 // CreateAgentRequest is the body of CreateAgent (POST /v1/agents). Exactly
@@ -257,6 +260,9 @@ type Event struct {
 	// Errors is the error chain, oldest first: set by GetEvent and the
 	// dead-letter listings only.
 	Errors []store.AttemptError `json:"errors,omitempty"`
+	// Calls is the event's journal, by seq (set-aside rows included): set
+	// by GetEvent only, absent when the event made no host call.
+	Calls []HostCall `json:"calls,omitempty"`
 }
 
 // ListEventsOptions filter and page ListEvents.
@@ -335,4 +341,111 @@ type DeadLetterList struct {
 // AlarmList is the answer of ListAlarms.
 type AlarmList struct {
 	Alarms []store.Alarm `json:"alarms"`
+}
+
+// Capabilities are an agent's host-call grants as the host's config sets
+// them now (calls.Capabilities): the destinations its http calls may
+// reach, the model endpoints it may call, the names of the secrets it may
+// have filled in (never their values), and its limits.
+type Capabilities struct {
+	HTTP []HTTPRule `json:"http"`
+	// Models are the model endpoints (config models:) it may call.
+	Models []string `json:"models"`
+	// Secrets are the names of the secrets its http calls may use.
+	Secrets []string `json:"secrets"`
+	Limits  Limits   `json:"limits"`
+}
+
+// HTTPRule allows one destination of http calls (calls.HTTPRule).
+type HTTPRule struct {
+	// Scheme is http or https.
+	Scheme string `json:"scheme"`
+	// Host is an exact name, an IP literal or a "*.suffix" wildcard.
+	Host string `json:"host"`
+	// Port is the destination port (0: the scheme's default).
+	Port int `json:"port,omitempty"`
+	// Methods are the allowed methods (empty: GET and HEAD).
+	Methods []string `json:"methods,omitempty"`
+	// AllowPrivate lets an exact-name rule reach private addresses.
+	AllowPrivate bool `json:"allow_private,omitempty"`
+	// Secrets, when set, are the only secrets filled into requests this
+	// rule allows (names only).
+	Secrets []string `json:"secrets,omitempty"`
+}
+
+// Limits bound an agent's host calls (calls.Limits); 0 sets no limit of
+// its own.
+type Limits struct {
+	CallsPerTurn         int   `json:"calls_per_turn"`
+	ResponseBytesPerTurn int64 `json:"response_bytes_per_turn"`
+	TokensPerTurn        int64 `json:"tokens_per_turn"`
+	TokensPerDay         int64 `json:"tokens_per_day"`
+}
+
+// HostCall is one row of an event's journal (store.HostCall): a host call
+// an attempt of the event made, by seq.
+type HostCall struct {
+	// Seq is the call's number within its attempt, from 1.
+	Seq int `json:"seq"`
+	// Kind is http or model.
+	Kind string `json:"kind"`
+	// Destination is where it went, without secrets ("GET
+	// https://host:443/path", "endpoint/model"). The agent chose it:
+	// escape it before printing it to a terminal.
+	Destination string `json:"destination"`
+	// RequestDigest is "sha256:<hex>" of the request as the agent sent it.
+	RequestDigest string `json:"request_digest"`
+	// ErrorCode is the result's error code ("" on success).
+	ErrorCode string `json:"error_code,omitempty"`
+	// Status is the upstream HTTP status (0: none).
+	Status     int       `json:"status,omitempty"`
+	StartedAt  time.Time `json:"started_at"`
+	DurationMS int64     `json:"duration_ms"`
+	// InputTokens and OutputTokens are a model call's usage.
+	InputTokens  int64 `json:"input_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+	// ActorEpoch is the epoch of the attempt that made it.
+	ActorEpoch int64 `json:"actor_epoch"`
+	// Replays counts later attempts that replayed it instead of calling
+	// again; ReplayedEpoch is the last one's epoch (0: none).
+	Replays       int   `json:"replays"`
+	ReplayedEpoch int64 `json:"replayed_epoch,omitempty"`
+	// SetAside: a later attempt diverged at or before this seq, so the row
+	// is kept for the record but no longer replayed.
+	SetAside bool `json:"set_aside"`
+	// Result is the abi.CallResult the agent received, as recorded (sent
+	// only with GetEventOptions.IncludeResults, ?include=results). It never
+	// holds a secret's value: the host fills secrets into request headers
+	// only, never records the filled request, and scrubs results. Bytes
+	// that are not JSON (never written by the host) are sent as a JSON
+	// string.
+	Result json.RawMessage `json:"result,omitempty"`
+}
+
+// GetEventOptions ask GetEvent for more of the event.
+type GetEventOptions struct {
+	// IncludeResults adds each journal row's recorded result
+	// (?include=results).
+	IncludeResults bool
+}
+
+// Secret is a secret set through the API: its name and times, never its
+// value.
+type Secret struct {
+	Name      string    `json:"name"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// PutSecretRequest is the body of PutSecret (PUT /v1/secrets/{name}).
+type PutSecretRequest struct {
+	// Value is the secret's value, 1 byte to 64 KiB
+	// (service.MaxSecretBytes). It is sealed by the host and never
+	// returned.
+	Value string `json:"value"`
+}
+
+// SecretList is the answer of ListSecrets (GET /v1/secrets).
+type SecretList struct {
+	Secrets []Secret `json:"secrets"`
 }
