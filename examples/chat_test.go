@@ -1,0 +1,504 @@
+package examples_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/examples/chat"
+	"github.com/paddock-dev/paddock/host/calls"
+	"github.com/paddock-dev/paddock/host/runner"
+	"github.com/paddock-dev/paddock/plugins/plugintest"
+	"github.com/paddock-dev/paddock/store"
+	"github.com/paddock-dev/paddock/wasm/wasmtest"
+)
+
+// The chat example through a real host with the real host-call executor
+// (host/calls) against a real HTTP server speaking the OpenAI chat
+// completions protocol (streamed, as the adapter asks), scripted by the
+// conversation it is sent: every worker kind that sends the same requests
+// gets the same answers.
+
+// chatKey is the API key the scripted model server expects; the host fills
+// it from the secret "chat_key", the agent never sees it.
+const chatKey = "sk-chat-test-0123"
+
+// chatModel is the endpoint's one model.
+const chatModel = "test-model"
+
+// pageBody is what the test's web page answers fetch_url with.
+const pageBody = "Paddock keeps agent sessions alive."
+
+// registerChat registers the chat example as the agents "chat" (its wasm
+// module), "chat-plugin" (its plugin worker) and "chat-remote" (the
+// module again, on the remote pool).
+func (w *world) registerChat(wr *runner.Runner) {
+	t := w.t
+	t.Helper()
+	ctx := context.Background()
+	_, b := wasmtest.BuildExample(t, "./examples/chat/cmd")
+	digest, version, err := wr.Inspect(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := w.st.PutModule(ctx, store.PutModuleParams{Digest: digest, ABIVersion: version, Bytes: b}); err != nil {
+		t.Fatal(err)
+	}
+	path, sum := plugintest.Build(t, "./examples/chat/plugin")
+	pw := store.PluginWorker{Name: "chat-plugin", Path: path, SHA256: sum, Processes: 1}
+	if err := wr.CheckPlugin(ctx, pw); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := w.st.PutPluginWorker(ctx, pw); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []store.CreateAgentParams{
+		{Name: "chat", Kind: store.KindWasm, ModuleDigest: digest},
+		{Name: "chat-plugin", Kind: store.KindPlugin, Plugin: "chat-plugin"},
+		{Name: "chat-remote", Kind: store.KindWasm, ModuleDigest: digest},
+	} {
+		p.UID, p.CrashPolicy, p.Upsert = uuid.NewString(), store.CrashRestart, true
+		a, err := w.st.CreateAgent(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.agents[p.Name] = a
+	}
+}
+
+// modelServer is an OpenAI-compatible chat completions server whose
+// answer is a function of the conversation it is sent:
+//
+//   - last message from the user "remember X": a tool call add_note {"text": X};
+//   - "fetch URL": a tool call fetch_url {"url": URL};
+//   - "what do you remember?": a tool call list_notes {};
+//   - anything else from the user: the final answer "you said: …";
+//   - last message a tool's result: the final answer "tool said: …".
+//
+// Tool call ids and token counts derive from the conversation too. A
+// request without the expected bearer key is answered 401.
+type modelServer struct {
+	*httptest.Server
+	mu    sync.Mutex
+	calls int
+}
+
+func newModelServer(t testing.TB) *modelServer {
+	m := &modelServer{}
+	m.Server = httptest.NewServer(http.HandlerFunc(m.serve))
+	t.Cleanup(m.Close)
+	return m
+}
+
+// requests returns how many requests the server answered.
+func (m *modelServer) requests() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.calls
+}
+
+func (m *modelServer) serve(w http.ResponseWriter, r *http.Request) {
+	m.mu.Lock()
+	m.calls++
+	m.mu.Unlock()
+	if r.URL.Path != "/v1/chat/completions" || r.Method != http.MethodPost {
+		http.Error(w, `{"error":{"message":"not found"}}`, http.StatusNotFound)
+		return
+	}
+	if r.Header.Get("Authorization") != "Bearer "+chatKey {
+		http.Error(w, `{"error":{"message":"bad key"}}`, http.StatusUnauthorized)
+		return
+	}
+	var req struct {
+		Model    string `json:"model"`
+		Stream   bool   `json:"stream"`
+		Messages []struct {
+			Role    string `json:"role"`
+			Content any    `json:"content"`
+		} `json:"messages"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || len(req.Messages) == 0 || !req.Stream || req.Model != chatModel {
+		http.Error(w, `{"error":{"message":"bad request"}}`, http.StatusBadRequest)
+		return
+	}
+	chars := 0
+	for _, msg := range req.Messages {
+		s, _ := msg.Content.(string)
+		chars += len(s)
+	}
+	last := req.Messages[len(req.Messages)-1]
+	text, _ := last.Content.(string)
+	id := fmt.Sprintf("call_%d", len(req.Messages))
+	delta := map[string]any{"role": "assistant"}
+	finish := "stop"
+	tool := func(name string, args any) {
+		a, _ := json.Marshal(args)
+		delta["tool_calls"] = []any{map[string]any{"index": 0, "id": id, "type": "function",
+			"function": map[string]any{"name": name, "arguments": string(a)}}}
+		finish = "tool_calls"
+	}
+	switch {
+	case last.Role == "tool":
+		delta["content"] = "tool said: " + text
+	case strings.HasPrefix(text, "remember "):
+		tool("add_note", map[string]string{"text": strings.TrimPrefix(text, "remember ")})
+	case strings.HasPrefix(text, "fetch "):
+		tool("fetch_url", map[string]string{"url": strings.TrimPrefix(text, "fetch ")})
+	case text == "what do you remember?":
+		tool("list_notes", map[string]string{})
+	default:
+		delta["content"] = "you said: " + text
+	}
+	chunks := []any{
+		map[string]any{"id": "c", "model": chatModel, "choices": []any{map[string]any{"index": 0, "delta": delta}}},
+		map[string]any{"id": "c", "model": chatModel, "choices": []any{map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": finish}}},
+		map[string]any{"id": "c", "model": chatModel, "choices": []any{},
+			"usage": map[string]any{"prompt_tokens": chars/4 + len(req.Messages), "completion_tokens": 7}},
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	for _, c := range chunks {
+		b, _ := json.Marshal(c)
+		fmt.Fprintf(w, "data: %s\n\n", b)
+	}
+	_, _ = io.WriteString(w, "data: [DONE]\n\n")
+}
+
+// chatRig is a host running the chat agents against a scripted model
+// server and a web page they may fetch.
+type chatRig struct {
+	*world
+	model *modelServer
+	page  string // the page's URL
+}
+
+// startChatHost starts a host whose executor has the model endpoint
+// "chat" on a modelServer, its key in the secret "chat_key", and grants
+// the chat agents that endpoint and GET on the page's server.
+func startChatHost(t *testing.T) *chatRig {
+	t.Helper()
+	model := newModelServer(t)
+	page := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, pageBody)
+	}))
+	t.Cleanup(page.Close)
+	pu, err := url.Parse(page.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := strconv.Atoi(pu.Port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets, err := calls.NewSecrets(calls.SecretsConfig{
+		Declared: map[string]calls.SecretSource{"chat_key": {Env: "CHAT_API_KEY"}},
+		LookupEnv: func(name string) (string, bool) {
+			if name == "CHAT_API_KEY" {
+				return chatKey, true
+			}
+			return "", false
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := newExecutor(t, calls.Config{
+		Endpoints: map[string]calls.Endpoint{
+			chat.Endpoint: {Provider: calls.ProviderOpenAI, BaseURL: model.URL + "/v1", Models: []string{chatModel}, Secret: "chat_key"},
+		},
+		Secrets: secrets,
+	})
+	caps := calls.Capabilities{
+		Models: []string{chat.Endpoint},
+		// An IP literal names its (loopback) address explicitly.
+		HTTP:   []calls.HTTPRule{{Scheme: "http", Host: pu.Hostname(), Port: port, Methods: []string{"GET"}}},
+		Limits: calls.Limits{CallsPerTurn: 8, TokensPerTurn: 100000},
+	}
+	w := startHostOpts(t, filepath.Join(t.TempDir(), "paddock.db"),
+		hostOpts{turnTimeout: 30 * time.Second, calls: x, chat: true, chatCaps: caps})
+	return &chatRig{world: w, model: model, page: page.URL + "/page"}
+}
+
+// newExecutor returns the real host-call executor for cfg, logging
+// nowhere.
+func newExecutor(t testing.TB, cfg calls.Config) *calls.Executor {
+	t.Helper()
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	x, err := calls.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// chatScript is a conversation with a tool loop in three of its turns:
+// a note kept, a page fetched, the notes listed; then a plain answer.
+func (r *chatRig) chatScript() []string {
+	return []string{"remember buy milk", "fetch " + r.page, "what do you remember?", "thanks"}
+}
+
+// run sends msgs to a new session of agent, waits for them, requires every
+// event done, and returns the session.
+func (w *world) run(agent string, msgs []string) store.ActorKey {
+	w.t.Helper()
+	key := w.session(agent)
+	for _, m := range msgs {
+		w.send(key, m)
+	}
+	for _, e := range w.settle(key) {
+		if e.Status != store.EventDone {
+			w.t.Fatalf("%s: event %d ended %s after %d failed attempts: %s", agent, e.ID, e.Status, e.Attempts, e.LastError)
+		}
+	}
+	return key
+}
+
+// transcript returns a session's transcript, one "turn role: content" line
+// per message.
+func (w *world) transcript(key store.ActorKey) []string {
+	w.t.Helper()
+	turns, err := w.st.Transcript(context.Background(), store.TranscriptParams{Key: key, Limit: 100})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var lines []string
+	for _, tr := range turns {
+		for _, m := range tr.Messages {
+			lines = append(lines, fmt.Sprintf("%d %s: %q", tr.TurnNo, m.Role, m.Content))
+		}
+	}
+	return lines
+}
+
+// state returns a session's state.
+func (w *world) state(key store.ActorKey) []byte {
+	w.t.Helper()
+	b, err := w.st.SessionState(context.Background(), key)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return b
+}
+
+// journal returns the host calls of every event of a session, one line per
+// journal row: the event's position in the session (ids differ between
+// sessions), seq, kind, destination, request digest, status, error code,
+// tokens, set aside.
+func (w *world) journal(key store.ActorKey) []string {
+	w.t.Helper()
+	ctx := context.Background()
+	es, err := w.st.ListEvents(ctx, store.ListEventsParams{Key: key, Limit: 100})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var lines []string
+	for i, e := range es {
+		rows, err := w.st.HostCalls(ctx, key, e.ID)
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		for _, r := range rows {
+			lines = append(lines, fmt.Sprintf("event %d seq %d %s %q %s status %d error %q tokens %d/%d set_aside %v",
+				i+1, r.Seq, r.Kind, r.Destination, r.RequestDigest, r.Status, r.ErrorCode, r.InputTokens, r.OutputTokens, r.SetAside))
+		}
+	}
+	return lines
+}
+
+func TestChatAgentAnswersAConversationWithAToolLoopThroughRealHostCalls(t *testing.T) {
+	t.Parallel()
+	r := startChatHost(t)
+	key := r.run("chat", r.chatScript())
+
+	want := []string{
+		"tool said: noted (1)",
+		"tool said: status 200\n" + pageBody,
+		"tool said: 1. buy milk\n",
+		"you said: thanks",
+	}
+	if got := r.replies(key); strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("replies %q, want %q", got, want)
+	}
+	s, err := chat.DecodeState(r.state(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Notes) != 1 || s.Notes[0] != "buy milk" || s.Turns != 4 {
+		t.Errorf("state notes %q turns %d, want [buy milk] and 4 turns", s.Notes, s.Turns)
+	}
+	// The conversation kept: per tool turn the user's message, the model's
+	// tool call, the tool's result and the model's answer; then two.
+	roles := make([]string, len(s.Messages))
+	for i, m := range s.Messages {
+		roles[i] = m.Role
+	}
+	wantRoles := strings.Repeat("user assistant tool assistant ", 3) + "user assistant"
+	if strings.Join(roles, " ") != wantRoles {
+		t.Fatalf("state conversation roles %q, want %q", roles, wantRoles)
+	}
+	if tc := s.Messages[1].ToolCalls; len(tc) != 1 || tc[0].Name != "add_note" || string(tc[0].Arguments) != `{"text":"buy milk"}` ||
+		s.Messages[2].ToolCallID != tc[0].ID || s.Messages[2].Content != "noted (1)" {
+		t.Errorf("first tool exchange = %+v / %+v", s.Messages[1], s.Messages[2])
+	}
+	if s.Messages[12].Content != "thanks" || s.Messages[13].Content != "you said: thanks" {
+		t.Errorf("last exchange = %+v / %+v", s.Messages[12], s.Messages[13])
+	}
+	if s.Usage.OutputTokens != 7*7 || s.Usage.InputTokens <= 0 {
+		t.Errorf("usage %+v, want 49 output tokens over 7 model calls", s.Usage)
+	}
+	if n := r.model.requests(); n != 7 {
+		t.Errorf("the model server answered %d requests, want 7 (each call once: no retry, no replay)", n)
+	}
+
+	// The journal: every call recorded once, in order, with its tokens.
+	j := r.journal(key)
+	kinds := []string{"1 1 model", "1 2 model", "2 1 model", "2 2 http", "2 3 model", "3 1 model", "3 2 model", "4 1 model"}
+	if len(j) != len(kinds) {
+		t.Fatalf("journal:\n%s\nwant %d rows", strings.Join(j, "\n"), len(kinds))
+	}
+	var in, out int64
+	for i, line := range j {
+		var ev, seq, status int
+		var kind, dest, digest, errCode, setAside string
+		var ti, to int64
+		if _, err := fmt.Sscanf(line, "event %d seq %d %s %q %s status %d error %q tokens %d/%d set_aside %s",
+			&ev, &seq, &kind, &dest, &digest, &status, &errCode, &ti, &to, &setAside); err != nil {
+			t.Fatalf("journal row %q: %v", line, err)
+		}
+		if fmt.Sprintf("%d %d %s", ev, seq, kind) != kinds[i] || status != 200 || errCode != "" || setAside != "false" ||
+			!strings.HasPrefix(digest, "sha256:") {
+			t.Errorf("journal row %d = %s, want %s, status 200, no error", i, line, kinds[i])
+		}
+		switch kind {
+		case "model":
+			if dest != "model chat/"+chatModel || to != 7 || ti <= 0 {
+				t.Errorf("model row %s: want destination model chat/%s and its tokens", line, chatModel)
+			}
+		case "http":
+			if dest != "GET "+r.page || ti != 0 || to != 0 {
+				t.Errorf("http row %s: want destination GET %s and no tokens", line, r.page)
+			}
+		}
+		in, out = in+ti, out+to
+	}
+	if in != s.Usage.InputTokens || out != s.Usage.OutputTokens {
+		t.Errorf("journal tokens %d/%d, state usage %+v", in, out, s.Usage)
+	}
+}
+
+func TestTheChatAgentAsWasmPluginAndRemoteWorkerGivesIdenticalTranscriptsStatesAndJournals(t *testing.T) {
+	t.Parallel()
+	r := startChatHost(t)
+	script := r.chatScript()
+	type run struct {
+		transcript, journal []string
+		state               []byte
+	}
+	runs := map[string]run{}
+	for _, agent := range []string{"chat", "chat-plugin", "chat-remote"} {
+		key := r.run(agent, script)
+		runs[agent] = run{r.transcript(key), r.journal(key), r.state(key)}
+	}
+	ref := runs["chat"]
+	if len(ref.transcript) != 2*len(script) || len(ref.journal) != 8 || len(ref.state) == 0 {
+		t.Fatalf("wasm run: transcript %q, journal %q, state %s", ref.transcript, ref.journal, ref.state)
+	}
+	for _, kind := range []string{"chat-plugin", "chat-remote"} {
+		got := runs[kind]
+		if strings.Join(got.transcript, "\n") != strings.Join(ref.transcript, "\n") {
+			t.Errorf("transcripts differ\nwasm:\n%s\n\n%s:\n%s", strings.Join(ref.transcript, "\n"), kind, strings.Join(got.transcript, "\n"))
+		}
+		if string(got.state) != string(ref.state) {
+			t.Errorf("states differ:\nwasm %s\n%s %s", ref.state, kind, got.state)
+		}
+		if strings.Join(got.journal, "\n") != strings.Join(ref.journal, "\n") {
+			t.Errorf("journals differ\nwasm:\n%s\n\n%s:\n%s", strings.Join(ref.journal, "\n"), kind, strings.Join(got.journal, "\n"))
+		}
+	}
+	if n := r.model.requests(); n != 3*7 {
+		t.Errorf("the model server answered %d requests, want 21 (7 per kind)", n)
+	}
+}
+
+func TestChatAgentWithoutAModelRepliesWithTheSetupAndTheEventIsDone(t *testing.T) {
+	t.Parallel()
+	caps := calls.Capabilities{Models: []string{chat.Endpoint}}
+	cases := []struct {
+		name string
+		cfg  calls.Config
+		// why is what the reply must say was wrong.
+		why string
+	}{
+		{"no endpoint", calls.Config{}, `model endpoint "chat" is not configured on this host`},
+		{"endpoint key unset", calls.Config{
+			Endpoints: map[string]calls.Endpoint{chat.Endpoint: {Provider: calls.ProviderOpenAI,
+				BaseURL: "http://127.0.0.1:9/v1", Models: []string{chatModel}, Secret: "chat_key"}},
+			Secrets: mustSecrets(t, calls.SecretsConfig{
+				Declared:  map[string]calls.SecretSource{"chat_key": {Env: "CHAT_API_KEY"}},
+				LookupEnv: func(string) (string, bool) { return "", false },
+			}),
+		}, "environment variable CHAT_API_KEY is not set"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			w := startHostOpts(t, filepath.Join(t.TempDir(), "paddock.db"),
+				hostOpts{turnTimeout: 30 * time.Second, calls: newExecutor(t, c.cfg), chat: true, chatCaps: caps})
+			key := w.session("chat")
+			w.send(key, "hello")
+			w.send(key, "hello again")
+			for _, e := range w.settle(key) {
+				if e.Status != store.EventDone || e.Attempts != 0 {
+					t.Fatalf("event %d ended %s after %d failed attempts (%q), want done at the first", e.ID, e.Status, e.Attempts, e.LastError)
+				}
+			}
+			for _, reply := range w.replies(key) {
+				if !strings.HasPrefix(reply, "(no model is configured for this agent: ") || !strings.Contains(reply, c.why) ||
+					!strings.Contains(reply, chat.Setup) {
+					t.Errorf("reply %q, want the setup hint and %q", reply, c.why)
+				}
+			}
+			s, err := chat.DecodeState(w.state(key))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The questions stay in the conversation; the failures are not
+			// kept as the model's words.
+			if s.Turns != 2 || len(s.Messages) != 2 || s.Messages[0].Content != "hello" || s.Messages[1].Role != abi.RoleUser {
+				t.Errorf("state %+v, want two turns and the two user messages", s)
+			}
+			j := w.journal(key)
+			if len(j) != 2 {
+				t.Fatalf("journal %q, want one refused call per event", j)
+			}
+			for _, line := range j {
+				if !strings.Contains(line, `model "model chat`) || !strings.Contains(line, `error "not_configured"`) {
+					t.Errorf("journal row %s, want a model call to chat answered not_configured", line)
+				}
+			}
+		})
+	}
+}
+
+// mustSecrets returns the secrets of cfg.
+func mustSecrets(t testing.TB, cfg calls.SecretsConfig) *calls.Secrets {
+	t.Helper()
+	s, err := calls.NewSecrets(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
