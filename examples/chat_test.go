@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -95,10 +96,16 @@ type modelServer struct {
 	*httptest.Server
 	mu    sync.Mutex
 	calls int
+	// holdAt, when > 0, is the request (counted from 1) the server holds
+	// without answering until its client gives up (or a minute passes);
+	// held is closed when it arrives, aborted when the client gave up.
+	holdAt  int
+	held    chan struct{}
+	aborted chan struct{}
 }
 
 func newModelServer(t testing.TB) *modelServer {
-	m := &modelServer{}
+	m := &modelServer{held: make(chan struct{}), aborted: make(chan struct{})}
 	m.Server = httptest.NewServer(http.HandlerFunc(m.serve))
 	t.Cleanup(m.Close)
 	return m
@@ -114,7 +121,19 @@ func (m *modelServer) requests() int {
 func (m *modelServer) serve(w http.ResponseWriter, r *http.Request) {
 	m.mu.Lock()
 	m.calls++
+	hold := m.calls == m.holdAt
 	m.mu.Unlock()
+	if hold {
+		// The body read whole, the server notices the client going away.
+		_, _ = io.Copy(io.Discard, r.Body)
+		close(m.held)
+		select {
+		case <-r.Context().Done():
+			close(m.aborted)
+		case <-time.After(time.Minute):
+		}
+		return
+	}
 	if r.URL.Path != "/v1/chat/completions" || r.Method != http.MethodPost {
 		http.Error(w, `{"error":{"message":"not found"}}`, http.StatusNotFound)
 		return
@@ -190,7 +209,12 @@ type chatRig struct {
 // the chat agents that endpoint and GET on the page's server.
 func startChatHost(t *testing.T) *chatRig {
 	t.Helper()
-	model := newModelServer(t)
+	return startChatHostWith(t, newModelServer(t))
+}
+
+// startChatHostWith is startChatHost with a given model server.
+func startChatHostWith(t *testing.T, model *modelServer) *chatRig {
+	t.Helper()
 	page := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, pageBody)
 	}))
@@ -501,4 +525,77 @@ func mustSecrets(t testing.TB, cfg calls.SecretsConfig) *calls.Secrets {
 		t.Fatal(err)
 	}
 	return s
+}
+
+func TestAChatTurnRetriedAfterItsPluginProcessDiedReplaysTheModelCallsItAlreadyMade(t *testing.T) {
+	t.Parallel()
+	// The turn's second model call (the answer after add_note) is held;
+	// meanwhile its plugin process is killed.
+	model := &modelServer{holdAt: 2, held: make(chan struct{}), aborted: make(chan struct{})}
+	model.Server = httptest.NewServer(http.HandlerFunc(model.serve))
+	t.Cleanup(model.Close)
+	r := startChatHostWith(t, model)
+	key := r.session("chat-plugin")
+	r.send(key, "remember buy milk")
+	select {
+	case <-model.held:
+	case <-time.After(time.Minute):
+		t.Fatal("the turn's second model call never came")
+	}
+	st, err := r.plugins.Status("chat-plugin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := 0
+	for _, p := range st.Processes {
+		if p.Turns > 0 && !p.Retired {
+			if err := syscall.Kill(p.PID, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			killed++
+		}
+	}
+	if killed != 1 {
+		t.Fatalf("killed %d plugin processes, want the one running the turn (%+v)", killed, st.Processes)
+	}
+	e := r.settle(key)[0]
+	if e.Status != store.EventDone || e.Attempts != 1 || !strings.Contains(e.LastError, "crash") {
+		t.Fatalf("event %s after %d failed attempts (%q), want done after 1 crash", e.Status, e.Attempts, e.LastError)
+	}
+	// The dead attempt's call in flight was abandoned by the host, not
+	// left to run on.
+	select {
+	case <-model.aborted:
+	case <-time.After(10 * time.Second):
+		t.Error("the held model call of the dead attempt was not aborted")
+	}
+	if got := r.replies(key); len(got) != 1 || got[0] != "tool said: noted (1)" {
+		t.Errorf("replies %q, want the turn once, answered", got)
+	}
+	s, err := chat.DecodeState(r.state(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Notes) != 1 || s.Turns != 1 || len(s.Messages) != 4 {
+		t.Errorf("state %+v, want one note, one turn, one tool exchange", s)
+	}
+	// The first call was paid once: the retry replayed it. The held one
+	// was sent again (a call without a recorded answer is never replayed).
+	if n := model.requests(); n != 3 {
+		t.Errorf("the model server answered %d requests, want 3 (call 1 once, call 2 twice)", n)
+	}
+	rows, err := r.st.HostCalls(context.Background(), key, e.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live []store.HostCall
+	for _, row := range rows {
+		if !row.SetAside {
+			live = append(live, row)
+		}
+	}
+	if len(live) != 2 || live[0].Seq != 1 || live[0].Replays != 1 || live[0].ErrorCode != "" ||
+		live[1].Seq != 2 || live[1].ErrorCode != "" || live[1].Replays != 0 || live[1].Status != 200 {
+		t.Errorf("journal %+v, want seq 1 replayed once and seq 2 answered live", rows)
+	}
 }
