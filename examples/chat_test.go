@@ -102,6 +102,9 @@ type modelServer struct {
 	holdAt  int
 	held    chan struct{}
 	aborted chan struct{}
+	// anthropic: the server speaks Anthropic's Messages API instead
+	// (serveAnthropic), with the same script.
+	anthropic bool
 }
 
 func newModelServer(t testing.TB) *modelServer {
@@ -132,6 +135,10 @@ func (m *modelServer) serve(w http.ResponseWriter, r *http.Request) {
 			close(m.aborted)
 		case <-time.After(time.Minute):
 		}
+		return
+	}
+	if m.anthropic {
+		m.serveAnthropic(w, r)
 		return
 	}
 	if r.URL.Path != "/v1/chat/completions" || r.Method != http.MethodPost {
@@ -239,11 +246,13 @@ func startChatHostWith(t *testing.T, model *modelServer) *chatRig {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ep := calls.Endpoint{Provider: calls.ProviderOpenAI, BaseURL: model.URL + "/v1", Models: []string{chatModel}, Secret: "chat_key"}
+	if model.anthropic {
+		ep.Provider, ep.BaseURL = calls.ProviderAnthropic, model.URL
+	}
 	x := newExecutor(t, calls.Config{
-		Endpoints: map[string]calls.Endpoint{
-			chat.Endpoint: {Provider: calls.ProviderOpenAI, BaseURL: model.URL + "/v1", Models: []string{chatModel}, Secret: "chat_key"},
-		},
-		Secrets: secrets,
+		Endpoints: map[string]calls.Endpoint{chat.Endpoint: ep},
+		Secrets:   secrets,
 	})
 	caps := calls.Capabilities{
 		Models: []string{chat.Endpoint},
@@ -597,5 +606,130 @@ func TestAChatTurnRetriedAfterItsPluginProcessDiedReplaysTheModelCallsItAlreadyM
 	if len(live) != 2 || live[0].Seq != 1 || live[0].Replays != 1 || live[0].ErrorCode != "" ||
 		live[1].Seq != 2 || live[1].ErrorCode != "" || live[1].Replays != 0 || live[1].Status != 200 {
 		t.Errorf("journal %+v, want seq 1 replayed once and seq 2 answered live", rows)
+	}
+}
+
+// serveAnthropic answers as modelServer.serve does, in Anthropic's
+// Messages API (POST /v1/messages, streamed; the key in x-api-key).
+func (m *modelServer) serveAnthropic(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/v1/messages" || r.Method != http.MethodPost {
+		http.Error(w, `{"type":"error","error":{"type":"not_found_error","message":"not found"}}`, http.StatusNotFound)
+		return
+	}
+	if r.Header.Get("x-api-key") != chatKey || r.Header.Get("anthropic-version") == "" {
+		http.Error(w, `{"type":"error","error":{"type":"authentication_error","message":"bad key"}}`, http.StatusUnauthorized)
+		return
+	}
+	var req struct {
+		Model    string `json:"model"`
+		Stream   bool   `json:"stream"`
+		System   string `json:"system"`
+		Messages []struct {
+			Role    string          `json:"role"`
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || len(req.Messages) == 0 || !req.Stream || req.Model != chatModel || req.System == "" {
+		http.Error(w, `{"type":"error","error":{"type":"invalid_request_error","message":"bad request"}}`, http.StatusBadRequest)
+		return
+	}
+	// The last message's text, or the result of the tool it answers.
+	last := req.Messages[len(req.Messages)-1]
+	var text, toolResult string
+	isTool := false
+	if err := json.Unmarshal(last.Content, &text); err != nil {
+		var blocks []struct {
+			Type    string `json:"type"`
+			Text    string `json:"text"`
+			Content any    `json:"content"`
+		}
+		_ = json.Unmarshal(last.Content, &blocks)
+		for _, b := range blocks {
+			switch b.Type {
+			case "text":
+				text = b.Text
+			case "tool_result":
+				isTool = true
+				toolResult, _ = b.Content.(string)
+			}
+		}
+	}
+	id := fmt.Sprintf("toolu_%d", len(req.Messages))
+	var block map[string]any
+	var input any
+	stop := "end_turn"
+	tool := func(name string, args any) {
+		block = map[string]any{"type": "tool_use", "id": id, "name": name, "input": map[string]any{}}
+		input, stop = args, "tool_use"
+	}
+	switch {
+	case isTool:
+		block = map[string]any{"type": "text", "text": ""}
+		input = "tool said: " + toolResult
+	case strings.HasPrefix(text, "remember "):
+		tool("add_note", map[string]string{"text": strings.TrimPrefix(text, "remember ")})
+	case strings.HasPrefix(text, "fetch "):
+		tool("fetch_url", map[string]string{"url": strings.TrimPrefix(text, "fetch ")})
+	case text == "what do you remember?":
+		tool("list_notes", map[string]string{})
+	default:
+		block = map[string]any{"type": "text", "text": ""}
+		input = "you said: " + text
+	}
+	var delta map[string]any
+	if s, ok := input.(string); ok {
+		delta = map[string]any{"type": "text_delta", "text": s}
+	} else {
+		a, _ := json.Marshal(input)
+		delta = map[string]any{"type": "input_json_delta", "partial_json": string(a)}
+	}
+	events := []struct {
+		typ  string
+		data any
+	}{
+		{"message_start", map[string]any{"type": "message_start", "message": map[string]any{"id": "msg", "type": "message", "role": "assistant",
+			"model": chatModel, "content": []any{}, "usage": map[string]any{"input_tokens": 10 * len(req.Messages), "output_tokens": 1}}}},
+		{"content_block_start", map[string]any{"type": "content_block_start", "index": 0, "content_block": block}},
+		{"content_block_delta", map[string]any{"type": "content_block_delta", "index": 0, "delta": delta}},
+		{"content_block_stop", map[string]any{"type": "content_block_stop", "index": 0}},
+		{"message_delta", map[string]any{"type": "message_delta", "delta": map[string]any{"stop_reason": stop}, "usage": map[string]any{"output_tokens": 7}}},
+		{"message_stop", map[string]any{"type": "message_stop"}},
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	for _, e := range events {
+		b, _ := json.Marshal(e.data)
+		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", e.typ, b)
+	}
+}
+
+func TestChatAgentOnAnAnthropicEndpoint(t *testing.T) {
+	t.Parallel()
+	model := &modelServer{anthropic: true, held: make(chan struct{}), aborted: make(chan struct{})}
+	model.Server = httptest.NewServer(http.HandlerFunc(model.serve))
+	t.Cleanup(model.Close)
+	r := startChatHostWith(t, model)
+	key := r.run("chat", []string{"remember buy milk", "what do you remember?", "thanks"})
+	want := []string{"tool said: noted (1)", "tool said: 1. buy milk\n", "you said: thanks"}
+	if got := r.replies(key); strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("replies %q, want %q", got, want)
+	}
+	s, err := chat.DecodeState(r.state(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Notes) != 1 || s.Notes[0] != "buy milk" || len(s.Messages) != 10 || s.Usage.OutputTokens != 5*7 {
+		t.Errorf("state %+v, want the note, 10 messages and 35 output tokens over 5 calls", s)
+	}
+	if tc := s.Messages[1].ToolCalls; len(tc) != 1 || tc[0].ID != "toolu_1" || tc[0].Name != "add_note" {
+		t.Errorf("tool call %+v, want add_note with the server's id toolu_1 (the system prompt travels apart)", s.Messages[1])
+	}
+	j := r.journal(key)
+	if len(j) != 5 {
+		t.Fatalf("journal %q, want 5 model calls", j)
+	}
+	for _, line := range j {
+		if !strings.Contains(line, `model "model chat/`+chatModel+`"`) || !strings.Contains(line, `status 200 error ""`) {
+			t.Errorf("journal row %s, want a model call answered 200", line)
+		}
 	}
 }
