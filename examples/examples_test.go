@@ -24,6 +24,7 @@ import (
 	"github.com/paddock-dev/paddock/fabric/wire"
 	"github.com/paddock-dev/paddock/fabric/worker"
 	"github.com/paddock-dev/paddock/host"
+	"github.com/paddock-dev/paddock/host/calls"
 	"github.com/paddock-dev/paddock/host/runner"
 	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
@@ -61,6 +62,31 @@ func startHost(t *testing.T, path string) *world {
 // what the timeout is for.
 func startHostWith(t testing.TB, path string, turnTimeout time.Duration, wrap func(host.Runner) host.Runner) *world {
 	t.Helper()
+	return startHostOpts(t, path, hostOpts{turnTimeout: turnTimeout, wrap: wrap})
+}
+
+// hostOpts are startHostOpts's options.
+type hostOpts struct {
+	// turnTimeout is every agent's turn timeout.
+	turnTimeout time.Duration
+	// wrap, when set, wraps the host's runner.
+	wrap func(host.Runner) host.Runner
+	// calls is the host's host-call executor (host.Options.Calls); nil:
+	// turns have no host-call channel.
+	calls *calls.Executor
+	// chatCaps, when chat is set, are the capabilities of the chat agents.
+	chatCaps calls.Capabilities
+	// chat registers the chat example as "chat" (wasm), "chat-plugin"
+	// (plugin worker) and "chat-remote" (wasm on the remote pool).
+	chat bool
+}
+
+// startHostOpts runs a host over the SQLite database at path with the
+// example agents registered, as startHostWith, and the chat agents when
+// o.chat is set.
+func startHostOpts(t testing.TB, path string, o hostOpts) *world {
+	t.Helper()
+	turnTimeout, wrap := o.turnTimeout, o.wrap
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, path)
 	if err != nil {
@@ -146,6 +172,9 @@ func startHostWith(t testing.TB, path string, turnTimeout time.Duration, wrap fu
 		t.Fatal(err)
 	}
 	w.agents["notes-remote"] = ra
+	if o.chat {
+		w.registerChat(wr)
+	}
 
 	pol := host.DefaultPolicy()
 	pol.LeaseTTL, pol.IdleTimeout, pol.ScanInterval = 3*time.Second, time.Second, 50*time.Millisecond
@@ -154,12 +183,19 @@ func startHostWith(t testing.TB, path string, turnTimeout time.Duration, wrap fu
 	remote := pol.AgentPolicy
 	remote.Pool = "remote"
 	pol.Agents = map[string]host.AgentPolicy{"notes-remote": remote}
+	if o.chat {
+		chatPol := pol.AgentPolicy
+		chatPol.Capabilities = o.chatCaps
+		chatRemote := remote
+		chatRemote.Capabilities = o.chatCaps
+		pol.Agents["chat"], pol.Agents["chat-plugin"], pol.Agents["chat-remote"] = chatPol, chatPol, chatRemote
+	}
 	pol.Pools = map[string]int{"default": 64, "remote": 64}
 	var r host.Runner = wr
 	if wrap != nil {
 		r = wrap(wr)
 	}
-	w.h, err = host.New(host.Options{Store: st, Runner: r, Policy: pol, Logger: log})
+	w.h, err = host.New(host.Options{Store: st, Runner: r, Policy: pol, Logger: log, Calls: o.calls})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,11 +2,16 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/paddock-dev/paddock/host/calls"
+	"github.com/paddock-dev/paddock/host/config"
 )
 
 // readmeBlocks returns the fenced code blocks of README.md's section
@@ -133,5 +138,95 @@ func TestREADMEExternalAgent(t *testing.T) {
 	out, err := ra.run(ctx, "signal", "send", "myagent", strings.TrimSpace(s), "hi", "--wait")
 	if err != nil || out != "assistant: got: hi\n" {
 		t.Errorf("signal send --wait to the external agent: %q %v, want its reply", out, err)
+	}
+}
+
+// TestREADMEHostCalls checks README.md's "Host calls" section against the
+// configuration `make run` uses: its YAML excerpts are examples/paddock.yaml
+// verbatim, and each `make run` line's environment loads into the model
+// endpoint it says (the config's validation and the host-call executor
+// accept it), with the key's secret read from CHAT_API_KEY.
+func TestREADMEHostCalls(t *testing.T) {
+	blocks := readmeBlocks(t, "## Host calls: models and the web")
+	if len(blocks) != 4 {
+		t.Fatalf("want 4 code blocks (the chat commands, the make run lines, the two YAML excerpts), got %d", len(blocks))
+	}
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	yamlFile, err := os.ReadFile(filepath.Join(root, "examples", "paddock.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range blocks[2:] {
+		if !strings.Contains(string(yamlFile), b) {
+			t.Errorf("README's YAML excerpt is not in examples/paddock.yaml as written:\n%s", b)
+		}
+	}
+	if !strings.Contains(blocks[0], "bin/paddock session create chat") {
+		t.Errorf("the first block does not create a chat session:\n%s", blocks[0])
+	}
+
+	// The config's relative paths (the worker key) are the repository's.
+	t.Chdir(root)
+	want := map[string]calls.Endpoint{
+		"":          {Provider: "openai", BaseURL: "http://127.0.0.1:11434/v1", Models: []string{"llama3.2"}},
+		"openai":    {Provider: "openai", BaseURL: "https://api.openai.com/v1", Models: []string{"gpt-4o-mini"}, Secret: "chat_key"},
+		"anthropic": {Provider: "anthropic", BaseURL: "https://api.anthropic.com", Models: []string{"claude-3-5-haiku-latest"}, Secret: "chat_key"},
+	}
+	seen := 0
+	for line := range strings.SplitSeq(blocks[1], "\n") {
+		line, _, _ = strings.Cut(line, " #")
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		var environ []string
+		for len(fields) > 0 && strings.Contains(fields[0], "=") {
+			environ = append(environ, fields[0])
+			fields = fields[1:]
+		}
+		if strings.Join(fields, " ") != "make run" {
+			t.Errorf("line %q: want environment assignments, then make run", line)
+			continue
+		}
+		cfg, err := config.Load(config.Sources{File: "examples/paddock.yaml", Environ: environ})
+		if err != nil {
+			t.Errorf("line %q: %v", line, err)
+			continue
+		}
+		var provider string
+		for _, kv := range environ {
+			if v, ok := strings.CutPrefix(kv, "PADDOCK_MODELS__CHAT__PROVIDER="); ok {
+				provider = v
+			}
+		}
+		w, ok := want[provider]
+		if !ok {
+			t.Errorf("line %q: provider %q is not one the README shows", line, provider)
+			continue
+		}
+		seen++
+		got := cfg.ModelEndpoints()["chat"]
+		got.Timeout = 0
+		if fmt.Sprint(got) != fmt.Sprint(w) {
+			t.Errorf("line %q: endpoint chat = %+v, want %+v", line, got, w)
+		}
+		if _, err := calls.New(calls.Config{Endpoints: cfg.ModelEndpoints()}); err != nil {
+			t.Errorf("line %q: the executor refuses the endpoints: %v", line, err)
+		}
+		if src := cfg.SecretSources()["chat_key"]; src.Env != "CHAT_API_KEY" {
+			t.Errorf("secret chat_key = %+v, want env CHAT_API_KEY", src)
+		}
+		if w.Secret != "" && !strings.Contains(line, "CHAT_API_KEY=") {
+			t.Errorf("line %q names the key's secret but does not set CHAT_API_KEY", line)
+		}
+		if caps := cfg.AgentCapabilities("chat"); !slices.Contains(caps.Models, "chat") || len(caps.HTTP) == 0 {
+			t.Errorf("agent chat's capabilities %+v: want the endpoint chat and http rules", caps)
+		}
+	}
+	if seen != len(want) {
+		t.Errorf("%d make run lines checked, want %d (Ollama, OpenAI, Anthropic)", seen, len(want))
 	}
 }

@@ -224,9 +224,10 @@ func explain(err error) string {
 }
 
 // Setup says how to give the agent a model (the README has the details).
-const Setup = "Set PADDOCK_MODELS__CHAT__PROVIDER (openai or anthropic), PADDOCK_MODELS__CHAT__BASE_URL, " +
-	"PADDOCK_MODELS__CHAT__MODELS (a model name) and the key in CHAT_API_KEY, then restart paddock serve; " +
-	"by default it uses a local Ollama at http://127.0.0.1:11434/v1 with model llama3.2"
+const Setup = "Set PADDOCK_MODELS__CHAT__PROVIDER (openai or anthropic), PADDOCK_MODELS__CHAT__BASE_URL and " +
+	"PADDOCK_MODELS__CHAT__MODELS (a model name) and, for a hosted API, PADDOCK_MODELS__CHAT__SECRET=chat_key with " +
+	"the key in CHAT_API_KEY, then restart paddock serve; by default it uses a local Ollama at " +
+	"http://127.0.0.1:11434/v1 with model llama3.2, which needs no key"
 
 // trim keeps the conversation within MaxHistory messages, dropping the
 // oldest and never starting with a tool message or an assistant message
