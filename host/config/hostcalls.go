@@ -47,6 +47,10 @@ func (c Config) validateHostCalls() []error {
 			if strings.TrimSpace(mm) == "" || slices.Index(m.Models, mm) != i {
 				bad(fmt.Sprintf("%s.models[%d]", key, i), mm, "model names must be non-empty and unique")
 			}
+			if strings.Contains(mm, ",") {
+				// An environment variable gives one string, not a list.
+				bad(fmt.Sprintf("%s.models[%d]", key, i), mm, "a model name has no comma (from the environment, PADDOCK_MODELS__<NAME>__MODELS sets one model; list several in the config file)")
+			}
 		}
 		if m.Secret != "" && !secretNameRE.MatchString(m.Secret) {
 			bad(key+".secret", m.Secret, "must match "+secretNameRE.String())

@@ -114,6 +114,7 @@ func TestHostCallKeysAreStrict(t *testing.T) {
 		{"unknown provider", "models:\n  m:\n    provider: gemini\n    base_url: https://x\n    models: [a]\n", "models.m.provider"},
 		{"bad base url", "models:\n  m:\n    provider: openai\n    base_url: ftp://x\n    models: [a]\n", "models.m.base_url"},
 		{"no models", "models:\n  m:\n    provider: openai\n    base_url: https://x\n", "models.m.models"},
+		{"comma in a model name", "models:\n  m:\n    provider: openai\n    base_url: https://x\n    models: [\"a,b\"]\n", "models.m.models[0]"},
 		{"unknown key in endpoint", "models:\n  m:\n    provider: openai\n    base_url: https://x\n    models: [a]\n    api_key: x\n", "api_key"},
 		{"env and file", "secrets:\n  s:\n    env: A\n    file: /b\n", "secrets.s"},
 		{"neither env nor file", "secrets:\n  s: {}\n", "secrets.s"},
