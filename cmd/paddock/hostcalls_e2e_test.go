@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -459,8 +460,7 @@ func TestPlantedSecretAppearsNowhere(t *testing.T) {
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
 	planted := "sk-PLANTED-" + hex.EncodeToString(rnd[:])
-	envName := "PADDOCK_E2E_PLANTED_" + strings.ToUpper(hex.EncodeToString(rnd[:4]))
-	t.Setenv(envName, planted) // the host process inherits it
+	envName := "HCE2E_PLANTED_" + strings.ToUpper(hex.EncodeToString(rnd[:4]))
 
 	model := newModelServer(t, func(n int, body map[string]any, w http.ResponseWriter, r *http.Request) {
 		msgs, _ := body["messages"].([]any)
@@ -502,7 +502,7 @@ func TestPlantedSecretAppearsNowhere(t *testing.T) {
 	addr := freePort(t)
 	extra := fmt.Sprintf("secrets:\n  llmkey:\n    env: %s\n", envName)
 	cfg := hcConfig(t, dir, addr, dsn, model.URL, "llmkey", []string{pu.Host}, extra)
-	srv := startServer(t, cfg, addr)
+	srv := startServerEnv(t, cfg, addr, envName+"="+planted)
 
 	var fetched []string // every API answer
 	get := func(path string) string {
@@ -649,4 +649,50 @@ func TestPlantedSecretAppearsNowhere(t *testing.T) {
 	if !strings.Contains(logText, "paddock serving") {
 		t.Errorf("the host's log looks empty: %q", logText)
 	}
+}
+
+// startServerEnv is startServer with more environment variables for the
+// host process.
+func startServerEnv(t *testing.T, cfg, addr string, env ...string) *server {
+	t.Helper()
+	warmCache(t)
+	s := &server{t: t, addr: addr, log: &bytes.Buffer{}, mu: &sync.Mutex{}}
+	s.cmd = exec.Command(paddockBin(t), "serve", "--config", cfg)
+	s.cmd.Stderr = syncBuffer{s.mu, s.log}
+	s.cmd.Stdout = syncBuffer{s.mu, s.log}
+	s.cmd.Env = append(append(os.Environ(), "PADDOCK_LOG__LEVEL=debug"), env...)
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s.done = make(chan struct{})
+	go func() { _ = s.cmd.Wait(); close(s.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-s.done:
+		default:
+			_ = s.cmd.Process.Signal(syscall.SIGTERM)
+			<-s.done
+		}
+		if t.Failed() {
+			s.mu.Lock()
+			t.Logf("paddock serve log:\n%s", s.log.String())
+			s.mu.Unlock()
+		}
+	})
+	waitUntil(t, "paddock serve to become healthy", 3*time.Minute, func() bool {
+		select {
+		case <-s.done:
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			t.Fatalf("paddock serve exited before it became healthy:\n%s", s.log.String())
+		default:
+		}
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	return s
 }
