@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/host/calls"
 	"github.com/paddock-dev/paddock/store/pgtest"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
 )
@@ -331,12 +332,11 @@ func TestHostCallKillDashNineAfterTheModelAnsweredReplaysOnRetry(t *testing.T) {
 	if total != 1 {
 		t.Errorf("the model server got %d requests (%v), want 1: the retry must replay call 1", total, byKey)
 	}
-	for k, n := range byKey {
-		if k == "" || n != 1 {
-			t.Errorf("Idempotency-Key %q seen %d times, want one request with a key", k, n)
-		}
-	}
 	evs := srv.events("hc", sess)
+	wantKey := calls.IdempotencyHeader(fmt.Sprintf("%s-%d-%d", agentUID(t, srv), evs[0].ID, 1))
+	if byKey[wantKey] != 1 || len(byKey) != 1 {
+		t.Errorf("requests by Idempotency-Key %v, want one under %s (agent, event, seq 1)", byKey, wantKey)
+	}
 	if len(evs) != 1 || evs[0].Status != "done" || evs[0].Attempts != 1 {
 		t.Errorf("events %+v: want one done event with 1 failed attempt", evs)
 	}
@@ -416,10 +416,23 @@ func TestHostCallOfAStoppedHostIsFencedOff(t *testing.T) {
 	waitUntil(t, "host A's journal write to be refused by the fences", time.Minute, func() bool {
 		return metric(a.addr, "paddock_host_calls_fenced_total") >= 1
 	})
-	// A's attempt ends (its reply refused); give it until B's session view
-	// shows the event done and A holds no controller.
+	// A's agent gets a cancelled result and replies; the fences refuse the
+	// reply too.
+	aLog := func() string {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.log.String()
+	}
+	waitUntil(t, "host A's reply to be refused by the fences", time.Minute, func() bool {
+		return strings.Contains(aLog(), "reply rejected by fence")
+	})
 	waitUntil(t, "host A to drop its controller", time.Minute, func() bool { return controllers(t, a.addr) == 0 })
-
+	if !strings.Contains(aLog(), "host call result refused by the fences") {
+		t.Errorf("host A's log does not tell its call result was refused:\n%s", aLog())
+	}
+	if _, byKey := model.counts(); len(byKey) != 1 {
+		t.Errorf("Idempotency-Keys %v: want A's and B's requests under one key (same event, same seq)", byKey)
+	}
 	turns := b.transcript("hc", sess)
 	if len(turns) != 1 {
 		t.Fatalf("transcript holds %d turns, want 1", len(turns))
@@ -532,6 +545,9 @@ func TestPlantedSecretAppearsNowhere(t *testing.T) {
 	out := onlyTurnReply(t, srv, sess)
 	if len(out) != 6 {
 		t.Fatalf("reply %+v: want 6 outcomes", out)
+	}
+	for _, o := range out {
+		t.Logf("call %d: status %d content %q body %q error %q", o.Seq, o.Status, o.Content, o.Body, o.Error)
 	}
 	if out[0].Content != "fine" || !strings.HasPrefix(out[1].Error, "upstream") || out[1].Status != 401 ||
 		out[2].Status != 200 || out[3].Status != 401 || !strings.HasPrefix(out[4].Error, "denied") || out[5].Error == "" {
