@@ -494,6 +494,31 @@ func TestPlantedSecretAppearsNowhere(t *testing.T) {
 			_, _ = w.Write(b)
 			return
 		}
+		auth := r.Header.Get("Authorization")
+		switch last {
+		case "echo me":
+			// An endpoint that echoes the credential in an answer.
+			chatCompletion(w, "your key is "+auth)
+			return
+		case "stream me":
+			// The same, streamed: the credential split across chunks, and
+			// in a tool call's arguments.
+			w.Header().Set("Content-Type", "text/event-stream")
+			half := len(auth) / 2
+			args, _ := json.Marshal(map[string]string{"key": auth})
+			argsJSON, _ := json.Marshal(string(args))
+			for _, ev := range []string{
+				`{"id":"c2","model":"gpt-test","choices":[{"index":0,"delta":{"role":"assistant","content":"streamed ` + auth[:half] + `"}}]}`,
+				`{"id":"c2","model":"gpt-test","choices":[{"index":0,"delta":{"content":"` + auth[half:] + `"}}]}`,
+				`{"id":"c2","model":"gpt-test","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"t","arguments":` + string(argsJSON) + `}}]}}]}`,
+				`{"id":"c2","model":"gpt-test","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`,
+				"[DONE]",
+			} {
+				fmt.Fprintf(w, "data: %s\n\n", ev)
+				w.(http.Flusher).Flush()
+			}
+			return
+		}
 		chatCompletion(w, "fine")
 	})
 	var pageMu sync.Mutex
@@ -541,27 +566,35 @@ func TestPlantedSecretAppearsNowhere(t *testing.T) {
 		httpCall(page.URL+"/deny", withKey),     // a 401 with the echo
 		httpCall("http://"+other+"/x", withKey), // denied: no rule for the destination
 		httpCall(page.URL+"/y", map[string]string{"X-Api-Key": "{{secret:nosuch}}"}), // a secret not granted
+		modelCall("echo me"),   // an answer that echoes the key
+		modelCall("stream me"), // a streamed answer that echoes it, in text and tool arguments
 	)
 	fetched = append(fetched, srv.cli("signal", "send", "hc", sess, msg, "--wait"))
 	waitUntil(t, "the turn to commit", time.Minute, func() bool { return len(srv.transcript("hc", sess)) == 1 })
 
 	out := onlyTurnReply(t, srv, sess)
-	if len(out) != 6 {
-		t.Fatalf("reply %+v: want 6 outcomes", out)
+	if len(out) != 8 {
+		t.Fatalf("reply %+v: want 8 outcomes", out)
 	}
 	for _, o := range out {
 		t.Logf("call %d: status %d content %q body %q error %q", o.Seq, o.Status, o.Content, o.Body, o.Error)
 	}
 	if out[0].Content != "fine" || !strings.HasPrefix(out[1].Error, "upstream") || out[1].Status != 401 ||
-		out[2].Status != 200 || out[3].Status != 401 || !strings.HasPrefix(out[4].Error, "denied") || out[5].Error == "" {
-		t.Errorf("outcomes %+v: want answered, upstream 401, 200, 401, denied, refused", out)
+		out[2].Status != 200 || out[3].Status != 401 || !strings.HasPrefix(out[4].Error, "denied") || out[5].Error == "" ||
+		!strings.HasPrefix(out[6].Content, "your key is") || !strings.HasPrefix(out[7].Content, "streamed") {
+		t.Errorf("outcomes %+v: want answered, upstream 401, 200, 401, denied, refused, answered, answered", out)
 	}
 	// Not vacuous: the value did go out, in the requests it was granted for.
 	model.mu.Lock()
 	auths := append([]string(nil), model.auths...)
 	model.mu.Unlock()
-	if len(auths) != 2 || auths[0] != "Bearer "+planted || auths[1] != "Bearer "+planted {
-		t.Errorf("the model server got Authorization %q, want the planted key twice", auths)
+	if len(auths) != 4 {
+		t.Errorf("the model server got %d requests, want 4", len(auths))
+	}
+	for _, a := range auths {
+		if a != "Bearer "+planted {
+			t.Errorf("the model server got Authorization %q, want the planted key", a)
+		}
 	}
 	pageMu.Lock()
 	keys := append([]string(nil), pageKeys...)
@@ -610,8 +643,8 @@ func TestPlantedSecretAppearsNowhere(t *testing.T) {
 		check("an API answer", f)
 	}
 	rows := journal(t, dsn, evs[0].ID)
-	if len(rows) != 6 {
-		t.Errorf("journal holds %d rows, want 6 (every call numbered, refusals included)", len(rows))
+	if len(rows) != 8 {
+		t.Errorf("journal holds %d rows, want 8 (every call numbered, refusals included)", len(rows))
 	}
 	for _, r := range rows {
 		check(fmt.Sprintf("journal row %d", r.Seq), r.Text)
