@@ -748,3 +748,85 @@ func startServerEnv(t *testing.T, cfg, addr string, env ...string) *server {
 	})
 	return s
 }
+
+// TestHostCallPastItsLeaseOnOneHostIsRefused stops the only host (SIGSTOP)
+// in a model call until its lease has expired by the database's clock, with
+// no other host to take the session over; then the answer arrives and the
+// host resumes. Its lease is not renewed once expired, so the fences refuse
+// the late result (invariant 12: "unexpired lease by the database's
+// clock"); the host's watchdog retries the event on a new epoch, whose call
+// goes live, and the turn commits once with one journal row.
+func TestHostCallPastItsLeaseOnOneHostIsRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process test")
+	}
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	held := make(chan struct{}, 1)
+	release := make(chan struct{})
+	model := newModelServer(t, func(n int, body map[string]any, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			held <- struct{}{}
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+			chatCompletion(w, "late")
+			return
+		}
+		chatCompletion(w, "retried")
+	})
+	dir := t.TempDir()
+	addr := freePort(t)
+	srv := startServer(t, hcConfig(t, dir, addr, dsn, model.URL, "", nil, ""), addr)
+	t.Cleanup(func() { _ = srv.cmd.Process.Signal(syscall.SIGCONT) })
+	sess := srv.cli("session", "create", "hc")
+	srv.cli("signal", "send", "hc", sess, callsMessage(t, modelCall("are you there?")))
+	select {
+	case <-held:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the model call never arrived")
+	}
+	if err := srv.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	// Wait past the lease (2 s) by the database's clock: the activation's
+	// lease_expires_at is in the past.
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	waitUntil(t, "the stopped host's lease to expire", time.Minute, func() bool {
+		var expired bool
+		err := conn.QueryRow(context.Background(),
+			`SELECT coalesce(bool_and(lease_expires_at < clock_timestamp()), false) FROM activations WHERE state IN ('starting', 'active', 'draining')`).Scan(&expired)
+		if err != nil {
+			t.Logf("read leases: %v", err)
+			return false
+		}
+		return expired
+	})
+	close(release)
+	if err := srv.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the retried turn to commit", time.Minute, func() bool { return len(srv.transcript("hc", sess)) == 1 })
+	if got := metric(srv.addr, "paddock_host_calls_fenced_total"); got < 1 {
+		t.Errorf("paddock_host_calls_fenced_total = %v, want ≥ 1: the late result came past the lease", got)
+	}
+	out := onlyTurnReply(t, srv, sess)
+	if len(out) != 1 || out[0].Content != "retried" || out[0].Replayed {
+		t.Errorf("reply %+v: want the retry's live answer", out)
+	}
+	if total, _ := model.counts(); total != 2 {
+		t.Errorf("the model server got %d requests, want 2", total)
+	}
+	turns := srv.transcript("hc", sess)
+	evs := srv.events("hc", sess)
+	rows := journal(t, dsn, evs[0].ID)
+	if len(rows) != 1 || rows[0].Seq != 1 || rows[0].SetAside || rows[0].Epoch != turns[0].ActorEpoch || !bytes.Contains(rows[0].Result, []byte("retried")) {
+		t.Errorf("journal rows %+v: want one, the retry's (epoch %d)", rows, turns[0].ActorEpoch)
+	}
+}
