@@ -781,6 +781,9 @@ func TestHostCallPastItsLeaseOnOneHostIsRefused(t *testing.T) {
 	addr := freePort(t)
 	srv := startServer(t, hcConfig(t, dir, addr, dsn, model.URL, "", nil, ""), addr)
 	t.Cleanup(func() { _ = srv.cmd.Process.Signal(syscall.SIGCONT) })
+	if os.Getenv("HCE2E_DUMP") != "" {
+		t.Cleanup(func() { srv.mu.Lock(); t.Logf("log:\n%s", srv.log.String()); srv.mu.Unlock() })
+	}
 	sess := srv.cli("session", "create", "hc")
 	srv.cli("signal", "send", "hc", sess, callsMessage(t, modelCall("are you there?")))
 	select {
