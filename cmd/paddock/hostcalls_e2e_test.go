@@ -833,3 +833,53 @@ func TestHostCallPastItsLeaseOnOneHostIsRefused(t *testing.T) {
 		t.Errorf("journal rows %+v: want one, the retry's (epoch %d)", rows, turns[0].ActorEpoch)
 	}
 }
+
+// TestHostCallKillDashNineBeforeTheModelAnsweredCallsAgainUnderOneKey kills
+// the host with SIGKILL while the turn's model call is in flight: nothing
+// was journaled, so the retry calls the model again — under the same
+// Idempotency-Key, (agent, event, seq), so a provider that honours the
+// header bills it once — and the turn commits once with the retry's row.
+func TestHostCallKillDashNineBeforeTheModelAnsweredCallsAgainUnderOneKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process test")
+	}
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	held := make(chan struct{}, 1)
+	model := newModelServer(t, func(n int, body map[string]any, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			held <- struct{}{}
+			<-r.Context().Done() // the host dies first
+			return
+		}
+		chatCompletion(w, "second")
+	})
+	dir := t.TempDir()
+	addr := freePort(t)
+	cfg := hcConfig(t, dir, addr, dsn, model.URL, "", nil, "")
+	srv := startServer(t, cfg, addr)
+	sess := srv.cli("session", "create", "hc")
+	srv.cli("signal", "send", "hc", sess, callsMessage(t, modelCall("hi")))
+	select {
+	case <-held:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the model call never arrived")
+	}
+	srv.kill9()
+	srv = startServer(t, cfg, addr)
+	waitUntil(t, "the retried turn to commit", time.Minute, func() bool { return len(srv.transcript("hc", sess)) == 1 })
+	out := onlyTurnReply(t, srv, sess)
+	if len(out) != 1 || out[0].Content != "second" || out[0].Replayed {
+		t.Errorf("reply %+v: want the retry's live answer", out)
+	}
+	evs := srv.events("hc", sess)
+	key := calls.IdempotencyHeader(fmt.Sprintf("%s-%d-%d", agentUID(t, srv), evs[0].ID, 1))
+	if total, byKey := model.counts(); total != 2 || byKey[key] != 2 {
+		t.Errorf("model requests %d by key %v: want 2, both under %s", total, byKey, key)
+	}
+	turns := srv.transcript("hc", sess)
+	rows := journal(t, dsn, evs[0].ID)
+	if len(rows) != 1 || rows[0].Seq != 1 || rows[0].Epoch != turns[0].ActorEpoch || rows[0].Replays != 0 {
+		t.Errorf("journal rows %+v: want one, the retry's (epoch %d)", rows, turns[0].ActorEpoch)
+	}
+}
