@@ -290,6 +290,7 @@ func (x *Executor) doModel(ctx context.Context, caps Capabilities, r *abi.ModelR
 	if err != nil {
 		return fail(mapErr(ctx, cctx, err, mc.scrub))
 	}
+	mc.scrub.model(resp)
 	out.Usage = resp.Usage
 	budget.addTokens(resp.Usage.InputTokens + resp.Usage.OutputTokens)
 	for i, tc := range resp.Message.ToolCalls {

@@ -206,6 +206,22 @@ func upstreamError(mc *modelCall, resp *http.Response, body []byte) *abi.CallErr
 	return &abi.CallError{Code: abi.CallUpstream, Status: resp.StatusCode, Message: mc.scrub.str(text)}
 }
 
+// model scrubs a model's reply of the endpoint's key: an endpoint (or a
+// proxy in front of it) that echoes the credential in an answer must not
+// hand it to the agent, the journal or the transcript (invariant 13). A
+// tool call's arguments are scrubbed as raw JSON: the placeholder has no
+// character JSON escapes, so a string holding the key stays valid.
+func (s *scrubber) model(resp *abi.ModelResponse) {
+	resp.Model = s.str(resp.Model)
+	resp.StopReason = s.str(resp.StopReason)
+	resp.Message.Content = s.str(resp.Message.Content)
+	for i := range resp.Message.ToolCalls {
+		tc := &resp.Message.ToolCalls[i]
+		tc.ID, tc.Name = s.str(tc.ID), s.str(tc.Name)
+		tc.Arguments = s.bytes(tc.Arguments)
+	}
+}
+
 // streamError is an error event inside a stream.
 func streamError(mc *modelCall, status int, msg string) *abi.CallError {
 	return &abi.CallError{Code: abi.CallUpstream, Status: status,
