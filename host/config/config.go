@@ -562,6 +562,10 @@ func decodeErrors(k *koanf.Koanf, err error) error {
 				out = append(out, &KeyError{Key: de.Name() + "." + keys, Value: "…", Reason: "unknown key"})
 				return
 			}
+			if sensitiveKey(de.Name()) {
+				// The decoder's reason quotes the value.
+				reason = "a value of the wrong type (not shown: the key may hold a secret)"
+			}
 			out = append(out, &KeyError{Key: de.Name(), Value: k.Get(de.Name()), Reason: reason})
 			return
 		}
@@ -599,7 +603,23 @@ type KeyError struct {
 }
 
 func (e *KeyError) Error() string {
-	return fmt.Sprintf("config: %s = %v: %s", e.Key, e.Value, e.Reason)
+	var v any = e.Value
+	if sensitiveKey(e.Key) {
+		v = "…"
+	}
+	return fmt.Sprintf("config: %s = %v: %s", e.Key, v, e.Reason)
+}
+
+// sensitiveKey reports whether a key's value may be a secret, which an
+// error never shows (docs/DESIGN.md invariant 13): the API token, the
+// secrets key, a store DSN (its password), and a plugin's environment.
+func sensitiveKey(key string) bool {
+	last := key[strings.LastIndex(key, ".")+1:]
+	switch last {
+	case "auth_token", "secrets_key", "dsn":
+		return true
+	}
+	return strings.Contains(key, ".env.") || strings.HasSuffix(key, ".env")
 }
 
 // checkKeys refuses keys the Config struct does not have: one *KeyError
@@ -623,7 +643,9 @@ func checkKeys(k *koanf.Koanf) error {
 			// The known keys once, after the last unknown one.
 			reason += " (known keys: " + strings.Join(known, ", ") + ")"
 		}
-		errs = append(errs, &KeyError{Key: key, Value: k.Get(key), Reason: reason})
+		// Not the value: an unknown key may be a secret that only looks
+		// like configuration (PADDOCK_OPENAI_KEY=sk-… in the environment).
+		errs = append(errs, &KeyError{Key: key, Value: "…", Reason: reason})
 	}
 	return errors.Join(errs...)
 }

@@ -178,3 +178,31 @@ func TestEveryUnknownKeyIsReported(t *testing.T) {
 		t.Errorf("error %v holds no *KeyError", err)
 	}
 }
+
+// TestErrorsNeverShowASecret: an unknown key (a secret in the environment
+// that only looks like configuration), a short secrets_key, a DSN or auth
+// token of the wrong type, and a plugin's env are refused without their
+// value in the error (docs/DESIGN.md invariant 13).
+func TestErrorsNeverShowASecret(t *testing.T) {
+	const planted = "sk-PLANTED-7f3a"
+	cases := []struct {
+		name string
+		src  Sources
+	}{
+		{"unknown key from the environment", Sources{Environ: []string{"PADDOCK_OPENAI_KEY=" + planted}}},
+		{"short secrets_key", Sources{Environ: []string{"PADDOCK_SECRETS_KEY=" + planted}}},
+		{"auth_token of the wrong type", Sources{File: writeFile(t, "auth_token: {x: "+planted+"}\n")}},
+		{"dsn of the wrong type", Sources{File: writeFile(t, "store:\n  dsn: [\""+planted+"\"]\n")}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Load(c.src)
+			if err == nil {
+				t.Fatal("Load accepted it")
+			}
+			if strings.Contains(err.Error(), planted) {
+				t.Fatalf("the error shows the value: %v", err)
+			}
+		})
+	}
+}
