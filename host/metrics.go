@@ -92,7 +92,8 @@ func NewMetrics() *Metrics {
 			Name: "paddock_pending_sessions", Help: "Sessions waiting for pool capacity on this host.",
 		}),
 	}
-	for _, r := range store.FenceReasons {
+	for _, r := range store.FenceReasons() {
+		m.HostCallsFenced.WithLabelValues(string(r))
 		m.FenceRejections.WithLabelValues(string(r))
 	}
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -51,10 +51,13 @@ const (
 	FenceExpiredLease       FenceReason = "expired_lease"
 )
 
-// FenceReasons lists every reason, for metrics.
-var FenceReasons = []FenceReason{
-	FenceUnknownDelivery, FenceWrongActorKey, FenceSupersededDelivery,
-	FenceStaleEpoch, FenceStaleRevision, FenceExpiredLease,
+// FenceReasons returns every reason, for metrics (a new slice each
+// call: no package-level mutable state).
+func FenceReasons() []FenceReason {
+	return []FenceReason{
+		FenceUnknownDelivery, FenceWrongActorKey, FenceSupersededDelivery,
+		FenceStaleEpoch, FenceStaleRevision, FenceExpiredLease,
+	}
 }
 
 // FenceError is returned when a reply's turn_ref does not match the database
