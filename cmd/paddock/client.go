@@ -782,6 +782,8 @@ func printCalls(w io.Writer, calls []apiclient.HostCall) {
 		switch {
 		case c.ErrorCode != "" && c.Status != 0:
 			result = fmt.Sprintf("%s (HTTP %d)", c.ErrorCode, c.Status)
+		case c.ErrorCode != "" && c.ErrorReason != "":
+			result = c.ErrorCode + " (" + c.ErrorReason + ")"
 		case c.ErrorCode != "":
 			result = c.ErrorCode
 		case c.Status != 0:
@@ -801,6 +803,11 @@ func printCalls(w io.Writer, calls []apiclient.HostCall) {
 		}
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", c.Seq, safeCell(c.Kind), oneLine(c.Destination, 80), oneLine(result, 60),
 			(time.Duration(c.DurationMS) * time.Millisecond).String(), tokens, c.ActorEpoch, replayed, aside)
+	}
+	for _, c := range calls {
+		if c.ErrorMessage != "" {
+			fmt.Fprintf(w, "  seq %d (epoch %d): %s\n", c.Seq, c.ActorEpoch, oneLine(c.ErrorMessage, 200))
+		}
 	}
 }
 

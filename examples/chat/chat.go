@@ -207,10 +207,19 @@ func explain(err error) string {
 	}
 	switch ce.Code {
 	case abi.CallNotConfigured:
+		if strings.Contains(ce.Message, "secret") && !strings.Contains(ce.Message, "environment variable") {
+			// The endpoint is there; its key is not (an unknown secret, or
+			// a secrets_key that does not open it): the setup of the
+			// endpoint would not help.
+			return "(the model endpoint's key is not available: " + ce.Message + ")"
+		}
 		return "(no model is configured for this agent: " + ce.Message + ". " + Setup + ")"
 	case abi.CallDenied:
-		return "(the host refused the model call: " + ce.Message + ". Grant the agent the endpoint \"" + Endpoint +
-			"\" in its capabilities.)"
+		if ce.Reason == "endpoint" {
+			return "(the host refused the model call: " + ce.Message + ". Grant the agent the endpoint \"" + Endpoint +
+				"\" in its capabilities.)"
+		}
+		return "(the host refused the model call: " + ce.Message + ")"
 	case abi.CallUpstream:
 		if ce.Status == 0 {
 			return "(the model endpoint cannot be reached: " + ce.Message + ". " + Setup + ")"

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 
+	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/service"
 	"github.com/paddock-dev/paddock/store"
@@ -99,6 +100,12 @@ func toHostCall(c store.HostCall, results bool) client.HostCall {
 		ErrorCode: c.ErrorCode, Status: c.Status, StartedAt: c.StartedAt, DurationMS: c.DurationMS,
 		InputTokens: c.InputTokens, OutputTokens: c.OutputTokens, ActorEpoch: c.ActorEpoch,
 		Replays: c.Replays, ReplayedEpoch: c.ReplayedEpoch, SetAside: c.SetAside}
+	if c.ErrorCode != "" {
+		var res abi.CallResult
+		if json.Unmarshal(c.Result, &res) == nil && res.Error != nil {
+			out.ErrorReason, out.ErrorMessage = res.Error.Reason, res.Error.Message
+		}
+	}
 	if results && len(c.Result) > 0 {
 		if json.Valid(c.Result) {
 			out.Result = json.RawMessage(c.Result)

@@ -387,7 +387,7 @@ func TestEventShowsItsJournal(t *testing.T) {
 		}
 	}
 	if aside.Seq != 2 || aside.Status != 502 || aside.ErrorCode != "upstream" || aside.RequestDigest != "sha256:bb" ||
-		aside.Destination != "GET https://example.com:443/\x1b]0;x\x07" {
+		aside.Destination != "GET https://example.com:443/\x1b]0;x\x07" || aside.ErrorMessage != "bad gateway" {
 		t.Errorf("set-aside call: %+v", aside)
 	}
 	if live.Seq != 2 || live.Status != 200 || live.RequestDigest != "sha256:cc" || live.Replays != 0 {

@@ -455,14 +455,18 @@ func (c Config) RestartOnlyChanges(next Config) []string {
 	diff("runtime", c.Runtime, next.Runtime)
 	diff("api", c.API, next.API)
 	diff("fabric", c.Fabric, next.Fabric)
-	var mods, nextMods []string
-	for _, a := range c.Agents {
-		mods = append(mods, a.Name+"="+a.ModuleFile)
+	// Registrations (module_file, plugin) apply at start; an entry that
+	// only sets policy or capabilities reloads, added or removed.
+	regs := func(as []AgentSpec) map[string]string {
+		out := map[string]string{}
+		for _, a := range as {
+			if a.ModuleFile != "" || a.Plugin != "" {
+				out[a.Name] = a.ModuleFile + "|" + a.Plugin
+			}
+		}
+		return out
 	}
-	for _, a := range next.Agents {
-		nextMods = append(nextMods, a.Name+"="+a.ModuleFile)
-	}
-	diff("agents[].module_file", mods, nextMods)
+	diff("agents[].module_file|plugin", regs(c.Agents), regs(next.Agents))
 	diff("plugins", c.Plugins, next.Plugins)
 	diff("models", c.Models, next.Models)
 	diff("secrets", c.Secrets, next.Secrets)

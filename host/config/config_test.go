@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -204,5 +205,26 @@ func TestErrorsNeverShowASecret(t *testing.T) {
 				t.Fatalf("the error shows the value: %v", err)
 			}
 		})
+	}
+}
+
+// TestAPolicyOnlyAgentEntryReloadsWithoutARestartWarning: adding or
+// removing an agents[] entry that sets only policy or capabilities is not
+// a restart-only change; changing a registration (module_file, plugin) is.
+func TestAPolicyOnlyAgentEntryReloadsWithoutARestartWarning(t *testing.T) {
+	base := Default()
+	base.Agents = []AgentSpec{{Name: "notes", ModuleFile: "notes.wasm"}}
+	next := base
+	next.Agents = append([]AgentSpec{{Name: "mychat", Capabilities: &Capabilities{}}}, base.Agents...)
+	if got := base.RestartOnlyChanges(next); len(got) != 0 {
+		t.Errorf("a capabilities-only entry added: restart-only changes %v, want none", got)
+	}
+	if got := next.RestartOnlyChanges(base); len(got) != 0 {
+		t.Errorf("a capabilities-only entry removed: restart-only changes %v, want none", got)
+	}
+	moved := base
+	moved.Agents = []AgentSpec{{Name: "notes", ModuleFile: "other.wasm"}}
+	if got := base.RestartOnlyChanges(moved); !slices.Contains(got, "agents[].module_file|plugin") {
+		t.Errorf("a module_file changed: restart-only changes %v, want agents[].module_file|plugin", got)
 	}
 }

@@ -397,6 +397,11 @@ type HostCall struct {
 	RequestDigest string `json:"request_digest"`
 	// ErrorCode is the result's error code ("" on success).
 	ErrorCode string `json:"error_code,omitempty"`
+	// ErrorReason refines a denied call (destination, method, endpoint,
+	// tokens_per_turn …) and ErrorMessage says why the call gave no
+	// response, as the agent was told (never holding a secret).
+	ErrorReason  string `json:"error_reason,omitempty"`
+	ErrorMessage string `json:"error_message,omitempty"`
 	// Status is the upstream HTTP status (0: none).
 	Status     int       `json:"status,omitempty"`
 	StartedAt  time.Time `json:"started_at"`
