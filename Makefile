@@ -38,7 +38,8 @@ plugins: ## build the example plugin workers bin/notes-plugin, bin/hasher-plugin
 
 run: build examples ## start `paddock serve` on SQLite under ./data with the example agents registered
 	@echo
-	@echo "Paddock is starting on http://127.0.0.1:8080 (SQLite under ./data). In another terminal try:"
+	@echo "Paddock is starting on http://$${PADDOCK_LISTEN:-127.0.0.1:8080} (SQLite under ./data). Wait for 'paddock serving' below, then in another terminal try:"
+	@if [ -n "$$PADDOCK_LISTEN" ]; then echo "  export PADDOCK_SERVER=http://$$PADDOCK_LISTEN   # the client's address"; fi
 	@echo "  S=\$$(bin/paddock session create notes)"
 	@echo "  bin/paddock signal send notes \$$S 'note buy milk'"
 	@echo "  bin/paddock signal send notes \$$S 'note call mum'"
@@ -46,7 +47,7 @@ run: build examples ## start `paddock serve` on SQLite under ./data with the exa
 	@echo "  bin/paddock transcript notes \$$S"
 	@echo "  P=\$$(bin/paddock session create notes-plugin)   # the same agent as a plugin worker"
 	@echo "  bin/paddock signal send notes-plugin \$$P 'note same here' --wait"
-	@echo "  bin/paddock worker --connect tcp://127.0.0.1:7700 --id worker-1 --key-file examples/worker-1.key --pool remote &"
+	@echo "  bin/paddock worker --connect $${PADDOCK_FABRIC__LISTEN:-tcp://127.0.0.1:7700} --id worker-1 --key-file examples/worker-1.key --pool remote &"
 	@echo "  R=\$$(bin/paddock session create notes-remote); bin/paddock signal send notes-remote \$$R 'note far' --wait"
 	@echo "  C=\$$(bin/paddock session create chat); bin/paddock signal send chat \$$C 'hello' --wait   # a model through the host (README: Host calls)"
 	@echo

@@ -129,7 +129,37 @@ func newExecutor(cfg config.Config, st store.Store, m *host.Metrics, log *slog.L
 	if err != nil {
 		return nil, nil, fmt.Errorf("host calls: %w", err)
 	}
+	checkSealedSecrets(context.Background(), st, secrets, key != nil, log)
 	return x, secrets, nil
+}
+
+// checkSealedSecrets warns at start about secrets set through the API that
+// this host cannot open (another secrets_key, or none): they would fail
+// only at the first call that uses them. It names them, never a value.
+func checkSealedSecrets(ctx context.Context, st store.Store, secrets *calls.Secrets, haveKey bool, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	list, err := st.ListSecrets(ctx)
+	if err != nil || len(list) == 0 {
+		return
+	}
+	if !haveKey {
+		log.Warn("secrets set through the API cannot be used: this host has no secrets_key", "secrets", len(list))
+		return
+	}
+	var bad []string
+	for _, sec := range list {
+		sealed, err := st.SealedSecret(ctx, sec.Name)
+		if err == nil {
+			_, err = secrets.Open(sec.Name, sealed)
+		}
+		if err != nil {
+			bad = append(bad, sec.Name)
+		}
+	}
+	if len(bad) > 0 {
+		log.Warn("secrets set through the API do not open with this secrets_key (another key sealed them): calls using them answer not_configured", "secrets", bad)
+	}
 }
 
 // policyFromConfig maps configuration onto the host's policy.
