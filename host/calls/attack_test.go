@@ -164,14 +164,14 @@ func TestAttackSSRFURLForms(t *testing.T) {
 // address, the metadata service included.
 func TestAttackIsPrivateAddrEmbeddedIPv4(t *testing.T) {
 	for _, s := range []string{
-		"::127.0.0.1",              // IPv4-compatible (deprecated ::/96)
-		"::ffff:0:7f00:1",          // IPv4-translated (RFC 2765 SIIT)
-		"::ffff:0:a9fe:a9fe",       // IPv4-translated 169.254.169.254
-		"64:ff9b:1::a9fe:a9fe",     // local-use NAT64 (RFC 8215)
-		"fec0::1",                  // site-local (deprecated, RFC 3879)
-		"2002:7f00:1::1",           // 6to4 of 127.0.0.1
-		"2002:a9fe:a9fe::1",        // 6to4 of 169.254.169.254
-		"240.0.0.1",                // reserved 240/4
+		"::127.0.0.1",          // IPv4-compatible (deprecated ::/96)
+		"::ffff:0:7f00:1",      // IPv4-translated (RFC 2765 SIIT)
+		"::ffff:0:a9fe:a9fe",   // IPv4-translated 169.254.169.254
+		"64:ff9b:1::a9fe:a9fe", // local-use NAT64 (RFC 8215)
+		"fec0::1",              // site-local (deprecated, RFC 3879)
+		"2002:7f00:1::1",       // 6to4 of 127.0.0.1
+		"2002:a9fe:a9fe::1",    // 6to4 of 169.254.169.254
+		"240.0.0.1",            // reserved 240/4
 	} {
 		if !IsPrivateAddr(netip.MustParseAddr(s)) {
 			t.Errorf("IsPrivateAddr(%s) = false", s)
@@ -318,8 +318,8 @@ func TestAttackConcurrentCallsOverrunResponseBytes(t *testing.T) {
 func TestAttackHostileModelStreams(t *testing.T) {
 	big := strings.Repeat("A", 6<<20)
 	f := newFake(t, false,
-		reply{events: []string{`{"choices":[{"index":0,"delta":{"content":"x"}}]}`}, hang: true},                       // never [DONE]
-		reply{events: []string{`{"choices":[{"index":0,"delta":{"content":"` + big + `"}}]}`}},                         // giant line
+		reply{events: []string{`{"choices":[{"index":0,"delta":{"content":"x"}}]}`}, hang: true},                                                             // never [DONE]
+		reply{events: []string{`{"choices":[{"index":0,"delta":{"content":"` + big + `"}}]}`}},                                                               // giant line
 		reply{events: []string{`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":-7,"function":{"arguments":"{"}}]},"finish_reason":"tool_calls"}]}`}}, // malformed tool call
 		reply{events: []string{`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":2147483647,"id":"c","function":{"name":"t","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}`}},
 	)
