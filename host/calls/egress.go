@@ -379,6 +379,12 @@ func (e *Egress) Do(ctx context.Context, call HTTPCall) (*abi.HTTPResponse, int6
 		}
 		header.Set(k, filled)
 	}
+	if len(pol.secretHeaders) > 0 {
+		// The transport then asks for gzip itself and decodes the body, so
+		// the scrubber sees a reflected secret in plain text (the agent's
+		// own Accept-Encoding would hand it the compressed bytes).
+		header.Del("Accept-Encoding")
+	}
 	timeout := call.Timeout
 	if timeout <= 0 {
 		timeout = DefaultTimeout
