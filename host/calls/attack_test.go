@@ -337,3 +337,38 @@ func TestAttackHostileModelStreams(t *testing.T) {
 		}
 	}
 }
+
+// Redirects to other schemes and to loopback/metadata forms are refused,
+// and a name that re-resolves to loopback at the redirect is refused at
+// the dial (the dialer connects only to the address it checked).
+func TestAttackRedirectTargets(t *testing.T) {
+	a := newDest(t)
+	lookups := 0
+	var mu sync.Mutex
+	x, _ := testExec(t, Config{Egress: EgressConfig{LookupIP: func(ctx context.Context, host string) ([]netip.Addr, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		lookups++
+		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+	}}}, env{"TOKEN": attackSecret})
+	port := serverPort(t, a.URL)
+	caps := Capabilities{HTTP: []HTTPRule{loopbackRule(t, a), {Scheme: "http", Host: "rebind.example", Port: port},
+		{Scheme: "http", Host: "*.example.org", Port: port}}, Secrets: []string{"token"}}
+	for _, to := range []string{
+		"file:///etc/passwd", "gopher://127.0.0.1:" + fmt.Sprint(port) + "/", "ftp://127.0.0.1/",
+		"http://169.254.169.254/latest/meta-data/", "http://[::ffff:a9fe:a9fe]/", "http://127.1:" + fmt.Sprint(port) + "/ok",
+		// (http://[::ffff:127.0.0.1]:port is followed: it is the address the
+		// literal rule names; the secret header is dropped, the host differs.)
+		fmt.Sprintf("http://rebind.example:%d/ok", port),
+		fmt.Sprintf("http://x.example.org:%d/ok", port), fmt.Sprintf("http://localhost:%d/ok", port),
+	} {
+		n := len(a.requests())
+		out := x.Do(context.Background(), "a", caps, httpReq("GET", a.URL+"/redirect?to="+to, map[string]string{"X-Api-Key": "{{secret:token}}"}), CallOptions{})
+		if out.Result.Error == nil {
+			t.Errorf("redirect to %s followed: %d %q", to, out.Result.HTTP.Status, out.Result.HTTP.Body)
+		}
+		if len(a.requests()) != n+1 {
+			t.Errorf("redirect to %s: the server got %d more requests, want only the first", to, len(a.requests())-n)
+		}
+	}
+}
