@@ -166,3 +166,52 @@ func TestAttackConcurrentCallsReplayAfterRetry(t *testing.T) {
 		}
 	})
 }
+
+// FINDING: the Idempotency-Key of a model call is derived from (agent,
+// event, seq) only. A retry that diverges — a different request at the
+// same seq — sends the same key: a provider (or gateway) that honours the
+// header answers the new request with the old request's cached reply (or
+// refuses it). The key must bind the request too.
+func TestAttackIdempotencyKeyIgnoresTheRequest(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		var mu sync.Mutex
+		keys := map[string]string{} // last message → Idempotency-Key
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			var req struct {
+				Messages []struct {
+					Content string `json:"content"`
+				} `json:"messages"`
+			}
+			b, _ := io.ReadAll(r.Body)
+			_ = json.Unmarshal(b, &req)
+			last := req.Messages[len(req.Messages)-1].Content
+			mu.Lock()
+			keys[last] = r.Header.Get("Idempotency-Key")
+			mu.Unlock()
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(map[string]any{"model": "m1",
+				"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "message": map[string]any{"role": "assistant", "content": "echo: " + last}}},
+				"usage":   map[string]any{"prompt_tokens": 1, "completion_tokens": 1}})
+		}))
+		t.Cleanup(srv.Close)
+		f := startAttackHost(t, st, map[string]abi.TurnFunc{"diverge": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			r := ask(ctx, fmt.Sprintf("question %d", req.Attempt))
+			if req.Attempt == 1 {
+				return nil, errors.New("crash")
+			}
+			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: r}}}, nil
+		}}, srv.URL)
+		key := f.session(f.agent("diverge"))
+		f.signal(key, "go")
+		f.waitFor("the diverging turn to commit", func() bool { return f.get(key).TurnCount == 1 })
+		mu.Lock()
+		defer mu.Unlock()
+		k1, k2 := keys["question 1"], keys["question 2"]
+		if k1 == "" || k2 == "" {
+			t.Fatalf("keys %v", keys)
+		}
+		if k1 == k2 {
+			t.Errorf("two different requests at seq 1 were sent with the same Idempotency-Key %s", k1)
+		}
+	})
+}
