@@ -407,3 +407,18 @@ func TestAttackSecretBindingBypassedByBroaderRule(t *testing.T) {
 		}
 	}
 }
+
+// FINDING: Limits' doc says that without limits of the agent's own "the
+// host-wide caps still hold (… the endpoint's max_tokens per model
+// call)", but the endpoint's max_tokens is only a default: an agent's
+// request for 1,000,000 tokens reaches the provider as asked.
+func TestAttackMaxTokensAboveTheEndpointsCap(t *testing.T) {
+	f := newFake(t, false, oaStream(`{"prompt_tokens":1,"completion_tokens":1}`))
+	x, _ := testExec(t, Config{Endpoints: map[string]Endpoint{"oa": {Provider: ProviderOpenAI, BaseURL: f.URL + "/v1", Models: []string{"m"}, MaxTokens: 256}}}, env{})
+	req := modelReq("oa", "", abi.ModelMessage{Role: abi.RoleUser, Content: "hi"})
+	req.Model.MaxTokens = 1_000_000
+	wantOK(t, x.Do(context.Background(), "a", Capabilities{Models: []string{"oa"}}, req, CallOptions{}))
+	if got := f.requests()[0].body["max_tokens"]; got != float64(256) {
+		t.Errorf("max_tokens sent = %v, want the endpoint's cap 256", got)
+	}
+}
