@@ -422,3 +422,24 @@ func TestAttackMaxTokensAboveTheEndpointsCap(t *testing.T) {
 		t.Errorf("max_tokens sent = %v, want the endpoint's cap 256", got)
 	}
 }
+
+// FINDING (latent: no host caller sets OnDelta yet — the planned streams
+// would): OnDelta receives the provider's text before the scrubber runs,
+// so an endpoint that echoes its API key streams it out unscrubbed, while
+// the final result is scrubbed.
+func TestAttackOnDeltaIsNotScrubbed(t *testing.T) {
+	f := newFake(t, false, reply{events: []string{
+		`{"choices":[{"index":0,"delta":{"content":"key is ` + attackSecret + `"},"finish_reason":"stop"}]}`,
+		`{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}`}})
+	x, _ := testExec(t, Config{Endpoints: map[string]Endpoint{"oa": {Provider: ProviderOpenAI, BaseURL: f.URL + "/v1", Models: []string{"m"}, Secret: "api_key"}}}, env{"API_KEY": attackSecret})
+	var deltas strings.Builder
+	out := x.Do(context.Background(), "a", Capabilities{Models: []string{"oa"}}, modelReq("oa", "", abi.ModelMessage{Role: abi.RoleUser, Content: "hi"}),
+		CallOptions{OnDelta: func(s string) { deltas.WriteString(s) }})
+	wantOK(t, out)
+	if strings.Contains(out.Result.Model.Message.Content, attackSecret) {
+		t.Fatal("the result holds the key")
+	}
+	if strings.Contains(deltas.String(), attackSecret) {
+		t.Errorf("OnDelta received the key: %q", deltas.String())
+	}
+}
