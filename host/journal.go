@@ -129,7 +129,9 @@ func (c *journalCaller) call(ctx context.Context, seq int, req *abi.CallRequest,
 	}
 	start := time.Now()
 	out := c.exec.Do(ctx, c.agent.Name, c.caps, req, calls.CallOptions{
-		Budget: c.budget, IdempotencyKey: fmt.Sprintf("%s-%d-%d", c.agent.UID, c.currentRef().ActorEventID, seq),
+		// The digest binds the key to the request: a retry that diverges at
+		// seq must not be answered from the provider's cache of another.
+		Budget: c.budget, IdempotencyKey: fmt.Sprintf("%s-%d-%d-%s", c.agent.UID, c.currentRef().ActorEventID, seq, digest),
 	})
 	res := out.Result
 	res.Seq = seq

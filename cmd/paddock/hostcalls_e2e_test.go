@@ -207,6 +207,7 @@ type journalRow struct {
 	Replays       int
 	ReplayedEpoch int64
 	SetAside      bool
+	RequestDigest string
 	Text          string // the whole row as PostgreSQL renders it
 }
 
@@ -220,14 +221,14 @@ func journal(t *testing.T, dsn string, eventID int64) []journalRow {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `SELECT seq, actor_epoch, kind, destination, error_code, result, replays, replayed_epoch, set_aside, h::text
+	rows, err := conn.Query(ctx, `SELECT seq, actor_epoch, kind, destination, error_code, result, replays, replayed_epoch, set_aside, request_digest, h::text
 		FROM host_calls h WHERE event_id = $1 ORDER BY id`, eventID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (journalRow, error) {
 		var j journalRow
-		err := r.Scan(&j.Seq, &j.Epoch, &j.Kind, &j.Destination, &j.ErrorCode, &j.Result, &j.Replays, &j.ReplayedEpoch, &j.SetAside, &j.Text)
+		err := r.Scan(&j.Seq, &j.Epoch, &j.Kind, &j.Destination, &j.ErrorCode, &j.Result, &j.Replays, &j.ReplayedEpoch, &j.SetAside, &j.RequestDigest, &j.Text)
 		return j, err
 	})
 	if err != nil {
@@ -333,9 +334,9 @@ func TestHostCallKillDashNineAfterTheModelAnsweredReplaysOnRetry(t *testing.T) {
 		t.Errorf("the model server got %d requests (%v), want 1: the retry must replay call 1", total, byKey)
 	}
 	evs := srv.events("hc", sess)
-	wantKey := calls.IdempotencyHeader(fmt.Sprintf("%s-%d-%d", agentUID(t, srv), evs[0].ID, 1))
+	wantKey := calls.IdempotencyHeader(fmt.Sprintf("%s-%d-%d-%s", agentUID(t, srv), evs[0].ID, 1, journal(t, dsn, evs[0].ID)[0].RequestDigest))
 	if byKey[wantKey] != 1 || len(byKey) != 1 {
-		t.Errorf("requests by Idempotency-Key %v, want one under %s (agent, event, seq 1)", byKey, wantKey)
+		t.Errorf("requests by Idempotency-Key %v, want one under %s (agent, event, seq 1, request digest)", byKey, wantKey)
 	}
 	if len(evs) != 1 || evs[0].Status != "done" || evs[0].Attempts != 1 {
 		t.Errorf("events %+v: want one done event with 1 failed attempt", evs)
@@ -837,7 +838,7 @@ func TestHostCallPastItsLeaseOnOneHostIsRefused(t *testing.T) {
 // TestHostCallKillDashNineBeforeTheModelAnsweredCallsAgainUnderOneKey kills
 // the host with SIGKILL while the turn's model call is in flight: nothing
 // was journaled, so the retry calls the model again — under the same
-// Idempotency-Key, (agent, event, seq), so a provider that honours the
+// Idempotency-Key, (agent, event, seq, request digest), so a provider that honours the
 // header bills it once — and the turn commits once with the retry's row.
 func TestHostCallKillDashNineBeforeTheModelAnsweredCallsAgainUnderOneKey(t *testing.T) {
 	if testing.Short() {
@@ -873,12 +874,14 @@ func TestHostCallKillDashNineBeforeTheModelAnsweredCallsAgainUnderOneKey(t *test
 		t.Errorf("reply %+v: want the retry's live answer", out)
 	}
 	evs := srv.events("hc", sess)
-	key := calls.IdempotencyHeader(fmt.Sprintf("%s-%d-%d", agentUID(t, srv), evs[0].ID, 1))
-	if total, byKey := model.counts(); total != 2 || byKey[key] != 2 {
-		t.Errorf("model requests %d by key %v: want 2, both under %s", total, byKey, key)
-	}
 	turns := srv.transcript("hc", sess)
 	rows := journal(t, dsn, evs[0].ID)
+	if len(rows) > 0 {
+		key := calls.IdempotencyHeader(fmt.Sprintf("%s-%d-%d-%s", agentUID(t, srv), evs[0].ID, 1, rows[0].RequestDigest))
+		if total, byKey := model.counts(); total != 2 || byKey[key] != 2 {
+			t.Errorf("model requests %d by key %v: want 2, both under %s", total, byKey, key)
+		}
+	}
 	if len(rows) != 1 || rows[0].Seq != 1 || rows[0].Epoch != turns[0].ActorEpoch || rows[0].Replays != 0 {
 		t.Errorf("journal rows %+v: want one, the retry's (epoch %d)", rows, turns[0].ActorEpoch)
 	}

@@ -126,13 +126,24 @@ var privatePrefixes = []netip.Prefix{
 	netip.MustParsePrefix("192.0.0.0/24"),
 	netip.MustParsePrefix("198.18.0.0/15"),
 	netip.MustParsePrefix("255.255.255.255/32"),
-	netip.MustParsePrefix("64:ff9b::/96"), // NAT64 of any IPv4 address: judged as a whole
+	netip.MustParsePrefix("240.0.0.0/4"),
+	netip.MustParsePrefix("64:ff9b::/96"),    // NAT64 of any IPv4 address: judged as a whole
+	netip.MustParsePrefix("64:ff9b:1::/48"),  // local-use NAT64 (RFC 8215)
+	netip.MustParsePrefix("::/96"),           // IPv4-compatible (deprecated)
+	netip.MustParsePrefix("::ffff:0:0:0/96"), // IPv4-translated (SIIT)
+	netip.MustParsePrefix("fec0::/10"),       // site-local (deprecated)
 }
+
+// sixToFour is 6to4 (RFC 3056): its bits 16..47 are an IPv4 address,
+// judged as that address.
+var sixToFour = netip.MustParsePrefix("2002::/16")
 
 // IsPrivateAddr reports whether a is an address Egress refuses unless a
 // rule names it: loopback, link-local, private (RFC 1918, fc00::/7),
 // CGNAT 100.64.0.0/10, unspecified, multicast, and a few special-purpose
-// ranges (0.0.0.0/8, 192.0.0.0/24, 198.18.0.0/15, broadcast, NAT64).
+// ranges (0.0.0.0/8, 192.0.0.0/24, 198.18.0.0/15, 240.0.0.0/4, broadcast,
+// NAT64 and the other IPv6 forms embedding an IPv4 address, site-local);
+// a 6to4 address is judged by its IPv4 address.
 func IsPrivateAddr(a netip.Addr) bool {
 	a = a.Unmap()
 	if a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || a.IsInterfaceLocalMulticast() ||
@@ -143,6 +154,10 @@ func IsPrivateAddr(a netip.Addr) bool {
 		if p.Contains(a) {
 			return true
 		}
+	}
+	if sixToFour.Contains(a) {
+		b := a.As16()
+		return IsPrivateAddr(netip.AddrFrom4([4]byte{b[2], b[3], b[4], b[5]}))
 	}
 	return false
 }
@@ -363,6 +378,12 @@ func (e *Egress) Do(ctx context.Context, call HTTPCall) (*abi.HTTPResponse, int6
 			pol.secretHeaders = append(pol.secretHeaders, k)
 		}
 		header.Set(k, filled)
+	}
+	if len(pol.secretHeaders) > 0 {
+		// The transport then asks for gzip itself and decodes the body, so
+		// the scrubber sees a reflected secret in plain text (the agent's
+		// own Accept-Encoding would hand it the compressed bytes).
+		header.Del("Accept-Encoding")
 	}
 	timeout := call.Timeout
 	if timeout <= 0 {

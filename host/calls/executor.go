@@ -291,6 +291,9 @@ func (x *Executor) doModel(ctx context.Context, caps Capabilities, r *abi.ModelR
 		return fail(mapErr(ctx, cctx, err, mc.scrub))
 	}
 	mc.scrub.model(resp)
+	// A provider's negative count would lower the turn's and the day's
+	// sums (and the journal refuses it: the paid call would go unrecorded).
+	resp.Usage.InputTokens, resp.Usage.OutputTokens = max(resp.Usage.InputTokens, 0), max(resp.Usage.OutputTokens, 0)
 	out.Usage = resp.Usage
 	budget.addTokens(resp.Usage.InputTokens + resp.Usage.OutputTokens)
 	for i, tc := range resp.Message.ToolCalls {

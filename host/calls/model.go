@@ -69,7 +69,8 @@ type CallOptions struct {
 	// means only this call's own caps apply and nothing is counted.
 	Budget *Budget
 	// IdempotencyKey identifies the call across attempts (the integrator
-	// passes "<event id>-<seq>"); a model call sends an Idempotency-Key
+	// passes "<agent>-<event id>-<seq>-<request digest>": the same request
+	// at the same place, never a different one); a model call sends an Idempotency-Key
 	// header derived from it, so a provider that honours it does not bill
 	// a retried call twice. Empty sends none.
 	IdempotencyKey string
