@@ -92,7 +92,7 @@ func startAttackHost(t *testing.T, st store.Store, funcs map[string]abi.TurnFunc
 	return &fixture{t: t, st: st, h: h}
 }
 
-// FINDING: a provider's negative usage is passed to RecordHostCall, which
+// Found by attack, fixed: a provider's negative usage is passed to RecordHostCall, which
 // refuses it (store.CheckHostCall: ErrInvalid). The call was made and paid,
 // but its result is withheld (cancelled), nothing is journaled — so the
 // tokens never count toward tokens_per_day — and every retry pays again.
@@ -115,7 +115,7 @@ func TestAttackNegativeUsageLeavesAPaidCallUnjournaled(t *testing.T) {
 	})
 }
 
-// FINDING: calls made concurrently by one turn are numbered in arrival
+// Found by attack, fixed: calls made concurrently by one turn are numbered in arrival
 // order. A retry that makes the same calls concurrently numbers them
 // differently, so most diverge and are paid again (results are never
 // mismatched: each seq is checked by digest).
@@ -167,7 +167,7 @@ func TestAttackConcurrentCallsReplayAfterRetry(t *testing.T) {
 	})
 }
 
-// FINDING: the Idempotency-Key of a model call is derived from (agent,
+// Found by attack, fixed: the Idempotency-Key of a model call is derived from (agent,
 // event, seq) only. A retry that diverges — a different request at the
 // same seq — sends the same key: a provider (or gateway) that honours the
 // header answers the new request with the old request's cached reply (or

@@ -23,14 +23,15 @@ const journalWriteTimeout = 10 * time.Second
 
 // journalCaller is the abi.Caller of one turn attempt (docs/DESIGN.md
 // invariant 12, "Host calls and the journal"). It numbers the attempt's
-// calls from 1 in the order they are made — one at a time: a worker that
-// makes calls concurrently has them serialised, so the numbering is the
-// same on every attempt that makes the same calls — and for call k:
+// calls from 1 in the order they arrive, one at a time (a worker's
+// concurrent calls are serialised), and for call k:
 //
 //   - when the event's journal holds a live row at k with the same request
-//     digest and a result without error, it returns that result marked
-//     replayed, without sending the request (ReplayHostCall records the
-//     replay under the attempt's fences);
+//     digest and a result without error — or, because concurrent calls
+//     arrive in another order on a retry, another live row of the same
+//     digest this attempt has not replayed yet — it returns that row's
+//     result marked replayed (with the row's seq), without sending the
+//     request (ReplayHostCall records the replay under the fences);
 //   - otherwise the attempt has diverged at k: the rows from k on are set
 //     aside (kept, marked) with the first new row, and this and every later
 //     call of the attempt go live through the executor, each recorded by
@@ -58,7 +59,21 @@ type journalCaller struct {
 	seq      int
 	loaded   bool
 	journal  map[int]store.HostCall // the event's live rows by seq
+	used     map[int]bool           // rows this attempt replayed, by seq
+	lastSeq  int                    // the journal's highest live seq
 	diverged bool
+}
+
+// unusedRow finds a replayable row of the request digest that this
+// attempt has not replayed yet, lowest seq first.
+func (c *journalCaller) unusedRow(digest string) (store.HostCall, bool) {
+	best := store.HostCall{}
+	for seq, r := range c.journal {
+		if !c.used[seq] && r.RequestDigest == digest && r.ErrorCode == "" && (best.Seq == 0 || seq < best.Seq) {
+			best = r
+		}
+	}
+	return best, best.Seq != 0
 }
 
 // newJournalCaller returns the caller of the attempt whose first delivery
@@ -101,9 +116,7 @@ func (c *journalCaller) Call(ctx context.Context, req *abi.CallRequest) *abi.Cal
 	defer c.mu.Unlock()
 	c.seq++
 	seq := c.seq
-	res := c.call(ctx, seq, req, digest)
-	res.Seq = seq
-	return res
+	return c.call(ctx, seq, req, digest)
 }
 
 // call answers call seq: from the journal, or live and then recorded.
@@ -117,12 +130,20 @@ func (c *journalCaller) call(ctx context.Context, seq int, req *abi.CallRequest,
 	}
 	setAsideFrom := 0
 	if !c.diverged {
-		if row, ok := c.journal[seq]; ok {
-			if row.RequestDigest == digest && row.ErrorCode == "" {
-				return c.replay(ctx, row)
-			}
+		row, ok := c.journal[seq]
+		if !ok || row.RequestDigest != digest || row.ErrorCode != "" || c.used[seq] {
+			// Calls a worker makes concurrently arrive in another order on
+			// a retry: a row of the same request recorded at another seq,
+			// not yet replayed by this attempt, is the same call.
+			row, ok = c.unusedRow(digest)
+		}
+		if ok {
+			c.used[row.Seq] = true
+			return c.replay(ctx, row)
+		}
+		if _, recorded := c.journal[seq]; recorded {
 			c.diverged, setAsideFrom = true, seq
-		} else {
+		} else if seq > c.lastSeq {
 			// Past the end of the journal: every later call is live too.
 			c.diverged = true
 		}
@@ -163,10 +184,11 @@ func (c *journalCaller) load(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c.journal = map[int]store.HostCall{}
+	c.journal, c.used = map[int]store.HostCall{}, map[int]bool{}
 	for _, r := range rows {
 		if !r.SetAside {
 			c.journal[r.Seq] = r
+			c.lastSeq = max(c.lastSeq, r.Seq)
 		}
 	}
 	c.loaded = true
@@ -189,7 +211,7 @@ func (c *journalCaller) replay(ctx context.Context, row store.HostCall) *abi.Cal
 		return c.refused(row.Seq, err)
 	}
 	c.h.metrics.HostCallsReplayed.WithLabelValues(c.agent.Name).Inc()
-	res.Replayed = true
+	res.Replayed, res.Seq = true, row.Seq
 	return &res
 }
 

@@ -53,7 +53,7 @@ func echoServer(t *testing.T) *httptest.Server {
 	return s
 }
 
-// FINDING: the scrubber replaces only the exact secret value in the body,
+// Found by attack, fixed: the scrubber replaces only the exact secret value in the body,
 // so an agent that may send a secret to a destination that reflects it can
 // read it back: by asking for gzip (Go does not decompress when the caller
 // sets Accept-Encoding), by Range requests that split the value, or from a
@@ -156,7 +156,7 @@ func TestAttackSSRFURLForms(t *testing.T) {
 	}
 }
 
-// FINDING (defense in depth): IPv6 forms that embed IPv4 addresses beyond
+// Found by attack, fixed (defense in depth): IPv6 forms that embed IPv4 addresses beyond
 // ::ffff:0:0/96 and 64:ff9b::/96, and deprecated site-local fec0::/10, are
 // not private. On a host with a NAT64 of the local-use prefix
 // 64:ff9b:1::/48 (RFC 8215) or SIIT (::ffff:0:0:0/96), a name the
@@ -206,6 +206,9 @@ func TestAttackPlaceholderTricks(t *testing.T) {
 	wantErr(t, x.Do(ctx, "a", caps, httpReq("GET", s.URL+"/", map[string]string{"X-A": "{{secret:api_key}}"}), CallOptions{}), abi.CallDenied, ReasonSecret)
 	// A placeholder in a header name is not filled.
 	out = x.Do(ctx, "a", caps, httpReq("GET", s.URL+"/", map[string]string{"X-{{secret:token}}": "v"}), CallOptions{})
+	if out.Result.Error == nil && out.Result.HTTP == nil {
+		t.Fatalf("a placeholder in a header name: no result and no error")
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	for _, r := range got {
@@ -232,7 +235,7 @@ func oaStream(usage string) reply {
 	return reply{events: ev}
 }
 
-// FINDING: a provider's negative token counts are taken as they are: they
+// Found by attack, fixed: a provider's negative token counts are taken as they are: they
 // lower the turn's count (and, recorded in the journal, the day's sum), so
 // tokens_per_turn and tokens_per_day are exceeded.
 func TestAttackNegativeUsageRefundsBudget(t *testing.T) {
@@ -248,27 +251,35 @@ func TestAttackNegativeUsageRefundsBudget(t *testing.T) {
 	}
 }
 
-// FINDING: a model call whose provider reports no usage counts 0 tokens:
-// tokens_per_turn and tokens_per_day never bind (an endpoint without
-// stream_options.include_usage support, or a proxy dropping the chunk).
+// A model call whose provider reports no usage (an endpoint without
+// stream_options.include_usage support, or a proxy dropping the chunk) is
+// charged an estimate — the prompt and the whole reply allowance — so
+// tokens_per_turn still binds: the calls stop at the limit.
 func TestAttackMissingUsageCountsNothing(t *testing.T) {
 	f := newFake(t, false, oaStream(""), oaStream(""), oaStream(""))
 	x, _ := testExec(t, Config{Endpoints: map[string]Endpoint{"oa": {Provider: ProviderOpenAI, BaseURL: f.URL + "/v1", Models: []string{"m"}, MaxTokens: 50}}}, env{})
 	caps := Capabilities{Models: []string{"oa"}}
 	b := NewBudget(Limits{TokensPerTurn: 60}, nil)
 	user := abi.ModelMessage{Role: abi.RoleUser, Content: "hi"}
-	ok := 0
-	for i := 0; i < 3; i++ {
-		if out := x.Do(context.Background(), "a", caps, modelReq("oa", "", user), CallOptions{Budget: b}); out.Result.Error == nil {
-			ok++
-		}
+	var outs []Outcome
+	for range 3 {
+		outs = append(outs, x.Do(context.Background(), "a", caps, modelReq("oa", "", user), CallOptions{Budget: b}))
 	}
-	if ok > 1 {
-		t.Errorf("%d calls of up to 50 output tokens each passed a 60-token turn limit (usage missing, budget counted %d)", ok, b.Tokens())
+	if outs[0].Result.Error != nil || outs[0].Usage != (abi.Usage{InputTokens: 1, OutputTokens: 50}) {
+		t.Errorf("first call: %+v, usage %+v; want it charged the estimate 1 in / 50 out", outs[0].Result.Error, outs[0].Usage)
+	}
+	if outs[2].Result.Error == nil || outs[2].Result.Error.Reason != ReasonTokensPerTurn {
+		t.Errorf("third call: %+v, want denied tokens_per_turn", outs[2].Result)
+	}
+	if b.Tokens() > 60 {
+		t.Errorf("the budget counted %d tokens under a 60-token turn limit", b.Tokens())
+	}
+	if n := len(f.requests()); n > 2 {
+		t.Errorf("%d requests reached the provider, want at most 2", n)
 	}
 }
 
-// FINDING: tokens_per_turn / tokens_per_day clamp only max_tokens (the
+// Found by attack, fixed: tokens_per_turn / tokens_per_day clamp only max_tokens (the
 // output): an agent with 10 tokens left sends a prompt of ~1M input tokens
 // and the call goes out; the limit is only noticed after it was paid.
 func TestAttackInputTokensUnbounded(t *testing.T) {
@@ -284,7 +295,7 @@ func TestAttackInputTokensUnbounded(t *testing.T) {
 	}
 }
 
-// FINDING (low; the journal serialises a hosted turn's calls): Budget is
+// Found by attack, fixed (low; the journal serialises a hosted turn's calls): Budget is
 // documented safe for concurrent use, but responseCap hands every
 // concurrent call the whole remainder, so N concurrent calls receive up
 // to N× response_bytes_per_turn.
@@ -373,7 +384,7 @@ func TestAttackRedirectTargets(t *testing.T) {
 	}
 }
 
-// FINDING (configuration footgun): HTTPRule.Secrets "binds a credential to
+// Found by attack, fixed (configuration footgun): HTTPRule.Secrets "binds a credential to
 // the destination it is meant for", but only for requests that rule
 // matches first: a broader rule without a Secrets list (a wildcard for a
 // shared domain, *.amazonaws.com with attacker-owned buckets) fills the
@@ -408,7 +419,7 @@ func TestAttackSecretBindingBypassedByBroaderRule(t *testing.T) {
 	}
 }
 
-// FINDING: Limits' doc says that without limits of the agent's own "the
+// Found by attack, fixed: Limits' doc says that without limits of the agent's own "the
 // host-wide caps still hold (… the endpoint's max_tokens per model
 // call)", but the endpoint's max_tokens is only a default: an agent's
 // request for 1,000,000 tokens reaches the provider as asked.
@@ -423,13 +434,14 @@ func TestAttackMaxTokensAboveTheEndpointsCap(t *testing.T) {
 	}
 }
 
-// FINDING (latent: no host caller sets OnDelta yet — the planned streams
+// Found by attack (fixed; latent: no host caller sets OnDelta yet — streams
 // would): OnDelta receives the provider's text before the scrubber runs,
 // so an endpoint that echoes its API key streams it out unscrubbed, while
 // the final result is scrubbed.
 func TestAttackOnDeltaIsNotScrubbed(t *testing.T) {
 	f := newFake(t, false, reply{events: []string{
-		`{"choices":[{"index":0,"delta":{"content":"key is ` + attackSecret + `"},"finish_reason":"stop"}]}`,
+		`{"choices":[{"index":0,"delta":{"content":"key is ` + attackSecret[:7] + `"}}]}`,
+		`{"choices":[{"index":0,"delta":{"content":"` + attackSecret[7:] + ` end"},"finish_reason":"stop"}]}`,
 		`{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}`}})
 	x, _ := testExec(t, Config{Endpoints: map[string]Endpoint{"oa": {Provider: ProviderOpenAI, BaseURL: f.URL + "/v1", Models: []string{"m"}, Secret: "api_key"}}}, env{"API_KEY": attackSecret})
 	var deltas strings.Builder

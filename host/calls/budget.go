@@ -64,23 +64,30 @@ func (b *Budget) beginCall() error {
 
 // responseCap returns the byte cap of the next call: max, lowered to what
 // remains of the turn's response bytes (denied response_bytes_per_turn
-// when nothing remains).
-func (b *Budget) responseCap(maxBytes int64) (int64, error) {
+// when nothing remains). With a per-turn limit the cap is reserved at
+// once, so concurrent calls of one turn share the remainder instead of
+// each getting all of it; settleResponseBytes gives back what the call
+// did not use.
+func (b *Budget) responseCap(maxBytes int64) (capN, reserved int64, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.limits.ResponseBytesPerTurn <= 0 {
-		return maxBytes, nil
+		return maxBytes, 0, nil
 	}
 	rem := b.limits.ResponseBytesPerTurn - b.respBytes
 	if rem <= 0 {
-		return 0, denied(ReasonResponseBytesPerTurn, "the turn received its %d response bytes (limits.response_bytes_per_turn)", b.limits.ResponseBytesPerTurn)
+		return 0, 0, denied(ReasonResponseBytesPerTurn, "the turn received its %d response bytes (limits.response_bytes_per_turn)", b.limits.ResponseBytesPerTurn)
 	}
-	return min(maxBytes, rem), nil
+	capN = min(maxBytes, rem)
+	b.respBytes += capN
+	return capN, capN, nil
 }
 
-func (b *Budget) addResponseBytes(n int64) {
+// settleResponseBytes counts a call's n response bytes in place of the
+// reserved ones.
+func (b *Budget) settleResponseBytes(reserved, n int64) {
 	b.mu.Lock()
-	b.respBytes += n
+	b.respBytes += n - reserved
 	b.mu.Unlock()
 }
 
@@ -88,6 +95,15 @@ func (b *Budget) addTokens(n int64) {
 	b.mu.Lock()
 	b.tokens += n
 	b.mu.Unlock()
+}
+
+// tokenReason names the limit that binds the tokens of the next call:
+// tokens_per_turn when the turn has one, else tokens_per_day.
+func (b *Budget) tokenReason() string {
+	if b != nil && b.limits.TokensPerTurn > 0 {
+		return ReasonTokensPerTurn
+	}
+	return ReasonTokensPerDay
 }
 
 // tokenCap returns how many tokens the next model call may use (0 = no

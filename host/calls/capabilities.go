@@ -92,7 +92,9 @@ type HTTPRule struct {
 	// Secrets, when not empty, are the only secrets filled into requests
 	// this rule allows (each must also be granted in Capabilities.Secrets):
 	// it binds a credential to the destination it is meant for
-	// (invariant 13). Empty: any granted secret.
+	// (invariant 13). A secret some rule lists is filled only under the
+	// rules that list it; a rule with no list takes the granted secrets no
+	// rule lists.
 	Secrets []string
 }
 
@@ -316,6 +318,15 @@ func (c Capabilities) checkSecretFor(rule HTTPRule, name string) *abi.CallError 
 	}
 	if len(rule.Secrets) > 0 && !slices.Contains(rule.Secrets, name) {
 		return denied(ReasonSecret, "secret %q may not be sent to %s (the rule lists its secrets)", name, rule.Host)
+	}
+	if len(rule.Secrets) == 0 {
+		// A secret bound to some destination is sent nowhere else, also
+		// not under a broader rule that lists nothing.
+		for _, r := range c.HTTP {
+			if slices.Contains(r.Secrets, name) {
+				return denied(ReasonSecret, "secret %q is bound to %s by its rule; it may not be sent to %s", name, r.Host, rule.Host)
+			}
+		}
 	}
 	return nil
 }

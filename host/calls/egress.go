@@ -3,6 +3,9 @@ package calls
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,7 +13,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -297,19 +302,57 @@ func ValidateHTTP(r *abi.HTTPRequest) *abi.CallError {
 	return nil
 }
 
-// scrubber removes filled secret values from text.
-type scrubber struct{ values map[string]string } // name → value
+// scrubber removes filled secret values from text: each value as it is
+// and in the encodings a reflecting server commonly uses (base64 and
+// base64url with and without padding, percent-encoding, JSON string
+// escaping, hex). Scrubbing can never be complete — a value embedded in a
+// larger base64 text, or transformed any other way, passes — so a secret
+// must be granted only to destinations that do not reflect it
+// (docs/DESIGN.md invariant 13).
+type scrubber struct{ values map[string][]string } // name → value and its encodings
 
 func (s *scrubber) add(name, value string) {
-	if s.values == nil {
-		s.values = map[string]string{}
+	if value == "" {
+		return
 	}
-	s.values[name] = value
+	if s.values == nil {
+		s.values = map[string][]string{}
+	}
+	forms := []string{value,
+		base64.StdEncoding.EncodeToString([]byte(value)), base64.RawStdEncoding.EncodeToString([]byte(value)),
+		base64.URLEncoding.EncodeToString([]byte(value)), base64.RawURLEncoding.EncodeToString([]byte(value)),
+		url.QueryEscape(value), url.PathEscape(value), hex.EncodeToString([]byte(value)), strings.ToUpper(hex.EncodeToString([]byte(value))),
+	}
+	if j, err := json.Marshal(value); err == nil {
+		forms = append(forms, string(j[1:len(j)-1]))
+	}
+	var uniq []string
+	for _, f := range forms {
+		// Longest first, so that a form containing another is replaced
+		// whole; forms too short to be a secret's are not worth it.
+		if len(f) >= 4 && !slices.Contains(uniq, f) {
+			uniq = append(uniq, f)
+		}
+	}
+	slices.SortFunc(uniq, func(a, b string) int { return len(b) - len(a) })
+	s.values[name] = uniq
+}
+
+// maxLen is the length of the longest form the scrubber replaces (0:
+// none).
+func (s *scrubber) maxLen() int {
+	n := 0
+	for _, forms := range s.values {
+		for _, f := range forms {
+			n = max(n, len(f))
+		}
+	}
+	return n
 }
 
 func (s *scrubber) str(in string) string {
-	for name, v := range s.values {
-		if v != "" {
+	for name, forms := range s.values {
+		for _, v := range forms {
 			in = strings.ReplaceAll(in, v, "[secret:"+name+"]")
 		}
 	}
@@ -317,8 +360,8 @@ func (s *scrubber) str(in string) string {
 }
 
 func (s *scrubber) bytes(in []byte) []byte {
-	for name, v := range s.values {
-		if v != "" {
+	for name, forms := range s.values {
+		for _, v := range forms {
 			in = bytes.ReplaceAll(in, []byte(v), []byte("[secret:"+name+"]"))
 		}
 	}
@@ -384,6 +427,9 @@ func (e *Egress) Do(ctx context.Context, call HTTPCall) (*abi.HTTPResponse, int6
 		// the scrubber sees a reflected secret in plain text (the agent's
 		// own Accept-Encoding would hand it the compressed bytes).
 		header.Del("Accept-Encoding")
+		// Nor may it ask for a reflected secret piece by piece.
+		header.Del("Range")
+		header.Del("If-Range")
 	}
 	timeout := call.Timeout
 	if timeout <= 0 {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+	"unicode/utf8"
 
 	"github.com/paddock-dev/paddock/abi"
 )
@@ -197,12 +198,12 @@ func (x *Executor) doHTTP(ctx context.Context, caps Capabilities, r *abi.HTTPReq
 	if err := budget.beginCall(); err != nil {
 		return fail(err)
 	}
-	maxBytes, err := budget.responseCap(x.maxBytes)
+	maxBytes, reserved, err := budget.responseCap(x.maxBytes)
 	if err != nil {
 		return fail(err)
 	}
 	resp, n, err := x.egress.Do(ctx, HTTPCall{Caps: caps, Request: r, Secrets: x.secrets, MaxResponseBytes: maxBytes, Timeout: x.timeout})
-	budget.addResponseBytes(n)
+	budget.settleResponseBytes(reserved, n)
 	out.ResponseBytes = n
 	if err != nil {
 		return fail(err)
@@ -255,10 +256,16 @@ func (x *Executor) doModel(ctx context.Context, caps Capabilities, r *abi.ModelR
 	if err != nil {
 		return fail(err)
 	}
-	maxBytes, err := budget.responseCap(x.maxBytes)
+	maxBytes, reserved, err := budget.responseCap(x.maxBytes)
 	if err != nil {
 		return fail(err)
 	}
+	settled := false
+	defer func() {
+		if !settled { // refused before the request went out
+			budget.settleResponseBytes(reserved, 0)
+		}
+	}()
 	mc := &modelCall{ep: ep, name: r.Endpoint, model: model, req: r, maxBytes: maxBytes, opts: opts, scrub: &scrubber{}}
 	if ep.Secret != "" {
 		key, err := x.secrets.Resolve(ctx, ep.Secret)
@@ -268,6 +275,13 @@ func (x *Executor) doModel(ctx context.Context, caps Capabilities, r *abi.ModelR
 		mc.apiKey = key
 		mc.scrub.add(ep.Secret, key)
 	}
+	if opts.OnDelta != nil {
+		// Deltas are scrubbed like the reply, holding back a tail that
+		// could be the start of a secret split across deltas.
+		ds := &deltaScrubber{scrub: mc.scrub, out: opts.OnDelta}
+		mc.opts.OnDelta = ds.write
+		defer ds.flush()
+	}
 	mc.maxTokens = r.MaxTokens
 	if mc.maxTokens == 0 {
 		mc.maxTokens = ep.MaxTokens
@@ -275,8 +289,21 @@ func (x *Executor) doModel(ctx context.Context, caps Capabilities, r *abi.ModelR
 	if mc.maxTokens == 0 {
 		mc.maxTokens = DefaultMaxTokens
 	}
-	if tokenCap > 0 && int64(mc.maxTokens) > tokenCap {
-		mc.maxTokens = int(tokenCap)
+	if ep.MaxTokens > 0 && mc.maxTokens > ep.MaxTokens {
+		// The endpoint's max_tokens caps what an agent may ask for.
+		mc.maxTokens = ep.MaxTokens
+	}
+	// The prompt is paid too: a call whose estimated input alone would
+	// pass the turn's or the day's tokens is refused before it is sent,
+	// and the reply gets what remains.
+	est := estimateInputTokens(r)
+	if tokenCap > 0 {
+		if est >= tokenCap {
+			return fail(denied(budget.tokenReason(), "the prompt is about %d tokens and %d remain (limits.tokens_per_turn / tokens_per_day)", est, tokenCap))
+		}
+		if rem := tokenCap - est; int64(mc.maxTokens) > rem {
+			mc.maxTokens = int(rem)
+		}
 	}
 	timeout := ep.Timeout
 	if timeout <= 0 {
@@ -285,7 +312,8 @@ func (x *Executor) doModel(ctx context.Context, caps Capabilities, r *abi.ModelR
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	resp, n, err := doModel(cctx, x.model, mc)
-	budget.addResponseBytes(n)
+	budget.settleResponseBytes(reserved, n)
+	settled = true
 	out.ResponseBytes = n
 	if err != nil {
 		return fail(mapErr(ctx, cctx, err, mc.scrub))
@@ -294,6 +322,12 @@ func (x *Executor) doModel(ctx context.Context, caps Capabilities, r *abi.ModelR
 	// A provider's negative count would lower the turn's and the day's
 	// sums (and the journal refuses it: the paid call would go unrecorded).
 	resp.Usage.InputTokens, resp.Usage.OutputTokens = max(resp.Usage.InputTokens, 0), max(resp.Usage.OutputTokens, 0)
+	if resp.Usage.InputTokens == 0 && resp.Usage.OutputTokens == 0 {
+		// The provider reported no usage (no include_usage support, or a
+		// proxy that drops it): charge an estimate — the prompt and the
+		// whole reply allowance — so the limits still bind.
+		resp.Usage = abi.Usage{InputTokens: est, OutputTokens: int64(mc.maxTokens)}
+	}
 	out.Usage = resp.Usage
 	budget.addTokens(resp.Usage.InputTokens + resp.Usage.OutputTokens)
 	for i, tc := range resp.Message.ToolCalls {
@@ -318,4 +352,51 @@ func asCallError(err error) *abi.CallError {
 		return ce
 	}
 	return &abi.CallError{Code: abi.CallUpstream, Message: err.Error()}
+}
+
+// estimateInputTokens estimates a model request's prompt tokens: its text
+// (messages, tool calls, tool definitions) in bytes over 4, the usual rule
+// of thumb for English with BPE tokenizers; at least 1.
+func estimateInputTokens(r *abi.ModelRequest) int64 {
+	n := 0
+	for _, m := range r.Messages {
+		n += len(m.Content) + len(m.ToolCallID)
+		for _, tc := range m.ToolCalls {
+			n += len(tc.Name) + len(tc.Arguments)
+		}
+	}
+	for _, t := range r.Tools {
+		n += len(t.Name) + len(t.Description) + len(t.Parameters)
+	}
+	return int64(n/4 + 1)
+}
+
+// deltaScrubber passes streamed text on scrubbed of secret values: it
+// holds back the last bytes that could begin a value split across deltas,
+// and flush sends the rest when the stream ends.
+type deltaScrubber struct {
+	scrub   *scrubber
+	out     func(string)
+	pending string
+}
+
+func (d *deltaScrubber) write(s string) {
+	d.pending = d.scrub.str(d.pending + s)
+	hold := d.scrub.maxLen() - 1
+	if cut := len(d.pending) - max(hold, 0); cut > 0 {
+		for cut > 0 && !utf8.RuneStart(d.pending[cut]) && cut < len(d.pending) {
+			cut--
+		}
+		if cut > 0 {
+			d.out(d.pending[:cut])
+			d.pending = d.pending[cut:]
+		}
+	}
+}
+
+func (d *deltaScrubber) flush() {
+	if d.pending != "" {
+		d.out(d.scrub.str(d.pending))
+		d.pending = ""
+	}
 }
