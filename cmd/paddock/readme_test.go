@@ -148,8 +148,11 @@ func TestREADMEExternalAgent(t *testing.T) {
 // accept it), with the key's secret read from CHAT_API_KEY.
 func TestREADMEHostCalls(t *testing.T) {
 	blocks := readmeBlocks(t, "## Host calls: models and the web")
-	if len(blocks) != 4 {
-		t.Fatalf("want 4 code blocks (the chat commands, the make run lines, the two YAML excerpts), got %d", len(blocks))
+	if len(blocks) != 5 {
+		t.Fatalf("want 5 code blocks (the chat commands, the make run lines, the two YAML excerpts, the secret commands), got %d", len(blocks))
+	}
+	if !strings.Contains(blocks[4], "paddock secret set") || strings.Contains(blocks[4], "sk-") {
+		t.Errorf("the last block does not set a secret from standard input:\n%s", blocks[4])
 	}
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
@@ -159,7 +162,7 @@ func TestREADMEHostCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range blocks[2:] {
+	for _, b := range blocks[2:4] {
 		if !strings.Contains(string(yamlFile), b) {
 			t.Errorf("README's YAML excerpt is not in examples/paddock.yaml as written:\n%s", b)
 		}
