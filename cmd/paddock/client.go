@@ -590,13 +590,19 @@ func (c *client) waitTurn(cmd *cobra.Command, agentName, sess string, id, after 
 	if ev.Status != store.EventDone {
 		return eventEnded(cmd.Context(), api, agentName, sess, ev)
 	}
+	turnOf := id
+	if ev.SteerOf != 0 {
+		// A message handed to a running turn (--mid-turn steer) committed
+		// with that turn.
+		turnOf = ev.SteerOf
+	}
 	for _, from := range []int64{after, 0} {
 		page, err := api.Transcript(cmd.Context(), agentName, sess, apiclient.TranscriptOptions{After: from, Limit: 1000})
 		if err != nil {
 			return c.reach(err)
 		}
 		for _, t := range page.Turns {
-			if t.EventID != id {
+			if t.EventID != turnOf {
 				continue
 			}
 			if c.output == "json" {

@@ -64,9 +64,9 @@ func TestSignalSendMidTurn(t *testing.T) {
 		t.Fatalf("--mid-turn interrupt: %v\n%s", err, out)
 	}
 	inFlight(2)
-	out, err = ra.run(ctx, "signal", "send", "faulty", s.SessionID, "stop thinking", "--mid-turn", "steer")
-	if err != nil || !strings.Contains(out, "handed to the turn in flight") {
-		t.Fatalf("--mid-turn steer: %v\n%s", err, out)
+	out, err = ra.run(ctx, "signal", "send", "faulty", s.SessionID, "stop thinking", "--mid-turn", "steer", "--wait")
+	if err != nil || !strings.Contains(out, "steered: stop thinking") {
+		t.Fatalf("--mid-turn steer --wait: %v\n%s, want the steered turn's reply", err, out)
 	}
 	page, err := ra.api.Transcript(ctx, "faulty", s.SessionID, apiclient.TranscriptOptions{Wait: 30 * time.Second, After: 1})
 	if err != nil {
