@@ -47,9 +47,38 @@ type AgentPolicy struct {
 	// InstanceReuse is the scope of a wasm instance (ScopeSession when
 	// empty).
 	InstanceReuse InstanceScope
+	// MidTurn is what a message signal does while the session has a turn
+	// in flight (MidTurnQueue when empty); a signal may override it.
+	MidTurn MidTurn
 	// Capabilities are the agent's host-call grants (docs/DESIGN.md "Host
 	// calls and the journal"); the zero value denies every call.
 	Capabilities calls.Capabilities
+}
+
+// MidTurn is what a message signal does when it arrives while the session
+// has a turn in flight (docs/DESIGN.md "Messages that arrive mid-turn").
+type MidTurn string
+
+// The mid-turn policies.
+const (
+	// MidTurnQueue appends the message; it runs after the turn.
+	MidTurnQueue MidTurn = "queue"
+	// MidTurnSteer delivers the message to the running turn as a steer.
+	MidTurnSteer MidTurn = "steer"
+	// MidTurnInterrupt cancels the turn in flight, then appends the
+	// message.
+	MidTurnInterrupt MidTurn = "interrupt"
+	// MidTurnReject refuses the message while a turn is in flight.
+	MidTurnReject MidTurn = "reject"
+)
+
+// Valid says whether m is one of the mid-turn policies.
+func (m MidTurn) Valid() bool {
+	switch m {
+	case MidTurnQueue, MidTurnSteer, MidTurnInterrupt, MidTurnReject:
+		return true
+	}
+	return false
 }
 
 // Policy is everything a host runs with: host-wide settings, fixed at

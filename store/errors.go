@@ -38,6 +38,34 @@ func (e *NotDeadLetterError) Error() string {
 // Is makes errors.Is(err, ErrConflict) true for every *NotDeadLetterError.
 func (e *NotDeadLetterError) Is(target error) bool { return target == ErrConflict }
 
+// TurnInFlightError is AppendEvent's refusal under
+// AppendEventParams.RefuseIfInFlight: the session's live activation has a
+// current event (EventID), and nothing was written. errors.Is(err,
+// ErrConflict) holds.
+type TurnInFlightError struct {
+	Key     ActorKey
+	EventID int64
+}
+
+func (e *TurnInFlightError) Error() string {
+	return fmt.Sprintf("session %s has a turn in flight (event %d)", e.Key, e.EventID)
+}
+
+// Is makes errors.Is(err, ErrConflict) true for every *TurnInFlightError.
+func (e *TurnInFlightError) Is(target error) bool { return target == ErrConflict }
+
+// RefuseInFlight is the decision of AppendEventParams.RefuseIfInFlight,
+// shared by the drivers: called inside the append transaction, after an
+// idempotent re-send was answered with its first event, with the current
+// event of the session's live activation (0: none, or no live
+// activation). It returns the *TurnInFlightError to refuse with, or nil.
+func RefuseInFlight(p AppendEventParams, currentEventID int64) error {
+	if !p.RefuseIfInFlight || currentEventID == 0 {
+		return nil
+	}
+	return &TurnInFlightError{Key: p.Key, EventID: currentEventID}
+}
+
 // FenceReason says why a reply was rejected (docs/DESIGN.md invariant 3).
 type FenceReason string
 

@@ -372,7 +372,11 @@ type Store interface {
 	// AppendEvent persists a signal as an actor event (next seq of the
 	// session). An idempotency key already used in this session returns the
 	// first event and created=false (invariant 7). Unknown session:
-	// ErrNotFound; destroyed session: ErrSessionDestroyed.
+	// ErrNotFound; destroyed session: ErrSessionDestroyed. With
+	// p.RefuseIfInFlight, a session whose live activation has a current
+	// event gets a *TurnInFlightError (errors.Is ErrConflict) and nothing
+	// is written, decided in the append's transaction; a re-send of an
+	// accepted key still returns the first event.
 	AppendEvent(ctx context.Context, p AppendEventParams) (e Event, created bool, err error)
 	// ListEvents pages a session's events by id, optionally by status.
 	ListEvents(ctx context.Context, p ListEventsParams) ([]Event, error)
@@ -579,6 +583,10 @@ type AppendEventParams struct {
 	Kind           string
 	Payload        json.RawMessage
 	IdempotencyKey string
+	// RefuseIfInFlight refuses the append (*TurnInFlightError, nothing
+	// written) while the session has a turn in flight: its live
+	// activation has a current event (RefuseInFlight decides).
+	RefuseIfInFlight bool
 }
 
 // ListEventsParams page a session's events.

@@ -479,13 +479,13 @@ func newSessionCmd(c *client) *cobra.Command {
 
 func newSignalCmd(c *client) *cobra.Command {
 	cmd := &cobra.Command{Use: "signal", Short: "Send a session signals: a message, a steer or a cancel"}
-	var idem, data, kind string
+	var idem, data, kind, midTurn string
 	var force, wait bool
 	var waitFor time.Duration
 	send := &cobra.Command{
 		Use: "send AGENT SESSION MESSAGE", Short: "Send a message; prints the accepted event id", Args: cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			in := apiclient.Signal{Kind: kind, Message: args[2], IdempotencyKey: idem, ForceAllocation: force}
+			in := apiclient.Signal{Kind: kind, Message: args[2], IdempotencyKey: idem, ForceAllocation: force, MidTurn: midTurn}
 			if data != "" {
 				if !json.Valid([]byte(data)) {
 					return fmt.Errorf("--data is not valid JSON")
@@ -515,11 +515,15 @@ func newSignalCmd(c *client) *cobra.Command {
 				return err
 			}
 			return c.print(cmd, out, func(w io.Writer) {
-				if out.Created && out.Kind == "steer" && out.InFlight {
+				switch {
+				case out.Created && out.Kind == "steer" && out.InFlight,
+					out.Created && out.MidTurn == apiclient.MidTurnSteer && out.InFlight:
 					fmt.Fprintf(w, "steer %d handed to the turn in flight (seq %d)\n", out.EventID, out.Seq)
-				} else if out.Created {
+				case out.Created && out.InterruptedEventID != 0:
+					fmt.Fprintf(w, "event %d accepted (seq %d); the turn of event %d was cancelled\n", out.EventID, out.Seq, out.InterruptedEventID)
+				case out.Created:
 					fmt.Fprintf(w, "event %d accepted (seq %d)\n", out.EventID, out.Seq)
-				} else {
+				default:
 					fmt.Fprintf(w, "event %d already accepted with this idempotency key (seq %d, %s)\n", out.EventID, out.Seq, out.Status)
 				}
 			})
@@ -528,6 +532,7 @@ func newSignalCmd(c *client) *cobra.Command {
 	send.Flags().StringVar(&idem, "idempotency-key", "", "a re-send with the same key returns the first event")
 	send.Flags().StringVar(&data, "data", "", "JSON given to the agent with the message")
 	send.Flags().StringVar(&kind, "kind", "message", "message or steer")
+	send.Flags().StringVar(&midTurn, "mid-turn", "", "what the message does if a turn is in flight: queue, steer, interrupt or reject (default: the agent's policy.mid_turn)")
 	send.Flags().BoolVar(&force, "force-allocation", false, "wait for capacity even if the session's crash policy is sleep")
 	send.Flags().BoolVarP(&wait, "wait", "w", false, "wait until the event's turn commits (or the event ends otherwise) and print the reply")
 	send.Flags().DurationVar(&waitFor, "wait-timeout", 2*time.Minute, "give up waiting after this long (the event stays accepted)")
@@ -585,13 +590,19 @@ func (c *client) waitTurn(cmd *cobra.Command, agentName, sess string, id, after 
 	if ev.Status != store.EventDone {
 		return eventEnded(cmd.Context(), api, agentName, sess, ev)
 	}
+	turnOf := id
+	if ev.SteerOf != 0 {
+		// A message handed to a running turn (--mid-turn steer) committed
+		// with that turn.
+		turnOf = ev.SteerOf
+	}
 	for _, from := range []int64{after, 0} {
 		page, err := api.Transcript(cmd.Context(), agentName, sess, apiclient.TranscriptOptions{After: from, Limit: 1000})
 		if err != nil {
 			return c.reach(err)
 		}
 		for _, t := range page.Turns {
-			if t.EventID != id {
+			if t.EventID != turnOf {
 				continue
 			}
 			if c.output == "json" {

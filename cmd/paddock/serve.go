@@ -102,6 +102,7 @@ func agentPolicy(p config.Policy) host.AgentPolicy {
 		BackoffMin: p.BackoffMin, BackoffMax: p.BackoffMax, BlockOnDeadLetter: p.DeadLetter == "block",
 		IdleTimeout: p.IdleTimeout, TurnTimeout: p.TurnTimeout, RestartPendingTimeout: p.RestartPendingTimeout,
 		Pool: p.Pool, TranscriptTail: p.TranscriptTail, InstanceReuse: host.InstanceScope(p.InstanceReuse),
+		MidTurn: host.MidTurn(p.MidTurn),
 	}
 }
 

@@ -147,7 +147,7 @@ func (e *fuzzEnv) do(t *testing.T, method, target string, body []byte) (int, map
 var statusOfCode = map[string]int{
 	"malformed_json": 400, "unknown_field": 400, "invalid_field": 400, "missing_field": 400, "invalid_parameter": 400,
 	"body_too_large": 413, "signal_too_large": 413, "unknown_module": 400, "unknown_plugin": 400, "invalid_plugin": 400,
-	"agent_exists": 409, "session_exists": 409, "idempotency_key_reused": 409, "nothing_in_flight": 409,
+	"agent_exists": 409, "session_exists": 409, "idempotency_key_reused": 409, "nothing_in_flight": 409, "turn_in_flight": 409,
 	"event_closed": 409, "agent_not_found": 404, "session_not_found": 404, "event_not_found": 404, "plugin_not_found": 404,
 	"route_not_found": 404, "method_not_allowed": 405, "not_dead_letter": 409, "session_destroyed": 410,
 }

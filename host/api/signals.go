@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 
+	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/service"
 )
@@ -20,7 +21,7 @@ func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 	}
 	res, err := s.svc.Signal(r.Context(), a, r.PathValue("session"), service.SignalParams{
 		Kind: in.Kind, Message: in.Message, Data: in.Data, IdempotencyKey: in.IdempotencyKey,
-		EventID: in.EventID, ForceAllocation: in.ForceAllocation,
+		EventID: in.EventID, ForceAllocation: in.ForceAllocation, MidTurn: host.MidTurn(in.MidTurn),
 	})
 	if err != nil {
 		return err
@@ -33,7 +34,7 @@ func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 // cancelled event, or a woken session's status.
 func writeSignal(w http.ResponseWriter, res service.SignalResult) error {
 	out := client.SignalResult{Kind: res.Kind, EventID: res.Event.ID, Seq: res.Event.Seq, Status: string(res.Event.Status),
-		Created: res.Created, InFlight: res.InFlight}
+		Created: res.Created, InFlight: res.InFlight, MidTurn: string(res.MidTurn), InterruptedEventID: res.Interrupted}
 	if res.Kind == service.SignalWake {
 		out.Status = string(res.Status)
 	}

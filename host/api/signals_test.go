@@ -155,3 +155,41 @@ func TestSignalsTooLargeForATurnAreRefusedAtAcceptance(t *testing.T) {
 		}
 	})
 }
+
+// TestMidTurnRejectAndAnInvalidMidTurnThroughTheAPI: a message with
+// mid_turn reject while a turn is in flight answers 409 turn_in_flight and
+// writes no event; a mid_turn that is not a policy, or on another kind,
+// answers 400 naming mid_turn.
+func TestMidTurnRejectAndAnInvalidMidTurnThroughTheAPI(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver, "")
+		e.setupFaulty()
+		_, s := e.json("POST", "/v1/agents/faulty/sessions", `{}`)
+		base := "/v1/agents/faulty/sessions/" + s["session_id"].(string)
+		for _, bad := range []string{`{"message":"x","mid_turn":"later"}`, `{"kind":"steer","message":"x","mid_turn":"queue"}`, `{"kind":"cancel","mid_turn":"reject"}`} {
+			c, b := e.json("POST", base+"/signals", bad)
+			if code, field, _ := errorOf(b); c != 400 || field != "mid_turn" || code != "invalid_field" {
+				t.Errorf("%s: %d %v, want 400 invalid_field naming mid_turn", bad, c, b)
+			}
+		}
+		// Nothing in flight: accepted under reject.
+		if c, b := e.json("POST", base+"/signals", `{"message":"think 20000","mid_turn":"reject"}`); c != 202 || b["mid_turn"] != "reject" {
+			t.Fatalf("reject with nothing in flight: %d %v", c, b)
+		}
+		e.waitSession(base+"/events", "the turn to start", func(m map[string]any) bool {
+			evs, _ := m["events"].([]any)
+			return len(evs) == 1 && evs[0].(map[string]any)["binding"] != nil
+		})
+		time.Sleep(200 * time.Millisecond)
+		c, b := e.json("POST", base+"/signals", `{"message":"not now","mid_turn":"reject"}`)
+		if code, field, _ := errorOf(b); c != 409 || code != "turn_in_flight" || field != "mid_turn" {
+			t.Fatalf("reject while a turn is in flight: %d %v, want 409 turn_in_flight", c, b)
+		}
+		if _, evs := e.json("GET", base+"/events", ""); len(evs["events"].([]any)) != 1 {
+			t.Errorf("events after the refusal: %v, want only the one in flight", evs)
+		}
+		if c, b := e.json("POST", base+"/signals", `{"kind":"cancel"}`); c != 202 || b["in_flight"] != true {
+			t.Errorf("cancel: %d %v", c, b)
+		}
+	})
+}

@@ -253,6 +253,13 @@ type Policy struct {
 	// bounded by the turns running at once — for agents that keep
 	// everything in the session state).
 	InstanceReuse string `koanf:"instance_reuse"`
+	// MidTurn is what a message signal does when it arrives while the
+	// session has a turn in flight (docs/DESIGN.md "Messages that arrive
+	// mid-turn"): "queue" (default; runs after the turn), "steer"
+	// (delivered to the running turn), "interrupt" (the turn is
+	// cancelled, then the message queued) or "reject" (409
+	// turn_in_flight, nothing written). A signal's mid_turn overrides it.
+	MidTurn string `koanf:"mid_turn"`
 }
 
 // Pool is one capacity pool.
@@ -375,6 +382,7 @@ func Default() Config {
 			CrashPolicy: "restart", MaxAttempts: 5, BackoffMin: 5 * time.Second, BackoffMax: 120 * time.Second,
 			DeadLetter: "continue", IdleTimeout: 30 * time.Second, TurnTimeout: 30 * time.Second,
 			RestartPendingTimeout: 60 * time.Second, Pool: "default", InstanceReuse: "session",
+			MidTurn: "queue",
 		},
 		// 64 activations × the 64 MiB memory cap bounds guest memory near
 		// 4 GiB per host; raise it with the machine.
@@ -433,6 +441,9 @@ func (p Policy) over(o Policy) Policy {
 	}
 	if p.InstanceReuse != "" {
 		o.InstanceReuse = p.InstanceReuse
+	}
+	if p.MidTurn != "" {
+		o.MidTurn = p.MidTurn
 	}
 	return o
 }
@@ -915,6 +926,12 @@ func (p PluginSpec) PluginSHA256() (string, error) {
 // agentNameRE is the API's rule for agent names.
 var agentNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
+// ValidMidTurn says whether m is a mid_turn policy: queue, steer,
+// interrupt or reject.
+func ValidMidTurn(m string) bool {
+	return m == "queue" || m == "steer" || m == "interrupt" || m == "reject"
+}
+
 func validPolicy(p string) bool { return p == "restart" || p == "sleep" || p == "destroy" }
 
 // validate checks a policy; with full, every field must be set (the
@@ -950,6 +967,9 @@ func (p Policy) validate(prefix string, pools map[string]Pool, full bool) []erro
 	}
 	if (full || p.InstanceReuse != "") && p.InstanceReuse != "session" && p.InstanceReuse != "agent" {
 		bad("instance_reuse", p.InstanceReuse, "must be session or agent")
+	}
+	if (full || p.MidTurn != "") && !ValidMidTurn(p.MidTurn) {
+		bad("mid_turn", p.MidTurn, "must be queue, steer, interrupt or reject")
 	}
 	if p.TranscriptTail != nil && (*p.TranscriptTail < 0 || *p.TranscriptTail > 1000) {
 		bad("transcript_tail", *p.TranscriptTail, "must be between 0 and 1000")

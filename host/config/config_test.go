@@ -113,6 +113,8 @@ func TestBadConfigIsRefusedNamingKeyValueAndReason(t *testing.T) {
 		{"agent override", "agents:\n  - name: a\n    policy:\n      dead_letter: maybe\n", nil, []string{"agents[0].policy.dead_letter", "maybe"}},
 		{"unknown pool", "policy:\n  pool: gpu\n", nil, []string{"policy.pool", "gpu", "not a configured pool"}},
 		{"agent transcript tail", "agents:\n  - name: a\n    policy:\n      transcript_tail: -1\n", nil, []string{"agents[0].policy.transcript_tail", "-1", "between 0 and 1000"}},
+		{"mid_turn", "policy:\n  mid_turn: later\n", nil, []string{"policy.mid_turn", "later", "queue, steer, interrupt or reject"}},
+		{"agent mid_turn", "agents:\n  - name: a\n    policy:\n      mid_turn: drop\n", nil, []string{"agents[0].policy.mid_turn", "drop"}},
 		{"zero capacity", "pools:\n  default:\n    capacity: 0\n", nil, []string{"pools.default.capacity", "0"}},
 		{"remote pool without fabric", "pools:\n  gpu:\n    capacity: 2\n    remote: true\n", nil, []string{"fabric.listen", "remote"}},
 		{"fabric without workers", "fabric:\n  listen: tcp://127.0.0.1:7700\n", nil, []string{"fabric.workers"}},
@@ -226,5 +228,35 @@ func TestAPolicyOnlyAgentEntryReloadsWithoutARestartWarning(t *testing.T) {
 	moved.Agents = []AgentSpec{{Name: "notes", ModuleFile: "other.wasm"}}
 	if got := base.RestartOnlyChanges(moved); !slices.Contains(got, "agents[].module_file|plugin") {
 		t.Errorf("a module_file changed: restart-only changes %v, want agents[].module_file|plugin", got)
+	}
+}
+
+// TestMidTurnDefaultsToQueueAndAnAgentOverridesIt: policy.mid_turn is queue
+// by default, agents[].policy.mid_turn overrides it for that agent only,
+// and a change of it reloads (it is not a restart-only key).
+func TestMidTurnDefaultsToQueueAndAnAgentOverridesIt(t *testing.T) {
+	cfg, err := Load(Sources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Policy.MidTurn != "queue" {
+		t.Fatalf("default mid_turn %q, want queue", cfg.Policy.MidTurn)
+	}
+	cfg, err = Load(Sources{File: writeFile(t, "policy:\n  mid_turn: steer\nagents:\n  - name: strict\n    policy:\n      mid_turn: reject\n  - name: other\n"),
+		Environ: []string{"PADDOCK_POLICY__MID_TURN=interrupt"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.AgentPolicy("strict").MidTurn; got != "reject" {
+		t.Errorf("strict: mid_turn %q, want reject", got)
+	}
+	if got := cfg.AgentPolicy("other").MidTurn; got != "interrupt" {
+		t.Errorf("other: mid_turn %q, want the environment's interrupt over the file's steer", got)
+	}
+	next := cfg
+	next.Policy.MidTurn = "queue"
+	next.Agents = []AgentSpec{{Name: "strict", Policy: Policy{MidTurn: "steer"}}}
+	if got := cfg.RestartOnlyChanges(next); len(got) != 0 {
+		t.Errorf("a mid_turn change: restart-only changes %v, want none (it reloads)", got)
 	}
 }

@@ -86,6 +86,9 @@ const (
 	ConflictIdempotencyKeyReused Conflict = "idempotency_key_reused"
 	// ConflictNothingInFlight: a cancel of "the turn in flight" found none.
 	ConflictNothingInFlight Conflict = "nothing_in_flight"
+	// ConflictTurnInFlight: a message under mid_turn reject arrived while
+	// the session had a turn in flight; nothing was written.
+	ConflictTurnInFlight Conflict = "turn_in_flight"
 	// ConflictEventClosed: the event to cancel is already closed.
 	ConflictEventClosed Conflict = "event_closed"
 	// ConflictNotDeadLetter: the event to redrive or discard is not

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/store"
 )
 
@@ -37,6 +38,11 @@ type SignalParams struct {
 	IdempotencyKey string
 	// EventID names the event a cancel aims at (0: the one in flight).
 	EventID int64
+	// MidTurn (message signals only) overrides the agent's mid_turn policy
+	// for this message: what it does when the session has a turn in
+	// flight (docs/DESIGN.md "Messages that arrive mid-turn"). Empty: the
+	// agent's policy (host.AgentPolicy.MidTurn; queue by default).
+	MidTurn host.MidTurn
 	// ForceAllocation: a sleep-policy session waits for capacity instead
 	// of sleeping at once when its pool is full (docs/DESIGN.md "Capacity").
 	ForceAllocation bool
@@ -50,8 +56,17 @@ type SignalResult struct {
 	Event store.Event
 	// Created is false when an idempotent re-send returned the first event.
 	Created bool
-	// InFlight (steer, cancel): the signal reached a turn in flight.
+	// InFlight (steer, cancel, and a message under mid_turn steer or
+	// interrupt): the signal reached a turn in flight — steered it, or
+	// cancelled it.
 	InFlight bool
+	// MidTurn (messages): the mid_turn policy the message was accepted
+	// under (the signal's, else the agent's).
+	MidTurn host.MidTurn
+	// Interrupted (a message under mid_turn interrupt): the event whose
+	// turn in flight was cancelled (0: none was in flight, or it closed
+	// before the cancel).
+	Interrupted int64
 	// Status is, for a wake, the session's status after it.
 	Status store.SessionStatus
 }
@@ -61,9 +76,12 @@ type SignalResult struct {
 // first when p.ForceAllocation). Refusals: *InvalidError (kind, message,
 // idempotency_key, event_id), *TooLargeError (message) past
 // MaxEventPayloadBytes, a *ConflictError ConflictIdempotencyKeyReused when
-// the key was used for another signal, a *NotFoundError for an unknown
-// session, and store.ErrSessionDestroyed for a destroyed one; a cancel's
-// refusals are CancelEvent's.
+// the key was used for another signal, a *ConflictError
+// ConflictTurnInFlight for a message under mid_turn reject while a turn is
+// in flight, a *NotFoundError for an unknown session, and
+// store.ErrSessionDestroyed for a destroyed one; a cancel's refusals are
+// CancelEvent's. A message's mid_turn (p.MidTurn, else the agent's policy)
+// decides what it does while a turn is in flight: see midTurnMessage.
 func (s *Service) Signal(ctx context.Context, a store.Agent, sessionID string, p SignalParams) (SignalResult, error) {
 	if p.Kind == "" {
 		p.Kind = abi.EventMessage
@@ -76,6 +94,14 @@ func (s *Service) Signal(ctx context.Context, a store.Agent, sessionID string, p
 	}
 	if p.IdempotencyKey != "" && !keyRE.MatchString(p.IdempotencyKey) {
 		return SignalResult{}, invalid("idempotency_key", "idempotency_key must be 1–200 printable ASCII characters without spaces")
+	}
+	if p.MidTurn != "" {
+		if !p.MidTurn.Valid() {
+			return SignalResult{}, invalid("mid_turn", "mid_turn %q must be queue, steer, interrupt or reject", string(p.MidTurn))
+		}
+		if p.Kind != abi.EventMessage {
+			return SignalResult{}, invalid("mid_turn", "mid_turn is only for message signals, not %s", p.Kind)
+		}
 	}
 	key := store.ActorKey{AgentUID: a.UID, SessionID: sessionID}
 	var payload json.RawMessage
@@ -145,13 +171,23 @@ func (s *Service) Signal(ctx context.Context, a store.Agent, sessionID string, p
 		}
 		res.Event, res.Created, res.InFlight = st.Event, st.Created, st.InFlight
 	} else {
-		var err error
-		res.Event, res.Created, err = s.st.AppendEvent(ctx, store.AppendEventParams{Key: key, Kind: p.Kind, Payload: payload, IdempotencyKey: p.IdempotencyKey})
-		if err != nil {
+		res.MidTurn = p.MidTurn
+		if res.MidTurn == "" {
+			res.MidTurn = s.h.Policy().For(a.Name).MidTurn
+		}
+		if res.MidTurn == "" {
+			res.MidTurn = host.MidTurnQueue
+		}
+		if err := s.midTurnMessage(ctx, key, payload, p.IdempotencyKey, &res); err != nil {
+			var tif *store.TurnInFlightError
+			if errors.As(err, &tif) {
+				return SignalResult{}, &ConflictError{Reason: ConflictTurnInFlight, Field: "mid_turn",
+					Message: fmt.Sprintf("session %q has a turn in flight (event %d) and mid_turn is reject: nothing was written; send it again after the turn, or with mid_turn queue, steer or interrupt", sessionID, tif.EventID)}
+			}
 			return SignalResult{}, notFound(err)
 		}
 	}
-	if !res.Created && !store.SameSignal(res.Event, p.Kind, payload) {
+	if !res.Created && !sameSignal(res.Event, p.Kind, payload) {
 		// The key was used for another signal: refuse rather than drop
 		// this one silently (the first one stays as it was).
 		return SignalResult{}, &ConflictError{Reason: ConflictIdempotencyKeyReused, Field: "idempotency_key",
@@ -161,6 +197,71 @@ func (s *Service) Signal(ctx context.Context, a store.Agent, sessionID string, p
 		s.h.Ensure(key)
 	}
 	return res, nil
+}
+
+// sameSignal is store.SameSignal, where a message re-sent matches its
+// first event also when that was delivered as a steer (mid_turn steer).
+func sameSignal(e store.Event, kind string, payload []byte) bool {
+	if kind == abi.EventMessage && e.Kind == abi.EventSteer {
+		kind = abi.EventSteer
+	}
+	return store.SameSignal(e, kind, payload)
+}
+
+// midTurnMessage persists a message under res.MidTurn, filling res.Event,
+// res.Created, res.InFlight and res.Interrupted:
+//
+//   - queue: appended; it runs after the turn in flight.
+//   - steer: store.Steer — attached to the turn in flight (InFlight), or
+//     queued like a message when none is.
+//   - reject: appended with RefuseIfInFlight; a turn in flight refuses it
+//     in the append's transaction (*store.TurnInFlightError), nothing
+//     written.
+//   - interrupt: first appended with RefuseIfInFlight (nothing in flight,
+//     or an idempotent re-send: done, nothing cancelled); refused, the
+//     event in flight it names is cancelled (store.CancelEvent by id: a
+//     cancelled transcript turn, its delivery superseded so the worker's
+//     late reply is fenced off; the controller is poked to abort the
+//     worker), then the message is appended. A turn that committed first
+//     stays committed (the cancel finds it closed). The message runs
+//     after the events queued before it, as any message.
+func (s *Service) midTurnMessage(ctx context.Context, key store.ActorKey, payload json.RawMessage, idem string, res *SignalResult) error {
+	p := store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload, IdempotencyKey: idem}
+	var err error
+	switch res.MidTurn {
+	case host.MidTurnSteer:
+		st, err := s.st.Steer(ctx, store.SteerParams{Key: key, Payload: payload, IdempotencyKey: idem, DeliveryID: uuid.NewString()})
+		if err != nil {
+			return err
+		}
+		res.Event, res.Created, res.InFlight = st.Event, st.Created, st.InFlight
+		return nil
+	case host.MidTurnReject:
+		p.RefuseIfInFlight = true
+	case host.MidTurnInterrupt:
+		p.RefuseIfInFlight = true
+		res.Event, res.Created, err = s.st.AppendEvent(ctx, p)
+		var tif *store.TurnInFlightError
+		if !errors.As(err, &tif) {
+			return err
+		}
+		c, cerr := s.st.CancelEvent(ctx, store.CancelEventParams{Key: key, EventID: tif.EventID, Reason: "interrupted by a message"})
+		switch {
+		case cerr == nil:
+			res.Interrupted, res.InFlight = c.Event.ID, c.InFlight
+			if c.InFlight {
+				s.h.Ensure(key) // the controller aborts the worker
+			}
+		case errors.Is(cerr, store.ErrConflict) || errors.Is(cerr, store.ErrNotFound):
+			// Closed meanwhile (committed, or cancelled by another
+			// signal): nothing left to interrupt.
+		default:
+			return cerr
+		}
+		p.RefuseIfInFlight = false
+	}
+	res.Event, res.Created, err = s.st.AppendEvent(ctx, p)
+	return err
 }
 
 // CancelEvent cancels event eventID of agent a's session key (0: the turn

@@ -160,7 +160,9 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 	ne := newEvent{kind: p.Kind, payload: payload, idempotencyKey: p.IdempotencyKey}
 	var e store.Event
 	var created bool
-	if s.groupCommit {
+	if p.RefuseIfInFlight {
+		err = errLockRace // decided under the locks below
+	} else if s.groupCommit {
 		// With the appends of other sessions that arrived meanwhile
 		// (groupcommit.go); a batch that could not decide it says solo.
 		r := s.appends.append(ctx, key, ne)
@@ -187,7 +189,33 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 	// Not appended (a missing or destroyed session, a used idempotency
 	// key) or an idempotency race: decide under the session lock.
 	err = s.tx(ctx, "append event", func(ctx context.Context, tx pgx.Tx) error {
-		if err := sessionWritable(ctx, tx, key); err != nil {
+		if p.RefuseIfInFlight {
+			// The live activation locked with the session, so that no
+			// turn starts between the look and the insert.
+			status, act, err := lockKey(ctx, tx, key, false)
+			if err != nil {
+				return err
+			}
+			if err := writable(key, status); err != nil {
+				return err
+			}
+			var current int64
+			if act != nil {
+				current = act.current
+			}
+			if refuse := store.RefuseInFlight(p, current); refuse != nil {
+				if p.IdempotencyKey == "" {
+					return refuse
+				}
+				// A re-send of an accepted key returns its first event.
+				e, err = eventByIdempotencyKey(ctx, tx, key, p.IdempotencyKey)
+				if errors.Is(err, pgx.ErrNoRows) {
+					return refuse
+				}
+				created = false
+				return err
+			}
+		} else if err := sessionWritable(ctx, tx, key); err != nil {
 			return err
 		}
 		var err error

@@ -63,6 +63,23 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 	var ev store.Event
 	var created bool
 	err = s.write(ctx, "append event", func(tx *txn) (err error) {
+		if p.RefuseIfInFlight {
+			if err := refuseInFlight(tx, p); err != nil {
+				// A re-send of an accepted key returns its first event.
+				if p.IdempotencyKey != "" {
+					if first, ferr := scanEvent(tx.queryRow(`
+						SELECT `+eventCols+` FROM actor_events e
+						WHERE e.agent_uid = ? AND e.session_id = ? AND e.idempotency_key = ?`,
+						p.Key.AgentUID, p.Key.SessionID, p.IdempotencyKey)); ferr == nil {
+						ev, created = first, false
+						return nil
+					} else if !errors.Is(ferr, sql.ErrNoRows) {
+						return ferr
+					}
+				}
+				return err
+			}
+		}
 		ev, created, err = appendEvent(tx, p.Key, p.Kind, payload, p.IdempotencyKey)
 		return err
 	})
@@ -73,6 +90,24 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 		s.publish(p.Key)
 	}
 	return ev, created, nil
+}
+
+// refuseInFlight returns store.RefuseInFlight's refusal for the session's
+// live activation's current event, inside tx (the single writer makes it
+// atomic with the append); the session must exist and not be destroyed.
+func refuseInFlight(tx *txn, p store.AppendEventParams) error {
+	if _, err := sessionStatus(tx, p.Key); err != nil {
+		return err
+	}
+	var current sql.NullInt64
+	err := tx.queryRow(`
+		SELECT current_event_id FROM activations
+		WHERE agent_uid = ? AND session_id = ? AND state IN `+liveStates,
+		p.Key.AgentUID, p.Key.SessionID).Scan(&current)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	return store.RefuseInFlight(p, current.Int64)
 }
 
 // appendEvent appends an open event with the session's next seq and wakes

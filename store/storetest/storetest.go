@@ -62,6 +62,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) store.Store) {
 		deadLetterCases(),
 		steerCases(),
 		cancelCases(),
+		midTurnCases(),
 		alarmCases(),
 		hostCallCases(),
 		hammerCases(),

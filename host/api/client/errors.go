@@ -75,6 +75,7 @@ const (
 	CodeEventClosed          = "event_closed"
 	CodeNotDeadLetter        = "not_dead_letter"
 	CodeNothingInFlight      = "nothing_in_flight"
+	CodeTurnInFlight         = "turn_in_flight"
 	CodeIdempotencyKeyReused = "idempotency_key_reused"
 	CodeSignalTooLarge       = "signal_too_large"
 	CodeTimeout              = "timeout"

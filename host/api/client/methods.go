@@ -185,7 +185,9 @@ func (c *Client) DestroySession(ctx context.Context, agent, session string, opts
 // /v1/agents/{agent}/sessions/{session}/signals): a message, a steer, a
 // cancel or a wake (see Signal). Errors: 404 session_not_found, 410
 // session_destroyed, 409 idempotency_key_reused (the key was used for
-// another signal) or nothing_in_flight (a cancel), 413 signal_too_large.
+// another signal), nothing_in_flight (a cancel) or turn_in_flight (a
+// message under mid_turn reject while a turn runs; nothing written), 413
+// signal_too_large.
 func (c *Client) SendSignal(ctx context.Context, agent, session string, in Signal, opts ...CallOption) (SignalResult, error) {
 	var out SignalResult
 	err := c.doJSON(ctx, "POST", sessionPath(agent, session)+"/signals", in, &out, opts)

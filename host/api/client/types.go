@@ -196,7 +196,19 @@ type Signal struct {
 	// ForceAllocation makes a sleep-policy session wait for pool capacity
 	// instead of sleeping at once when its pool is full.
 	ForceAllocation bool `json:"force_allocation,omitempty"`
+	// MidTurn (messages only) is what the message does if the session has
+	// a turn in flight: queue, steer, interrupt or reject (409
+	// turn_in_flight, nothing written). Empty: the agent's policy.mid_turn.
+	MidTurn string `json:"mid_turn,omitempty"`
 }
+
+// The mid_turn policies of Signal.MidTurn.
+const (
+	MidTurnQueue     = "queue"
+	MidTurnSteer     = "steer"
+	MidTurnInterrupt = "interrupt"
+	MidTurnReject    = "reject"
+)
 
 // SignalResult is the answer to SendSignal and Cancel (HTTP 202). Which
 // fields it carries depends on Kind (see MarshalJSON): Created is sent for
@@ -216,11 +228,18 @@ type SignalResult struct {
 	// InFlight: a steer was handed to the turn in flight, or a cancel hit
 	// it.
 	InFlight bool `json:"in_flight"`
+	// MidTurn (a message) is the mid_turn policy it was accepted under.
+	MidTurn string `json:"mid_turn,omitempty"`
+	// InterruptedEventID (a message under mid_turn interrupt) is the event
+	// whose turn in flight was cancelled; 0 when none was.
+	InterruptedEventID int64 `json:"interrupted_event_id,omitempty"`
 }
 
 // MarshalJSON encodes the fields r's kind has: kind and status always;
-// event_id, seq and created for a message; those and in_flight for a
-// steer; event_id and in_flight for a cancel; nothing more for a wake.
+// event_id, seq, created and mid_turn for a message (and in_flight under
+// mid_turn steer or interrupt, interrupted_event_id under interrupt);
+// event_id, seq, created and in_flight for a steer; event_id and in_flight
+// for a cancel; nothing more for a wake.
 func (r SignalResult) MarshalJSON() ([]byte, error) {
 	out := map[string]any{"kind": r.Kind, "status": r.Status}
 	switch r.Kind {
@@ -231,6 +250,15 @@ func (r SignalResult) MarshalJSON() ([]byte, error) {
 		out["event_id"], out["seq"], out["created"] = r.EventID, r.Seq, r.Created
 		if r.Kind == SignalSteer {
 			out["in_flight"] = r.InFlight
+		}
+		if r.MidTurn != "" {
+			out["mid_turn"] = r.MidTurn
+		}
+		if r.MidTurn == MidTurnSteer || r.MidTurn == MidTurnInterrupt {
+			out["in_flight"] = r.InFlight
+		}
+		if r.MidTurn == MidTurnInterrupt {
+			out["interrupted_event_id"] = r.InterruptedEventID
 		}
 	}
 	return json.Marshal(out)
