@@ -16,8 +16,6 @@ import (
 	"testing"
 
 	"github.com/paddock-dev/paddock/abi"
-	"github.com/paddock-dev/paddock/host"
-	"github.com/paddock-dev/paddock/host/calls"
 	"github.com/paddock-dev/paddock/store"
 )
 
@@ -65,33 +63,6 @@ func (s *usageServer) total() int {
 	return n
 }
 
-func startAttackHost(t *testing.T, st store.Store, funcs map[string]abi.TurnFunc, url string) *fixture {
-	t.Helper()
-	x, err := calls.New(calls.Config{
-		Endpoints: map[string]calls.Endpoint{"chat": {Provider: calls.ProviderOpenAI, BaseURL: url + "/v1", Models: []string{"m1"}}},
-		Logger:    quietLogger(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pol := testPolicy()
-	pol.Capabilities = calls.Capabilities{Models: []string{"chat"}}
-	h, err := host.New(host.Options{Store: st, Runner: funcRunner{funcs}, Policy: pol, Logger: quietLogger(), Calls: x})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("host.Run: %v", err)
-		}
-	})
-	return &fixture{t: t, st: st, h: h}
-}
-
 // Found by attack, fixed: a provider's negative usage is passed to RecordHostCall, which
 // refuses it (store.CheckHostCall: ErrInvalid). The call was made and paid,
 // but its result is withheld (cancelled), nothing is journaled — so the
@@ -99,7 +70,7 @@ func startAttackHost(t *testing.T, st store.Store, funcs map[string]abi.TurnFunc
 func TestAttackNegativeUsageLeavesAPaidCallUnjournaled(t *testing.T) {
 	eachDriver(t, func(t *testing.T, st store.Store) {
 		srv := newUsageServer(t, -5, 3)
-		f := startAttackHost(t, st, map[string]abi.TurnFunc{"neg": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+		f := startWithCalls(t, st, map[string]abi.TurnFunc{"neg": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: ask(ctx, "hello")}}}, nil
 		}}, srv.URL)
 		key := f.session(f.agent("neg"))
@@ -125,7 +96,7 @@ func TestAttackConcurrentCallsReplayAfterRetry(t *testing.T) {
 		const n = 16
 		var mu sync.Mutex
 		var bad []string
-		f := startAttackHost(t, st, map[string]abi.TurnFunc{"fan": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+		f := startWithCalls(t, st, map[string]abi.TurnFunc{"fan": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 			var wg sync.WaitGroup
 			order := make([]int, n)
 			for i := range n {
@@ -194,7 +165,7 @@ func TestAttackIdempotencyKeyIgnoresTheRequest(t *testing.T) {
 				"usage":   map[string]any{"prompt_tokens": 1, "completion_tokens": 1}})
 		}))
 		t.Cleanup(srv.Close)
-		f := startAttackHost(t, st, map[string]abi.TurnFunc{"diverge": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+		f := startWithCalls(t, st, map[string]abi.TurnFunc{"diverge": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 			r := ask(ctx, fmt.Sprintf("question %d", req.Attempt))
 			if req.Attempt == 1 {
 				return nil, errors.New("crash")

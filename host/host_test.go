@@ -144,10 +144,14 @@ type fixture struct {
 // start runs a host over st with the given turn functions.
 func start(t *testing.T, st store.Store, funcs map[string]abi.TurnFunc, pol host.Policy) *fixture {
 	t.Helper()
-	h, err := host.New(host.Options{
-		Store: st, Runner: funcRunner{funcs}, Policy: pol,
-		Logger: quietLogger(),
-	})
+	return runHost(t, host.Options{Store: st, Runner: funcRunner{funcs}, Policy: pol, Logger: quietLogger()})
+}
+
+// runHost runs a host with o until the test ends.
+func runHost(t *testing.T, o host.Options) *fixture {
+	t.Helper()
+	st := o.Store
+	h, err := host.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,11 +75,11 @@ func (s *chatServer) requests(msg string) int {
 }
 
 // startWithCalls runs a host whose turns make host calls through a real
-// executor to srv, granted to every agent.
-func startWithCalls(t *testing.T, st store.Store, funcs map[string]abi.TurnFunc, srv *chatServer) *fixture {
+// executor to the OpenAI-protocol server at url, granted to every agent.
+func startWithCalls(t *testing.T, st store.Store, funcs map[string]abi.TurnFunc, url string) *fixture {
 	t.Helper()
 	x, err := calls.New(calls.Config{
-		Endpoints: map[string]calls.Endpoint{"chat": {Provider: calls.ProviderOpenAI, BaseURL: srv.URL + "/v1", Models: []string{"m1"}}},
+		Endpoints: map[string]calls.Endpoint{"chat": {Provider: calls.ProviderOpenAI, BaseURL: url + "/v1", Models: []string{"m1"}}},
 		Logger:    quietLogger(),
 	})
 	if err != nil {
@@ -87,20 +87,7 @@ func startWithCalls(t *testing.T, st store.Store, funcs map[string]abi.TurnFunc,
 	}
 	pol := testPolicy()
 	pol.Capabilities = calls.Capabilities{Models: []string{"chat"}}
-	h, err := host.New(host.Options{Store: st, Runner: funcRunner{funcs}, Policy: pol, Logger: quietLogger(), Calls: x})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("host.Run: %v", err)
-		}
-	})
-	return &fixture{t: t, st: st, h: h}
+	return runHost(t, host.Options{Store: st, Runner: funcRunner{funcs}, Policy: pol, Logger: quietLogger(), Calls: x})
 }
 
 // ask makes one model call of msg and describes its result.
@@ -143,7 +130,7 @@ func TestARetriedTurnReplaysItsRecordedModelCall(t *testing.T) {
 			}
 			second := ask(ctx, "again")
 			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: first + " | " + second}}}, nil
-		}}, srv)
+		}}, srv.URL)
 		a := f.agent("twice")
 		key := f.session(a)
 		ev := f.signal(key, "go")
@@ -211,7 +198,7 @@ func TestADivergingRetrySetsTheJournalAsideAndGoesLive(t *testing.T) {
 				}
 				return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: r}}}, nil
 			},
-		}, srv)
+		}, srv.URL)
 
 		key := f.session(f.agent("diverge"))
 		ev := f.signal(key, "go")
@@ -256,7 +243,7 @@ func TestHostCallsWithoutAGrantAreDeniedAndJournaled(t *testing.T) {
 				out = string(res.Error.Code) + "/" + res.Error.Reason
 			}
 			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: out}}}, nil
-		}}, srv)
+		}}, srv.URL)
 		key := f.session(f.agent("nogrant"))
 		ev := f.signal(key, "go")
 		f.waitFor("the turn to commit", func() bool { return f.get(key).TurnCount == 1 })
