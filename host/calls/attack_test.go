@@ -334,12 +334,19 @@ func TestAttackHostileModelStreams(t *testing.T) {
 		reply{events: []string{`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":-7,"function":{"arguments":"{"}}]},"finish_reason":"tool_calls"}]}`}}, // malformed tool call
 		reply{events: []string{`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":2147483647,"id":"c","function":{"name":"t","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}`}},
 	)
-	x, _ := testExec(t, Config{Timeout: 500 * time.Millisecond, MaxResponseBytes: 1 << 20,
-		Endpoints: map[string]Endpoint{"oa": {Provider: ProviderOpenAI, BaseURL: f.URL + "/v1", Models: []string{"m"}}}}, env{})
+	// The hanging stream meets a short deadline; the others get a long one so a
+	// slow (race-instrumented, shared) machine reading 6 MB cannot turn
+	// too_large into timeout.
+	cfg := func(timeout time.Duration) Config {
+		return Config{Timeout: timeout, MaxResponseBytes: 1 << 20,
+			Endpoints: map[string]Endpoint{"oa": {Provider: ProviderOpenAI, BaseURL: f.URL + "/v1", Models: []string{"m"}}}}
+	}
+	short, _ := testExec(t, cfg(500*time.Millisecond), env{})
+	x, _ := testExec(t, cfg(time.Minute), env{})
 	caps := Capabilities{Models: []string{"oa"}}
 	user := abi.ModelMessage{Role: abi.RoleUser, Content: "hi"}
+	wantErr(t, short.Do(context.Background(), "a", caps, modelReq("oa", "", user), CallOptions{}), abi.CallTimeout, "")
 	do := func() Outcome { return x.Do(context.Background(), "a", caps, modelReq("oa", "", user), CallOptions{}) }
-	wantErr(t, do(), abi.CallTimeout, "")
 	wantErr(t, do(), abi.CallTooLarge, "")
 	wantErr(t, do(), abi.CallUpstream, "")
 	if out := do(); out.Result.Error == nil {
