@@ -92,6 +92,8 @@ type Event struct {
 	AcceptedAt time.Time `json:"accepted_at"`
 	// Alarm is set on alarm events: which alarm fired and when it was due.
 	Alarm *AlarmFired `json:"alarm,omitempty"`
+	// Wait is set on wait.resolved and wait.expired events.
+	Wait *WaitEvent `json:"wait,omitempty"`
 }
 
 // AlarmFired describes an alarm event.
@@ -196,22 +198,25 @@ const MaxAlarmDelayMs = 3_155_760_000_000
 // Outcome says how a turn ended.
 type Outcome string
 
-// Turn outcomes. ok, sleep and finish commit the turn; error fails the attempt
-// (it is retried with backoff like a crash, and nothing of it is committed).
-// sleep and finish both park the session until the next signal once no
-// event of it is left open (finish with sleep_reason "finish"); neither
-// destroys it.
+// Turn outcomes. ok, sleep, finish and wait commit the turn; error fails the
+// attempt (it is retried with backoff like a crash, and nothing of it is
+// committed). sleep and finish both park the session until the next signal
+// once no event of it is left open (finish with sleep_reason "finish");
+// neither destroys it. wait commits the turn and opens the wait of
+// TurnResult.Wait; the session sleeps (sleep_reason "wait") until it is
+// resolved or expires, or another signal arrives.
 const (
 	OutcomeOK     Outcome = "ok"
 	OutcomeSleep  Outcome = "sleep"
 	OutcomeFinish Outcome = "finish"
+	OutcomeWait   Outcome = "wait"
 	OutcomeError  Outcome = "error"
 )
 
-// Valid reports whether o is one of the four outcomes.
+// Valid reports whether o is one of the five outcomes.
 func (o Outcome) Valid() bool {
 	switch o {
-	case OutcomeOK, OutcomeSleep, OutcomeFinish, OutcomeError:
+	case OutcomeOK, OutcomeSleep, OutcomeFinish, OutcomeWait, OutcomeError:
 		return true
 	}
 	return false
@@ -232,6 +237,9 @@ type TurnResult struct {
 	Error string `json:"error,omitempty"`
 	// Alarms sets, replaces or clears alarms, committed with the turn.
 	Alarms []AlarmOp `json:"alarms,omitempty"`
+	// Wait is what an outcome "wait" waits for (required with it, refused
+	// with any other outcome).
+	Wait *WaitSpec `json:"wait,omitempty"`
 }
 
 // ErrInvalidResult is wrapped by Validate's errors.
@@ -242,7 +250,15 @@ var ErrInvalidResult = errors.New("invalid turn result")
 // the fences; the store does that.
 func (r *TurnResult) Validate() error {
 	if !r.Outcome.Valid() {
-		return fmt.Errorf("%w: outcome %q is not one of ok, sleep, finish, error", ErrInvalidResult, r.Outcome)
+		return fmt.Errorf("%w: outcome %q is not one of ok, sleep, finish, wait, error", ErrInvalidResult, r.Outcome)
+	}
+	if (r.Outcome == OutcomeWait) != (r.Wait != nil) {
+		return fmt.Errorf("%w: outcome wait needs \"wait\" and only it takes one (outcome %q)", ErrInvalidResult, r.Outcome)
+	}
+	if r.Wait != nil {
+		if err := r.Wait.Validate(); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidResult, err)
+		}
 	}
 	if len(r.Messages) > MaxMessages {
 		return fmt.Errorf("%w: %d messages, limit %d", ErrInvalidResult, len(r.Messages), MaxMessages)

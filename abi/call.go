@@ -33,6 +33,9 @@ const (
 	// CallKindModel is a provider-neutral chat call to a named model
 	// endpoint.
 	CallKindModel CallKind = "model"
+	// CallKindEmit sends a Chunk of the turn's output to the session
+	// stream (abi/stream.go). It is not journaled and needs no capability.
+	CallKindEmit CallKind = "emit"
 )
 
 // CallRequest is one host call. Exactly the field of its Kind is set.
@@ -40,6 +43,7 @@ type CallRequest struct {
 	Kind  CallKind      `json:"kind"`
 	HTTP  *HTTPRequest  `json:"http,omitempty"`
 	Model *ModelRequest `json:"model,omitempty"`
+	Emit  *Chunk        `json:"emit,omitempty"`
 }
 
 // HTTPRequest is an outbound HTTP request. Header values may contain
@@ -300,16 +304,21 @@ func (r *CallRequest) Validate() error {
 		return errors.New("call request is null")
 	}
 	switch r.Kind {
+	case CallKindEmit:
+		if r.HTTP != nil || r.Model != nil {
+			return errors.New(`kind "emit" needs "emit" and no "http" or "model"`)
+		}
+		return r.Emit.Validate()
 	case CallKindHTTP:
-		if r.HTTP == nil || r.Model != nil {
-			return errors.New(`kind "http" needs "http" and no "model"`)
+		if r.HTTP == nil || r.Model != nil || r.Emit != nil {
+			return errors.New(`kind "http" needs "http" and no "model" or "emit"`)
 		}
 		if r.HTTP.URL == "" {
 			return errors.New("http.url is empty")
 		}
 	case CallKindModel:
-		if r.Model == nil || r.HTTP != nil {
-			return errors.New(`kind "model" needs "model" and no "http"`)
+		if r.Model == nil || r.HTTP != nil || r.Emit != nil {
+			return errors.New(`kind "model" needs "model" and no "http" or "emit"`)
 		}
 		if r.Model.Endpoint == "" {
 			return errors.New("model.endpoint is empty")
@@ -338,7 +347,7 @@ func (r *CallRequest) Validate() error {
 			}
 		}
 	default:
-		return fmt.Errorf("kind %q: want http or model", r.Kind)
+		return fmt.Errorf("kind %q: want http, model or emit", r.Kind)
 	}
 	return nil
 }

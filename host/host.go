@@ -145,6 +145,12 @@ type Options struct {
 	// on the committing goroutine (keep it short). Benchmarks use it to
 	// observe signal→commit latency.
 	OnCommit func(store.Turn)
+	// StreamNotify, when set, is called with a session's key after this
+	// host wrote frames to its stream (a turn started, chunks, a commit, a
+	// failed attempt, a wait expired), so that the session stream's
+	// subscribers on this host wake at once (host/stream.Hub.Poke). It must
+	// not block.
+	StreamNotify func(store.ActorKey)
 }
 
 // Host runs the controllers of one `paddock serve` process.

@@ -20,6 +20,9 @@ var (
 	ErrSessionSleeping = errors.New("session sleeping")
 	// ErrNotLive: the activation is no longer live under the given ref.
 	ErrNotLive = errors.New("activation is not live under this ref")
+	// ErrGone: what the request acts on is gone for good (an expired wait,
+	// a destroyed session's wait).
+	ErrGone = errors.New("gone")
 )
 
 // NotDeadLetterError is the ErrConflict of RedriveEvent and DiscardEvent

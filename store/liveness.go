@@ -18,6 +18,12 @@ const (
 	SleepReasonAgent = "agent"
 	// SleepReasonFinish: a turn committed with outcome finish.
 	SleepReasonFinish = "finish"
+	// SleepReasonWait: a turn committed with outcome wait; the session
+	// waits for the wait's resolution or expiry (or another signal).
+	SleepReasonWait = "wait"
+	// SleepReasonApproval: a host call of the session's turn waits for an
+	// approver; its event is held until then.
+	SleepReasonApproval = "approval"
 )
 
 // CapacitySleepReasons are the sleep reasons of a session parked only for
@@ -46,6 +52,8 @@ func OutcomeSleepReason(o abi.Outcome) string {
 		return SleepReasonAgent
 	case abi.OutcomeFinish:
 		return SleepReasonFinish
+	case abi.OutcomeWait:
+		return SleepReasonWait
 	}
 	return ""
 }

@@ -524,6 +524,43 @@ type Store interface {
 	// DeleteSecret deletes a secret, or returns ErrNotFound.
 	DeleteSecret(ctx context.Context, name string) error
 
+	// AppendChunks appends one chunk frame (a batch of the attempt's
+	// chunks, body from CheckChunks) to the session stream under the
+	// attempt's fences (as RecordHostCall): a stale attempt's chunks are
+	// refused with *FenceError and nothing is written.
+	AppendChunks(ctx context.Context, p AppendChunksParams) (Frame, error)
+	// StreamFrames pages a session's stream by Seq. Unknown session:
+	// ErrNotFound.
+	StreamFrames(ctx context.Context, p StreamFramesParams) (StreamPage, error)
+	// StreamHeads returns the last frame Seq of each of keys that has one
+	// (absent: none yet, or unknown): one statement, for hosts that poll
+	// the sessions their clients watch.
+	StreamHeads(ctx context.Context, keys []ActorKey) (map[ActorKey]int64, error)
+	// CompactStream deletes up to p.Limit frames created before p.Before
+	// whose event is not open (frames without an event by age alone); it
+	// returns how many it deleted. Seq numbering is not reset.
+	CompactStream(ctx context.Context, p CompactStreamParams) (int, error)
+
+	// ResolveWait resolves an open wait in one transaction: status
+	// resolved, Resolution stored, frame wait.resolved; kind wait appends
+	// a wait.resolved event (payload WaitEventPayload, idempotency key
+	// "wait:<id>"); kind approval releases its held event (due now); a
+	// sleeping session is woken. Unknown session or wait: ErrNotFound;
+	// destroyed session: ErrSessionDestroyed; not open: *WaitClosedError
+	// (ErrConflict when resolved, ErrGone when expired or cancelled).
+	ResolveWait(ctx context.Context, p ResolveWaitParams) (Wait, error)
+	// GetWait returns one wait, or ErrNotFound.
+	GetWait(ctx context.Context, key ActorKey, waitID string) (Wait, error)
+	// ListWaits pages an agent's or a session's waits, oldest first.
+	ListWaits(ctx context.Context, p ListWaitsParams) (WaitPage, error)
+	// ExpireDueWaits expires up to limit open waits whose expires_at
+	// passed (DB clock), each by compare-and-set: status expired, frame
+	// wait.resolved; kind wait appends a wait.expired event (idempotency
+	// key "wait:<id>"); kind approval releases its held event (the call is
+	// then refused as not approved); a sleeping session is woken. It
+	// returns the keys that have something to run.
+	ExpireDueWaits(ctx context.Context, limit int) ([]ActorKey, error)
+
 	// Subscribe returns a channel of actor keys that received events
 	// (postgres: LISTEN/NOTIFY from every host; sqlite: this process). It is
 	// a wake-up hint only; it closes when ctx ends.
@@ -677,6 +714,12 @@ type CommitTurnParams struct {
 	Outcome   abi.Outcome
 	// Alarms are set, replaced or cleared in the same transaction.
 	Alarms []abi.AlarmOp
+	// Wait, with Outcome wait (and only with it), opens this wait of kind
+	// wait in the same transaction (frame wait.opened after
+	// turn.committed); the session sleeps with SleepReasonWait unless
+	// another event is open. A wait id the session already used: ErrConflict
+	// and nothing is written. Validated by CheckWait (ErrInvalid).
+	Wait *WaitParams
 }
 
 // FailAttemptParams are FailAttempt's inputs.
@@ -689,7 +732,17 @@ type FailAttemptParams struct {
 	Counted     bool
 	Backoff     time.Duration
 	MaxAttempts int
+	// Hold, when set, ends the attempt as a wait of kind approval instead
+	// of a failure: not counted (Counted must be false), the event stays
+	// open but is held (next_attempt_at = HeldUntil) until the wait is
+	// resolved or expires, the session sleeps with SleepReasonApproval, and
+	// the frames are turn.retrying (reason approval) then wait.opened.
+	Hold *WaitParams
 }
+
+// HeldUntil is the next_attempt_at of an event held by an approval wait:
+// never due until ResolveWait or ExpireDueWaits releases it (due now).
+var HeldUntil = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
 
 // ExpireActivationParams are ExpireActivation's inputs.
 type ExpireActivationParams struct {
