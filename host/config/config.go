@@ -52,6 +52,9 @@ type Config struct {
 	Wasm    Wasm    `koanf:"wasm"`
 	Runtime Runtime `koanf:"runtime"`
 	API     API     `koanf:"api"`
+	// Stream configures the session streams (docs/DESIGN.md "The session
+	// stream"; restart to change).
+	Stream Stream `koanf:"stream"`
 	// Policy is the default policy of every agent (docs/DESIGN.md "Failure, retry
 	// and crash policy"); agents[].policy overrides it per agent. Policies
 	// are reloaded from the config file without a restart.
@@ -213,6 +216,14 @@ type Runtime struct {
 	TranscriptTail int `koanf:"transcript_tail"`
 	// ShutdownTimeout bounds how long in-flight turns may finish at stop.
 	ShutdownTimeout time.Duration `koanf:"shutdown_timeout"`
+}
+
+// Stream configures the session streams clients follow over SSE.
+type Stream struct {
+	// PollInterval is how often this host polls the stream heads of the
+	// sessions its clients follow, for frames other hosts wrote (frames
+	// this host writes wake them at once). Default 100ms; 10ms to 1m.
+	PollInterval time.Duration `koanf:"poll_interval"`
 }
 
 // Policy is an agent policy. In agents[].policy, zero values inherit the
@@ -378,6 +389,7 @@ func Default() Config {
 			ShutdownTimeout: 10 * time.Second,
 		},
 		API: API{MaxBodyBytes: 1 << 20, MaxModuleBytes: 64 << 20},
+		Stream: Stream{PollInterval: 100 * time.Millisecond},
 		Policy: Policy{
 			CrashPolicy: "restart", MaxAttempts: 5, BackoffMin: 5 * time.Second, BackoffMax: 120 * time.Second,
 			DeadLetter: "continue", IdleTimeout: 30 * time.Second, TurnTimeout: 30 * time.Second,
@@ -465,6 +477,7 @@ func (c Config) RestartOnlyChanges(next Config) []string {
 	diff("wasm", c.Wasm, next.Wasm)
 	diff("runtime", c.Runtime, next.Runtime)
 	diff("api", c.API, next.API)
+	diff("stream", c.Stream, next.Stream)
 	diff("fabric", c.Fabric, next.Fabric)
 	// Registrations (module_file, plugin) apply at start; an entry that
 	// only sets policy or capabilities reloads, added or removed.
@@ -773,6 +786,9 @@ func (c Config) Validate() error {
 	}
 	if c.Runtime.ShutdownTimeout < 0 {
 		bad("runtime.shutdown_timeout", c.Runtime.ShutdownTimeout, "must not be negative")
+	}
+	if c.Stream.PollInterval < 10*time.Millisecond || c.Stream.PollInterval > time.Minute {
+		bad("stream.poll_interval", c.Stream.PollInterval, "must be between 10ms and 1m")
 	}
 	errs = append(errs, c.Policy.validate("policy", c.Pools, true)...)
 	if len(c.Pools) == 0 {

@@ -260,3 +260,20 @@ func TestMidTurnDefaultsToQueueAndAnAgentOverridesIt(t *testing.T) {
 		t.Errorf("a mid_turn change: restart-only changes %v, want none (it reloads)", got)
 	}
 }
+
+func TestStreamPollIntervalDefaultsAndBounds(t *testing.T) {
+	cfg, err := Load(Sources{})
+	if err != nil || cfg.Stream.PollInterval != 100*time.Millisecond {
+		t.Fatalf("default stream.poll_interval = %v (%v), want 100ms", cfg.Stream.PollInterval, err)
+	}
+	cfg, err = Load(Sources{File: writeFile(t, "stream:\n  poll_interval: 250ms\n")})
+	if err != nil || cfg.Stream.PollInterval != 250*time.Millisecond {
+		t.Fatalf("stream.poll_interval from the file = %v (%v)", cfg.Stream.PollInterval, err)
+	}
+	for _, v := range []string{"1ms", "2m", "0s"} {
+		_, err := Load(Sources{File: writeFile(t, "stream:\n  poll_interval: "+v+"\n")})
+		if err == nil || !strings.Contains(err.Error(), "stream.poll_interval") || !strings.Contains(err.Error(), "between 10ms and 1m") {
+			t.Errorf("poll_interval %s: %v, want an error naming the key and the range", v, err)
+		}
+	}
+}

@@ -132,6 +132,7 @@ func (tr *turn) commit(reply string) {
 	_, err := tr.w.st.CommitTurn(tr.w.ctx, store.CommitTurnParams{Ref: tr.d.Delivery.TurnRef(),
 		Messages: []abi.Message{{Role: abi.RoleAssistant, Content: reply}}, Outcome: abi.OutcomeOK})
 	tr.w.no(err)
+	tr.w.no(tr.w.st.StopActivation(tr.w.ctx, tr.act.Ref()))
 }
 
 func (tr *turn) fail() {
