@@ -18,11 +18,13 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/host/service"
+	"github.com/paddock-dev/paddock/host/stream"
 )
 
 // OpenAPI is the OpenAPI 3 description of the routes, served at
@@ -50,6 +52,13 @@ type Options struct {
 	// AuthToken, when set, is required as "Authorization: Bearer <token>"
 	// on every /v1 route.
 	AuthToken string
+	// Stream is the hub session streams are served from when New builds
+	// the service (nil: New makes one on Host's store). With Service set,
+	// the service's own hub (service.WithStream) serves them.
+	Stream *stream.Hub
+	// StreamHeartbeat is how often an idle stream sends a comment (0:
+	// DefaultStreamHeartbeat).
+	StreamHeartbeat time.Duration
 	// MaxBodyBytes caps JSON bodies; MaxModuleBytes caps module uploads.
 	MaxBodyBytes, MaxModuleBytes int64
 	Logger                       *slog.Logger
@@ -103,6 +112,11 @@ func Routes() []Route {
 		{"GET", "/v1/agents/{agent}/sessions/{session}/dead-letters", (*Server).listSessionDeadLetters},
 		{"GET", "/v1/agents/{agent}/sessions/{session}/alarms", (*Server).listAlarms},
 		{"GET", "/v1/agents/{agent}/sessions/{session}/transcript", (*Server).transcript},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/stream", (*Server).streamSession},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/waits", (*Server).listSessionWaits},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/waits/{wait}", (*Server).getWait},
+		{"POST", "/v1/agents/{agent}/sessions/{session}/waits/{wait}", (*Server).resolveWait},
+		{"GET", "/v1/agents/{agent}/waits", (*Server).listAgentWaits},
 		{"GET", "/v1/secrets", (*Server).listSecrets},
 		{"PUT", "/v1/secrets/{name}", (*Server).putSecret},
 		{"DELETE", "/v1/secrets/{name}", (*Server).deleteSecret},
@@ -115,7 +129,12 @@ func New(o Options) *Server {
 		o.Logger = slog.Default()
 	}
 	if o.Service == nil {
-		o.Service = service.New(o.Host, o.Modules, o.Plugins)
+		if o.Stream == nil {
+			// No goroutine runs while nobody subscribes, so this hub needs
+			// no Close of its own.
+			o.Stream = stream.New(stream.Options{Store: o.Host.Store(), Logger: o.Logger.With("component", "stream")})
+		}
+		o.Service = service.New(o.Host, o.Modules, o.Plugins).WithStream(o.Stream)
 	}
 	s := &Server{o: o, svc: o.Service, log: o.Logger, mux: http.NewServeMux()}
 	for _, r := range Routes() {

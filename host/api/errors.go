@@ -31,6 +31,7 @@ func asError(err error) *Error {
 		notFound *service.NotFoundError
 		conflict *service.ConflictError
 		rejected *service.RejectedError
+		gone     *service.GoneError
 	)
 	switch {
 	case errors.As(err, &e):
@@ -48,6 +49,8 @@ func asError(err error) *Error {
 		return &Error{Status: http.StatusNotFound, Code: string(notFound.Resource) + "_not_found", Field: notFound.Field, Message: notFound.Message}
 	case errors.As(err, &conflict):
 		return &Error{Status: http.StatusConflict, Code: string(conflict.Reason), Field: conflict.Field, Message: conflict.Message}
+	case errors.As(err, &gone):
+		return &Error{Status: http.StatusGone, Code: string(gone.Reason), Field: gone.Field, Message: gone.Message}
 	case errors.As(err, &rejected):
 		return badRequest("invalid_"+string(rejected.Resource), "", "%s", rejected.Error())
 	case errors.Is(err, service.ErrSecretsDisabled):
@@ -56,6 +59,8 @@ func asError(err error) *Error {
 		// retry or other request will change that until its operator
 		// configures one.
 		return &Error{Status: http.StatusNotImplemented, Code: "secrets_disabled", Message: "this host has no secrets_key, so it cannot seal a secret set through the API; set secrets_key (or secrets_key_file) in its config, or declare the secret there (secrets: NAME: {env|file})"}
+	case errors.Is(err, service.ErrStreamsDisabled):
+		return &Error{Status: http.StatusNotImplemented, Code: "streams_disabled", Message: "this server was built without a stream hub"}
 	case errors.Is(err, service.ErrPluginsDisabled):
 		return &Error{Status: http.StatusNotImplemented, Code: "plugins_disabled", Message: "this host runs no plugin workers"}
 	case errors.Is(err, store.ErrSessionDestroyed):

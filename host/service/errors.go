@@ -125,3 +125,33 @@ func (e *RejectedError) Error() string { return e.Err.Error() }
 
 // Unwrap returns the checker's error.
 func (e *RejectedError) Unwrap() error { return e.Err }
+
+// ConflictWaitResolved: the wait to resolve was resolved already.
+const ConflictWaitResolved Conflict = "wait_resolved"
+
+// Gone is why what a request acts on is gone for good.
+type Gone string
+
+// The reasons of GoneError.
+const (
+	// GoneWaitExpired: the wait's timeout passed before it was resolved.
+	GoneWaitExpired Gone = "wait_expired"
+	// GoneWaitCancelled: the wait was cancelled (its session was
+	// destroyed).
+	GoneWaitCancelled Gone = "wait_cancelled"
+)
+
+// GoneError refuses a request on something gone for good (an expired or
+// cancelled wait). Field names the input that named it.
+// errors.Is(err, store.ErrGone) holds.
+type GoneError struct {
+	Reason  Gone
+	Field   string
+	Message string
+}
+
+// Error returns the message.
+func (e *GoneError) Error() string { return e.Message }
+
+// Is makes errors.Is(err, store.ErrGone) true.
+func (e *GoneError) Is(target error) bool { return target == store.ErrGone }

@@ -28,6 +28,7 @@ import (
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host"
+	"github.com/paddock-dev/paddock/host/stream"
 	"github.com/paddock-dev/paddock/store"
 )
 
@@ -73,6 +74,7 @@ type Service struct {
 	modules Modules
 	plugins Plugins
 	sealer  Sealer
+	hub     *stream.Hub
 }
 
 // New returns the service of h. modules inspects uploaded modules; plugins

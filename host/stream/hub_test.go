@@ -2,8 +2,6 @@ package stream_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,8 +14,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host/stream"
+	"github.com/paddock-dev/paddock/host/stream/streamtest"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/pgtest"
 	"github.com/paddock-dev/paddock/store/postgres"
@@ -50,95 +48,6 @@ func eachDriver(t *testing.T, fn func(t *testing.T, st store.Store)) {
 	for name, open := range drivers {
 		t.Run(name, func(t *testing.T) { fn(t, open(t)) })
 	}
-}
-
-// writer writes real frames to a session through the store's own writes:
-// NextDelivery (turn.started), AppendChunks (chunk), CommitTurn
-// (turn.committed), FailAttempt (turn.retrying).
-type writer struct {
-	t     testing.TB
-	ctx   context.Context
-	st    store.Store
-	agent store.Agent
-}
-
-func newWriter(t testing.TB, st store.Store) *writer {
-	t.Helper()
-	w := &writer{t: t, ctx: context.Background(), st: st}
-	data := []byte("\x00asm\x01\x00\x00\x00stream")
-	sum := sha256.Sum256(data)
-	m, _, err := st.PutModule(w.ctx, store.PutModuleParams{Digest: "sha256:" + hex.EncodeToString(sum[:]), ABIVersion: abi.Version, Bytes: data})
-	w.no(err)
-	w.agent, err = st.CreateAgent(w.ctx, store.CreateAgentParams{UID: uuid.NewString(), Name: "a" + uuid.NewString()[:8], ModuleDigest: m.Digest, CrashPolicy: store.CrashRestart})
-	w.no(err)
-	return w
-}
-
-func (w *writer) no(err error) {
-	w.t.Helper()
-	if err != nil {
-		w.t.Fatal(err)
-	}
-}
-
-func (w *writer) session() store.ActorKey {
-	w.t.Helper()
-	x, _, err := w.st.CreateSession(w.ctx, store.CreateSessionParams{AgentUID: w.agent.UID, SessionID: uuid.NewString(), CrashPolicy: store.CrashRestart})
-	w.no(err)
-	return x.ActorKey
-}
-
-// turn is one attempt in flight.
-type turn struct {
-	w      *writer
-	act    store.Activation
-	d      store.Dispatch
-	offset int
-}
-
-// start appends a message and starts its turn: frame turn.started.
-func (w *writer) start(key store.ActorKey, msg string) *turn {
-	w.t.Helper()
-	_, _, err := w.st.AppendEvent(w.ctx, store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: json.RawMessage(fmt.Sprintf(`{"message":%q}`, msg))})
-	w.no(err)
-	return w.restart(key)
-}
-
-// restart claims the session and takes its next due event.
-func (w *writer) restart(key store.ActorKey) *turn {
-	w.t.Helper()
-	act, err := w.st.ClaimActivation(w.ctx, store.ClaimActivationParams{Key: key, UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: "h1", LeaseTTL: time.Minute})
-	w.no(err)
-	d, err := w.st.NextDelivery(w.ctx, store.NextDeliveryParams{Activation: act.Ref(), DeliveryID: uuid.NewString(), Binding: w.agent.ModuleDigest, MarkSent: true, TailMessages: 10})
-	w.no(err)
-	return &turn{w: w, act: act, d: d}
-}
-
-// emit appends one chunk frame of text chunks.
-func (tr *turn) emit(texts ...string) store.Frame {
-	tr.w.t.Helper()
-	var cs []abi.Chunk
-	for _, s := range texts {
-		cs = append(cs, abi.Chunk{Type: abi.ChunkText, Text: s})
-	}
-	f, err := tr.w.st.AppendChunks(tr.w.ctx, store.AppendChunksParams{Ref: tr.d.Delivery.TurnRef(), Attempt: tr.d.Attempt, Offset: tr.offset, Chunks: cs})
-	tr.w.no(err)
-	tr.offset += len(cs)
-	return f
-}
-
-func (tr *turn) commit(reply string) {
-	tr.w.t.Helper()
-	_, err := tr.w.st.CommitTurn(tr.w.ctx, store.CommitTurnParams{Ref: tr.d.Delivery.TurnRef(),
-		Messages: []abi.Message{{Role: abi.RoleAssistant, Content: reply}}, Outcome: abi.OutcomeOK})
-	tr.w.no(err)
-	tr.w.no(tr.w.st.StopActivation(tr.w.ctx, tr.act.Ref()))
-}
-
-func (tr *turn) fail() {
-	tr.w.t.Helper()
-	_, err := tr.w.st.FailAttempt(tr.w.ctx, store.FailAttemptParams{Ref: tr.d.Delivery.TurnRef(), Error: "boom", Counted: true, Backoff: time.Millisecond, MaxAttempts: 5})
-	tr.w.no(err)
 }
 
 // collect reads events from sub until it has n, failing after a minute.
@@ -197,21 +106,21 @@ func TestCursorParseAndString(t *testing.T) {
 // at a chunk id get exactly the events after it.
 func TestFramesInOrderAndResume(t *testing.T) {
 	eachDriver(t, func(t *testing.T, st store.Store) {
-		w := newWriter(t, st)
+		w := streamtest.New(t, st)
 		h := stream.New(stream.Options{Store: st})
 		defer h.Close()
-		key := w.session()
+		key := w.Session()
 		sub, err := h.Subscribe(context.Background(), key, stream.Cursor{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer sub.Close()
-		tr := w.start(key, "hi")
+		tr := w.Start(key, "hi")
 		h.Poke(key)
-		tr.emit("a", "b")
+		tr.Emit("a", "b")
 		h.Poke(key)
-		tr.emit("c")
-		tr.commit("abc")
+		tr.Emit("c")
+		tr.Commit("abc")
 		h.Poke(key)
 		evs := collect(t, sub, 5)
 		wantIDs(t, evs, "turn.started#1 chunk#2.0 chunk#2.1 chunk#3.0 turn.committed#4")
@@ -248,10 +157,10 @@ func TestFramesInOrderAndResume(t *testing.T) {
 // host) arrive through the poll.
 func TestManySubscribersOneReader(t *testing.T) {
 	eachDriver(t, func(t *testing.T, st store.Store) {
-		w := newWriter(t, st)
+		w := streamtest.New(t, st)
 		h := stream.New(stream.Options{Store: st, PollInterval: 20 * time.Millisecond, CacheFrames: 4})
 		defer h.Close()
-		key := w.session()
+		key := w.Session()
 		const n = 50
 		subs := make([]*stream.Subscription, n)
 		for i := range subs {
@@ -264,11 +173,11 @@ func TestManySubscribersOneReader(t *testing.T) {
 		if h.Watched() != 1 {
 			t.Fatalf("watched sessions = %d, want 1", h.Watched())
 		}
-		tr := w.start(key, "hi")
+		tr := w.Start(key, "hi")
 		for i := range 10 {
-			tr.emit(fmt.Sprint(i))
+			tr.Emit(fmt.Sprint(i))
 		}
-		tr.commit("done") // no Poke: the poll finds it
+		tr.Commit("done") // no Poke: the poll finds it
 		var want []string
 		want = append(want, "turn.started#1")
 		for i := range 10 {
@@ -308,10 +217,10 @@ func TestManySubscribersOneReader(t *testing.T) {
 // them, in order, once each, while another subscriber kept up.
 func TestSlowSubscriberCatchesUpFromTheStore(t *testing.T) {
 	eachDriver(t, func(t *testing.T, st store.Store) {
-		w := newWriter(t, st)
+		w := streamtest.New(t, st)
 		h := stream.New(stream.Options{Store: st, CacheFrames: 3, PageSize: 4})
 		defer h.Close()
-		key := w.session()
+		key := w.Session()
 		slow, err := h.Subscribe(context.Background(), key, stream.Cursor{})
 		if err != nil {
 			t.Fatal(err)
@@ -322,15 +231,15 @@ func TestSlowSubscriberCatchesUpFromTheStore(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer fast.Close()
-		tr := w.start(key, "hi")
+		tr := w.Start(key, "hi")
 		h.Poke(key)
 		collect(t, fast, 1)
 		for i := range 20 {
-			tr.emit(fmt.Sprint(i))
+			tr.Emit(fmt.Sprint(i))
 			h.Poke(key)
 			collect(t, fast, 1)
 		}
-		tr.commit("done")
+		tr.Commit("done")
 		h.Poke(key)
 		collect(t, fast, 1)
 		got := collect(t, slow, 22)
@@ -346,18 +255,18 @@ func TestSlowSubscriberCatchesUpFromTheStore(t *testing.T) {
 // kept frame gets stream.reset {"oldest": n} and then the kept frames.
 func TestResetWhenTheResumePointWasCompacted(t *testing.T) {
 	eachDriver(t, func(t *testing.T, st store.Store) {
-		w := newWriter(t, st)
+		w := streamtest.New(t, st)
 		h := stream.New(stream.Options{Store: st})
 		defer h.Close()
-		key := w.session()
-		tr := w.start(key, "one")
-		tr.emit("x")
-		tr.commit("x") // frames 1–3, event closed
+		key := w.Session()
+		tr := w.Start(key, "one")
+		tr.Emit("x")
+		tr.Commit("x") // frames 1–3, event closed
 		n, err := st.CompactStream(context.Background(), store.CompactStreamParams{Before: time.Now().Add(time.Hour), Limit: 100})
 		if err != nil || n < 3 {
 			t.Fatalf("CompactStream = %d, %v", n, err)
 		}
-		tr = w.start(key, "two") // frame 4
+		tr = w.Start(key, "two") // frame 4
 		sub, err := h.Subscribe(context.Background(), key, stream.Cursor{Seq: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -383,22 +292,22 @@ func TestResetWhenTheResumePointWasCompacted(t *testing.T) {
 // follows its chunks, and the retry's chunks start again at offset 0.
 func TestRetryFramesFollowTheirChunks(t *testing.T) {
 	eachDriver(t, func(t *testing.T, st store.Store) {
-		w := newWriter(t, st)
+		w := streamtest.New(t, st)
 		h := stream.New(stream.Options{Store: st})
 		defer h.Close()
-		key := w.session()
+		key := w.Session()
 		sub, err := h.Subscribe(context.Background(), key, stream.Cursor{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer sub.Close()
-		tr := w.start(key, "hi")
-		tr.emit("partial")
-		tr.fail()
+		tr := w.Start(key, "hi")
+		tr.Emit("partial")
+		tr.Fail("boom")
 		time.Sleep(5 * time.Millisecond) // the 1 ms backoff passes (not an assertion)
-		tr = w.restart(key)
-		tr.emit("whole")
-		tr.commit("whole")
+		tr = w.Restart(key)
+		tr.Emit("whole")
+		tr.Commit("whole")
 		h.Poke(key)
 		evs := collect(t, sub, 6)
 		wantIDs(t, evs, "turn.started#1 chunk#2.0 turn.retrying#3 turn.started#4 chunk#5.0 turn.committed#6")
@@ -428,10 +337,10 @@ func TestUnknownSessionIsNotFound(t *testing.T) {
 // returns to what it was.
 func TestNoGoroutineLeftAfterSubscribersLeave(t *testing.T) {
 	eachDriver(t, func(t *testing.T, st store.Store) {
-		w := newWriter(t, st)
+		w := streamtest.New(t, st)
 		keys := make([]store.ActorKey, 20)
 		for i := range keys {
-			keys[i] = w.session()
+			keys[i] = w.Session()
 		}
 		before := stableGoroutines()
 		h := stream.New(stream.Options{Store: st, PollInterval: 5 * time.Millisecond})
@@ -446,10 +355,10 @@ func TestNoGoroutineLeftAfterSubscribersLeave(t *testing.T) {
 			}
 		}
 		// One reader per session and one poller.
-		if got := runtime.NumGoroutine() - before; got < len(keys) || got > len(keys)+5 {
+		if got := stableGoroutines() - before; got < len(keys) || got > len(keys)+5 {
 			t.Errorf("%d more goroutines with %d subscribers of %d sessions, want about %d", got, len(subs), len(keys), len(keys)+1)
 		}
-		tr := w.start(keys[0], "hi")
+		tr := w.Start(keys[0], "hi")
 		h.Poke(keys[0])
 		collect(t, subs[0], 1)
 		// A subscriber blocked in Next returns when its context ends.

@@ -78,6 +78,11 @@ const (
 	CodeTurnInFlight         = "turn_in_flight"
 	CodeIdempotencyKeyReused = "idempotency_key_reused"
 	CodeSignalTooLarge       = "signal_too_large"
+	CodeWaitNotFound         = "wait_not_found"
+	CodeWaitResolved         = "wait_resolved"
+	CodeWaitExpired          = "wait_expired"
+	CodeWaitCancelled        = "wait_cancelled"
+	CodeResolutionTooLarge   = "resolution_too_large"
 	CodeTimeout              = "timeout"
 	CodeStoreUnavailable     = "store_unavailable"
 	CodeInternal             = "internal"
@@ -108,7 +113,7 @@ func IsNotFound(err error) bool { return isStatus(err, http.StatusNotFound) }
 func IsConflict(err error) bool { return isStatus(err, http.StatusConflict) }
 
 // IsGone reports whether err is an API error with status 410 (the session
-// is destroyed).
+// is destroyed, a wait expired or was cancelled).
 func IsGone(err error) bool { return isStatus(err, http.StatusGone) }
 
 // IsUnauthenticated reports whether err is an API error with status 401

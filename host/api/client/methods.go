@@ -321,3 +321,44 @@ func (c *Client) ListSecrets(ctx context.Context, opts ...CallOption) ([]Secret,
 func (c *Client) DeleteSecret(ctx context.Context, name string, opts ...CallOption) error {
 	return c.doJSON(ctx, "DELETE", "/v1/secrets/"+esc(name), nil, nil, opts)
 }
+
+// ---- waits
+
+func waitPath(agent, session, id string) string {
+	return sessionPath(agent, session) + "/waits/" + esc(id)
+}
+
+// SessionWaits lists a session's waits, oldest first (GET
+// …/sessions/{session}/waits).
+func (c *Client) SessionWaits(ctx context.Context, agent, session string, o ListWaitsOptions, opts ...CallOption) (WaitList, error) {
+	var out WaitList
+	q := query("status", string(o.Status), "after", itoa(o.After), "limit", itoa(int64(o.Limit)))
+	err := c.doJSON(ctx, "GET", sessionPath(agent, session)+"/waits"+q, nil, &out, opts)
+	return out, err
+}
+
+// AgentWaits lists the waits of all of agent's sessions, oldest first (GET
+// /v1/agents/{agent}/waits), e.g. the open ones with Status "open".
+func (c *Client) AgentWaits(ctx context.Context, agent string, o ListWaitsOptions, opts ...CallOption) (WaitList, error) {
+	var out WaitList
+	q := query("status", string(o.Status), "after", itoa(o.After), "limit", itoa(int64(o.Limit)))
+	err := c.doJSON(ctx, "GET", agentPath(agent)+"/waits"+q, nil, &out, opts)
+	return out, err
+}
+
+// GetWait returns one wait (GET …/waits/{wait}); 404 wait_not_found.
+func (c *Client) GetWait(ctx context.Context, agent, session, id string, opts ...CallOption) (Wait, error) {
+	var out Wait
+	err := c.doJSON(ctx, "GET", waitPath(agent, session, id), nil, &out, opts)
+	return out, err
+}
+
+// ResolveWait resolves an open wait (POST …/waits/{wait}) and returns it
+// resolved; the session wakes. Errors: 404 wait_not_found, 409
+// wait_resolved (resolved already), 410 wait_expired, wait_cancelled or
+// session_destroyed, 400 for a body the wait's kind does not take.
+func (c *Client) ResolveWait(ctx context.Context, agent, session, id string, in ResolveWaitRequest, opts ...CallOption) (Wait, error) {
+	var out Wait
+	err := c.doJSON(ctx, "POST", waitPath(agent, session, id), in, &out, opts)
+	return out, err
+}

@@ -482,3 +482,54 @@ type PutSecretRequest struct {
 type SecretList struct {
 	Secrets []Secret `json:"secrets"`
 }
+
+// Wait is a session's wait for a human (or a webhook): opened by a turn
+// that ended with outcome wait (kind "wait") or by a host call that needs
+// an approver (kind "approval").
+type Wait struct {
+	Agent     string `json:"agent"`
+	SessionID string `json:"session_id"`
+	// WaitID names the wait within its session.
+	WaitID string         `json:"wait_id"`
+	Kind   store.WaitKind `json:"kind"`
+	// EventID is the event whose turn opened it (approval: the held event).
+	EventID int64  `json:"event_id"`
+	For     string `json:"for,omitempty"`
+	// Data is what the agent attached (wait) or the call's request with
+	// secrets unfilled (approval).
+	Data json.RawMessage `json:"data,omitempty"`
+	// Status is open, resolved, expired or cancelled.
+	Status store.WaitStatus `json:"status"`
+	// CallSeq and CallDigest identify the host call an approval is for.
+	CallSeq    int    `json:"call_seq,omitempty"`
+	CallDigest string `json:"call_digest,omitempty"`
+	// Resolution is the resolver's payload (approval: {"approved","reason"}).
+	Resolution json.RawMessage `json:"resolution,omitempty"`
+	CreatedAt  time.Time       `json:"created_at"`
+	ExpiresAt  *time.Time      `json:"expires_at,omitempty"`
+	ClosedAt   *time.Time      `json:"closed_at,omitempty"`
+}
+
+// WaitList is a page of waits; NextAfter is the After of the next page
+// (the last page repeats the After it was asked with).
+type WaitList struct {
+	Waits     []Wait `json:"waits"`
+	NextAfter int64  `json:"next_after"`
+}
+
+// ListWaitsOptions select a page of waits.
+type ListWaitsOptions struct {
+	// Status is open, resolved, expired or cancelled ("" for all).
+	Status store.WaitStatus
+	// After is the previous page's NextAfter; Limit 1–1000 (0: 100).
+	After int64
+	Limit int
+}
+
+// ResolveWaitRequest is the body of ResolveWait: Data for a wait of kind
+// wait (any JSON value), Approved (required) and Reason for an approval.
+type ResolveWaitRequest struct {
+	Data     json.RawMessage `json:"data,omitempty"`
+	Approved *bool           `json:"approved,omitempty"`
+	Reason   string          `json:"reason,omitempty"`
+}
