@@ -388,7 +388,7 @@ func Default() Config {
 			TranscriptTail:  20,
 			ShutdownTimeout: 10 * time.Second,
 		},
-		API: API{MaxBodyBytes: 1 << 20, MaxModuleBytes: 64 << 20},
+		API:    API{MaxBodyBytes: 1 << 20, MaxModuleBytes: 64 << 20},
 		Stream: Stream{PollInterval: 100 * time.Millisecond},
 		Policy: Policy{
 			CrashPolicy: "restart", MaxAttempts: 5, BackoffMin: 5 * time.Second, BackoffMax: 120 * time.Second,
