@@ -217,3 +217,7 @@ func (m *muxErrors) Write(b []byte) (int, error) {
 	}
 	return m.ResponseWriter.Write(b)
 }
+
+// Unwrap gives http.ResponseController the server's writer (flushes and
+// deadlines of the stream route).
+func (m *muxErrors) Unwrap() http.ResponseWriter { return m.ResponseWriter }
