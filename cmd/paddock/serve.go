@@ -26,6 +26,7 @@ import (
 	"github.com/paddock-dev/paddock/host/config"
 	"github.com/paddock-dev/paddock/host/runner"
 	"github.com/paddock-dev/paddock/host/service"
+	"github.com/paddock-dev/paddock/host/stream"
 	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/postgres"
@@ -253,13 +254,18 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	if err != nil {
 		return err
 	}
-	h, err := host.New(host.Options{Store: st, Runner: r, Policy: policyFromConfig(cfg), Logger: log, Metrics: metrics, Calls: exec})
+	// Session streams: the host pokes the hub after its frame writes, the
+	// hub polls the heads of watched sessions for other hosts' writes.
+	hub := stream.New(stream.Options{Store: st, PollInterval: cfg.Stream.PollInterval, Logger: log.With("component", "stream")})
+	defer hub.Close()
+	h, err := host.New(host.Options{Store: st, Runner: r, Policy: policyFromConfig(cfg), Logger: log, Metrics: metrics, Calls: exec,
+		StreamNotify: hub.Poke})
 	if err != nil {
 		return err
 	}
 	// The one way into the runtime: the config's registrations and the
 	// HTTP API go through the same operations and rules.
-	svc := service.New(h, r, r).WithSecrets(secrets)
+	svc := service.New(h, r, r).WithSecrets(secrets).WithStream(hub)
 	if err := registerPlugins(ctx, cfg, svc, log); err != nil {
 		return err
 	}
@@ -277,9 +283,16 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       2 * time.Minute, // module uploads of up to api.max_module_bytes
-		WriteTimeout:      2 * time.Minute, // transcript long-polls wait up to 60 s
-		IdleTimeout:       2 * time.Minute,
+		// Transcript long-polls wait up to 60 s. Session streams (SSE) last
+		// longer: their handler lifts the read deadline and sets a write
+		// deadline per event (host/api stream.go).
+		WriteTimeout: 2 * time.Minute,
+		IdleTimeout:  2 * time.Minute,
 	}
+	// Open streams never go idle: end them first so that Shutdown can
+	// finish (their clients reconnect to another host, or this one after
+	// a restart, with Last-Event-ID).
+	srv.RegisterOnShutdown(hub.Close)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/service"
+	"github.com/paddock-dev/paddock/host/stream"
 	"github.com/paddock-dev/paddock/store"
 )
 
@@ -59,6 +60,8 @@ func asError(err error) *Error {
 		// retry or other request will change that until its operator
 		// configures one.
 		return &Error{Status: http.StatusNotImplemented, Code: "secrets_disabled", Message: "this host has no secrets_key, so it cannot seal a secret set through the API; set secrets_key (or secrets_key_file) in its config, or declare the secret there (secrets: NAME: {env|file})"}
+	case errors.Is(err, stream.ErrClosed):
+		return &Error{Status: http.StatusServiceUnavailable, Code: "shutting_down", Message: "this host is shutting down; reconnect (to another host) with Last-Event-ID"}
 	case errors.Is(err, service.ErrStreamsDisabled):
 		return &Error{Status: http.StatusNotImplemented, Code: "streams_disabled", Message: "this server was built without a stream hub"}
 	case errors.Is(err, service.ErrPluginsDisabled):

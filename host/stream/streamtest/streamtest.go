@@ -148,3 +148,19 @@ func (tr *Turn) FailFinal(errText string) {
 	_, err := tr.w.St.FailAttempt(tr.w.ctx, store.FailAttemptParams{Ref: tr.Dispatch.Delivery.TurnRef(), Error: errText, Counted: true, Backoff: time.Millisecond, MaxAttempts: 1})
 	tr.w.no(err)
 }
+
+// CommitWait commits the turn with outcome wait, opening wait w (frames
+// turn.committed, wait.opened).
+func (tr *Turn) CommitWait(w store.WaitParams) {
+	tr.w.t.Helper()
+	tr.CommitWith(store.CommitTurnParams{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "waiting: " + w.For}}, Outcome: abi.OutcomeWait, Wait: &w})
+}
+
+// Hold ends the attempt as an approval wait w for host call w.CallSeq
+// (frames turn.retrying with reason approval, wait.opened) and stops the
+// activation.
+func (tr *Turn) Hold(w store.WaitParams) {
+	tr.w.t.Helper()
+	_, err := tr.w.St.FailAttempt(tr.w.ctx, store.FailAttemptParams{Ref: tr.Dispatch.Delivery.TurnRef(), Error: "needs approval", Hold: &w})
+	tr.w.no(err)
+}
