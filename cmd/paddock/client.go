@@ -434,14 +434,14 @@ func newSessionCmd(c *client) *cobra.Command {
 			return c.print(cmd, raw, func(w io.Writer) { fmt.Fprintf(w, "session is %s\n", out.Status) })
 		},
 	}
-	cmd.AddCommand(create, get, list, destroy, wake)
+	cmd.AddCommand(create, get, list, destroy, wake, newSessionStreamCmd(c))
 	return cmd
 }
 
 func newSignalCmd(c *client) *cobra.Command {
 	cmd := &cobra.Command{Use: "signal", Short: "Send a session signals: a message, a steer or a cancel"}
 	var idem, data, kind, midTurn string
-	var force, wait bool
+	var force, wait, follow bool
 	var waitFor time.Duration
 	send := &cobra.Command{
 		Use: "send AGENT SESSION MESSAGE", Short: "Send a message; prints the accepted event id", Args: cobra.ExactArgs(3),
@@ -464,6 +464,13 @@ func newSignalCmd(c *client) *cobra.Command {
 			out, err := api.SendSignal(cmd.Context(), args[0], args[1], in)
 			if err != nil {
 				return c.reach(err)
+			}
+			if follow {
+				id, err := turnOf(cmd.Context(), api, args[0], args[1], out)
+				if err != nil {
+					return c.reach(err)
+				}
+				return c.streamTurn(cmd, args[0], args[1], id, c.output == "json")
 			}
 			if wait && kind == "message" {
 				ctx, cancel := context.WithTimeout(cmd.Context(), waitFor)
@@ -497,6 +504,8 @@ func newSignalCmd(c *client) *cobra.Command {
 	send.Flags().BoolVar(&force, "force-allocation", false, "wait for capacity even if the session's crash policy is sleep")
 	send.Flags().BoolVarP(&wait, "wait", "w", false, "wait until the event's turn commits (or the event ends otherwise) and print the reply")
 	send.Flags().DurationVar(&waitFor, "wait-timeout", 2*time.Minute, "give up waiting after this long (the event stays accepted)")
+	send.Flags().BoolVar(&follow, "stream", false, "follow the session's stream until the sent message's turn commits (exit 0) or fails (exit 1)")
+	send.MarkFlagsMutuallyExclusive("wait", "stream")
 	steer := &cobra.Command{
 		Use: "steer AGENT SESSION MESSAGE", Short: "Steer the turn in flight (queued like a message if none runs)", Args: cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {

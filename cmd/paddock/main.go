@@ -6,6 +6,8 @@
 //	paddock session create notes
 //	paddock signal send notes <session> "hello"
 //	paddock transcript notes <session> --follow
+//	paddock session stream notes <session>
+//	paddock wait list notes --status open
 package main
 
 import (
@@ -53,7 +55,7 @@ func newRoot() *cobra.Command {
 	pf.StringVar(&cl.token, "token", os.Getenv("PADDOCK_TOKEN"), "bearer token (env PADDOCK_TOKEN)")
 	pf.StringVarP(&cl.output, "output", "o", "text", "output format of client commands: text or json")
 	root.AddCommand(newServe(), newWorkerCmd(), newBenchCmd(), newModuleCmd(cl), newPluginCmd(cl), newAgentCmd(cl), newSessionCmd(cl), newSignalCmd(cl),
-		newTranscriptCmd(cl), newEventsCmd(cl), newEventCmd(cl), newDeadLettersCmd(cl), newSecretCmd(cl))
+		newTranscriptCmd(cl), newEventsCmd(cl), newEventCmd(cl), newDeadLettersCmd(cl), newSecretCmd(cl), newWaitCmd(cl))
 	return root
 }
 

@@ -113,11 +113,15 @@ func chunkEvent(f store.Frame, body store.ChunkBody, j int) Event {
 }
 
 // frameData is {"seq","event_id","epoch","attempt"} followed by the
-// fields of f's body (a JSON object; any other body under "body").
+// fields of f's body (a JSON object; any other body under "body"). A
+// field the body has itself is not repeated from the frame (a
+// wait.resolved frame written outside a turn carries its wait's event_id
+// in its body).
 func frameData(f store.Frame) json.RawMessage {
-	head, _ := abi.Marshal(FrameHead{Seq: f.Seq, EventID: f.EventID, Epoch: f.ActorEpoch, Attempt: f.Attempt})
 	body := bytes.TrimSpace(f.Body)
-	if len(body) < 2 || body[0] != '{' || !json.Valid(body) {
+	var fields map[string]json.RawMessage
+	if len(body) == 0 || body[0] != '{' || json.Unmarshal(body, &fields) != nil {
+		head, _ := abi.Marshal(FrameHead{Seq: f.Seq, EventID: f.EventID, Epoch: f.ActorEpoch, Attempt: f.Attempt})
 		if len(body) == 0 {
 			return head
 		}
@@ -126,13 +130,26 @@ func frameData(f store.Frame) json.RawMessage {
 		}
 		return json.RawMessage(fmt.Sprintf(`%s,"body":%s}`, head[:len(head)-1], body))
 	}
+	out := make([]byte, 0, len(body)+80)
+	out = append(out, '{')
+	for _, kv := range []struct {
+		k string
+		v int64
+	}{{"seq", f.Seq}, {"event_id", f.EventID}, {"epoch", f.ActorEpoch}, {"attempt", int64(f.Attempt)}} {
+		if _, ok := fields[kv.k]; ok {
+			continue
+		}
+		out = append(out, '"')
+		out = append(out, kv.k...)
+		out = append(out, `":`...)
+		out = strconv.AppendInt(out, kv.v, 10)
+		out = append(out, ',')
+	}
 	inner := bytes.TrimSpace(body[1 : len(body)-1])
 	if len(inner) == 0 {
-		return head
+		out[len(out)-1] = '}'
+		return out
 	}
-	out := make([]byte, 0, len(head)+len(inner)+1)
-	out = append(out, head[:len(head)-1]...)
-	out = append(out, ',')
 	out = append(out, inner...)
 	return append(out, '}')
 }
