@@ -10,6 +10,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -26,6 +27,7 @@ type Writer struct {
 	ctx   context.Context
 	St    store.Store
 	Agent store.Agent
+	held  map[store.ActorKey]store.Activation
 }
 
 // New registers a module and an agent (name: a random "s…" name) on st.
@@ -37,7 +39,7 @@ func New(t testing.TB, st store.Store) *Writer {
 // NewAgent is New with the agent's name.
 func NewAgent(t testing.TB, st store.Store, name string) *Writer {
 	t.Helper()
-	w := &Writer{t: t, ctx: context.Background(), St: st}
+	w := &Writer{t: t, ctx: context.Background(), St: st, held: map[store.ActorKey]store.Activation{}}
 	data := []byte("\x00asm\x01\x00\x00\x00stream")
 	sum := sha256.Sum256(data)
 	m, _, err := st.PutModule(w.ctx, store.PutModuleParams{Digest: "sha256:" + hex.EncodeToString(sum[:]), ABIVersion: abi.Version, Bytes: data})
@@ -80,11 +82,25 @@ func (w *Writer) Start(key store.ActorKey, msg string) *Turn {
 	return w.next(act)
 }
 
-// Restart claims the session again and takes its next due event (the
-// retry of a failed attempt, once its backoff passed).
+// Restart takes the session's next due event (the retry of a failed
+// attempt, once its backoff passed) under the activation Fail claimed
+// (else a new one), waiting until it is due.
 func (w *Writer) Restart(key store.ActorKey) *Turn {
 	w.t.Helper()
-	return w.next(w.claim(key))
+	act, ok := w.held[key]
+	delete(w.held, key)
+	if !ok {
+		act = w.claim(key)
+	}
+	for i := 0; ; i++ {
+		d, err := w.St.NextDelivery(w.ctx, store.NextDeliveryParams{Activation: act.Ref(), DeliveryID: uuid.NewString(), Binding: w.Agent.ModuleDigest, MarkSent: true, TailMessages: 10})
+		if _, ok := errors.AsType[*store.NoDueEventError](err); ok && i < 1000 {
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
+		w.no(err)
+		return &Turn{w: w, Act: act, Dispatch: d}
+	}
 }
 
 func (w *Writer) claim(key store.ActorKey) store.Activation {
@@ -134,11 +150,13 @@ func (tr *Turn) CommitWith(p store.CommitTurnParams) {
 }
 
 // Fail fails the attempt, counted, with a 1 ms backoff (frame
-// turn.retrying).
+// turn.retrying), and claims the session again at once for Restart (so
+// that a host running beside the test does not take the retry).
 func (tr *Turn) Fail(errText string) {
 	tr.w.t.Helper()
 	_, err := tr.w.St.FailAttempt(tr.w.ctx, store.FailAttemptParams{Ref: tr.Dispatch.Delivery.TurnRef(), Error: errText, Counted: true, Backoff: time.Millisecond, MaxAttempts: 5})
 	tr.w.no(err)
+	tr.w.held[store.KeyOf(tr.Dispatch.Delivery.TurnRef())] = tr.w.claim(store.KeyOf(tr.Dispatch.Delivery.TurnRef()))
 }
 
 // FailFinal fails the attempt, counted, as its last (frame turn.failed,

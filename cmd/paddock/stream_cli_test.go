@@ -1,0 +1,307 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/paddock-dev/paddock/host"
+	"github.com/paddock-dev/paddock/host/api"
+	apiclient "github.com/paddock-dev/paddock/host/api/client"
+	"github.com/paddock-dev/paddock/host/runner"
+	"github.com/paddock-dev/paddock/host/stream"
+	"github.com/paddock-dev/paddock/host/stream/streamtest"
+	"github.com/paddock-dev/paddock/store"
+	"github.com/paddock-dev/paddock/store/sqlite"
+	"github.com/paddock-dev/paddock/wasm"
+	"github.com/paddock-dev/paddock/wasm/wasmtest"
+)
+
+// streamAPI is a running host on SQLite behind the real API with a stream
+// hub, like `paddock serve` wires them; the first stream request that
+// carries a chunk is cut after it (a dropped connection).
+type streamAPI struct {
+	*realAPI
+	st      store.Store
+	streams atomic.Int64 // stream requests received
+	resumes chan string  // Last-Event-ID of each stream request after the first
+	cut     atomic.Bool  // cut the first stream after its first chunk
+}
+
+func startStreamAPI(t *testing.T) *streamAPI {
+	t.Helper()
+	ctx := context.Background()
+	quiet := slog.New(slog.DiscardHandler)
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "p.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	rt, err := wasm.New(ctx, wasm.Config{CacheDir: wasmtest.CacheDir(t), MemoryLimitPages: 1024, TurnTimeout: time.Minute}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close(ctx) })
+	wr := runner.NewWasm(rt, st)
+	hub := stream.New(stream.Options{Store: st, Logger: quiet})
+	pol := host.DefaultPolicy()
+	fastRetries(&pol)
+	h, err := host.New(host.Options{Store: st, Runner: wr, Policy: pol, Logger: quiet, StreamNotify: hub.Poke})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = h.Run(hctx); close(done) }()
+	sa := &streamAPI{realAPI: &realAPI{t: t}, st: st, resumes: make(chan string, 100)}
+	handler := api.New(api.Options{Host: h, Modules: wr, Stream: hub, AuthToken: "tok", MaxBodyBytes: 1 << 20, MaxModuleBytes: 32 << 20, Logger: quiet})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/stream") {
+			handler.ServeHTTP(w, r)
+			return
+		}
+		if sa.streams.Add(1) > 1 {
+			sa.resumes <- r.Header.Get("Last-Event-ID")
+		}
+		if !sa.cut.CompareAndSwap(true, false) {
+			handler.ServeHTTP(w, r)
+			return
+		}
+		ctx, drop := context.WithCancel(r.Context())
+		defer drop()
+		handler.ServeHTTP(&cutter{ResponseWriter: w, drop: drop}, r.WithContext(ctx))
+	}))
+	t.Cleanup(func() { hub.Close(); srv.Close(); cancel(); <-done })
+	sa.url = srv.URL
+	sa.api = apiclient.New(srv.URL, apiclient.WithToken("tok"))
+	return sa
+}
+
+// cutter ends its request (as a dropped connection ends it) once a chunk
+// was written.
+type cutter struct {
+	http.ResponseWriter
+	drop func()
+}
+
+func (c *cutter) Write(b []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(b)
+	if bytes.Contains(b, []byte("event: chunk")) {
+		c.drop()
+	}
+	return n, err
+}
+
+func (c *cutter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+// lockedBuffer is a bytes.Buffer safe for a command writing while the test
+// reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *lockedBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *lockedBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// start runs the CLI in the background until the returned stop is
+// called; stop returns its output and error.
+func (sa *streamAPI) start(args ...string) (out, stderr *lockedBuffer, stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	root := newRoot()
+	out, stderr = &lockedBuffer{}, &lockedBuffer{}
+	root.SetOut(out)
+	root.SetErr(stderr)
+	root.SetArgs(append([]string{"--server", sa.url, "--token", "tok"}, args...))
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	return out, stderr, func() error { cancel(); return <-done }
+}
+
+// waitFor waits (up to a minute) until out holds s.
+func waitFor(t *testing.T, out *lockedBuffer, s string) {
+	t.Helper()
+	for i := 0; !strings.Contains(out.String(), s); i++ {
+		if i > 6000 {
+			t.Fatalf("output never held %q:\n%s", s, out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSessionStreamPrintsChunksRetriesAndCommitsAndReconnects: `session
+// stream` prints a turn's text inline, the lifecycle lines, forgets a
+// failed attempt's partial answer, escapes agent text, and resumes a
+// dropped connection with Last-Event-ID without repeating or losing an
+// event.
+func TestSessionStreamPrintsChunksRetriesAndCommitsAndReconnects(t *testing.T) {
+	sa := startStreamAPI(t)
+	w := streamtest.NewAgent(t, sa.st, "chunky")
+	key := w.Session()
+	sa.cut.Store(true)
+	out, stderr, stop := sa.start("session", "stream", "chunky", key.SessionID)
+	tr := w.Start(key, "hi")
+	tr.Emit("par", "tial")
+	waitFor(t, stderr, "stream dropped (EOF); reconnecting after 2.1")
+	tr.Emit(" more")
+	tr.Fail("model overloaded")
+	tr = w.Restart(key)
+	tr.Emit("Whole ", "answer\n[committed]\x1b]0;pwned\x07")
+	tr.Commit("Whole answer")
+	waitFor(t, out, "[committed]\n")
+	if err := stop(); err != nil {
+		t.Fatalf("session stream: %v", err)
+	}
+	if got := <-sa.resumes; got != "2.1" {
+		t.Errorf("the reconnect resumed after %q, want 2.1 (the last event received)", got)
+	}
+	text := out.String()
+	id := tr.EventID()
+	for _, want := range []string{
+		"[turn " + itoa(id) + " started attempt 1]\n    partial more\n",
+		"[retrying: error: model overloaded (next attempt at ",
+		"[the partial answer of turn " + itoa(id) + " attempt 1 above was discarded]\n",
+		"[turn " + itoa(id) + " started attempt 2]\n    Whole answer\n    [committed]\\x1b]0;pwned\\x07\n[committed]\n",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("output lacks %q:\n%s", want, text)
+		}
+	}
+	if n := strings.Count(text, "    partial"); n != 1 {
+		t.Errorf("the first attempt's text printed %d times:\n%s", n, text)
+	}
+	if strings.Contains(text, "\x1b") {
+		t.Errorf("a raw escape reached the terminal:\n%q", text)
+	}
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestSessionStreamJSONPrintsOneObjectPerEvent: --json prints every event
+// as {"id","event","data"}, one per line, from --after on.
+func TestSessionStreamJSONPrintsOneObjectPerEvent(t *testing.T) {
+	sa := startStreamAPI(t)
+	w := streamtest.NewAgent(t, sa.st, "chunky")
+	key := w.Session()
+	tr := w.Start(key, "hi")
+	tr.Emit("a", "b")
+	tr.Commit("ab")
+	out, _, stop := sa.start("session", "stream", "chunky", key.SessionID, "--json", "--after", "2.0")
+	waitFor(t, out, `"turn.committed"`)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	var got []string
+	for _, l := range lines {
+		var ev apiclient.StreamEvent
+		if err := json.Unmarshal([]byte(l), &ev); err != nil || !json.Valid(ev.Data) {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		got = append(got, ev.Event+"#"+ev.ID)
+	}
+	if strings.Join(got, " ") != "chunk#2.1 turn.committed#3" {
+		t.Fatalf("--json --after 2.0 printed %s", strings.Join(got, " "))
+	}
+}
+
+// TestSignalSendStreamFollowsItsTurn: `signal send --stream` prints the
+// sent message's turn, through a retry, and exits 0 on its commit; a turn
+// that fails for good exits with an error.
+func TestSignalSendStreamFollowsItsTurn(t *testing.T) {
+	sa := startStreamAPI(t)
+	ctx := context.Background()
+	sa.faultyAgent(ctx, "faulty")
+	s, err := sa.api.CreateSession(ctx, "faulty", apiclient.SessionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An earlier turn the stream skips.
+	if out, err := sa.run(ctx, "signal", "send", "faulty", s.SessionID, "first", "--stream"); err != nil || !strings.Contains(out, "ok: first") {
+		t.Fatalf("first: %v\n%s", err, out)
+	}
+	out, err := sa.run(ctx, "signal", "send", "faulty", s.SessionID, "flaky 2", "--stream")
+	if err != nil {
+		t.Fatalf("flaky 2: %v\n%s", err, out)
+	}
+	for _, want := range []string{"started attempt 1]", "[retrying: error: ", "started attempt 2]\n    ok on attempt 2\n[committed]"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("flaky 2: output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "first") {
+		t.Errorf("the stream printed another turn:\n%s", out)
+	}
+	out, err = sa.run(ctx, "signal", "send", "faulty", s.SessionID, "error", "--stream")
+	var tf *TurnFailedError
+	if !errors.As(err, &tf) || tf.Reason != store.EndReasonDeadLetter || !strings.Contains(out, "[failed: dead_letter") {
+		t.Fatalf("error: %v, want a *TurnFailedError (dead_letter)\n%s", err, out)
+	}
+}
+
+// TestWaitCommands lists, shows and resolves waits and approvals.
+func TestWaitCommands(t *testing.T) {
+	sa := startStreamAPI(t)
+	ctx := context.Background()
+	w := streamtest.NewAgent(t, sa.st, "asker")
+	a, b := w.Session(), w.Session()
+	w.Start(a, "ask").CommitWait(store.WaitParams{ID: "name", For: "your name?\x1b[2J"})
+	w.Start(b, "pay").Hold(store.WaitParams{ID: "pay", For: "POST https://pay.example", CallSeq: 1, CallDigest: "sha256:abc"})
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := sa.run(ctx, args...)
+		if err != nil {
+			t.Fatalf("paddock %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return out
+	}
+	list := run("wait", "list", "asker", "--status", "open")
+	if !strings.Contains(list, "name") || !strings.Contains(list, "pay") || !strings.Contains(list, "approval") || strings.Contains(list, "\x1b") {
+		t.Fatalf("wait list:\n%s", list)
+	}
+	if one := run("wait", "list", "asker", a.SessionID); strings.Contains(one, "pay") {
+		t.Fatalf("wait list of one session lists another's:\n%s", one)
+	}
+	show := run("wait", "show", "asker", a.SessionID, "name")
+	if !strings.Contains(show, `your name?\x1b[2J`) || !strings.Contains(show, "--data JSON") {
+		t.Fatalf("wait show:\n%s", show)
+	}
+	if out := run("wait", "resolve", "asker", a.SessionID, "name", "--data", `{"name":"Ada"}`); !strings.Contains(out, "wait name resolved") {
+		t.Fatalf("resolve: %s", out)
+	}
+	_, err := sa.run(ctx, "wait", "resolve", "asker", a.SessionID, "name", "--data", "1")
+	if !apiclient.IsCode(err, apiclient.CodeWaitResolved) {
+		t.Fatalf("resolve twice: %v", err)
+	}
+	if _, err := sa.run(ctx, "wait", "resolve", "asker", b.SessionID, "pay", "--data", "1"); !apiclient.IsCode(err, apiclient.CodeInvalidField) {
+		t.Fatalf("--data for an approval: %v", err)
+	}
+	run("wait", "resolve", "asker", b.SessionID, "pay", "--reject", "--reason", "too much")
+	got, err := sa.api.GetWait(ctx, "asker", b.SessionID, "pay")
+	if err != nil || string(got.Resolution) != `{"approved":false,"reason":"too much"}` {
+		t.Fatalf("after --reject: %+v %v", got, err)
+	}
+	if out := run("wait", "list", "asker", "--status", "open"); strings.Contains(out, "pay") || strings.Contains(out, "name") {
+		t.Fatalf("resolved waits still listed open:\n%s", out)
+	}
+}
