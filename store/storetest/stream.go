@@ -328,15 +328,14 @@ func testStreamLeaseExpired(t *testing.T, b *bundle) {
 	key := b.session()
 	ev := b.message(key, "slow")
 	act := b.claim(key, ShortTTL)
-	d := b.next(act)
-	b.chunks(d.Delivery.TurnRef(), 1, 0, "partial")
+	b.next(act) // nothing more under the short lease: the machine may be slow
 	b.waitExpired(act)
 	fr, err := b.s.ExpireActivation(b.ctx, store.ExpireActivationParams{Ref: act.Ref(), Backoff: time.Hour, MaxAttempts: 5})
 	noErr(t, err, "ExpireActivation")
 	pg := b.stream(key)
 	wantGapFree(t, key, pg)
-	wantEq(t, kinds(pg.Frames), "turn.started chunk turn.retrying", "frame kinds")
-	last := pg.Frames[2]
+	wantEq(t, kinds(pg.Frames), "turn.started turn.retrying", "frame kinds")
+	last := pg.Frames[1]
 	wantFrame(t, last, store.FrameTurnRetrying, ev.ID, act.ActorEpoch, 1)
 	rb := body[store.AttemptEndedBody](t, last)
 	if rb.Reason != store.EndReasonLeaseExpired || rb.NextAttemptAt == nil || rb.NextAttemptAt.Sub(fr.NextAttemptAt).Abs() > time.Millisecond {
