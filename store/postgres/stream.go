@@ -298,10 +298,14 @@ func closeWait(ctx context.Context, tx pgx.Tx, w store.Wait, status store.WaitSt
 		ne := newEvent{kind: store.WaitResolvedEventKind(status), payload: string(store.WaitEventPayload(closed)),
 			idempotencyKey: store.WaitIdempotencyKey(closed.ID)}
 		b.Queue(insertEventSQL, insertEventArgs(key, ne)...).QueryRow(func(row pgx.Row) error {
-			// A used key (never: the id is unique per session) appends nothing.
+			// The key is the wait's own (ids are unique per session); should
+			// a client have sent an event with it, that event stands for
+			// this one (nothing is appended) and the session is woken below.
 			_, _, err := insertResult(scanEvent(row))
 			return err
 		})
+		queueWake(b, key)
+		queueNotify(b, key)
 	case store.WaitKindApproval:
 		b.Queue(`UPDATE actor_events SET next_attempt_at = clock_timestamp()
 			WHERE event_id = $1 AND agent_uid = $2 AND session_id = $3 AND status = 'open'`,
