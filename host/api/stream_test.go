@@ -63,6 +63,7 @@ func newStreamEnv(t *testing.T, driver, token string) *streamEnv {
 	srv := httptest.NewUnstartedServer(api.New(api.Options{Host: h, Stream: hub, AuthToken: token, MaxBodyBytes: 1 << 20,
 		MaxModuleBytes: 1 << 20, Logger: quiet, StreamHeartbeat: 50 * time.Millisecond}))
 	srv.Config.ReadTimeout, srv.Config.WriteTimeout = serverTimeout, serverTimeout
+	srv.Config.IdleTimeout = time.Minute // a kept-alive connection outlives the short read timeout
 	srv.Start()
 	t.Cleanup(func() { hub.Close(); srv.Close() })
 	w := streamtest.NewAgent(t, st, "notes")
