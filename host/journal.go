@@ -43,9 +43,17 @@ const journalWriteTimeout = 10 * time.Second
 // the worker gets a cancelled error, and the attempt's reply would be
 // refused anyway. An error result is recorded (refusals are visible in the
 // journal) but never replayed: the next attempt tries again.
+//
+// Emits (abi.CallKindEmit) are neither numbered nor journaled nor checked
+// against capabilities: they go to the attempt's stream buffer and are
+// answered at once, without waiting for a call in flight. A streamed
+// model call's text deltas go there too, as text chunks with the call's
+// seq; a model call replayed from the journal emits its recorded text as
+// one such chunk, so a retried attempt's stream is complete.
 type journalCaller struct {
 	h      *Host
-	exec   *calls.Executor
+	exec   *calls.Executor // nil: every call but emit answers not_configured
+	stream *streamBuf
 	agent  store.Agent
 	key    store.ActorKey
 	caps   calls.Capabilities
@@ -79,8 +87,8 @@ func (c *journalCaller) unusedRow(digest string) (store.HostCall, bool) {
 // newJournalCaller returns the caller of the attempt whose first delivery
 // is ref.
 func newJournalCaller(h *Host, exec *calls.Executor, agent store.Agent, key store.ActorKey, caps calls.Capabilities,
-	ref abi.TurnRef, log *slog.Logger) *journalCaller {
-	c := &journalCaller{h: h, exec: exec, agent: agent, key: key, caps: caps, ref: ref, log: log}
+	ref abi.TurnRef, stream *streamBuf, log *slog.Logger) *journalCaller {
+	c := &journalCaller{h: h, exec: exec, stream: stream, agent: agent, key: key, caps: caps, ref: ref, log: log}
 	c.budget = calls.NewBudget(caps.Limits, func(ctx context.Context) (int64, error) {
 		now := time.Now().UTC()
 		return h.st.AgentTokensSince(ctx, agent.UID, time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC))
@@ -94,6 +102,9 @@ func (c *journalCaller) setRef(ref abi.TurnRef) {
 	c.refMu.Lock()
 	c.ref = ref
 	c.refMu.Unlock()
+	if c.stream != nil {
+		c.stream.setRef(ref)
+	}
 }
 
 func (c *journalCaller) currentRef() abi.TurnRef {
@@ -107,6 +118,17 @@ func (c *journalCaller) Call(ctx context.Context, req *abi.CallRequest) *abi.Cal
 	if err := req.Validate(); err != nil {
 		// Not numbered and not journaled: nothing was asked of anyone.
 		return &abi.CallResult{Error: &abi.CallError{Code: abi.CallInvalid, Message: err.Error()}}
+	}
+	if req.Kind == abi.CallKindEmit {
+		if c.stream == nil {
+			return abi.NoCaller()
+		}
+		ch := *req.Emit
+		ch.CallSeq = 0 // the host's to set
+		return c.stream.emit(ch)
+	}
+	if c.exec == nil {
+		return abi.NoCaller()
 	}
 	digest, err := RequestDigest(req)
 	if err != nil {
@@ -149,11 +171,16 @@ func (c *journalCaller) call(ctx context.Context, seq int, req *abi.CallRequest,
 		}
 	}
 	start := time.Now()
-	out := c.exec.Do(ctx, c.agent.Name, c.caps, req, calls.CallOptions{
+	opts := calls.CallOptions{
 		// The digest binds the key to the request: a retry that diverges at
 		// seq must not be answered from the provider's cache of another.
 		Budget: c.budget, IdempotencyKey: fmt.Sprintf("%s-%d-%d-%s", c.agent.UID, c.currentRef().ActorEventID, seq, digest),
-	})
+	}
+	if c.stream != nil && req.Kind == abi.CallKindModel {
+		// Scrubbed of secrets by the executor before they reach us.
+		opts.OnDelta = func(text string) { c.stream.emitHost(text, seq) }
+	}
+	out := c.exec.Do(ctx, c.agent.Name, c.caps, req, opts)
 	res := out.Result
 	res.Seq = seq
 	enc, err := json.Marshal(res)
@@ -212,6 +239,11 @@ func (c *journalCaller) replay(ctx context.Context, row store.HostCall) *abi.Cal
 	}
 	c.h.metrics.HostCallsReplayed.WithLabelValues(c.agent.Name).Inc()
 	res.Replayed, res.Seq = true, row.Seq
+	if c.stream != nil && res.Model != nil {
+		// The attempt that made the call streamed its text; this one's
+		// stream gets it whole.
+		c.stream.emitHost(res.Model.Message.Content, row.Seq)
+	}
 	return &res
 }
 

@@ -52,6 +52,9 @@ type Config struct {
 	Wasm    Wasm    `koanf:"wasm"`
 	Runtime Runtime `koanf:"runtime"`
 	API     API     `koanf:"api"`
+	// Stream configures the session streams chat clients follow
+	// (docs/DESIGN.md "The session stream"; restart to change).
+	Stream Stream `koanf:"stream"`
 	// Policy is the default policy of every agent (docs/DESIGN.md "Failure, retry
 	// and crash policy"); agents[].policy overrides it per agent. Policies
 	// are reloaded from the config file without a restart.
@@ -213,6 +216,25 @@ type Runtime struct {
 	TranscriptTail int `koanf:"transcript_tail"`
 	// ShutdownTimeout bounds how long in-flight turns may finish at stop.
 	ShutdownTimeout time.Duration `koanf:"shutdown_timeout"`
+}
+
+// Stream configures the session streams: how emitted chunks are batched,
+// how long frames are kept, how much one turn may emit.
+type Stream struct {
+	// FlushInterval: a running turn's emitted chunks are written as one
+	// frame at most this long after the previous write (sooner once 32 KiB
+	// are buffered, and always before the turn commits). Default 50ms;
+	// 1ms to 10s. Shorter: lower latency, more database writes.
+	FlushInterval time.Duration `koanf:"flush_interval"`
+	// Retention: frames older than this are deleted (except those of an
+	// event still open) by a pass every minute; a client resuming from
+	// before them is told to reload the transcript. Default 24h; at least
+	// 1m.
+	Retention time.Duration `koanf:"retention"`
+	// MaxBytesPerTurn caps the chunk text and data one attempt of a turn
+	// may emit, in bytes; later emits answer too_large. Default 8388608
+	// (8 MiB); 65536 to 1073741824.
+	MaxBytesPerTurn int64 `koanf:"max_bytes_per_turn"`
 }
 
 // Policy is an agent policy. In agents[].policy, zero values inherit the
@@ -377,7 +399,8 @@ func Default() Config {
 			TranscriptTail:  20,
 			ShutdownTimeout: 10 * time.Second,
 		},
-		API: API{MaxBodyBytes: 1 << 20, MaxModuleBytes: 64 << 20},
+		API:    API{MaxBodyBytes: 1 << 20, MaxModuleBytes: 64 << 20},
+		Stream: Stream{FlushInterval: 50 * time.Millisecond, Retention: 24 * time.Hour, MaxBytesPerTurn: 8 << 20},
 		Policy: Policy{
 			CrashPolicy: "restart", MaxAttempts: 5, BackoffMin: 5 * time.Second, BackoffMax: 120 * time.Second,
 			DeadLetter: "continue", IdleTimeout: 30 * time.Second, TurnTimeout: 30 * time.Second,
@@ -465,6 +488,7 @@ func (c Config) RestartOnlyChanges(next Config) []string {
 	diff("wasm", c.Wasm, next.Wasm)
 	diff("runtime", c.Runtime, next.Runtime)
 	diff("api", c.API, next.API)
+	diff("stream", c.Stream, next.Stream)
 	diff("fabric", c.Fabric, next.Fabric)
 	// Registrations (module_file, plugin) apply at start; an entry that
 	// only sets policy or capabilities reloads, added or removed.
@@ -785,6 +809,15 @@ func (c Config) Validate() error {
 		if p.Capacity < 1 {
 			bad("pools."+name+".capacity", p.Capacity, "must be at least 1")
 		}
+	}
+	if c.Stream.FlushInterval < time.Millisecond || c.Stream.FlushInterval > 10*time.Second {
+		bad("stream.flush_interval", c.Stream.FlushInterval, "must be between 1ms and 10s")
+	}
+	if c.Stream.Retention < time.Minute {
+		bad("stream.retention", c.Stream.Retention, "must be at least 1m")
+	}
+	if c.Stream.MaxBytesPerTurn < abi.MaxChunkBytes || c.Stream.MaxBytesPerTurn > 1<<30 {
+		bad("stream.max_bytes_per_turn", c.Stream.MaxBytesPerTurn, fmt.Sprintf("must be between %d (one chunk) and %d bytes", abi.MaxChunkBytes, 1<<30))
 	}
 	if c.API.MaxBodyBytes < 1024 {
 		bad("api.max_body_bytes", c.API.MaxBodyBytes, "must be at least 1024")

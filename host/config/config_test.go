@@ -260,3 +260,34 @@ func TestMidTurnDefaultsToQueueAndAnAgentOverridesIt(t *testing.T) {
 		t.Errorf("a mid_turn change: restart-only changes %v, want none (it reloads)", got)
 	}
 }
+
+func TestStreamDefaultsAndLimits(t *testing.T) {
+	cfg, err := Load(Sources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := cfg.Stream; s.FlushInterval != 50*time.Millisecond || s.Retention != 24*time.Hour || s.MaxBytesPerTurn != 8<<20 {
+		t.Errorf("stream defaults %+v, want 50ms, 24h, 8 MiB", s)
+	}
+	cfg, err = Load(Sources{File: writeFile(t, "stream:\n  flush_interval: 20ms\n  retention: 2h\n  max_bytes_per_turn: 1048576\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := cfg.Stream; s.FlushInterval != 20*time.Millisecond || s.Retention != 2*time.Hour || s.MaxBytesPerTurn != 1<<20 {
+		t.Errorf("stream from the file: %+v", s)
+	}
+	for body, key := range map[string]string{
+		"stream:\n  flush_interval: 0s\n":      "stream.flush_interval",
+		"stream:\n  flush_interval: 1m\n":      "stream.flush_interval",
+		"stream:\n  retention: 30s\n":          "stream.retention",
+		"stream:\n  max_bytes_per_turn: 100\n": "stream.max_bytes_per_turn",
+		"stream:\n  max_bytes_per_turn: -1\n":  "stream.max_bytes_per_turn",
+		"stream:\n  flush_interval: soon\n":    "stream.flush_interval",
+		"stream:\n  max_bytes_per_turn_x: 1\n": "stream.max_bytes_per_turn_x",
+	} {
+		_, err := Load(Sources{File: writeFile(t, body)})
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%q: error %v, want one naming %s", body, err, key)
+		}
+	}
+}
