@@ -5,8 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/paddock-dev/paddock/abi"
@@ -327,3 +331,78 @@ func TestOutcomeWaitSleepsUntilResolvedOrExpired(t *testing.T) {
 	})
 }
 
+
+// sseChatServer speaks OpenAI's streamed chat completions: it answers
+// every request with the deltas "Hel", "lo, ", "world" and counts requests.
+type sseChatServer struct {
+	*httptest.Server
+	n atomic.Int32
+}
+
+func newSSEChatServer(t *testing.T) *sseChatServer {
+	s := &sseChatServer{}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.n.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, d := range []string{"Hel", "lo, ", "world"} {
+			b, _ := json.Marshal(map[string]any{"id": "c", "model": "m1", "choices": []any{map[string]any{"index": 0, "delta": map[string]any{"content": d}}}})
+			fmt.Fprintf(w, "data: %s\n\n", b)
+			w.(http.Flusher).Flush()
+		}
+		fmt.Fprint(w, `data: {"id":"c","model":"m1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\n")
+		fmt.Fprint(w, `data: {"id":"c","model":"m1","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}`+"\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// TestAStreamedModelCallStreamsItsTextAndAReplayStreamsItWhole: a model
+// call's deltas reach the stream as text chunks carrying the call's seq;
+// the retry, which replays the call from the journal without a request,
+// streams the recorded text as one chunk with the same seq.
+func TestAStreamedModelCallStreamsItsTextAndAReplayStreamsItWhole(t *testing.T) {
+	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+		srv := newSSEChatServer(t)
+		f := startWithCalls(t, st, map[string]abi.TurnFunc{"stream": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			_ = abi.Emit(ctx, "thinking… ")
+			r := ask(ctx, "hi")
+			if req.Attempt == 1 {
+				return &abi.TurnResult{Outcome: abi.OutcomeError, Error: "again"}, nil
+			}
+			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: r}}}, nil
+		}}, srv.URL)
+		key := f.session(f.agent("stream"))
+		f.signal(key, "go")
+		f.waitFor("the retry to commit", func() bool {
+			if e := f.events(key); len(e) > 0 && e[0].Status == store.EventDeadLetter {
+				t.Fatalf("event %s after %d attempts: %s", e[0].Status, e[0].Attempts, e[0].LastError)
+			}
+			return f.get(key).TurnCount == 1
+		})
+		if n := srv.n.Load(); n != 1 {
+			t.Errorf("the model server got %d requests, want 1 (the retry replays)", n)
+		}
+		kinds, chunks := describeStream(t, f.frames(key))
+		if got, want := strings.Join(kinds, " "), "turn.started#1 chunks#1 turn.retrying#1 turn.started#2 chunks#2 turn.committed#2"; got != want {
+			t.Errorf("frames %s, want %s", got, want)
+		}
+		checkOffsets(t, chunks)
+		var live, replayed []string
+		for _, c := range chunks {
+			d := fmt.Sprintf("%q@%d", c.Text, c.CallSeq)
+			if c.Attempt == 1 {
+				live = append(live, d)
+			} else {
+				replayed = append(replayed, d)
+			}
+		}
+		if got, want := strings.Join(live, " "), `"thinking… "@0 "Hel"@1 "lo, "@1 "world"@1`; got != want {
+			t.Errorf("attempt 1 chunks %s, want %s", got, want)
+		}
+		if got, want := strings.Join(replayed, " "), `"thinking… "@0 "Hello, world"@1`; got != want {
+			t.Errorf("attempt 2 chunks %s, want %s", got, want)
+		}
+	})
+}
