@@ -142,6 +142,34 @@ type Capabilities struct {
 	// Limits bound calls per turn and tokens per day; 0 sets no limit of
 	// its own (the host-wide caps hold).
 	Limits Limits `koanf:"limits"`
+	// Approval names granted calls that also need an approver's decision
+	// before they go out (docs/DESIGN.md "Waits and approvals"): the turn
+	// is held, a wait of kind approval shows the request, and the call is
+	// sent once approved or answered denied (reason approval) when
+	// rejected or expired.
+	Approval Approval `koanf:"approval"`
+}
+
+// Approval lists the calls that need approval (capabilities.approval).
+type Approval struct {
+	// HTTP: http calls matching any rule need approval.
+	HTTP []ApprovalHTTPRule `koanf:"http"`
+	// Models: model calls to these endpoints (names under models:) need
+	// approval.
+	Models []string `koanf:"models"`
+	// Timeout, when set, expires an undecided approval after this long
+	// (the call is then refused); 0 waits for ever.
+	Timeout time.Duration `koanf:"timeout"`
+}
+
+// ApprovalHTTPRule matches http calls (calls.ApprovalHTTPRule).
+type ApprovalHTTPRule struct {
+	// Host is an exact name, an IP literal or "*.example.com".
+	Host string `koanf:"host"`
+	// Methods are upper-case methods; empty matches every method.
+	Methods []string `koanf:"methods"`
+	// PathPrefix, when set, matches only paths starting with it.
+	PathPrefix string `koanf:"path_prefix"`
 }
 
 // HTTPRule allows one destination (calls.HTTPRule documents the
