@@ -454,13 +454,20 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			a.inst, a.instBinding = inst, d.Delivery.Binding
 		}
 		c.inflight = &ref
-		res, latest, cancelled, err := a.run(d, sb)
+		res, latest, cancelled, hold, err := a.run(d, sb)
 		c.inflight = nil
 		// The worker is done: its chunks are written before the commit or
 		// the failed attempt (chunk frames precede turn.committed).
 		sb.end()
 		last := latest.Delivery.TurnRef()
 		switch {
+		case hold != nil && !cancelled:
+			// A call waits for an approver: whatever the worker made of its
+			// cancelled turn is dropped, and the attempt ends as a hold.
+			if err != nil {
+				a.closeInstance()
+			}
+			return "", c.hold(last, a.pol, hold), true
 		case cancelled:
 			// The event was cancelled: the store closed it and recorded it;
 			// the worker's reply (if any) is dropped unsubmitted.
@@ -532,7 +539,7 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 // runs: a wake-up during the turn makes the controller look at the store
 // (InFlight); a newer revision hands the worker its steers, a cancelled
 // event aborts it. latest is d with the newest delivery and steers.
-func (a *activationRun) run(d store.Dispatch, sb *streamBuf) (res *abi.TurnResult, latest store.Dispatch, cancelled bool, err error) {
+func (a *activationRun) run(d store.Dispatch, sb *streamBuf) (res *abi.TurnResult, latest store.Dispatch, cancelled bool, hold *store.WaitParams, err error) {
 	h, c := a.h, a.c
 	latest = d
 	steers := make(chan abi.Steer, 64)
@@ -545,6 +552,7 @@ func (a *activationRun) run(d store.Dispatch, sb *streamBuf) (res *abi.TurnResul
 	// call but emit answers not_configured.
 	caps := h.Policy().For(a.agent.Name).Capabilities
 	jc := newJournalCaller(h, h.calls, a.agent, d.Session.ActorKey, caps, d.Delivery.TurnRef(), sb, a.log)
+	jc.onHold = tcancel
 	tctx = abi.WithCaller(tctx, jc)
 	type reply struct {
 		res   *abi.TurnResult
@@ -584,7 +592,8 @@ func (a *activationRun) run(d store.Dispatch, sb *streamBuf) (res *abi.TurnResul
 				// domain, so re-raise it here for runSafely to recover.
 				panic(r.panic)
 			}
-			return r.res, latest, cancelled, r.err
+			tcancel() // calls still in flight (a plugin's) end now
+			return r.res, latest, cancelled, jc.takeHold(), r.err
 		case <-c.wake:
 			woken = true
 			ctx, cancel := context.WithTimeout(a.leaseCtx, 10*time.Second)
@@ -734,6 +743,37 @@ func trimTail(tail []abi.Message, budget int) []abi.Message {
 		first = i
 	}
 	return append([]abi.Message{}, tail[first:]...)
+}
+
+// hold ends an attempt whose host call waits for an approver
+// (docs/DESIGN.md "Waits and approvals"): FailAttempt with the approval's
+// wait as Hold — not counted; the event stays open but is not due until
+// the wait is decided; the session sleeps (approval). It returns the
+// retry wait of activation's loop (0: nothing to do until woken).
+func (c *controller) hold(ref abi.TurnRef, pol AgentPolicy, w *store.WaitParams) time.Duration {
+	h := c.h
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := h.st.FailAttempt(ctx, store.FailAttemptParams{
+		Ref: ref, Error: abi.SafeText("waits for approval: " + w.For), Counted: false, MaxAttempts: pol.MaxAttempts, Hold: w,
+	})
+	var fe *store.FenceError
+	switch {
+	case errors.As(err, &fe):
+		h.metrics.FenceRejections.WithLabelValues(string(fe.Reason)).Inc()
+		c.log.Warn("approval hold fenced off", "reason", fe.Reason, "wait", w.ID)
+		return 0
+	case err != nil:
+		// The hold could not be written (the wait id is taken, the store
+		// failed): fail the attempt uncounted instead, so the event runs
+		// again after a backoff rather than never.
+		c.log.Error("record approval hold", "err", err, "wait", w.ID)
+		return c.fail(context.Background(), ref, 0, pol, fmt.Errorf("approval hold %s: %w", w.ID, err), false, "approval_hold")
+	}
+	h.metrics.ApprovalHolds.Inc()
+	h.notifyStream(c.key) // turn.retrying (approval), wait.opened
+	c.log.Info("turn holds for an approval", "event", ref.ActorEventID, "wait", w.ID, "for", w.For)
+	return 0
 }
 
 // fail records a failed attempt through the fences and returns the backoff
