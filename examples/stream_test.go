@@ -44,6 +44,11 @@ func (w *world) streamOf(key store.ActorKey) []string {
 		if f.Seq != int64(i+1) {
 			w.t.Fatalf("frame %d has seq %d: a gap", i, f.Seq)
 		}
+		if f.Kind == store.FrameTurnStarted {
+			// An attempt held for an approval runs again under the same
+			// attempt number: its stream starts again at offset 0.
+			next[fmt.Sprintf("%d/%d", f.EventID, f.Attempt)] = 0
+		}
 		if f.Kind != store.FrameChunk {
 			endText()
 			out = append(out, fmt.Sprintf("%s attempt %d", f.Kind, f.Attempt))
