@@ -263,6 +263,11 @@ type Stream struct {
 	// may emit, in bytes; later emits answer too_large. Default 8388608
 	// (8 MiB); 65536 to 1073741824.
 	MaxBytesPerTurn int64 `koanf:"max_bytes_per_turn"`
+	// PollInterval is how often a host's stream hub looks for frames
+	// other hosts wrote to the sessions its clients watch (one
+	// StreamHeads statement for all of them); this host's own writes wake
+	// it at once. Default 250ms; 10ms to 10s.
+	PollInterval time.Duration `koanf:"poll_interval"`
 }
 
 // Policy is an agent policy. In agents[].policy, zero values inherit the
@@ -428,7 +433,7 @@ func Default() Config {
 			ShutdownTimeout: 10 * time.Second,
 		},
 		API:    API{MaxBodyBytes: 1 << 20, MaxModuleBytes: 64 << 20},
-		Stream: Stream{FlushInterval: 50 * time.Millisecond, Retention: 24 * time.Hour, MaxBytesPerTurn: 8 << 20},
+		Stream: Stream{FlushInterval: 50 * time.Millisecond, Retention: 24 * time.Hour, MaxBytesPerTurn: 8 << 20, PollInterval: 250 * time.Millisecond},
 		Policy: Policy{
 			CrashPolicy: "restart", MaxAttempts: 5, BackoffMin: 5 * time.Second, BackoffMax: 120 * time.Second,
 			DeadLetter: "continue", IdleTimeout: 30 * time.Second, TurnTimeout: 30 * time.Second,
@@ -840,6 +845,9 @@ func (c Config) Validate() error {
 	}
 	if c.Stream.FlushInterval < time.Millisecond || c.Stream.FlushInterval > 10*time.Second {
 		bad("stream.flush_interval", c.Stream.FlushInterval, "must be between 1ms and 10s")
+	}
+	if c.Stream.PollInterval < 10*time.Millisecond || c.Stream.PollInterval > 10*time.Second {
+		bad("stream.poll_interval", c.Stream.PollInterval, "must be between 10ms and 10s")
 	}
 	if c.Stream.Retention < time.Minute {
 		bad("stream.retention", c.Stream.Retention, "must be at least 1m")

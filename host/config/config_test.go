@@ -280,6 +280,7 @@ func TestStreamDefaultsAndLimits(t *testing.T) {
 		"stream:\n  flush_interval: 0s\n":      "stream.flush_interval",
 		"stream:\n  flush_interval: 1m\n":      "stream.flush_interval",
 		"stream:\n  retention: 30s\n":          "stream.retention",
+		"stream:\n  poll_interval: 1ms\n":      "stream.poll_interval",
 		"stream:\n  max_bytes_per_turn: 100\n": "stream.max_bytes_per_turn",
 		"stream:\n  max_bytes_per_turn: -1\n":  "stream.max_bytes_per_turn",
 		"stream:\n  flush_interval: soon\n":    "stream.flush_interval",
