@@ -32,6 +32,13 @@ func FuzzTurnResult(f *testing.F) {
 		`{"outcome":"error","error":"nul \u0000"}`,
 		`{"outcome":"ok","alarms":[{"name":"far","in_ms":9223372036854775807}]}`,
 		`{"outcome":"ok","alarms":[{"name":"far","at":"9999-12-31T23:59:59Z","every_ms":9223372036854775807}]}`,
+		`{"turn_ref":{},"outcome":"wait","wait":{"id":"approve-1","for":"a human's yes","data":{"amount":3},"timeout_ms":60000}}`,
+		`{"outcome":"wait","wait":{}}`,
+		`{"outcome":"wait"}`,
+		`{"outcome":"ok","wait":{"id":"x"}}`,
+		`{"outcome":"wait","wait":{"id":"bad id"}}`,
+		`{"outcome":"wait","wait":{"timeout_ms":-1}}`,
+		`{"outcome":"wait","wait":{"data":null,"for":"\u0000"}}`,
 		`[]`, `null`, `{"outcome":1}`, `{"state":"%%%"}`,
 	} {
 		f.Add([]byte(s))
@@ -112,6 +119,11 @@ func normResult(r *abi.TurnResult) abi.TurnResult {
 		}
 		c.Alarms[i].Data = compactJSON(c.Alarms[i].Data)
 	}
+	if c.Wait != nil {
+		w := *c.Wait
+		w.Data = compactJSON(w.Data)
+		c.Wait = &w
+	}
 	return c
 }
 
@@ -136,6 +148,8 @@ func FuzzTurnRequest(f *testing.F) {
 		`{"abi_version":1,"turn_ref":{},"session":{},"event":{"id":43,"kind":"alarm","accepted_at":"2026-11-30T03:30:00.412Z","alarm":{"name":"r","due_at":"2026-11-30T03:30:00.2Z","data":{"text":"tea"}}},"state":"","transcript":null,"attempt":2,"steers":[{"turn_ref":{"revision":1},"event_id":44,"message":"louder"}]}`,
 		`{"event":{"accepted_at":"0000-01-01T00:00:00Z"}}`,
 		`{"turn_ref":{"actor_epoch":9007199254740993}}`,
+		`{"abi_version":1,"turn_ref":{},"session":{},"event":{"id":45,"kind":"wait.resolved","accepted_at":"2026-11-30T03:30:00Z","wait":{"id":"w44","for":"a date","data":{"date":"2026-12-24"}}},"state":null,"transcript":null,"attempt":1}`,
+		`{"event":{"kind":"wait.expired","wait":{"id":"w44"}}}`,
 		`{"state":"!!"}`, `{}`,
 	} {
 		f.Add([]byte(s))
@@ -177,6 +191,11 @@ func normRequest(r *abi.TurnRequest) abi.TurnRequest {
 		a.Data = compactJSON(a.Data)
 		c.Event.Alarm = &a
 	}
+	if c.Event.Wait != nil {
+		w := *c.Event.Wait
+		w.Data = compactJSON(w.Data)
+		c.Event.Wait = &w
+	}
 	if len(c.Session.Input) == 0 {
 		c.Session.Input = nil
 	}
@@ -200,6 +219,14 @@ func FuzzCallRequest(f *testing.F) {
 		`{"kind":"http","http":{"url":"http://x","body":"aGk="}}`,
 		`{"kind":"model","model":{"endpoint":"chat","messages":[{"role":"system","content":"s"},{"role":"user","content":"u"},{"role":"assistant","tool_calls":[{"id":"1","name":"t","arguments":{"a":1}}]},{"role":"tool","tool_call_id":"1","content":"r"}],"tools":[{"name":"t","parameters":{"type":"object"}}],"max_tokens":10,"temperature":0.5,"stop":["x"]}}`,
 		`{"kind":"model","model":{"endpoint":"chat","messages":[{"role":"tool","content":"no id"}]}}`,
+		`{"kind":"emit","emit":{"type":"text","text":"Hel"}}`,
+		`{"kind":"emit","emit":{"type":"tool","data":{"tool":"search","status":"running"}}}`,
+		`{"kind":"emit","emit":{"type":"json","data":[1,2,3]}}`,
+		`{"kind":"emit","emit":{"type":"json","data":null}}`,
+		`{"kind":"emit","emit":{"type":"text","text":"x","data":1}}`,
+		`{"kind":"emit","emit":{"type":"text","call_seq":-1}}`,
+		`{"kind":"emit","emit":{"type":"image"}}`,
+		`{"kind":"emit"}`, `{"kind":"emit","emit":null}`, `{"kind":"emit","emit":{"type":"text"},"http":{"url":"x"}}`,
 		`{"kind":"model","http":{"url":"x"}}`, `{"kind":"ftp"}`, `{}`, `null`, `[]`,
 	} {
 		f.Add([]byte(s))

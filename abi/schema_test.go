@@ -131,6 +131,10 @@ func TestSchemaMatchesGoTypes(t *testing.T) {
 		"ModelResponse": reflect.TypeFor[abi.ModelResponse](),
 		"Usage":         reflect.TypeFor[abi.Usage](),
 		"CallError":     reflect.TypeFor[abi.CallError](),
+		// Streaming and waits.
+		"Chunk":     reflect.TypeFor[abi.Chunk](),
+		"WaitSpec":  reflect.TypeFor[abi.WaitSpec](),
+		"WaitEvent": reflect.TypeFor[abi.WaitEvent](),
 	}
 	var defs []string
 	for name := range doc.Defs {
@@ -197,7 +201,7 @@ func TestSchemaMatchesGoConstants(t *testing.T) {
 		sort.Strings(out)
 		return out
 	}
-	outcomes := []string{string(abi.OutcomeError), string(abi.OutcomeFinish), string(abi.OutcomeOK), string(abi.OutcomeSleep)}
+	outcomes := []string{string(abi.OutcomeError), string(abi.OutcomeFinish), string(abi.OutcomeOK), string(abi.OutcomeSleep), string(abi.OutcomeWait)}
 	if got := enum(prop("TurnResult", "outcome")); !slices.Equal(got, outcomes) {
 		t.Errorf("outcome enum %v, Go outcomes %v", got, outcomes)
 	}
@@ -213,7 +217,7 @@ func TestSchemaMatchesGoConstants(t *testing.T) {
 	if got := enum(prop("ModelMessage", "role")); !slices.Equal(got, roles) {
 		t.Errorf("model message role enum %v, Go roles %v", got, roles)
 	}
-	kinds := []string{string(abi.CallKindHTTP), string(abi.CallKindModel)}
+	kinds := []string{string(abi.CallKindEmit), string(abi.CallKindHTTP), string(abi.CallKindModel)}
 	if got := enum(prop("CallRequest", "kind")); !slices.Equal(got, kinds) {
 		t.Errorf("call kind enum %v, Go kinds %v", got, kinds)
 	}
@@ -238,6 +242,13 @@ func TestSchemaMatchesGoConstants(t *testing.T) {
 		if got := prop("AlarmOp", p)["maximum"]; got != float64(abi.MaxAlarmDelayMs) {
 			t.Errorf("%s maximum %v, abi.MaxAlarmDelayMs %d", p, got, int64(abi.MaxAlarmDelayMs))
 		}
+	}
+	chunkTypes := []string{abi.ChunkJSON, abi.ChunkText, abi.ChunkTool}
+	if got := enum(prop("Chunk", "type")); !slices.Equal(got, chunkTypes) {
+		t.Errorf("chunk type enum %v, Go chunk types %v", got, chunkTypes)
+	}
+	if got := prop("WaitSpec", "timeout_ms")["maximum"]; got != float64(abi.MaxAlarmDelayMs) {
+		t.Errorf("wait timeout_ms maximum %v, abi.MaxAlarmDelayMs %d", got, int64(abi.MaxAlarmDelayMs))
 	}
 	stateLen := float64(base64.StdEncoding.EncodedLen(abi.MaxStateBytes))
 	for _, def := range []string{"TurnRequest", "TurnResult"} {
@@ -283,6 +294,13 @@ func TestSchemaValidatesGoEncodings(t *testing.T) {
 				Alarm: &abi.AlarmFired{Name: "remind-1", DueAt: at, Data: json.RawMessage(`{"text":"tea"}`)}},
 			Attempt: 1,
 			Steers:  []abi.Steer{{TurnRef: steeredRef(), EventID: 42, Message: "louder", Data: json.RawMessage(`[1]`)}}},
+		"wait resolved": {ABIVersion: abi.Version, TurnRef: sampleRef(),
+			Session: abi.Session{AgentName: "notes", SessionID: "ses_1"},
+			Event: abi.Event{ID: 41, Kind: abi.EventWaitResolved, AcceptedAt: at,
+				Wait: &abi.WaitEvent{ID: "w40", For: "a date", Data: json.RawMessage(`{"date":"2026-12-24"}`)}}, Attempt: 1},
+		"wait expired": {ABIVersion: abi.Version, TurnRef: sampleRef(),
+			Session: abi.Session{AgentName: "notes", SessionID: "ses_1"},
+			Event:   abi.Event{ID: 41, Kind: abi.EventWaitExpired, AcceptedAt: at, Wait: &abi.WaitEvent{ID: "w40"}}, Attempt: 1},
 		"empty state": {ABIVersion: abi.Version, TurnRef: sampleRef(),
 			Session: abi.Session{AgentName: "notes", SessionID: "ses_1"},
 			Event:   abi.Event{ID: 41, Kind: abi.EventMessage, AcceptedAt: at}, State: []byte{}, Transcript: []abi.Message{}, Attempt: 1},
@@ -310,7 +328,10 @@ func TestSchemaValidatesGoEncodings(t *testing.T) {
 			{Name: "tick", InMs: 1000, EveryMs: abi.MinAlarmPeriodMs},
 			{Name: "old", Clear: true},
 		}},
-		"normal": abi.Run(t.Context(), func(context.Context, *abi.TurnRequest) (*abi.TurnResult, error) { return &abi.TurnResult{}, nil }, requests["full"]),
+		"wait": {TurnRef: sampleRef(), Outcome: abi.OutcomeWait, Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "Which date?"}},
+			Wait: &abi.WaitSpec{ID: "date-1", For: "a date", Data: json.RawMessage(`{"choices":["mon","tue"]}`), TimeoutMs: 86_400_000}},
+		"wait unnamed": {TurnRef: sampleRef(), Outcome: abi.OutcomeWait, Wait: &abi.WaitSpec{}},
+		"normal":       abi.Run(t.Context(), func(context.Context, *abi.TurnRequest) (*abi.TurnResult, error) { return &abi.TurnResult{}, nil }, requests["full"]),
 	}
 	for name, res := range results {
 		if err := res.Validate(); err != nil {
@@ -353,6 +374,9 @@ func TestSchemaRejectsInvalid(t *testing.T) {
 		"bad accepted_at":           strings.Replace(request("1", "null", "1"), "2026-11-30T03:00:00Z", "yesterday", 1),
 		"alarm event without alarm": strings.Replace(request("1", "null", "1"), `"kind":"message"`, `"kind":"alarm"`, 1),
 		"steer without ref":         strings.Replace(request("1", "null", "1"), `"attempt":1`, `"attempt":1,"steers":[{"event_id":3}]`, 1),
+		"wait event without wait":   strings.Replace(request("1", "null", "1"), `"kind":"message"`, `"kind":"wait.resolved"`, 1),
+		"expired without wait":      strings.Replace(request("1", "null", "1"), `"kind":"message"`, `"kind":"wait.expired"`, 1),
+		"wait without id":           strings.Replace(request("1", "null", "1"), `"kind":"message"`, `"kind":"wait.resolved","wait":{"for":"x"}`, 1),
 	} {
 		if err := validate(t, reqSchema, []byte(body)); err == nil {
 			t.Errorf("request %q validated: %s", name, body)
@@ -391,6 +415,11 @@ func TestSchemaRejectsInvalid(t *testing.T) {
 		"alarm short period":  alarms(`{"name":"a","in_ms":5,"every_ms":999}`),
 		"alarm no name":       alarms(`{"name":"","in_ms":5}`),
 		"alarm bad at":        alarms(`{"name":"a","at":"tomorrow"}`),
+		"wait without spec":   `{"turn_ref":` + ref + `,"outcome":"wait"}`,
+		"spec without wait":   `{"turn_ref":` + ref + `,"outcome":"ok","wait":{"id":"w"}}`,
+		"wait id with space":  `{"turn_ref":` + ref + `,"outcome":"wait","wait":{"id":"a b"}}`,
+		"wait timeout < 0":    `{"turn_ref":` + ref + `,"outcome":"wait","wait":{"timeout_ms":-1}}`,
+		"wait for too long":   `{"turn_ref":` + ref + `,"outcome":"wait","wait":{"for":"` + strings.Repeat("x", 1001) + `"}}`,
 		"33 alarms":           alarms(strings.Repeat(`{"name":"a","clear":true},`, 32) + `{"name":"a","clear":true}`),
 	} {
 		if err := validate(t, resSchema, []byte(body)); err == nil {
@@ -486,6 +515,11 @@ func TestSchemaHostCalls(t *testing.T) {
 				{Role: abi.RoleAssistant, ToolCalls: []abi.ToolCall{{ID: "c1", Name: "f", Arguments: json.RawMessage(`{"a":1}`)}}},
 				{Role: abi.RoleTool, ToolCallID: "c1", Content: "42"}},
 			Tools: []abi.ModelTool{{Name: "f", Description: "d", Parameters: json.RawMessage(`{"type":"object"}`)}}}},
+		"emit text":        {Kind: abi.CallKindEmit, Emit: &abi.Chunk{Type: abi.ChunkText, Text: "Hel"}},
+		"emit empty":       {Kind: abi.CallKindEmit, Emit: &abi.Chunk{Type: abi.ChunkText}},
+		"emit tool":        {Kind: abi.CallKindEmit, Emit: &abi.Chunk{Type: abi.ChunkTool, Data: json.RawMessage(`{"tool":"search","status":"running"}`)}},
+		"emit json":        {Kind: abi.CallKindEmit, Emit: &abi.Chunk{Type: abi.ChunkJSON, Data: json.RawMessage(`[1,2]`)}},
+		"emit model delta": {Kind: abi.CallKindEmit, Emit: &abi.Chunk{Type: abi.ChunkText, Text: "lo", CallSeq: 2}},
 	}
 	for name, req := range requests {
 		if err := req.Validate(); err != nil {
@@ -505,8 +539,10 @@ func TestSchemaHostCalls(t *testing.T) {
 		"http": {Seq: 1, HTTP: &abi.HTTPResponse{Status: 404, Headers: map[string]string{"A": "b, c"}, Body: []byte("no")}},
 		"model": {Seq: 2, Replayed: true, Model: &abi.ModelResponse{Message: abi.ModelMessage{Role: abi.RoleAssistant, Content: "hi"},
 			StopReason: abi.StopEndTurn, Model: "m", Usage: abi.Usage{InputTokens: 3, OutputTokens: 1}}},
-		"error":      {Seq: 3, Error: &abi.CallError{Code: abi.CallUpstream, Message: "bad gateway", Status: 502}},
-		"no channel": abi.NoCaller(),
+		"error":           {Seq: 3, Error: &abi.CallError{Code: abi.CallUpstream, Message: "bad gateway", Status: 502}},
+		"no channel":      abi.NoCaller(),
+		"emit accepted":   {},
+		"approval denied": {Seq: 4, Error: &abi.CallError{Code: abi.CallDenied, Reason: "approval", Message: "not approved: too expensive"}},
 	}
 	for name, res := range results {
 		b, err := json.Marshal(res)
@@ -531,6 +567,14 @@ func TestSchemaHostCalls(t *testing.T) {
 		"bad role":               `{"kind":"model","model":{"endpoint":"e","messages":[{"role":"bot"}]}}`,
 		"tool without id":        `{"kind":"model","model":{"endpoint":"e","messages":[{"role":"tool","content":"x"}]}}`,
 		"tool without name":      `{"kind":"model","model":{"endpoint":"e","messages":[{"role":"user"}],"tools":[{"name":""}]}}`,
+		"emit without emit":      `{"kind":"emit"}`,
+		"emit with http":         `{"kind":"emit","emit":{"type":"text","text":"x"},"http":{"url":"https://x"}}`,
+		"http with emit":         `{"kind":"http","http":{"url":"https://x"},"emit":{"type":"text","text":"x"}}`,
+		"emit unknown type":      `{"kind":"emit","emit":{"type":"image"}}`,
+		"emit text with data":    `{"kind":"emit","emit":{"type":"text","text":"x","data":1}}`,
+		"emit tool without data": `{"kind":"emit","emit":{"type":"tool"}}`,
+		"emit json with text":    `{"kind":"emit","emit":{"type":"json","text":"x","data":1}}`,
+		"emit negative call_seq": `{"kind":"emit","emit":{"type":"text","call_seq":-1}}`,
 	} {
 		if err := validate(t, reqSchema, []byte(body)); err == nil {
 			t.Errorf("request %q validated: %s", name, body)
@@ -550,6 +594,7 @@ func TestSchemaHostCalls(t *testing.T) {
 		"model no usage":    `{"seq":1,"model":{"message":{"role":"assistant"},"stop_reason":"end_turn"}}`,
 		"negative seq":      `{"seq":-1,"http":{"status":200}}`,
 		"replayed a string": `{"seq":1,"http":{"status":200},"replayed":"yes"}`,
+		"empty with a seq":  `{"seq":3}`,
 	} {
 		if err := validate(t, resSchema, []byte(body)); err == nil {
 			t.Errorf("result %q validated: %s", name, body)

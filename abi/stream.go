@@ -68,6 +68,9 @@ func (c *Chunk) Validate() error {
 	default:
 		return fmt.Errorf("emit.type %q: want text, tool or json", c.Type)
 	}
+	if c.CallSeq < 0 {
+		return fmt.Errorf("emit.call_seq %d is negative", c.CallSeq)
+	}
 	if n := len(c.Text) + len(c.Data); n > MaxChunkBytes {
 		return fmt.Errorf("emit is %d bytes, limit %d", n, MaxChunkBytes)
 	}

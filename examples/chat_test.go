@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -209,6 +210,8 @@ type chatRig struct {
 	*world
 	model *modelServer
 	page  string // the page's URL
+	// pageHits counts the requests the page's server answered.
+	pageHits *atomic.Int32
 }
 
 // startChatHost starts a host whose executor has the model endpoint
@@ -219,10 +222,13 @@ func startChatHost(t *testing.T) *chatRig {
 	return startChatHostWith(t, newModelServer(t))
 }
 
-// startChatHostWith is startChatHost with a given model server.
-func startChatHostWith(t *testing.T, model *modelServer) *chatRig {
+// startChatHostWith is startChatHost with a given model server; tweaks
+// change the chat agents' capabilities.
+func startChatHostWith(t *testing.T, model *modelServer, tweaks ...func(*calls.Capabilities)) *chatRig {
 	t.Helper()
+	hits := new(atomic.Int32)
 	page := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
 		_, _ = io.WriteString(w, pageBody)
 	}))
 	t.Cleanup(page.Close)
@@ -260,9 +266,12 @@ func startChatHostWith(t *testing.T, model *modelServer) *chatRig {
 		HTTP:   []calls.HTTPRule{{Scheme: "http", Host: pu.Hostname(), Port: port, Methods: []string{"GET"}}},
 		Limits: calls.Limits{CallsPerTurn: 8, TokensPerTurn: 100000},
 	}
+	for _, tweak := range tweaks {
+		tweak(&caps)
+	}
 	w := startHostOpts(t, filepath.Join(t.TempDir(), "paddock.db"),
 		hostOpts{turnTimeout: 30 * time.Second, calls: x, chat: true, chatCaps: caps})
-	return &chatRig{world: w, model: model, page: page.URL + "/page"}
+	return &chatRig{world: w, model: model, page: page.URL + "/page", pageHits: hits}
 }
 
 // newExecutor returns the real host-call executor for cfg, logging

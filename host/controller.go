@@ -414,13 +414,14 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			a.stop()
 			return time.Second
 		}
+		h.notifyStream(c.key) // turn.started
 
 		outcome, retry, done := a.turn(d)
 		if done {
 			return retry
 		}
 		idleSince = time.Now()
-		if outcome == abi.OutcomeSleep || outcome == abi.OutcomeFinish {
+		if outcome == abi.OutcomeSleep || outcome == abi.OutcomeFinish || outcome == abi.OutcomeWait {
 			// The agent has nothing more to do until someone speaks: run what
 			// is already due, then stop without the idle wait.
 			idleSince = time.Now().Add(-a.pol.IdleTimeout)
@@ -433,6 +434,9 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 // done means the activation is over (retry is then what loop returns).
 func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.Duration, done bool) {
 	h, c := a.h, a.c
+	// One stream buffer for the attempt, kept when a steer reruns it: its
+	// offsets go on.
+	sb := newStreamBuf(h, d.Session.ActorKey, d.Delivery.TurnRef(), d.Attempt, a.log)
 	for {
 		ref := d.Delivery.TurnRef()
 		if a.inst == nil || a.instBinding != d.Delivery.Binding {
@@ -450,10 +454,20 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			a.inst, a.instBinding = inst, d.Delivery.Binding
 		}
 		c.inflight = &ref
-		res, latest, cancelled, err := a.run(d)
+		res, latest, cancelled, hold, err := a.run(d, sb)
 		c.inflight = nil
+		// The worker is done: its chunks are written before the commit or
+		// the failed attempt (chunk frames precede turn.committed).
+		sb.end()
 		last := latest.Delivery.TurnRef()
 		switch {
+		case hold != nil && !cancelled:
+			// A call waits for an approver: whatever the worker made of its
+			// cancelled turn is dropped, and the attempt ends as a hold.
+			if err != nil {
+				a.closeInstance()
+			}
+			return "", c.hold(last, a.pol, hold), true
 		case cancelled:
 			// The event was cancelled: the store closed it and recorded it;
 			// the worker's reply (if any) is dropped unsubmitted.
@@ -494,6 +508,7 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			// revision: run the turn again with the steers in the request.
 			a.log.Info("turn steered: running it again with the steers", "event", d.Event.ID, "revision", latest.Delivery.Revision)
 			d.Delivery, d.Steers = latest.Delivery, latest.Steers
+			sb.resume(latest.Delivery.TurnRef())
 			continue
 		case errors.As(err, &fe):
 			if res.TurnRef != last {
@@ -524,7 +539,7 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 // runs: a wake-up during the turn makes the controller look at the store
 // (InFlight); a newer revision hands the worker its steers, a cancelled
 // event aborts it. latest is d with the newest delivery and steers.
-func (a *activationRun) run(d store.Dispatch) (res *abi.TurnResult, latest store.Dispatch, cancelled bool, err error) {
+func (a *activationRun) run(d store.Dispatch, sb *streamBuf) (res *abi.TurnResult, latest store.Dispatch, cancelled bool, hold *store.WaitParams, err error) {
 	h, c := a.h, a.c
 	latest = d
 	steers := make(chan abi.Steer, 64)
@@ -532,14 +547,13 @@ func (a *activationRun) run(d store.Dispatch) (res *abi.TurnResult, latest store
 	defer tcancel()
 	tctx = abi.WithSteers(tctx, steers)
 	tctx = WithInstanceScope(tctx, a.pol.InstanceReuse)
-	var jc *journalCaller
-	if h.calls != nil {
-		// Capabilities as configured now: a revoked grant holds from the
-		// next attempt, not from the next activation.
-		caps := h.Policy().For(a.agent.Name).Capabilities
-		jc = newJournalCaller(h, h.calls, a.agent, d.Session.ActorKey, caps, d.Delivery.TurnRef(), a.log)
-		tctx = abi.WithCaller(tctx, jc)
-	}
+	// Capabilities as configured now: a revoked grant holds from the next
+	// attempt, not from the next activation. Without an executor, every
+	// call but emit answers not_configured.
+	caps := h.Policy().For(a.agent.Name).Capabilities
+	jc := newJournalCaller(h, h.calls, a.agent, d.Session.ActorKey, caps, d.Delivery.TurnRef(), sb, a.log)
+	jc.onHold = tcancel
+	tctx = abi.WithCaller(tctx, jc)
 	type reply struct {
 		res   *abi.TurnResult
 		err   error
@@ -578,7 +592,8 @@ func (a *activationRun) run(d store.Dispatch) (res *abi.TurnResult, latest store
 				// domain, so re-raise it here for runSafely to recover.
 				panic(r.panic)
 			}
-			return r.res, latest, cancelled, r.err
+			tcancel() // calls still in flight (a plugin's) end now
+			return r.res, latest, cancelled, jc.takeHold(), r.err
 		case <-c.wake:
 			woken = true
 			ctx, cancel := context.WithTimeout(a.leaseCtx, 10*time.Second)
@@ -606,9 +621,7 @@ func (a *activationRun) run(d store.Dispatch) (res *abi.TurnResult, latest store
 				// every steer in its request — none is committed unseen.
 				older := latest.Delivery.TurnRef()
 				latest.Delivery, latest.Steers = cur.Delivery, cur.Steers
-				if jc != nil {
-					jc.setRef(cur.Delivery.TurnRef())
-				}
+				jc.setRef(cur.Delivery.TurnRef())
 				for i, s := range fresh {
 					ref := older
 					if i == len(fresh)-1 {
@@ -642,7 +655,7 @@ func steerOf(ref abi.TurnRef, e store.Event) abi.Steer {
 func (h *Host) Commit(ctx context.Context, res *abi.TurnResult) (store.Turn, error) {
 	turn, err := h.st.CommitTurn(ctx, store.CommitTurnParams{
 		Ref: res.TurnRef, Messages: res.Messages, State: res.State, KeepState: res.State == nil,
-		Outcome: res.Outcome, Alarms: res.Alarms,
+		Outcome: res.Outcome, Alarms: res.Alarms, Wait: store.WaitFromSpec(res.Wait, res.TurnRef.ActorEventID),
 	})
 	var fe *store.FenceError
 	if errors.As(err, &fe) {
@@ -654,6 +667,7 @@ func (h *Host) Commit(ctx context.Context, res *abi.TurnResult) (store.Turn, err
 		return turn, fmt.Errorf("host: commit turn %s: %w", res.TurnRef, err)
 	}
 	h.metrics.Turns.WithLabelValues(string(turn.Outcome)).Inc()
+	h.notifyStream(store.ActorKey{AgentUID: res.TurnRef.AgentUID, SessionID: res.TurnRef.SessionID}) // turn.committed (and wait.opened)
 	h.signalCommit()
 	if h.onCommit != nil {
 		h.onCommit(turn)
@@ -668,8 +682,21 @@ func (c *controller) request(agent store.Agent, d store.Dispatch) *abi.TurnReque
 		Data    json.RawMessage `json:"data"`
 		Alarm   *abi.AlarmFired `json:"alarm"`
 	}
-	_ = json.Unmarshal(d.Event.Payload, &payload) // validated at acceptance
-	tail := trimTail(d.Tail, tailBudget(d, payload.Message, payload.Data))
+	var wait *abi.WaitEvent
+	switch d.Event.Kind {
+	case abi.EventWaitResolved, abi.EventWaitExpired:
+		// The payload is the wait (store.WaitEventPayload): its data is
+		// the resolver's, not the event's.
+		wait = new(abi.WaitEvent)
+		_ = json.Unmarshal(d.Event.Payload, wait) // written by the store
+	default:
+		_ = json.Unmarshal(d.Event.Payload, &payload) // validated at acceptance
+	}
+	sized := payload.Data
+	if wait != nil {
+		sized = d.Event.Payload
+	}
+	tail := trimTail(d.Tail, tailBudget(d, payload.Message, sized))
 	req := &abi.TurnRequest{
 		ABIVersion: abi.Version,
 		TurnRef:    d.Delivery.TurnRef(),
@@ -678,7 +705,7 @@ func (c *controller) request(agent store.Agent, d store.Dispatch) *abi.TurnReque
 		},
 		Event: abi.Event{
 			ID: d.Event.ID, Kind: d.Event.Kind, Message: payload.Message, Data: payload.Data,
-			AcceptedAt: d.Event.AcceptedAt, Alarm: payload.Alarm,
+			AcceptedAt: d.Event.AcceptedAt, Alarm: payload.Alarm, Wait: wait,
 		},
 		State:      d.State,
 		Transcript: tail,
@@ -718,6 +745,37 @@ func trimTail(tail []abi.Message, budget int) []abi.Message {
 	return append([]abi.Message{}, tail[first:]...)
 }
 
+// hold ends an attempt whose host call waits for an approver
+// (docs/DESIGN.md "Waits and approvals"): FailAttempt with the approval's
+// wait as Hold — not counted; the event stays open but is not due until
+// the wait is decided; the session sleeps (approval). It returns the
+// retry wait of activation's loop (0: nothing to do until woken).
+func (c *controller) hold(ref abi.TurnRef, pol AgentPolicy, w *store.WaitParams) time.Duration {
+	h := c.h
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := h.st.FailAttempt(ctx, store.FailAttemptParams{
+		Ref: ref, Error: abi.SafeText("waits for approval: " + w.For), Counted: false, MaxAttempts: pol.MaxAttempts, Hold: w,
+	})
+	var fe *store.FenceError
+	switch {
+	case errors.As(err, &fe):
+		h.metrics.FenceRejections.WithLabelValues(string(fe.Reason)).Inc()
+		c.log.Warn("approval hold fenced off", "reason", fe.Reason, "wait", w.ID)
+		return 0
+	case err != nil:
+		// The hold could not be written (the wait id is taken, the store
+		// failed): fail the attempt uncounted instead, so the event runs
+		// again after a backoff rather than never.
+		c.log.Error("record approval hold", "err", err, "wait", w.ID)
+		return c.fail(context.Background(), ref, 0, pol, fmt.Errorf("approval hold %s: %w", w.ID, err), false, "approval_hold")
+	}
+	h.metrics.ApprovalHolds.Inc()
+	h.notifyStream(c.key) // turn.retrying (approval), wait.opened
+	c.log.Info("turn holds for an approval", "event", ref.ActorEventID, "wait", w.ID, "for", w.For)
+	return 0
+}
+
 // fail records a failed attempt through the fences and returns the backoff
 // to wait before the next attempt (0 when the session stops here: the crash
 // policy put it to sleep or destroyed it; 1 ms after a dead letter: go on
@@ -752,6 +810,7 @@ func (c *controller) fail(ctx context.Context, ref abi.TurnRef, attempt int, pol
 		return time.Second
 	}
 	h.metrics.FailedAttempts.WithLabelValues(kind).Inc()
+	h.notifyStream(c.key) // turn.retrying or turn.failed
 	if res.DeadLettered {
 		h.metrics.DeadLetters.Inc()
 		c.log.Warn("event dead-lettered", "event", res.EventID, "attempts", res.Attempts, "cause", cause)

@@ -104,6 +104,29 @@ type Policy struct {
 	Agents map[string]AgentPolicy
 	// Pools is the capacity of each pool on this host.
 	Pools map[string]int
+	// Stream configures the session streams (host-wide, fixed at New);
+	// zero fields take DefaultStreamPolicy's.
+	Stream StreamPolicy
+}
+
+// StreamPolicy configures the session streams (config stream:,
+// docs/DESIGN.md "The session stream").
+type StreamPolicy struct {
+	// FlushInterval: an attempt's emitted chunks are written as one frame
+	// at most this long after the previous write (sooner once 32 KiB are
+	// buffered, and always before the turn commits or fails).
+	FlushInterval time.Duration
+	// Retention: frames older than this are compacted away (except those
+	// of an event still open), by a loop that runs every minute.
+	Retention time.Duration
+	// MaxBytesPerTurn caps the chunk text and data one attempt may emit;
+	// later emits answer too_large.
+	MaxBytesPerTurn int64
+}
+
+// DefaultStreamPolicy returns the defaults of stream: 50 ms, 24 h, 8 MiB.
+func DefaultStreamPolicy() StreamPolicy {
+	return StreamPolicy{FlushInterval: 50 * time.Millisecond, Retention: 24 * time.Hour, MaxBytesPerTurn: 8 << 20}
 }
 
 // For returns the policy of the named agent.
@@ -124,7 +147,8 @@ func DefaultPolicy() Policy {
 			IdleTimeout: 30 * time.Second, TurnTimeout: 30 * time.Second, RestartPendingTimeout: 60 * time.Second,
 			Pool: "default",
 		},
-		Pools: map[string]int{"default": 64},
+		Pools:  map[string]int{"default": 64},
+		Stream: DefaultStreamPolicy(),
 	}
 }
 
@@ -183,6 +207,8 @@ type Host struct {
 	commitCh chan struct{}
 	onCommit func(store.Turn)
 	calls    *calls.Executor
+	// streamNotify is Options.StreamNotify (nil: none).
+	streamNotify func(store.ActorKey)
 }
 
 // New creates a host. Call Run to start it.
@@ -208,11 +234,22 @@ func New(o Options) (*Host, error) {
 	if len(o.Policy.Pools) == 0 {
 		o.Policy.Pools = map[string]int{o.Policy.Pool: 64}
 	}
+	def := DefaultStreamPolicy()
+	if o.Policy.Stream.FlushInterval <= 0 {
+		o.Policy.Stream.FlushInterval = def.FlushInterval
+	}
+	if o.Policy.Stream.Retention <= 0 {
+		o.Policy.Stream.Retention = def.Retention
+	}
+	if o.Policy.Stream.MaxBytesPerTurn <= 0 {
+		o.Policy.Stream.MaxBytesPerTurn = def.MaxBytesPerTurn
+	}
 	h := &Host{
 		st: o.Store, runner: o.Runner, set: o.Policy, id: o.HostID,
 		log: o.Logger.With("host_id", o.HostID), metrics: o.Metrics,
 		ctrls: map[store.ActorKey]*controller{}, leases: map[string]*lease{}, forced: map[store.ActorKey]time.Time{}, pools: map[string]*pool{},
 		commitCh: make(chan struct{}), onCommit: o.OnCommit, calls: o.Calls, rescan: make(chan struct{}, 1),
+		streamNotify: o.StreamNotify,
 	}
 	h.SetPolicy(o.Policy)
 	return h, nil
@@ -224,6 +261,7 @@ func New(o Options) (*Host, error) {
 func (h *Host) SetPolicy(p Policy) {
 	p.LeaseTTL, p.ScanInterval, p.TranscriptTail = h.set.LeaseTTL, h.set.ScanInterval, h.set.TranscriptTail
 	p.ShutdownTimeout, p.RestartIntensity, p.RestartPeriod = h.set.ShutdownTimeout, h.set.RestartIntensity, h.set.RestartPeriod
+	p.Stream = h.set.Stream
 	h.pol.Store(&p)
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -266,6 +304,13 @@ func (h *Host) CommitSignal() <-chan struct{} {
 	return h.commitCh
 }
 
+// notifyStream tells Options.StreamNotify that key's stream got frames.
+func (h *Host) notifyStream(key store.ActorKey) {
+	if h.streamNotify != nil {
+		h.streamNotify(key)
+	}
+}
+
 func (h *Host) signalCommit() {
 	h.commitMu.Lock()
 	close(h.commitCh)
@@ -295,9 +340,10 @@ func (h *Host) Run(ctx context.Context) error {
 	renewCtx, stopRenew := context.WithCancel(context.Background())
 	defer stopRenew()
 	var loops sync.WaitGroup
-	loops.Add(3)
+	loops.Add(4)
 	go func() { defer loops.Done(); h.renewLoop(renewCtx) }()
 	go func() { defer loops.Done(); h.scanLoop(runCtx) }()
+	go func() { defer loops.Done(); h.compactLoop(runCtx) }()
 	go func() {
 		defer loops.Done()
 		for key := range wakeups {
@@ -514,6 +560,7 @@ func (h *Host) scanLoop(ctx context.Context) {
 	for {
 		h.watchdog(ctx)
 		h.fireAlarms(ctx)
+		h.expireWaits(ctx)
 		h.scan(ctx)
 		select {
 		case <-ctx.Done():
@@ -552,6 +599,7 @@ func (h *Host) watchdog(ctx context.Context) {
 			continue
 		}
 		h.metrics.LeasesExpired.Inc()
+		h.notifyStream(ref.ActorKey) // turn.retrying or turn.failed, lease_expired
 		if res.DeadLettered {
 			h.metrics.DeadLetters.Inc()
 		}
@@ -583,6 +631,70 @@ func (h *Host) fireAlarms(ctx context.Context) {
 			h.Ensure(k)
 		}
 		if len(keys) < batch {
+			return
+		}
+	}
+}
+
+// expireWaits expires the waits whose timeout passed (each once, decided
+// by the store: a wait.expired event, or an approval's held event
+// released) and wakes their sessions, as fireAlarms does for alarms.
+func (h *Host) expireWaits(ctx context.Context) {
+	const batch = 64
+	for range 64 {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		keys, err := h.st.ExpireDueWaits(sctx, batch)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil && !errors.Is(err, errors.ErrUnsupported) {
+				h.log.Warn("waits: expire due waits", "err", err)
+			}
+			return
+		}
+		h.metrics.WaitsExpired.Add(float64(len(keys)))
+		for _, k := range keys {
+			h.notifyStream(k) // wait.resolved (expired)
+			h.Ensure(k)
+		}
+		if len(keys) < batch {
+			return
+		}
+	}
+}
+
+// compactInterval paces compactLoop.
+const compactInterval = time.Minute
+
+// compactLoop deletes stream frames older than the retention every
+// minute (store.CompactStream keeps those of open events), in batches.
+func (h *Host) compactLoop(ctx context.Context) {
+	t := time.NewTicker(compactInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		h.compactStreams(ctx)
+	}
+}
+
+// compactStreams runs one compaction pass.
+func (h *Host) compactStreams(ctx context.Context) {
+	const batch = 1000
+	before := time.Now().Add(-h.set.Stream.Retention)
+	for range 100 {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		n, err := h.st.CompactStream(sctx, store.CompactStreamParams{Before: before, Limit: batch})
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil && !errors.Is(err, errors.ErrUnsupported) {
+				h.log.Warn("stream: compact", "err", err)
+			}
+			return
+		}
+		if n < batch {
 			return
 		}
 	}

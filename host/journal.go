@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,9 +44,17 @@ const journalWriteTimeout = 10 * time.Second
 // the worker gets a cancelled error, and the attempt's reply would be
 // refused anyway. An error result is recorded (refusals are visible in the
 // journal) but never replayed: the next attempt tries again.
+//
+// Emits (abi.CallKindEmit) are neither numbered nor journaled nor checked
+// against capabilities: they go to the attempt's stream buffer and are
+// answered at once, without waiting for a call in flight. A streamed
+// model call's text deltas go there too, as text chunks with the call's
+// seq; a model call replayed from the journal emits its recorded text as
+// one such chunk, so a retried attempt's stream is complete.
 type journalCaller struct {
 	h      *Host
-	exec   *calls.Executor
+	exec   *calls.Executor // nil: every call but emit answers not_configured
+	stream *streamBuf
 	agent  store.Agent
 	key    store.ActorKey
 	caps   calls.Capabilities
@@ -62,6 +71,12 @@ type journalCaller struct {
 	used     map[int]bool           // rows this attempt replayed, by seq
 	lastSeq  int                    // the journal's highest live seq
 	diverged bool
+
+	// onHold ends the turn (cancels its context) when a call needs an
+	// approval no one gave yet; hold is then that approval's wait, which
+	// the controller opens by ending the attempt as a hold.
+	onHold func()
+	hold   *store.WaitParams
 }
 
 // unusedRow finds a replayable row of the request digest that this
@@ -79,8 +94,8 @@ func (c *journalCaller) unusedRow(digest string) (store.HostCall, bool) {
 // newJournalCaller returns the caller of the attempt whose first delivery
 // is ref.
 func newJournalCaller(h *Host, exec *calls.Executor, agent store.Agent, key store.ActorKey, caps calls.Capabilities,
-	ref abi.TurnRef, log *slog.Logger) *journalCaller {
-	c := &journalCaller{h: h, exec: exec, agent: agent, key: key, caps: caps, ref: ref, log: log}
+	ref abi.TurnRef, stream *streamBuf, log *slog.Logger) *journalCaller {
+	c := &journalCaller{h: h, exec: exec, stream: stream, agent: agent, key: key, caps: caps, ref: ref, log: log}
 	c.budget = calls.NewBudget(caps.Limits, func(ctx context.Context) (int64, error) {
 		now := time.Now().UTC()
 		return h.st.AgentTokensSince(ctx, agent.UID, time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC))
@@ -94,6 +109,9 @@ func (c *journalCaller) setRef(ref abi.TurnRef) {
 	c.refMu.Lock()
 	c.ref = ref
 	c.refMu.Unlock()
+	if c.stream != nil {
+		c.stream.setRef(ref)
+	}
 }
 
 func (c *journalCaller) currentRef() abi.TurnRef {
@@ -107,6 +125,17 @@ func (c *journalCaller) Call(ctx context.Context, req *abi.CallRequest) *abi.Cal
 	if err := req.Validate(); err != nil {
 		// Not numbered and not journaled: nothing was asked of anyone.
 		return &abi.CallResult{Error: &abi.CallError{Code: abi.CallInvalid, Message: err.Error()}}
+	}
+	if req.Kind == abi.CallKindEmit {
+		if c.stream == nil {
+			return abi.NoCaller()
+		}
+		ch := *req.Emit
+		ch.CallSeq = 0 // the host's to set
+		return c.stream.emit(ch)
+	}
+	if c.exec == nil {
+		return abi.NoCaller()
 	}
 	digest, err := RequestDigest(req)
 	if err != nil {
@@ -149,11 +178,29 @@ func (c *journalCaller) call(ctx context.Context, seq int, req *abi.CallRequest,
 		}
 	}
 	start := time.Now()
-	out := c.exec.Do(ctx, c.agent.Name, c.caps, req, calls.CallOptions{
+	if what, ok := c.caps.Approval.NeedsApproval(req); ok {
+		if res := c.approval(ctx, seq, req, digest, what, setAsideFrom); res != nil {
+			return res
+		}
+		// Approved: the call goes live once, journaled as any.
+	}
+	opts := calls.CallOptions{
 		// The digest binds the key to the request: a retry that diverges at
 		// seq must not be answered from the provider's cache of another.
 		Budget: c.budget, IdempotencyKey: fmt.Sprintf("%s-%d-%d-%s", c.agent.UID, c.currentRef().ActorEventID, seq, digest),
-	})
+	}
+	if c.stream != nil && req.Kind == abi.CallKindModel {
+		// Scrubbed of secrets by the executor before they reach us.
+		opts.OnDelta = func(text string) { c.stream.emitHost(text, seq) }
+	}
+	out := c.exec.Do(ctx, c.agent.Name, c.caps, req, opts)
+	return c.record(ctx, seq, req, digest, setAsideFrom, start, out)
+}
+
+// record journals the result of call seq under the attempt's fences and
+// returns it, or withholds it (cancelled) when the write is refused.
+func (c *journalCaller) record(ctx context.Context, seq int, req *abi.CallRequest, digest string, setAsideFrom int,
+	start time.Time, out calls.Outcome) *abi.CallResult {
 	res := out.Result
 	res.Seq = seq
 	enc, err := json.Marshal(res)
@@ -174,6 +221,119 @@ func (c *journalCaller) call(ctx context.Context, seq int, req *abi.CallRequest,
 		return c.refused(seq, err)
 	}
 	return res
+}
+
+// approval decides a live call that needs approval (docs/DESIGN.md "Waits
+// and approvals"): nil when an approver approved it (the call goes live);
+// a denied result, journaled, when the approver rejected it or the
+// approval expired; otherwise — no decision yet — the turn is ended (its
+// context cancelled) so that the controller ends the attempt as a hold
+// with the approval's wait, and the call answers cancelled.
+func (c *journalCaller) approval(ctx context.Context, seq int, req *abi.CallRequest, digest, what string, setAsideFrom int) *abi.CallResult {
+	event := c.currentRef().ActorEventID
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), journalWriteTimeout)
+	defer cancel()
+	decided, taken, err := c.findApproval(rctx, event, seq, digest)
+	if err != nil {
+		c.log.Warn("host call: read its approval", "seq", seq, "err", err)
+		return cancelled("the host could not read the call's approval; the call was not made")
+	}
+	if decided == nil {
+		if c.hold == nil {
+			id := fmt.Sprintf("approval-%d-%d", event, seq)
+			if taken[id] {
+				// The same seq asked to approve another request before
+				// (the turn diverged): the new one gets its own wait.
+				id += "-" + strings.TrimPrefix(digest, "sha256:")[:12]
+			}
+			c.hold = &store.WaitParams{ID: id, For: "approve " + what, Data: approvalData(req), Timeout: c.caps.Approval.Timeout,
+				CallSeq: seq, CallDigest: digest}
+			if c.onHold != nil {
+				c.onHold()
+			}
+		}
+		return cancelled("this call needs an approver's decision: the turn waits for it and runs again once it is decided")
+	}
+	msg := "the approval of this call expired before anyone decided"
+	if decided.Status == store.WaitResolved {
+		var d store.ApprovalDecision
+		if err := json.Unmarshal(decided.Resolution, &d); err == nil && d.Approved {
+			return nil
+		}
+		msg = "the approver rejected this call"
+		if d.Reason != "" {
+			msg += ": " + abi.SafeText(d.Reason)
+		}
+	}
+	out := calls.Outcome{Destination: what, ErrorCode: abi.CallDenied,
+		Result: &abi.CallResult{Error: &abi.CallError{Code: abi.CallDenied, Reason: calls.ReasonApproval, Message: msg}}}
+	return c.record(ctx, seq, req, digest, setAsideFrom, time.Now(), out)
+}
+
+// findApproval looks for the decided approval wait of call seq of the
+// event with the request digest (the newest, if several); taken are the
+// ids of the event's approval waits.
+func (c *journalCaller) findApproval(ctx context.Context, event int64, seq int, digest string) (decided *store.Wait, taken map[string]bool, err error) {
+	taken = map[string]bool{}
+	p := store.ListWaitsParams{AgentUID: c.key.AgentUID, SessionID: c.key.SessionID, Limit: 500}
+	for {
+		pg, err := c.h.st.ListWaits(ctx, p)
+		if err != nil {
+			return nil, nil, err
+		}
+		for i := range pg.Waits {
+			w := pg.Waits[i]
+			if w.Kind != store.WaitKindApproval || w.EventID != event {
+				continue
+			}
+			taken[w.ID] = true
+			if w.CallSeq == seq && w.CallDigest == digest && w.Status != store.WaitOpen {
+				decided = &w
+			}
+		}
+		if len(pg.Waits) < p.Limit || pg.NextAfter == p.After {
+			return decided, taken, nil
+		}
+		p.After = pg.NextAfter
+	}
+}
+
+// approvalData is what an approval wait shows of the request: the request
+// as the agent sent it — secret placeholders unfilled, never a value —
+// without an http body or all but the last model message when the whole
+// would pass a wait's 64 KiB.
+func approvalData(req *abi.CallRequest) json.RawMessage {
+	const limit = 64 << 10
+	b, err := abi.Marshal(req)
+	if err == nil && len(b) <= limit {
+		return b
+	}
+	short := *req
+	switch {
+	case req.HTTP != nil:
+		h := *req.HTTP
+		h.Body = nil
+		short.HTTP = &h
+	case req.Model != nil:
+		m := *req.Model
+		m.Messages = m.Messages[len(m.Messages)-1:]
+		m.Tools = nil
+		short.Model = &m
+	}
+	if b, err := abi.Marshal(&short); err == nil && len(b) <= limit {
+		return b
+	}
+	b, _ = abi.Marshal(map[string]string{"kind": string(req.Kind), "note": "the request is too large to show"})
+	return b
+}
+
+// takeHold returns the approval wait the attempt must end with, if any.
+func (c *journalCaller) takeHold() *store.WaitParams {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := c.hold
+	c.hold = nil
+	return h
 }
 
 // load reads the event's journal: its live rows by seq.
@@ -212,6 +372,11 @@ func (c *journalCaller) replay(ctx context.Context, row store.HostCall) *abi.Cal
 	}
 	c.h.metrics.HostCallsReplayed.WithLabelValues(c.agent.Name).Inc()
 	res.Replayed, res.Seq = true, row.Seq
+	if c.stream != nil && res.Model != nil {
+		// The attempt that made the call streamed its text; this one's
+		// stream gets it whole.
+		c.stream.emitHost(res.Model.Message.Content, row.Seq)
+	}
 	return &res
 }
 

@@ -42,6 +42,12 @@ type Metrics struct {
 	// HostCallsFenced counts host-call results refused by the journal's
 	// fences (a zombie attempt's), by reason.
 	HostCallsFenced *prometheus.CounterVec
+	// StreamFrames counts chunk frames this host wrote to session streams.
+	StreamFrames prometheus.Counter
+	// WaitsExpired counts waits this host expired.
+	WaitsExpired prometheus.Counter
+	// ApprovalHolds counts attempts ended to wait for an approval.
+	ApprovalHolds prometheus.Counter
 }
 
 // NewMetrics creates and registers the metrics.
@@ -88,6 +94,15 @@ func NewMetrics() *Metrics {
 		HostCallsFenced: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paddock_host_calls_fenced_total", Help: "Host-call results the journal's fences refused (a zombie attempt's), by reason.",
 		}, []string{"reason"}),
+		StreamFrames: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paddock_stream_chunk_frames_total", Help: "Chunk frames (batches of emitted chunks) written to session streams.",
+		}),
+		WaitsExpired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paddock_waits_expired_total", Help: "Waits expired by this host.",
+		}),
+		ApprovalHolds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paddock_approval_holds_total", Help: "Turn attempts ended to wait for an approver's decision on a host call.",
+		}),
 		PendingSessions: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paddock_pending_sessions", Help: "Sessions waiting for pool capacity on this host.",
 		}),
@@ -99,6 +114,6 @@ func NewMetrics() *Metrics {
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Registry.MustRegister(m.FenceRejections, m.Turns, m.FailedAttempts, m.DeadLetters,
 		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.PendingSessions,
-		m.HostCallsReplayed, m.HostCallsFenced)
+		m.HostCallsReplayed, m.HostCallsFenced, m.StreamFrames, m.WaitsExpired, m.ApprovalHolds)
 	return m
 }

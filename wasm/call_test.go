@@ -133,6 +133,35 @@ func TestHostCallGoGuest(t *testing.T) {
 	})
 }
 
+// TestEmitFromAGoGuest: the guest SDK's Emit and EmitJSON reach the
+// turn's Caller through paddock.call as emit requests, in order, and the
+// host's bare answer ({"seq":0}) reads as success in the guest.
+func TestEmitFromAGoGuest(t *testing.T) {
+	t.Parallel()
+	b := shared(t)
+	digest := b.callGuest(t)
+	var mu sync.Mutex
+	var got []string
+	c := &scriptedCaller{answer: func(_ context.Context, req *abi.CallRequest) *abi.CallResult {
+		if req.Kind != abi.CallKindEmit || req.Emit == nil {
+			return &abi.CallResult{Error: &abi.CallError{Code: abi.CallInvalid, Message: "want emit"}}
+		}
+		mu.Lock()
+		got = append(got, req.Emit.Type+":"+req.Emit.Text+string(req.Emit.Data))
+		mu.Unlock()
+		return &abi.CallResult{} // accepted
+	}}
+	res, err := b.instance(t, digest).Turn(abi.WithCaller(context.Background(), c), request("emit 3", nil, 1))
+	if r := replyOf(t, res, err); r != "emit 3" {
+		t.Fatalf("reply %q", r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if s := strings.Join(got, "|"); s != `text:t0 |text:t1 |text:t2 |tool:{"n":3}` {
+		t.Errorf("emits %s", s)
+	}
+}
+
 // TestHostCallImportIsOptional: Go guests import paddock.call and
 // paddock.call_result only when they make host calls.
 func TestHostCallImportIsOptional(t *testing.T) {

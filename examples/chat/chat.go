@@ -16,6 +16,13 @@
 // agent answers with what to set instead of failing: a configuration
 // problem must not dead-letter a conversation.
 //
+// The agent streams its turn to the session stream while it runs: the
+// host forwards the model's text as it arrives (text chunks), and the
+// agent emits a tool chunk when it starts and ends each tool call
+// ({"tool":"fetch_url","status":"running"}, then "done" or "error"), so a
+// chat client shows progress before the turn commits. Emitting never
+// fails the turn (abi/README.md "Emit").
+//
 // The wasip1 module is built from ./cmd, the plugin worker from ./plugin;
 // this package is plain Go and tests on the host.
 package chat
@@ -143,11 +150,32 @@ func (s *State) converse(ctx context.Context, text string) string {
 		}
 		for _, tc := range msg.ToolCalls {
 			s.Messages = append(s.Messages, abi.ModelMessage{
-				Role: abi.RoleTool, ToolCallID: tc.ID, Content: s.runTool(ctx, tc),
+				Role: abi.RoleTool, ToolCallID: tc.ID, Content: s.runToolStreamed(ctx, tc),
 			})
 		}
 	}
 	return fmt.Sprintf("(stopped after %d model calls without a final answer)", MaxSteps)
+}
+
+// ToolProgress is the data of the tool chunks the agent emits around each
+// tool call.
+type ToolProgress struct {
+	Tool   string `json:"tool"`
+	ID     string `json:"id"`
+	Status string `json:"status"` // running, done or error
+}
+
+// runToolStreamed runs one tool call between two tool chunks on the
+// session stream. A refused emit is ignored: the stream is best effort.
+func (s *State) runToolStreamed(ctx context.Context, tc abi.ToolCall) string {
+	_ = abi.EmitJSON(ctx, abi.ChunkTool, ToolProgress{Tool: tc.Name, ID: tc.ID, Status: "running"})
+	out := s.runTool(ctx, tc)
+	status := "done"
+	if strings.HasPrefix(out, "error: ") {
+		status = "error"
+	}
+	_ = abi.EmitJSON(ctx, abi.ChunkTool, ToolProgress{Tool: tc.Name, ID: tc.ID, Status: status})
+	return out
 }
 
 // runTool runs one tool call and returns its result for the model.

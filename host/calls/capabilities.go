@@ -40,6 +40,10 @@ type Capabilities struct {
 	Secrets []string
 	// Limits bound the agent's calls per turn and its tokens per day.
 	Limits Limits
+	// Approval names the allowed calls that also need an approver's
+	// decision before they go out (the host's journal caller asks; the
+	// executor does not look at it).
+	Approval ApprovalRules
 }
 
 // Limits bound host calls. A zero field sets no limit of its own: the

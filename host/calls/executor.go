@@ -384,7 +384,9 @@ func (d *deltaScrubber) write(s string) {
 	d.pending = d.scrub.str(d.pending + s)
 	hold := d.scrub.maxLen() - 1
 	if cut := len(d.pending) - max(hold, 0); cut > 0 {
-		for cut > 0 && !utf8.RuneStart(d.pending[cut]) && cut < len(d.pending) {
+		// cut == len(pending) when nothing is held back (no secret to
+		// watch for): everything goes out.
+		for cut > 0 && cut < len(d.pending) && !utf8.RuneStart(d.pending[cut]) {
 			cut--
 		}
 		if cut > 0 {

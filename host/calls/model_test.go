@@ -352,3 +352,25 @@ func TestModelToolCallThatIsNotAnObjectIsAnUpstreamError(t *testing.T) {
 		t.Errorf("no id: %+v", e)
 	}
 }
+
+// TestDeltasPassThroughWhenNoSecretIsWatched: an endpoint without a key
+// (a local model) has no secret to hold deltas back for; each delta goes
+// out as it came (found by the host's stream tests: the scrubber indexed
+// one past the end when it held nothing back).
+func TestDeltasPassThroughWhenNoSecretIsWatched(t *testing.T) {
+	f := newFake(t, false, reply{events: []string{
+		`{"id":"c1","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"}}]}`,
+		`{"id":"c1","model":"m","choices":[{"index":0,"delta":{"content":"lo, wörld"}}]}`,
+		`{"id":"c1","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`,
+	}})
+	x, _ := testExec(t, Config{Endpoints: map[string]Endpoint{
+		"local": {Provider: ProviderOpenAI, BaseURL: f.URL + "/v1", Models: []string{"m"}},
+	}}, env{})
+	var deltas []string
+	out := x.Do(context.Background(), "a", Capabilities{Models: []string{"local"}}, modelReq("local", "", abi.ModelMessage{Role: abi.RoleUser, Content: "hi"}),
+		CallOptions{OnDelta: func(s string) { deltas = append(deltas, s) }})
+	wantOK(t, out)
+	if strings.Join(deltas, "|") != "Hel|lo, wörld" {
+		t.Errorf("deltas = %q, want each as it came", deltas)
+	}
+}

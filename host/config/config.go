@@ -52,8 +52,8 @@ type Config struct {
 	Wasm    Wasm    `koanf:"wasm"`
 	Runtime Runtime `koanf:"runtime"`
 	API     API     `koanf:"api"`
-	// Stream configures the session streams (docs/DESIGN.md "The session
-	// stream"; restart to change).
+	// Stream configures the session streams chat clients follow
+	// (docs/DESIGN.md "The session stream"; restart to change).
 	Stream Stream `koanf:"stream"`
 	// Policy is the default policy of every agent (docs/DESIGN.md "Failure, retry
 	// and crash policy"); agents[].policy overrides it per agent. Policies
@@ -142,6 +142,34 @@ type Capabilities struct {
 	// Limits bound calls per turn and tokens per day; 0 sets no limit of
 	// its own (the host-wide caps hold).
 	Limits Limits `koanf:"limits"`
+	// Approval names granted calls that also need an approver's decision
+	// before they go out (docs/DESIGN.md "Waits and approvals"): the turn
+	// is held, a wait of kind approval shows the request, and the call is
+	// sent once approved or answered denied (reason approval) when
+	// rejected or expired.
+	Approval Approval `koanf:"approval"`
+}
+
+// Approval lists the calls that need approval (capabilities.approval).
+type Approval struct {
+	// HTTP: http calls matching any rule need approval.
+	HTTP []ApprovalHTTPRule `koanf:"http"`
+	// Models: model calls to these endpoints (names under models:) need
+	// approval.
+	Models []string `koanf:"models"`
+	// Timeout, when set, expires an undecided approval after this long
+	// (the call is then refused); 0 waits for ever.
+	Timeout time.Duration `koanf:"timeout"`
+}
+
+// ApprovalHTTPRule matches http calls (calls.ApprovalHTTPRule).
+type ApprovalHTTPRule struct {
+	// Host is an exact name, an IP literal or "*.example.com".
+	Host string `koanf:"host"`
+	// Methods are upper-case methods; empty matches every method.
+	Methods []string `koanf:"methods"`
+	// PathPrefix, when set, matches only paths starting with it.
+	PathPrefix string `koanf:"path_prefix"`
 }
 
 // HTTPRule allows one destination (calls.HTTPRule documents the
@@ -218,11 +246,27 @@ type Runtime struct {
 	ShutdownTimeout time.Duration `koanf:"shutdown_timeout"`
 }
 
-// Stream configures the session streams clients follow over SSE.
+// Stream configures the session streams: how emitted chunks are batched,
+// how long frames are kept, how much one turn may emit.
 type Stream struct {
-	// PollInterval is how often this host polls the stream heads of the
-	// sessions its clients follow, for frames other hosts wrote (frames
-	// this host writes wake them at once). Default 100ms; 10ms to 1m.
+	// FlushInterval: a running turn's emitted chunks are written as one
+	// frame at most this long after the previous write (sooner once 32 KiB
+	// are buffered, and always before the turn commits). Default 50ms;
+	// 1ms to 10s. Shorter: lower latency, more database writes.
+	FlushInterval time.Duration `koanf:"flush_interval"`
+	// Retention: frames older than this are deleted (except those of an
+	// event still open) by a pass every minute; a client resuming from
+	// before them is told to reload the transcript. Default 24h; at least
+	// 1m.
+	Retention time.Duration `koanf:"retention"`
+	// MaxBytesPerTurn caps the chunk text and data one attempt of a turn
+	// may emit, in bytes; later emits answer too_large. Default 8388608
+	// (8 MiB); 65536 to 1073741824.
+	MaxBytesPerTurn int64 `koanf:"max_bytes_per_turn"`
+	// PollInterval is how often a host's stream hub looks for frames
+	// other hosts wrote to the sessions its clients watch (one
+	// StreamHeads statement for all of them); this host's own writes wake
+	// it at once. Default 100ms; 10ms to 10s.
 	PollInterval time.Duration `koanf:"poll_interval"`
 }
 
@@ -389,7 +433,7 @@ func Default() Config {
 			ShutdownTimeout: 10 * time.Second,
 		},
 		API:    API{MaxBodyBytes: 1 << 20, MaxModuleBytes: 64 << 20},
-		Stream: Stream{PollInterval: 100 * time.Millisecond},
+		Stream: Stream{FlushInterval: 50 * time.Millisecond, Retention: 24 * time.Hour, MaxBytesPerTurn: 8 << 20, PollInterval: 100 * time.Millisecond},
 		Policy: Policy{
 			CrashPolicy: "restart", MaxAttempts: 5, BackoffMin: 5 * time.Second, BackoffMax: 120 * time.Second,
 			DeadLetter: "continue", IdleTimeout: 30 * time.Second, TurnTimeout: 30 * time.Second,
@@ -787,9 +831,6 @@ func (c Config) Validate() error {
 	if c.Runtime.ShutdownTimeout < 0 {
 		bad("runtime.shutdown_timeout", c.Runtime.ShutdownTimeout, "must not be negative")
 	}
-	if c.Stream.PollInterval < 10*time.Millisecond || c.Stream.PollInterval > time.Minute {
-		bad("stream.poll_interval", c.Stream.PollInterval, "must be between 10ms and 1m")
-	}
 	errs = append(errs, c.Policy.validate("policy", c.Pools, true)...)
 	if len(c.Pools) == 0 {
 		bad("pools", "{}", "at least one pool is required")
@@ -801,6 +842,18 @@ func (c Config) Validate() error {
 		if p.Capacity < 1 {
 			bad("pools."+name+".capacity", p.Capacity, "must be at least 1")
 		}
+	}
+	if c.Stream.FlushInterval < time.Millisecond || c.Stream.FlushInterval > 10*time.Second {
+		bad("stream.flush_interval", c.Stream.FlushInterval, "must be between 1ms and 10s")
+	}
+	if c.Stream.PollInterval < 10*time.Millisecond || c.Stream.PollInterval > 10*time.Second {
+		bad("stream.poll_interval", c.Stream.PollInterval, "must be between 10ms and 10s")
+	}
+	if c.Stream.Retention < time.Minute {
+		bad("stream.retention", c.Stream.Retention, "must be at least 1m")
+	}
+	if c.Stream.MaxBytesPerTurn < abi.MaxChunkBytes || c.Stream.MaxBytesPerTurn > 1<<30 {
+		bad("stream.max_bytes_per_turn", c.Stream.MaxBytesPerTurn, fmt.Sprintf("must be between %d (one chunk) and %d bytes", abi.MaxChunkBytes, 1<<30))
 	}
 	if c.API.MaxBodyBytes < 1024 {
 		bad("api.max_body_bytes", c.API.MaxBodyBytes, "must be at least 1024")

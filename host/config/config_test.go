@@ -261,19 +261,34 @@ func TestMidTurnDefaultsToQueueAndAnAgentOverridesIt(t *testing.T) {
 	}
 }
 
-func TestStreamPollIntervalDefaultsAndBounds(t *testing.T) {
+func TestStreamDefaultsAndLimits(t *testing.T) {
 	cfg, err := Load(Sources{})
-	if err != nil || cfg.Stream.PollInterval != 100*time.Millisecond {
-		t.Fatalf("default stream.poll_interval = %v (%v), want 100ms", cfg.Stream.PollInterval, err)
+	if err != nil {
+		t.Fatal(err)
 	}
-	cfg, err = Load(Sources{File: writeFile(t, "stream:\n  poll_interval: 250ms\n")})
-	if err != nil || cfg.Stream.PollInterval != 250*time.Millisecond {
-		t.Fatalf("stream.poll_interval from the file = %v (%v)", cfg.Stream.PollInterval, err)
+	if s := cfg.Stream; s.FlushInterval != 50*time.Millisecond || s.Retention != 24*time.Hour || s.MaxBytesPerTurn != 8<<20 {
+		t.Errorf("stream defaults %+v, want 50ms, 24h, 8 MiB", s)
 	}
-	for _, v := range []string{"1ms", "2m", "0s"} {
-		_, err := Load(Sources{File: writeFile(t, "stream:\n  poll_interval: "+v+"\n")})
-		if err == nil || !strings.Contains(err.Error(), "stream.poll_interval") || !strings.Contains(err.Error(), "between 10ms and 1m") {
-			t.Errorf("poll_interval %s: %v, want an error naming the key and the range", v, err)
+	cfg, err = Load(Sources{File: writeFile(t, "stream:\n  flush_interval: 20ms\n  retention: 2h\n  max_bytes_per_turn: 1048576\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := cfg.Stream; s.FlushInterval != 20*time.Millisecond || s.Retention != 2*time.Hour || s.MaxBytesPerTurn != 1<<20 {
+		t.Errorf("stream from the file: %+v", s)
+	}
+	for body, key := range map[string]string{
+		"stream:\n  flush_interval: 0s\n":      "stream.flush_interval",
+		"stream:\n  flush_interval: 1m\n":      "stream.flush_interval",
+		"stream:\n  retention: 30s\n":          "stream.retention",
+		"stream:\n  poll_interval: 1ms\n":      "stream.poll_interval",
+		"stream:\n  max_bytes_per_turn: 100\n": "stream.max_bytes_per_turn",
+		"stream:\n  max_bytes_per_turn: -1\n":  "stream.max_bytes_per_turn",
+		"stream:\n  flush_interval: soon\n":    "stream.flush_interval",
+		"stream:\n  max_bytes_per_turn_x: 1\n": "stream.max_bytes_per_turn_x",
+	} {
+		_, err := Load(Sources{File: writeFile(t, body)})
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%q: error %v, want one naming %s", body, err, key)
 		}
 	}
 }

@@ -133,11 +133,28 @@ func (c Capabilities) validate(prefix string, models map[string]ModelEndpoint) [
 			bad(fmt.Sprintf("secrets[%d]", i), s, "must match "+secretNameRE.String())
 		}
 	}
+	for i, r := range c.Approval.HTTP {
+		if err := calls.ValidateApprovalRule(r.calls()); err != nil {
+			bad(fmt.Sprintf("approval.http[%d]", i), r.Host, err.Error())
+		}
+	}
+	for i, m := range c.Approval.Models {
+		if _, ok := models[m]; !ok {
+			bad(fmt.Sprintf("approval.models[%d]", i), m, "is not a configured model endpoint (models: "+strings.Join(sortedKeys(models), ", ")+")")
+		}
+	}
+	if c.Approval.Timeout < 0 {
+		bad("approval.timeout", c.Approval.Timeout, "must not be negative (0: an approval waits for ever)")
+	}
 	l := c.Limits
 	if l.CallsPerTurn < 0 || l.ResponseBytesPerTurn < 0 || l.TokensPerTurn < 0 || l.TokensPerDay < 0 {
 		bad("limits", fmt.Sprintf("%+v", l), "limits must not be negative (0: no limit of its own)")
 	}
 	return errs
+}
+
+func (r ApprovalHTTPRule) calls() calls.ApprovalHTTPRule {
+	return calls.ApprovalHTTPRule{Host: r.Host, Methods: slices.Clone(r.Methods), PathPrefix: r.PathPrefix}
 }
 
 func (r HTTPRule) calls() calls.HTTPRule {
@@ -152,6 +169,10 @@ func (c Capabilities) Calls() calls.Capabilities {
 		Secrets: slices.Clone(c.Secrets),
 		Limits: calls.Limits{CallsPerTurn: c.Limits.CallsPerTurn, ResponseBytesPerTurn: c.Limits.ResponseBytesPerTurn,
 			TokensPerTurn: c.Limits.TokensPerTurn, TokensPerDay: c.Limits.TokensPerDay},
+		Approval: calls.ApprovalRules{Models: slices.Clone(c.Approval.Models), Timeout: c.Approval.Timeout},
+	}
+	for _, r := range c.Approval.HTTP {
+		out.Approval.HTTP = append(out.Approval.HTTP, r.calls())
 	}
 	for _, r := range c.HTTP {
 		out.HTTP = append(out.HTTP, r.calls())

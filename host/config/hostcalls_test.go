@@ -178,3 +178,49 @@ func TestOwnAPIAddrs(t *testing.T) {
 		}
 	}
 }
+
+func TestApprovalRulesLoadIntoCapabilitiesAndBadOnesNameTheKey(t *testing.T) {
+	cfg, err := Load(Sources{File: writeFile(t, `
+models:
+  main:
+    provider: openai
+    base_url: https://api.openai.com/v1
+    models: [m]
+agents:
+  - name: payer
+    capabilities:
+      http:
+        - scheme: https
+          host: pay.example.com
+          methods: [GET, POST]
+      models: [main]
+      approval:
+        http:
+          - host: pay.example.com
+            methods: [POST]
+            path_prefix: /v1/charges
+        models: [main]
+        timeout: 1h
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := cfg.AgentCapabilities("payer").Approval
+	if len(a.HTTP) != 1 || a.HTTP[0].Host != "pay.example.com" || a.HTTP[0].PathPrefix != "/v1/charges" ||
+		strings.Join(a.HTTP[0].Methods, ",") != "POST" || strings.Join(a.Models, ",") != "main" || a.Timeout != time.Hour {
+		t.Errorf("approval rules = %+v", a)
+	}
+	for body, key := range map[string]string{
+		"capabilities:\n  approval:\n    http:\n      - host: \"\"\n":                         "capabilities.approval.http[0]",
+		"capabilities:\n  approval:\n    http:\n      - host: a.b\n        methods: [post]\n": "capabilities.approval.http[0]",
+		"capabilities:\n  approval:\n    http:\n      - host: a.b\n        path_prefix: v1\n": "capabilities.approval.http[0]",
+		"capabilities:\n  approval:\n    models: [nope]\n":                                    "capabilities.approval.models[0]",
+		"capabilities:\n  approval:\n    timeout: -1s\n":                                      "capabilities.approval.timeout",
+		"capabilities:\n  approval:\n    hosts: []\n":                                         "capabilities.approval.hosts",
+	} {
+		_, err := Load(Sources{File: writeFile(t, body)})
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%q: error %v, want one naming %s", body, err, key)
+		}
+	}
+}

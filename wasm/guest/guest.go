@@ -40,6 +40,10 @@
 // paddock.steer_poll and still works: the host then runs the turn again
 // with the steers in TurnRequest.Steers.
 //
+// A turn streams its output while it runs with Emit and EmitJSON (host
+// call kind emit, abi/README.md "Emit"): chat clients following the
+// session stream see it before the turn commits.
+//
 // A turn reaches the outside world through host calls (abi/README.md,
 // "Host calls"): the SDK puts an abi.Caller into the TurnFunc's context
 // (abi.WithCaller), so agent code calls abi.CallHTTP(ctx, ...) and
@@ -99,4 +103,19 @@ func HTTP(ctx context.Context, req *abi.HTTPRequest) (*abi.HTTPResponse, error) 
 // or failed call returns a *abi.CallError.
 func Model(ctx context.Context, req *abi.ModelRequest) (*abi.ModelResponse, error) {
 	return abi.CallModel(ctx, req)
+}
+
+// Emit sends a text delta of the running turn's answer to the session
+// stream: it is exactly abi.Emit(ctx, text), with the same context rule as
+// HTTP. The host answers at once; a refused chunk (over the turn's
+// stream limit, the turn over) returns a *abi.CallError the agent may
+// ignore.
+func Emit(ctx context.Context, text string) error {
+	return abi.Emit(ctx, text)
+}
+
+// EmitJSON sends v, encoded as JSON, as a chunk of type typ (abi.ChunkTool
+// or abi.ChunkJSON) to the session stream: abi.EmitJSON(ctx, typ, v).
+func EmitJSON(ctx context.Context, typ string, v any) error {
+	return abi.EmitJSON(ctx, typ, v)
 }

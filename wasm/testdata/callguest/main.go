@@ -8,6 +8,7 @@
 //	model     one model call: "model CONTENT STOP_REASON"
 //	raw       abi.Call with an http request: "raw seq=S replayed=R error=CODE"
 //	loop K    K http calls to https://example.test/0: "loop K"
+//	emit K    K text chunks "t0 " … and a tool chunk {"n":K}: "emit K"
 //
 // A failed call replies "error CODE". It is a testdata package: go builds it
 // when named, and ./... patterns skip it.
@@ -66,6 +67,18 @@ func turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 		}
 		if reply == "" {
 			reply = "loop " + arg
+		}
+	case "emit":
+		k, _ := strconv.Atoi(arg)
+		reply = "emit " + arg
+		for i := range k {
+			if err := guest.Emit(ctx, fmt.Sprintf("t%d ", i)); err != nil {
+				reply = failure(err)
+				break
+			}
+		}
+		if err := guest.EmitJSON(ctx, abi.ChunkTool, map[string]int{"n": k}); err != nil {
+			reply = failure(err)
 		}
 	default:
 		return nil, fmt.Errorf("unknown command %q", req.Event.Message)

@@ -1,0 +1,407 @@
+package host_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/host"
+	"github.com/paddock-dev/paddock/store"
+)
+
+// eachStreamDriver is eachDriver for drivers that keep session streams
+// (a driver whose stream methods are not built yet is skipped, saying so).
+func eachStreamDriver(t *testing.T, f func(t *testing.T, st store.Store)) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		_, err := st.StreamHeads(context.Background(), []store.ActorKey{{AgentUID: "probe", SessionID: "probe"}})
+		if errors.Is(err, errors.ErrUnsupported) {
+			t.Skipf("the %s driver keeps no session stream yet", st.Driver())
+		}
+		f(t, st)
+	})
+}
+
+// notified counts Options.StreamNotify calls by session.
+type notified struct {
+	mu sync.Mutex
+	n  map[store.ActorKey]int
+}
+
+func (n *notified) notify(k store.ActorKey) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.n == nil {
+		n.n = map[store.ActorKey]int{}
+	}
+	n.n[k]++
+}
+
+func (n *notified) count(k store.ActorKey) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.n[k]
+}
+
+// frames returns the whole stream of key.
+func (f *fixture) frames(key store.ActorKey) []store.Frame {
+	f.t.Helper()
+	var out []store.Frame
+	after := int64(0)
+	for {
+		pg, err := f.st.StreamFrames(context.Background(), store.StreamFramesParams{Key: key, After: after, Limit: 500})
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		out = append(out, pg.Frames...)
+		if len(pg.Frames) == 0 || pg.Frames[len(pg.Frames)-1].Seq >= pg.Head {
+			return out
+		}
+		after = pg.Frames[len(pg.Frames)-1].Seq
+	}
+}
+
+// streamLine describes a frame for comparisons: its kind and attempt, and
+// for chunk frames each chunk as offset:type:text-or-data[@call_seq].
+type streamChunk struct {
+	Attempt int
+	Offset  int
+	abi.Chunk
+}
+
+// describeStream checks the frames are numbered 1, 2, 3… and returns a
+// compact description (chunk frames merged per attempt, as a client sees
+// them) and the chunks in order.
+func describeStream(t *testing.T, frames []store.Frame) (kinds []string, chunks []streamChunk) {
+	t.Helper()
+	for i, fr := range frames {
+		if fr.Seq != int64(i+1) {
+			t.Fatalf("frame %d has seq %d: the stream has a gap", i, fr.Seq)
+		}
+		if fr.Kind != store.FrameChunk {
+			kinds = append(kinds, fmt.Sprintf("%s#%d", fr.Kind, fr.Attempt))
+			continue
+		}
+		var body store.ChunkBody
+		if err := json.Unmarshal(fr.Body, &body); err != nil {
+			t.Fatalf("chunk frame %d: %v", fr.Seq, err)
+		}
+		if k := fmt.Sprintf("chunks#%d", fr.Attempt); len(kinds) == 0 || kinds[len(kinds)-1] != k {
+			kinds = append(kinds, k)
+		}
+		for j, c := range body.Chunks {
+			chunks = append(chunks, streamChunk{Attempt: fr.Attempt, Offset: body.Offset + j, Chunk: c})
+		}
+	}
+	return kinds, chunks
+}
+
+// checkOffsets: each attempt's chunks have offsets 0, 1, 2… in order.
+func checkOffsets(t *testing.T, chunks []streamChunk) {
+	t.Helper()
+	next := map[int]int{}
+	for _, c := range chunks {
+		if c.Offset != next[c.Attempt] {
+			t.Fatalf("attempt %d: chunk offset %d, want %d (all: %+v)", c.Attempt, c.Offset, next[c.Attempt], chunks)
+		}
+		next[c.Attempt]++
+	}
+}
+
+func texts(chunks []streamChunk, attempt int) string {
+	var b strings.Builder
+	for _, c := range chunks {
+		if c.Attempt == attempt && c.Type == abi.ChunkText {
+			b.WriteString(c.Text)
+		}
+	}
+	return b.String()
+}
+
+// TestEmittedChunksReachTheStreamBeforeTheCommit: a turn's emits are
+// stored as chunk frames with offsets 0..n-1 between its turn.started and
+// its turn.committed; the host notifies the stream's subscribers; an emit
+// needs no capability and no executor; an invalid chunk is refused with
+// invalid_request and the turn goes on.
+func TestEmittedChunksReachTheStreamBeforeTheCommit(t *testing.T) {
+	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+		var n notified
+		var refused string
+		f := runHost(t, host.Options{Store: st, Logger: quietLogger(), Policy: testPolicy(), StreamNotify: n.notify,
+			Runner: funcRunner{map[string]abi.TurnFunc{"talk": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+				for _, w := range strings.Fields("one two three four five") {
+					if err := abi.Emit(ctx, w+" "); err != nil {
+						return nil, err
+					}
+				}
+				if err := abi.EmitJSON(ctx, abi.ChunkTool, map[string]string{"tool": "search", "status": "done"}); err != nil {
+					return nil, err
+				}
+				err := abi.EmitChunk(ctx, &abi.Chunk{Type: abi.ChunkText, Data: json.RawMessage(`1`)})
+				var ce *abi.CallError
+				if errors.As(err, &ce) {
+					refused = string(ce.Code)
+				}
+				return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "one two three four five"}}}, nil
+			}}}})
+		key := f.session(f.agent("talk"))
+		f.signal(key, "go")
+		f.waitFor("the turn to commit", func() bool { return f.get(key).TurnCount == 1 })
+
+		kinds, chunks := describeStream(t, f.frames(key))
+		if got, want := strings.Join(kinds, " "), "turn.started#1 chunks#1 turn.committed#1"; got != want {
+			t.Errorf("frames: %s, want %s", got, want)
+		}
+		checkOffsets(t, chunks)
+		if len(chunks) != 6 || texts(chunks, 1) != "one two three four five " || chunks[5].Type != abi.ChunkTool ||
+			string(chunks[5].Data) != `{"status":"done","tool":"search"}` {
+			t.Errorf("chunks = %+v", chunks)
+		}
+		if refused != string(abi.CallInvalid) {
+			t.Errorf("a text chunk with data: %q, want invalid_request", refused)
+		}
+		// turn.started, at least one chunk frame, turn.committed (the last
+		// is notified just after the commit the test saw).
+		f.waitFor("StreamNotify for the turn's three writes", func() bool { return n.count(key) >= 3 })
+	})
+}
+
+// TestARetriedAttemptStreamsAgainAfterTurnRetrying: the first attempt
+// emits and then fails; the stream holds its chunks, turn.retrying, the
+// second attempt's turn.started, its chunks (offsets from 0 again) and
+// turn.committed.
+func TestARetriedAttemptStreamsAgainAfterTurnRetrying(t *testing.T) {
+	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+		f := start(t, st, map[string]abi.TurnFunc{"retry": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			for i := range 3 {
+				_ = abi.Emit(ctx, fmt.Sprintf("a%d.%d ", req.Attempt, i))
+			}
+			if req.Attempt == 1 {
+				return &abi.TurnResult{Outcome: abi.OutcomeError, Error: "try again"}, nil
+			}
+			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "done"}}}, nil
+		}}, testPolicy())
+		key := f.session(f.agent("retry"))
+		f.signal(key, "go")
+		f.waitFor("the retry to commit", func() bool { return f.get(key).TurnCount == 1 })
+
+		frames := f.frames(key)
+		kinds, chunks := describeStream(t, frames)
+		want := "turn.started#1 chunks#1 turn.retrying#1 turn.started#2 chunks#2 turn.committed#2"
+		if got := strings.Join(kinds, " "); got != want {
+			t.Errorf("frames: %s, want %s", got, want)
+		}
+		checkOffsets(t, chunks)
+		if a, b := texts(chunks, 1), texts(chunks, 2); a != "a1.0 a1.1 a1.2 " || b != "a2.0 a2.1 a2.2 " {
+			t.Errorf("attempt texts %q and %q", a, b)
+		}
+		for _, fr := range frames {
+			if fr.Kind == store.FrameTurnRetrying {
+				var body store.AttemptEndedBody
+				if err := json.Unmarshal(fr.Body, &body); err != nil || body.Reason != store.EndReasonError || !strings.Contains(body.Error, "try again") {
+					t.Errorf("turn.retrying body %s (%v)", fr.Body, err)
+				}
+			}
+		}
+	})
+}
+
+// TestEmitLimitsAndLateEmits: past stream.max_bytes_per_turn an emit
+// answers too_large (the turn goes on and commits); an emit made after
+// the turn returned answers cancelled and reaches no frame.
+func TestEmitLimitsAndLateEmits(t *testing.T) {
+	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+		pol := testPolicy()
+		pol.Stream.MaxBytesPerTurn = 100 << 10
+		var mu sync.Mutex
+		var codes []string
+		var late abi.Caller
+		f := start(t, st, map[string]abi.TurnFunc{"big": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			big := strings.Repeat("x", 40<<10)
+			for range 3 {
+				code := "ok"
+				if err := abi.Emit(ctx, big); err != nil {
+					code = string(err.(*abi.CallError).Code)
+				}
+				mu.Lock()
+				codes = append(codes, code)
+				mu.Unlock()
+			}
+			mu.Lock()
+			late = abi.CallerOf(ctx)
+			mu.Unlock()
+			return &abi.TurnResult{}, nil
+		}}, pol)
+		key := f.session(f.agent("big"))
+		f.signal(key, "go")
+		f.waitFor("the turn to commit", func() bool { return f.get(key).TurnCount == 1 })
+		mu.Lock()
+		defer mu.Unlock()
+		if got := strings.Join(codes, ","); got != "ok,ok,too_large" {
+			t.Errorf("emits answered %s, want ok,ok,too_large", got)
+		}
+		res := late.Call(context.Background(), &abi.CallRequest{Kind: abi.CallKindEmit, Emit: &abi.Chunk{Type: abi.ChunkText, Text: "late"}})
+		if res.Error == nil || res.Error.Code != abi.CallCancelled {
+			t.Errorf("an emit after the turn: %+v, want cancelled", res)
+		}
+		_, chunks := describeStream(t, f.frames(key))
+		checkOffsets(t, chunks)
+		if len(chunks) != 2 {
+			t.Errorf("%d chunks stored, want the 2 accepted", len(chunks))
+		}
+	})
+}
+
+// TestOutcomeWaitSleepsUntilResolvedOrExpired: a turn with outcome wait
+// commits and the session sleeps (wait); resolving the wait runs a turn
+// whose event is wait.resolved with the wait and the resolver's data; a
+// wait with a timeout expires by itself into a wait.expired turn.
+func TestOutcomeWaitSleepsUntilResolvedOrExpired(t *testing.T) {
+	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+		var mu sync.Mutex
+		var seen []string
+		f := start(t, st, map[string]abi.TurnFunc{"ask": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			e := req.Event
+			mu.Lock()
+			defer mu.Unlock()
+			switch e.Kind {
+			case abi.EventMessage:
+				seen = append(seen, "message "+e.Message)
+				spec := &abi.WaitSpec{ID: "day-" + e.Message, For: "a day", Data: json.RawMessage(`["mon","tue"]`)}
+				if e.Message == "short" {
+					spec.TimeoutMs = 1
+				}
+				return &abi.TurnResult{Outcome: abi.OutcomeWait, Wait: spec,
+					Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "which day?"}}}, nil
+			case abi.EventWaitResolved, abi.EventWaitExpired:
+				if e.Wait == nil {
+					seen = append(seen, e.Kind+" without wait")
+					break
+				}
+				seen = append(seen, fmt.Sprintf("%s %s for=%q data=%s message=%q", e.Kind, e.Wait.ID, e.Wait.For, e.Wait.Data, e.Message))
+			}
+			return &abi.TurnResult{}, nil
+		}}, testPolicy())
+		key := f.session(f.agent("ask"))
+		f.signal(key, "long")
+		f.waitFor("the waiting turn to commit and the session to sleep", func() bool {
+			s := f.get(key)
+			return s.TurnCount == 1 && s.Status == store.SessionSleeping
+		})
+		if s := f.get(key); s.SleepReason != store.SleepReasonWait {
+			t.Errorf("sleep reason %q, want wait", s.SleepReason)
+		}
+		w, err := st.GetWait(context.Background(), key, "day-long")
+		if err != nil || w.Status != store.WaitOpen || w.Kind != store.WaitKindWait || string(w.Data) != `["mon","tue"]` {
+			t.Fatalf("wait = %+v, %v", w, err)
+		}
+		if _, err := st.ResolveWait(context.Background(), store.ResolveWaitParams{Key: key, WaitID: "day-long", Resolution: json.RawMessage(`{"day":"tue"}`)}); err != nil {
+			t.Fatal(err)
+		}
+		f.h.Ensure(key)
+		f.waitFor("the wait.resolved turn", func() bool { return f.get(key).TurnCount == 2 })
+
+		f.signal(key, "short")
+		f.waitFor("the wait.expired turn", func() bool { return f.get(key).TurnCount == 4 })
+		mu.Lock()
+		got := strings.Join(seen, "\n")
+		mu.Unlock()
+		want := strings.Join([]string{
+			"message long",
+			`wait.resolved day-long for="a day" data={"day":"tue"} message=""`,
+			"message short",
+			`wait.expired day-short for="a day" data= message=""`,
+		}, "\n")
+		if got != want {
+			t.Errorf("the agent saw\n%s\nwant\n%s", got, want)
+		}
+		kinds, _ := describeStream(t, f.frames(key))
+		if s := strings.Join(kinds, " "); !strings.Contains(s, "turn.committed#1 wait.opened#") {
+			t.Errorf("frames %s: want wait.opened after the waiting turn's commit", s)
+		}
+	})
+}
+
+
+// sseChatServer speaks OpenAI's streamed chat completions: it answers
+// every request with the deltas "Hel", "lo, ", "world" and counts requests.
+type sseChatServer struct {
+	*httptest.Server
+	n atomic.Int32
+}
+
+func newSSEChatServer(t *testing.T) *sseChatServer {
+	s := &sseChatServer{}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.n.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, d := range []string{"Hel", "lo, ", "world"} {
+			b, _ := json.Marshal(map[string]any{"id": "c", "model": "m1", "choices": []any{map[string]any{"index": 0, "delta": map[string]any{"content": d}}}})
+			fmt.Fprintf(w, "data: %s\n\n", b)
+			w.(http.Flusher).Flush()
+		}
+		fmt.Fprint(w, `data: {"id":"c","model":"m1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\n")
+		fmt.Fprint(w, `data: {"id":"c","model":"m1","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}`+"\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// TestAStreamedModelCallStreamsItsTextAndAReplayStreamsItWhole: a model
+// call's deltas reach the stream as text chunks carrying the call's seq;
+// the retry, which replays the call from the journal without a request,
+// streams the recorded text as one chunk with the same seq.
+func TestAStreamedModelCallStreamsItsTextAndAReplayStreamsItWhole(t *testing.T) {
+	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+		srv := newSSEChatServer(t)
+		f := startWithCalls(t, st, map[string]abi.TurnFunc{"stream": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			_ = abi.Emit(ctx, "thinking… ")
+			r := ask(ctx, "hi")
+			if req.Attempt == 1 {
+				return &abi.TurnResult{Outcome: abi.OutcomeError, Error: "again"}, nil
+			}
+			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: r}}}, nil
+		}}, srv.URL)
+		key := f.session(f.agent("stream"))
+		f.signal(key, "go")
+		f.waitFor("the retry to commit", func() bool {
+			if e := f.events(key); len(e) > 0 && e[0].Status == store.EventDeadLetter {
+				t.Fatalf("event %s after %d attempts: %s", e[0].Status, e[0].Attempts, e[0].LastError)
+			}
+			return f.get(key).TurnCount == 1
+		})
+		if n := srv.n.Load(); n != 1 {
+			t.Errorf("the model server got %d requests, want 1 (the retry replays)", n)
+		}
+		kinds, chunks := describeStream(t, f.frames(key))
+		if got, want := strings.Join(kinds, " "), "turn.started#1 chunks#1 turn.retrying#1 turn.started#2 chunks#2 turn.committed#2"; got != want {
+			t.Errorf("frames %s, want %s", got, want)
+		}
+		checkOffsets(t, chunks)
+		var live, replayed []string
+		for _, c := range chunks {
+			d := fmt.Sprintf("%q@%d", c.Text, c.CallSeq)
+			if c.Attempt == 1 {
+				live = append(live, d)
+			} else {
+				replayed = append(replayed, d)
+			}
+		}
+		if got, want := strings.Join(live, " "), `"thinking… "@0 "Hel"@1 "lo, "@1 "world"@1`; got != want {
+			t.Errorf("attempt 1 chunks %s, want %s", got, want)
+		}
+		if got, want := strings.Join(replayed, " "), `"thinking… "@0 "Hello, world"@1`; got != want {
+			t.Errorf("attempt 2 chunks %s, want %s", got, want)
+		}
+	})
+}

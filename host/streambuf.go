@@ -1,0 +1,253 @@
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/store"
+)
+
+// Stream buffer sizes.
+const (
+	// streamFlushBytes: a buffer holding this many bytes of chunk text and
+	// data is written at once, without waiting for the flush interval.
+	streamFlushBytes = 32 << 10
+	// streamFrameBytes and streamFrameChunks bound one AppendChunks frame
+	// (raw text and data bytes; JSON escaping may grow text up to six
+	// times, which still fits store.MaxChunkFrameBytes).
+	streamFrameBytes  = 128 << 10
+	streamFrameChunks = 1024
+	// streamWriteTimeout bounds one AppendChunks.
+	streamWriteTimeout = 10 * time.Second
+)
+
+// streamBuf buffers the chunks one attempt emits (abi/README.md "Emit")
+// and writes them to the session stream in batches: one AppendChunks
+// frame when the flush interval has passed since the last write, or at
+// once when streamFlushBytes are buffered, and whatever is left when the
+// attempt ends (end, before its CommitTurn or FailAttempt, so that chunk
+// frames precede turn.committed). The attempt's offsets run from 0 in the
+// order emits arrive. At most one write is in flight. A *store.FenceError
+// stops the buffer: the attempt is stale, and its later emits answer
+// cancelled, as do emits after end.
+type streamBuf struct {
+	h        *Host
+	key      store.ActorKey
+	attempt  int
+	interval time.Duration
+	maxBytes int64
+	log      *slog.Logger
+
+	writeMu sync.Mutex // one AppendChunks at a time, in offset order
+
+	mu      sync.Mutex
+	ref     abi.TurnRef // the attempt's newest turn_ref (a steer raises it)
+	pending []abi.Chunk
+	pendBy  int       // text and data bytes in pending
+	first   int       // offset of pending[0]
+	used    int64     // bytes accepted this attempt
+	last    time.Time // last write (or the buffer's start)
+	timer   *time.Timer
+	kicked  bool // a write for the size threshold is on its way
+	ended   bool // end was called: later emits answer cancelled
+	fenced  bool // a write was refused by the fences
+	off     bool // the store keeps no stream: chunks are dropped
+}
+
+// newStreamBuf returns the stream buffer of the attempt whose first
+// delivery is ref.
+func newStreamBuf(h *Host, key store.ActorKey, ref abi.TurnRef, attempt int, log *slog.Logger) *streamBuf {
+	sp := h.set.Stream
+	return &streamBuf{h: h, key: key, attempt: attempt, ref: ref, interval: sp.FlushInterval, maxBytes: sp.MaxBytesPerTurn,
+		log: log, last: time.Now()}
+}
+
+// setRef makes ref the turn_ref later writes are fenced by (after a steer).
+func (b *streamBuf) setRef(ref abi.TurnRef) {
+	b.mu.Lock()
+	b.ref = ref
+	b.mu.Unlock()
+}
+
+// emit adds an agent's chunk (already validated) and answers the emit
+// call at once: {"seq":0}, or too_large past the per-turn cap, or
+// cancelled once the attempt ended or lost its fence.
+func (b *streamBuf) emit(c abi.Chunk) *abi.CallResult {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.ended:
+		return cancelled("the turn's attempt has ended: its output is complete")
+	case b.fenced:
+		return cancelled("the attempt lost its fence: its output is not streamed and its turn will not commit")
+	}
+	n := int64(len(c.Text) + len(c.Data))
+	if b.used+n > b.maxBytes {
+		return &abi.CallResult{Error: &abi.CallError{Code: abi.CallTooLarge,
+			Message: fmt.Sprintf("the turn emitted %d bytes; this chunk of %d bytes would pass the limit of %d per turn (stream.max_bytes_per_turn)", b.used, n, b.maxBytes)}}
+	}
+	b.addLocked(c, n)
+	return &abi.CallResult{}
+}
+
+// emitHost adds a chunk the host makes (a model call's text): text is
+// made storable and split to fit abi.MaxChunkBytes. Past the per-turn cap,
+// or after end, it is dropped silently.
+func (b *streamBuf) emitHost(text string, callSeq int) {
+	if text == "" {
+		return
+	}
+	text = abi.SafeText(text)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ended || b.fenced {
+		return
+	}
+	for text != "" {
+		part := text
+		if len(part) > abi.MaxChunkBytes {
+			cut := abi.MaxChunkBytes
+			for cut > 0 && !utf8.RuneStart(part[cut]) {
+				cut--
+			}
+			part = part[:cut]
+		}
+		text = text[len(part):]
+		n := int64(len(part))
+		if b.used+n > b.maxBytes {
+			return
+		}
+		b.addLocked(abi.Chunk{Type: abi.ChunkText, Text: part, CallSeq: callSeq}, n)
+	}
+}
+
+// addLocked appends c (n bytes) and schedules its write.
+func (b *streamBuf) addLocked(c abi.Chunk, n int64) {
+	b.used += n
+	if b.off {
+		b.first++
+		return
+	}
+	b.pending = append(b.pending, c)
+	b.pendBy += int(n)
+	switch {
+	case b.pendBy >= streamFlushBytes:
+		if !b.kicked {
+			b.kicked = true
+			go b.flush()
+		}
+	case b.timer == nil:
+		wait := max(b.interval-time.Since(b.last), 0)
+		b.timer = time.AfterFunc(wait, b.flush)
+	}
+}
+
+// flush writes what is buffered, in frames of at most streamFrameBytes and
+// streamFrameChunks. A write that fails for another reason than the fences
+// keeps its chunks for the next flush (offsets stay gap-free); end gives
+// them one last try.
+func (b *streamBuf) flush() {
+	b.writeMu.Lock()
+	defer b.writeMu.Unlock()
+	for {
+		b.mu.Lock()
+		if b.timer != nil {
+			b.timer.Stop()
+			b.timer = nil
+		}
+		b.kicked = false
+		if len(b.pending) == 0 || b.fenced || b.off {
+			b.mu.Unlock()
+			return
+		}
+		k, by := 0, 0
+		for k < len(b.pending) && k < streamFrameChunks {
+			n := len(b.pending[k].Text) + len(b.pending[k].Data)
+			if k > 0 && by+n > streamFrameBytes {
+				break
+			}
+			by += n
+			k++
+		}
+		batch := b.pending[:k:k]
+		p := store.AppendChunksParams{Ref: b.ref, Attempt: b.attempt, Offset: b.first, Chunks: batch}
+		b.mu.Unlock()
+
+		ctx, cancel := context.WithTimeout(context.Background(), streamWriteTimeout)
+		_, err := b.h.st.AppendChunks(ctx, p)
+		cancel()
+
+		b.mu.Lock()
+		var fe *store.FenceError
+		switch {
+		case err == nil:
+			b.pending = b.pending[k:]
+			b.pendBy -= by
+			b.first += k
+			b.last = time.Now()
+			b.mu.Unlock()
+			b.h.metrics.StreamFrames.Inc()
+			b.h.notifyStream(b.key)
+			continue
+		case errors.As(err, &fe):
+			b.fenced = true
+			b.pending, b.pendBy = nil, 0
+			b.mu.Unlock()
+			b.log.Info("stream: chunks refused by the fences; the attempt's later emits answer cancelled", "reason", fe.Reason)
+			return
+		case errors.Is(err, errors.ErrUnsupported):
+			// A store without streams: emits are accepted and dropped.
+			b.off = true
+			b.first += len(b.pending)
+			b.pending, b.pendBy = nil, 0
+			b.mu.Unlock()
+			b.log.Debug("stream: the store keeps no session stream; chunks dropped")
+			return
+		default:
+			if b.timer == nil && !b.ended {
+				b.last = time.Now()
+				b.timer = time.AfterFunc(b.interval, b.flush)
+			}
+			b.mu.Unlock()
+			b.log.Warn("stream: append chunks failed; retrying at the next flush", "chunks", k, "err", err)
+			return
+		}
+	}
+}
+
+// end flushes what is left and refuses later emits; the controller calls
+// it when the worker's turn returned, before CommitTurn or FailAttempt.
+// Chunks a last write could not store are dropped (the stream is best
+// effort until the commit, which carries the turn's messages anyway).
+func (b *streamBuf) end() {
+	b.mu.Lock()
+	b.ended = true
+	b.mu.Unlock()
+	b.flush()
+	b.mu.Lock()
+	if n := len(b.pending); n > 0 {
+		b.log.Warn("stream: chunks not stored before the turn ended; dropped", "chunks", n)
+		b.first += n
+		b.pending, b.pendBy = nil, 0
+	}
+	if b.timer != nil {
+		b.timer.Stop()
+		b.timer = nil
+	}
+	b.mu.Unlock()
+}
+
+// resume takes emits again after end: the same attempt runs its turn
+// again (a steer superseded the revision the worker answered), and its
+// offsets go on where they stopped.
+func (b *streamBuf) resume(ref abi.TurnRef) {
+	b.mu.Lock()
+	b.ended, b.ref = false, ref
+	b.mu.Unlock()
+}
