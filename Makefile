@@ -82,11 +82,12 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 10s, or a count like 1
 
 bench: bench-go bench-paddock ## the Go benchmarks, then `paddock bench` (the peers' workload) on SQLite, and on PostgreSQL when DATABASE_URL is set
 
-bench-go: examples ## Go benchmarks (store claim/dispatch/commit, wasm instances, plugin and fabric round trips, wake latency, host calls, streamed turns)
+bench-go: examples ## Go benchmarks (store claim/dispatch/commit, wasm instances, plugin and fabric round trips, wake latency, host calls, streamed turns, idle stream subscribers)
 	$(GO) test -run '^$$' -bench . -benchmem ./store/... ./wasm/... ./plugins/... ./fabric/... ./examples/
 	$(GO) test -run '^$$' -bench 'JournaledModelCall' -benchtime 2000x ./host/
 	$(GO) test -run '^$$' -bench 'ConcurrentSlowCalls' -benchtime 1x ./host/
 	$(GO) test -run '^$$' -bench 'StreamedTurn' -benchtime 3x ./host/
+	$(GO) test -run '^$$' -bench 'IdleSubscribers' -benchtime 3x ./host/api/
 
 # BENCH_FLAGS are passed to `paddock bench` (bin/paddock bench -h lists them).
 BENCH_FLAGS ?=

@@ -139,6 +139,19 @@ func (h *Hub) Watched() int {
 	return len(h.sessions)
 }
 
+// Subscribers returns how many subscriptions are open.
+func (h *Hub) Subscribers() int {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	n := 0
+	for _, s := range h.sessions {
+		s.mu.Lock()
+		n += len(s.subs)
+		s.mu.Unlock()
+	}
+	return n
+}
+
 // Close ends every subscription (Next returns ErrClosed) and waits for the
 // hub's goroutines to return.
 func (h *Hub) Close() {
