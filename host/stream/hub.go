@@ -41,6 +41,9 @@ const (
 	readTimeout = 10 * time.Second
 	// headsBatch bounds the keys of one StreamHeads call.
 	headsBatch = 1000
+	// catchUpPage bounds the frames a subscriber reads from the store at
+	// once while it catches up (a chunk frame may hold up to 1 MiB).
+	catchUpPage = 32
 )
 
 // Options configure a Hub.
@@ -278,7 +281,7 @@ func (sub *Subscription) readStore(ctx context.Context) error {
 	need := sub.pos.need()
 	ctx, cancel := context.WithTimeout(ctx, readTimeout)
 	defer cancel()
-	page, err := sub.h.o.Store.StreamFrames(ctx, store.StreamFramesParams{Key: key, After: need - 1, Limit: sub.h.o.PageSize})
+	page, err := sub.h.o.Store.StreamFrames(ctx, store.StreamFramesParams{Key: key, After: need - 1, Limit: min(sub.h.o.PageSize, catchUpPage)})
 	if err != nil {
 		return fmt.Errorf("read stream: %w", err)
 	}
