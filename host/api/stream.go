@@ -34,7 +34,7 @@ const (
 // every heartbeat. It ends when the client goes away, the hub closes
 // (the host stops), or the session is destroyed.
 func (s *Server) streamSession(w http.ResponseWriter, r *http.Request) error {
-	_, x, err := s.session(r)
+	a, x, err := s.session(r)
 	if err != nil {
 		return err
 	}
@@ -85,6 +85,11 @@ func (s *Server) streamSession(w http.ResponseWriter, r *http.Request) error {
 		case ctx.Err() != nil, errors.Is(err, stream.ErrClosed):
 			return nil // the client went away, or the host stops
 		case errors.Is(err, context.DeadlineExceeded):
+			// A session destroyed with no turn in flight writes no frame:
+			// look at it once per heartbeat.
+			if now, err := s.svc.GetSession(ctx, a, x.SessionID); err == nil && now.Status == store.SessionDestroyed {
+				return nil
+			}
 			buf.WriteString(": heartbeat\n\n")
 			if err := s.flushStream(w, rc, &buf); err != nil {
 				return nil

@@ -312,3 +312,23 @@ func TestAClientLeavingEndsItsSubscription(t *testing.T) {
 		t.Fatal("a closed stream still reads")
 	}
 }
+
+// TestStreamEndsWhenTheSessionIsDestroyed: a destroyed session's stream
+// ends (after its last frames), and a reconnect is refused with 410.
+func TestStreamEndsWhenTheSessionIsDestroyed(t *testing.T) {
+	t.Parallel()
+	e := newStreamEnv(t, "sqlite", "")
+	key := e.w.Session()
+	e.w.Start(key, "hi").Commit("hello")
+	es := e.open(key, "")
+	read(t, es, 2)
+	if _, err := e.st.DestroySession(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := es.Next(); err != io.EOF {
+		t.Fatalf("after the destroy: %+v %v, want the stream's end (EOF)", ev, err)
+	}
+	if _, err := e.c.Stream(context.Background(), "notes", key.SessionID, "2"); !client.IsCode(err, client.CodeSessionDestroyed) {
+		t.Fatalf("reconnect: %v, want 410 session_destroyed", err)
+	}
+}
