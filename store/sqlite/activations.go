@@ -231,7 +231,8 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 		}
 		counted, backoff, msg := store.LeaseLost(state, p.Backoff)
 		fr, err = failEvent(tx, failure{key: ref.ActorKey, eventID: current.Int64, epoch: ref.ActorEpoch,
-			counted: counted, msg: msg, backoff: backoff, maxAttempts: p.MaxAttempts})
+			counted: counted, msg: msg, backoff: backoff, maxAttempts: p.MaxAttempts,
+			reason: store.EndReasonLeaseExpired})
 		return err
 	})
 	return fr, err
@@ -246,6 +247,8 @@ type failure struct {
 	msg         string
 	backoff     time.Duration
 	maxAttempts int
+	// reason is the frame's: store.EndReasonError or EndReasonLeaseExpired.
+	reason string
 }
 
 // failEvent records a failed attempt on an open event, after the caller's
@@ -253,7 +256,8 @@ type failure struct {
 // session's policy and status, lets store.PlanFailure decide, and writes the
 // plan — the event (attempts, last_error, next_attempt_at = DB now + delay,
 // dead_letter), one event_errors row, the steers detached, the session
-// parked or destroyed. An event no longer open is left alone.
+// parked or destroyed — and appends the frame store.AttemptEndedFrame
+// names. An event no longer open is left alone.
 func failEvent(tx *txn, f failure) (store.FailResult, error) {
 	fr := store.FailResult{EventID: f.eventID}
 	in := store.FailureInput{Counted: f.counted, MaxAttempts: f.maxAttempts, Backoff: f.backoff}
@@ -320,6 +324,10 @@ func failEvent(tx *txn, f failure) (store.FailResult, error) {
 		}
 		fr.SessionStatus = store.SessionDestroyed
 	}
+	kind, body := store.AttemptEndedFrame(f.reason, f.msg, fr)
+	if _, err := appendFrame(tx, f.key, kind, f.eventID, f.epoch, in.AttemptsBefore+1, store.MustBody(body)); err != nil {
+		return fr, err
+	}
 	return fr, nil
 }
 
@@ -337,9 +345,23 @@ func detachSteers(tx *txn, key store.ActorKey, eventID int64) error {
 // destroy_ts, open events discarded, alarms deleted, live activations failed
 // (their current event cleared) and their deliveries in flight superseded,
 // so every reply in flight is fenced off. Authoritative: no CAS on a lease.
+//
+// Open waits are cancelled, and a turn in flight (a live activation's
+// current event) gets its turn.failed frame (reason destroyed).
 func destroySession(tx *txn, key store.ActorKey) error {
 	args := []any{key.AgentUID, key.SessionID}
+	var eventID, epoch int64
+	var attempts int
+	err := tx.queryRow(`
+		SELECT a.current_event_id, a.actor_epoch, e.attempts FROM activations a
+		JOIN actor_events e ON e.event_id = a.current_event_id
+		WHERE a.agent_uid = ? AND a.session_id = ? AND a.state IN `+liveStates, args...).Scan(&eventID, &epoch, &attempts)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
 	for _, q := range []string{
+		`UPDATE waits SET status = 'cancelled', closed_at = ` + nowMS + `
+		 WHERE agent_uid = ? AND session_id = ? AND status = 'open'`,
 		`UPDATE sessions SET status = 'destroyed', destroy_ts = ` + nowMS + `, pending_since = NULL
 		 WHERE agent_uid = ? AND session_id = ? AND status <> 'destroyed'`,
 		`UPDATE actor_events SET status = 'discarded', closed_at = ` + nowMS + `
@@ -353,6 +375,12 @@ func destroySession(tx *txn, key store.ActorKey) error {
 		 WHERE agent_uid = ? AND session_id = ? AND state IN ` + liveStates,
 	} {
 		if _, err := tx.exec(q, args...); err != nil {
+			return err
+		}
+	}
+	if eventID != 0 {
+		if _, err := appendFrame(tx, key, store.FrameTurnFailed, eventID, epoch, attempts+1,
+			store.MustBody(store.AttemptEndedBody{Reason: store.EndReasonDestroyed})); err != nil {
 			return err
 		}
 	}

@@ -396,7 +396,8 @@ func (s *Store) CancelEvent(ctx context.Context, p store.CancelEventParams) (sto
 			return err
 		}
 		if f.eventID != target {
-			return nil // queued: no turn ran
+			// Queued: no turn ran. An approval it was held for is moot.
+			return cancelHold(tx, key, target)
 		}
 		r.InFlight = true
 		// The turn in flight: supersede its live deliveries (the newest
@@ -438,7 +439,11 @@ func (s *Store) CancelEvent(ctx context.Context, p store.CancelEventParams) (sto
 		if t.Usage, err = journalUsage(tx, key, target); err != nil {
 			return err
 		}
-		_, err = insertTurn(tx, t)
+		if _, err = insertTurn(tx, t); err != nil {
+			return err
+		}
+		_, err = appendFrame(tx, key, store.FrameTurnFailed, target, f.epoch, ev.Attempts+1,
+			store.MustBody(store.AttemptEndedBody{Reason: store.EndReasonCancelled, Error: p.Reason}))
 		return err
 	})
 	if err != nil {
@@ -446,6 +451,26 @@ func (s *Store) CancelEvent(ctx context.Context, p store.CancelEventParams) (sto
 	}
 	s.publish(key)
 	return r, nil
+}
+
+// cancelHold cancels, inside tx, the open approval waits of a cancelled
+// event (held by them) and wakes the session if it slept for an approval.
+func cancelHold(tx *txn, key store.ActorKey, eventID int64) error {
+	res, err := tx.exec(`
+		UPDATE waits SET status = 'cancelled', closed_at = `+nowMS+`
+		WHERE agent_uid = ? AND session_id = ? AND event_id = ? AND kind = 'approval' AND status = 'open'`,
+		key.AgentUID, key.SessionID, eventID)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return err
+	}
+	_, err = tx.exec(`
+		UPDATE sessions SET status = 'active', sleep_ts = NULL, sleep_reason = NULL
+		WHERE agent_uid = ? AND session_id = ? AND status = 'sleeping' AND sleep_reason = ?`,
+		key.AgentUID, key.SessionID, store.SleepReasonApproval)
+	return err
 }
 
 // InFlight returns the newest delivery of a live activation's current event

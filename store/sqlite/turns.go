@@ -123,6 +123,11 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			}
 			return err
 		}
+		d.Attempt = d.Event.Attempts + 1
+		if _, err := appendFrame(tx, ref.ActorKey, store.FrameTurnStarted, eventID, epoch, d.Attempt,
+			store.MustBody(store.TurnStartedBody{EventKind: d.Event.Kind})); err != nil {
+			return err
+		}
 		if d.Session, err = getSession(tx, ref.ActorKey); err != nil {
 			return err
 		}
@@ -136,7 +141,6 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		if d.Tail, err = tail(tx, ref.ActorKey, p.TailMessages); err != nil {
 			return err
 		}
-		d.Attempt = d.Event.Attempts + 1
 		d.Steers, err = attachedSteers(tx, ref.ActorKey, eventID)
 		return err
 	})
@@ -211,6 +215,9 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	if err != nil {
 		return store.Turn{}, fmt.Errorf("store/sqlite: commit turn: %w", err)
 	}
+	if err := store.CheckCommitWait(p); err != nil {
+		return store.Turn{}, fmt.Errorf("store/sqlite: commit turn: %w", err)
+	}
 	var t store.Turn
 	err = s.write(ctx, "commit turn", func(tx *txn) error {
 		// BEGIN IMMEDIATE already holds the write lock: the activation row
@@ -240,10 +247,12 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		// Invariant 4: the event closes once; turns.event_id is UNIQUE too.
 		var payload string
 		var closedAt int64
+		var attempts int
 		err = tx.queryRow(`
 			UPDATE actor_events SET status = 'done', closed_at = `+nowMS+`
 			WHERE event_id = ? AND agent_uid = ? AND session_id = ? AND status = 'open'
-			RETURNING payload, closed_at`, ref.ActorEventID, ref.AgentUID, ref.SessionID).Scan(&payload, &closedAt)
+			RETURNING payload, closed_at, attempts`, ref.ActorEventID, ref.AgentUID, ref.SessionID).Scan(
+			&payload, &closedAt, &attempts)
 		if errors.Is(err, sql.ErrNoRows) {
 			return &store.FenceError{Reason: store.FenceSupersededDelivery,
 				Detail: fmt.Sprintf("event %d is no longer open", ref.ActorEventID)}
@@ -278,6 +287,15 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		}
 		if t.TurnNo, err = insertTurn(tx, t); err != nil {
 			return err
+		}
+		if _, err := appendFrame(tx, key, store.FrameTurnCommitted, ref.ActorEventID, ref.ActorEpoch, attempts+1,
+			store.MustBody(store.TurnCommittedBody{TurnNo: t.TurnNo, Outcome: outcome, Messages: t.Messages, Usage: t.Usage})); err != nil {
+			return err
+		}
+		if p.Wait != nil {
+			if err := openWait(tx, key, store.WaitKindWait, ref.ActorEventID, ref.ActorEpoch, attempts+1, p.Wait); err != nil {
+				return err
+			}
 		}
 		if err := applyAlarms(tx, key, alarms); err != nil {
 			return err
@@ -338,6 +356,9 @@ func insertTurn(tx *txn, t store.Turn) (int64, error) {
 // the lease aside; see store.Store.
 func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (store.FailResult, error) {
 	ref := p.Ref
+	if err := store.CheckHold(p); err != nil {
+		return store.FailResult{}, fmt.Errorf("store/sqlite: fail attempt: %w", err)
+	}
 	var fr store.FailResult
 	err := s.write(ctx, "fail attempt", func(tx *txn) error {
 		res, err := tx.exec(`
@@ -369,11 +390,52 @@ func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (sto
 		} else if n == 0 {
 			return classify(tx, ref, store.FenceFail)
 		}
+		if p.Hold != nil {
+			fr, err = holdEvent(tx, ref, p.Hold)
+			return err
+		}
 		fr, err = failEvent(tx, failure{key: store.KeyOf(ref), eventID: ref.ActorEventID, epoch: ref.ActorEpoch,
-			counted: p.Counted, msg: p.Error, backoff: p.Backoff, maxAttempts: p.MaxAttempts})
+			counted: p.Counted, msg: p.Error, backoff: p.Backoff, maxAttempts: p.MaxAttempts,
+			reason: store.EndReasonError})
 		return err
 	})
 	return fr, err
+}
+
+// holdEvent ends an attempt, after FailAttempt's fences passed, as a wait
+// of kind approval inside tx: the event stays open, held (next_attempt_at
+// = store.HeldUntil) with its attempts unchanged, the wait is opened, the
+// session sleeps (SleepReasonApproval), and the frames turn.retrying
+// (reason approval) and wait.opened are appended.
+func holdEvent(tx *txn, ref abi.TurnRef, hold *store.WaitParams) (store.FailResult, error) {
+	key := store.KeyOf(ref)
+	fr := store.FailResult{EventID: ref.ActorEventID}
+	err := tx.queryRow(`
+		UPDATE actor_events SET next_attempt_at = ?
+		WHERE event_id = ? AND agent_uid = ? AND session_id = ? AND status = 'open'
+		RETURNING attempts`, store.HeldUntil.UnixMilli(), ref.ActorEventID, ref.AgentUID, ref.SessionID).Scan(&fr.Attempts)
+	if err != nil {
+		return fr, err // no row is unreachable: the activation's current event is open
+	}
+	fr.NextAttemptAt = store.HeldUntil
+	attempt := fr.Attempts + 1
+	kind, body := store.HoldFrame()
+	if _, err := appendFrame(tx, key, kind, ref.ActorEventID, ref.ActorEpoch, attempt, store.MustBody(body)); err != nil {
+		return fr, err
+	}
+	if err := openWait(tx, key, store.WaitKindApproval, ref.ActorEventID, ref.ActorEpoch, attempt, hold); err != nil {
+		return fr, err
+	}
+	if err := tx.queryRow(`
+		UPDATE sessions SET status = CASE WHEN status = 'destroyed' THEN status ELSE 'sleeping' END,
+			sleep_ts = CASE WHEN status = 'active' THEN `+nowMS+` ELSE sleep_ts END,
+			sleep_reason = CASE WHEN status = 'destroyed' THEN sleep_reason ELSE ?3 END,
+			pending_since = NULL
+		WHERE agent_uid = ?1 AND session_id = ?2
+		RETURNING status`, key.AgentUID, key.SessionID, store.SleepReasonApproval).Scan(&fr.SessionStatus); err != nil {
+		return fr, err
+	}
+	return fr, nil
 }
 
 // classify reads, in the same transaction, the rows that explain why a
