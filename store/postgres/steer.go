@@ -208,7 +208,10 @@ func (s *Store) CancelEvent(ctx context.Context, p store.CancelEventParams) (sto
 			note += ": " + p.Reason
 		}
 		roles, contents = append(roles, abi.RoleSystem), append(contents, note)
-		_, err = tx.Exec(ctx, `
+		// The turn and the turn.failed frame (last: the lock order), in
+		// one round trip.
+		b = &pgx.Batch{}
+		b.Queue(`
 			WITH turn AS (
 				UPDATE sessions SET turn_count = turn_count + 1 WHERE agent_uid = $1 AND session_id = $2
 				RETURNING turn_count),
@@ -224,12 +227,9 @@ func (s *Store) CancelEvent(ctx context.Context, p store.CancelEventParams) (sto
 			SELECT $1, $2, t.turn_no, m.idx - 1, m.role, m.content
 			FROM t, unnest($7::text[], $8::text[]) WITH ORDINALITY AS m(role, content, idx)`,
 			key.AgentUID, key.SessionID, id, deliveryID, act.epoch, string(store.OutcomeCancelled), roles, contents)
-		if err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, frameSQL, frameArgs(key, store.FrameTurnFailed, id, act.epoch, res.Event.Attempts+1,
-			store.MustBody(store.AttemptEndedBody{Reason: store.EndReasonCancelled, Error: p.Reason}))...)
-		return err
+		queueFrame(b, key, store.FrameTurnFailed, id, act.epoch, res.Event.Attempts+1,
+			store.MustBody(store.AttemptEndedBody{Reason: store.EndReasonCancelled, Error: p.Reason}))
+		return tx.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
 		return store.CancelResult{}, err
