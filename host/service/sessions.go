@@ -123,5 +123,6 @@ func (s *Service) DestroySession(ctx context.Context, x store.Session) (store.Se
 		return x, wrap("destroy session", err)
 	}
 	s.h.Ensure(x.ActorKey) // a running controller notices and aborts
+	s.poke(x.ActorKey)     // a turn in flight's turn.failed (destroyed)
 	return x, nil
 }

@@ -251,6 +251,7 @@ func (s *Service) midTurnMessage(ctx context.Context, key store.ActorKey, payloa
 			res.Interrupted, res.InFlight = c.Event.ID, c.InFlight
 			if c.InFlight {
 				s.h.Ensure(key) // the controller aborts the worker
+				s.poke(key)     // frame turn.failed (cancelled)
 			}
 		case errors.Is(cerr, store.ErrConflict) || errors.Is(cerr, store.ErrNotFound):
 			// Closed meanwhile (committed, or cancelled by another
@@ -300,6 +301,7 @@ func (s *Service) CancelEvent(ctx context.Context, a store.Agent, key store.Acto
 	}
 	if res.InFlight {
 		s.h.Ensure(key)
+		s.poke(key) // frame turn.failed (cancelled)
 	}
 	return SignalResult{Kind: SignalCancel, Event: res.Event, Created: true, InFlight: res.InFlight}, nil
 }
