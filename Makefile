@@ -88,6 +88,7 @@ bench-go: examples ## Go benchmarks (store claim/dispatch/commit, wasm instances
 	$(GO) test -run '^$$' -bench 'ConcurrentSlowCalls' -benchtime 1x ./host/
 	$(GO) test -run '^$$' -bench 'StreamedTurn' -benchtime 3x ./host/
 	$(GO) test -run '^$$' -bench 'IdleSubscribers' -benchtime 3x ./host/api/
+	$(GO) test -run '^$$' -bench 'FanOut' -benchtime 200x ./host/stream/
 
 # BENCH_FLAGS are passed to `paddock bench` (bin/paddock bench -h lists them).
 BENCH_FLAGS ?=
