@@ -41,7 +41,7 @@ type Wait struct {
 	Kind WaitKind `json:"kind"`
 	// EventID is the event whose turn opened the wait (approval: the held
 	// event).
-	EventID int64 `json:"event_id"`
+	EventID int64  `json:"event_id"`
 	For     string `json:"for,omitempty"`
 	// Data is what the agent attached (wait) or the call's request with
 	// secrets unfilled (approval).

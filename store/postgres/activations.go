@@ -229,7 +229,8 @@ func (s *Store) ExpireActivation(ctx context.Context, p store.ExpireActivationPa
 		// activation's row lock, taken above, serialises every failure of
 		// the event).
 		var state store.DeliveryState
-		f := failure{key: ref.ActorKey, eventID: *current, epoch: ref.ActorEpoch, maxAttempts: p.MaxAttempts}
+		f := failure{key: ref.ActorKey, eventID: *current, epoch: ref.ActorEpoch, maxAttempts: p.MaxAttempts,
+			reason: store.EndReasonLeaseExpired}
 		err = tx.QueryRow(ctx, `
 			WITH d AS (
 				UPDATE deliveries
@@ -270,6 +271,8 @@ type failure struct {
 	msg         string
 	backoff     time.Duration
 	maxAttempts int
+	// reason is the frame's: store.EndReasonError or EndReasonLeaseExpired.
+	reason string
 
 	policy        store.CrashPolicy
 	sessionStatus store.SessionStatus
@@ -347,9 +350,15 @@ func failEvent(ctx context.Context, tx pgx.Tx, f failure) (store.FailResult, err
 		detachSteers(b, f.key, f.eventID)
 	}
 	queueSessionAction(b, f.key, plan.Session, &fr)
-	if b.Len() == 0 {
-		return fr, nil
+	// The frame store.AttemptEndedFrame names, last (the stream head's
+	// lock is the transaction's last); the session's status it depends on
+	// is the plan's.
+	ended := fr
+	if plan.Session == store.SessionDestroy {
+		ended.SessionStatus = store.SessionDestroyed
 	}
+	kind, body := store.AttemptEndedFrame(f.reason, f.msg, ended)
+	queueFrame(b, f.key, kind, f.eventID, f.epoch, f.attempts+1, store.MustBody(body))
 	return fr, tx.SendBatch(ctx, b).Close()
 }
 
@@ -385,7 +394,15 @@ func queueSessionAction(b *pgx.Batch, key store.ActorKey, action store.SessionAc
 			RETURNING status`, key.AgentUID, key.SessionID).QueryRow(ignoreNoRows(scanStatus))
 		b.Queue(`UPDATE actor_events SET status = 'discarded', closed_at = clock_timestamp()
 			WHERE agent_uid = $1 AND session_id = $2 AND status = 'open'`, key.AgentUID, key.SessionID)
+		queueCancelWaits(b, key)
 	}
+}
+
+// queueCancelWaits queues the cancellation of a destroyed session's open
+// waits.
+func queueCancelWaits(b *pgx.Batch, key store.ActorKey) {
+	b.Queue(`UPDATE waits SET status = 'cancelled', closed_at = clock_timestamp()
+		WHERE agent_uid = $1 AND session_id = $2 AND status = 'open'`, key.AgentUID, key.SessionID)
 }
 
 // sessionStatus reads the session's status into dst.

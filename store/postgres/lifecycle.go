@@ -101,6 +101,12 @@ func (s *Store) DestroySession(ctx context.Context, key store.ActorKey) (store.S
 			b.Queue(`
 				UPDATE actor_events SET status = 'discarded', closed_at = clock_timestamp()
 				WHERE agent_uid = $1 AND session_id = $2 AND status = 'open'`, key.AgentUID, key.SessionID)
+			queueCancelWaits(b, key)
+			if act != nil && act.current != 0 {
+				// The turn in flight ends: turn.failed (destroyed).
+				b.Queue(turnEndedSQL, key.AgentUID, key.SessionID, store.FrameTurnFailed, act.current, act.epoch,
+					string(store.MustBody(store.AttemptEndedBody{Reason: store.EndReasonDestroyed})))
+			}
 			queueNotify(b, key)
 			if err := tx.SendBatch(ctx, b).Close(); err != nil {
 				return err

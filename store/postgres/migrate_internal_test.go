@@ -312,3 +312,66 @@ func TestMigration00006AddsTheJournal(t *testing.T) {
 		t.Fatalf("up again: %v", err)
 	}
 }
+
+// TestMigration00007AddsTheStream applies 00001-00006, writes a session
+// with an open event the way the previous driver did, then opens the store
+// (which applies 00007): the session's stream is empty (head 0), its next
+// turn streams from Seq 1 and commits with a wait. 00007 goes down with
+// rows in the new tables and comes up again.
+func TestMigration00007AddsTheStream(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn, pool, p := migrationProvider(ctx, t)
+	if _, err := p.UpTo(ctx, 6); err != nil {
+		t.Fatalf("up to 6: %v", err)
+	}
+	_, err := pool.Exec(ctx, `
+		INSERT INTO modules (digest, abi_version, size, bytes) VALUES ('sha256:m', 1, 1, '\x00');
+		INSERT INTO agents (agent_uid, name, kind, module_digest, crash_policy) VALUES ('a', 'agent', 'wasm', 'sha256:m', 'restart');
+		INSERT INTO sessions (agent_uid, session_id, crash_policy, last_event_seq) VALUES ('a', 's', 'restart', 1);
+		INSERT INTO actor_events (agent_uid, session_id, seq, kind, payload, next_attempt_at, accepted_at)
+		VALUES ('a', 's', 1, 'message', '{"message": "one"}', clock_timestamp(), clock_timestamp());`)
+	if err != nil {
+		t.Fatalf("version-6 rows: %v", err)
+	}
+
+	s, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer s.Close()
+	key := store.ActorKey{AgentUID: "a", SessionID: "s"}
+	pg, err := s.StreamFrames(ctx, store.StreamFramesParams{Key: key})
+	if err != nil || pg.Head != 0 || pg.Oldest != 1 || len(pg.Frames) != 0 {
+		t.Fatalf("migrated session's stream = %+v, %v; want empty", pg, err)
+	}
+	act, err := s.ClaimActivation(ctx, store.ClaimActivationParams{Key: key, UID: "act", LeaseID: "l", HostID: "h",
+		LeaseTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := s.NextDelivery(ctx, store.NextDeliveryParams{Activation: act.Ref(), DeliveryID: "d1", MarkSent: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := d.Delivery.TurnRef()
+	if _, err := s.AppendChunks(ctx, store.AppendChunksParams{Ref: ref, Attempt: d.Attempt,
+		Chunks: []abi.Chunk{{Type: abi.ChunkText, Text: "hi"}}}); err != nil {
+		t.Fatalf("AppendChunks: %v", err)
+	}
+	if _, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: ref, Outcome: abi.OutcomeWait,
+		Wait: &store.WaitParams{ID: "w", Timeout: time.Hour}}); err != nil {
+		t.Fatalf("CommitTurn: %v", err)
+	}
+	pg, err = s.StreamFrames(ctx, store.StreamFramesParams{Key: key})
+	if err != nil || pg.Head != 4 || len(pg.Frames) != 4 || pg.Frames[0].Seq != 1 {
+		t.Fatalf("stream after the upgrade = %+v, %v; want turn.started, chunk, turn.committed, wait.opened from 1", pg, err)
+	}
+	if _, err := p.DownTo(ctx, 6); err != nil {
+		t.Fatalf("down to 6: %v", err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+}

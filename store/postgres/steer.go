@@ -177,6 +177,18 @@ func (s *Store) CancelEvent(ctx context.Context, p store.CancelEventParams) (sto
 			b.Queue(`UPDATE activations SET current_event_id = NULL, revision = revision + 1 WHERE activation_uid = $1`,
 				act.uid)
 		}
+		if !res.InFlight {
+			// Queued: an approval it was held for is moot; a session asleep
+			// for it wakes.
+			b.Queue(`
+				WITH c AS (
+					UPDATE waits SET status = 'cancelled', closed_at = clock_timestamp()
+					WHERE agent_uid = $1 AND session_id = $2 AND event_id = $3 AND kind = 'approval' AND status = 'open'
+					RETURNING 1)
+				UPDATE sessions SET status = 'active', sleep_ts = NULL, sleep_reason = NULL
+				WHERE agent_uid = $1 AND session_id = $2 AND status = 'sleeping' AND sleep_reason = $4
+				  AND EXISTS (SELECT 1 FROM c)`, key.AgentUID, key.SessionID, id, store.SleepReasonApproval)
+		}
 		queueNotify(b, key)
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
@@ -196,7 +208,10 @@ func (s *Store) CancelEvent(ctx context.Context, p store.CancelEventParams) (sto
 			note += ": " + p.Reason
 		}
 		roles, contents = append(roles, abi.RoleSystem), append(contents, note)
-		_, err = tx.Exec(ctx, `
+		// The turn and the turn.failed frame (last: the lock order), in
+		// one round trip.
+		b = &pgx.Batch{}
+		b.Queue(`
 			WITH turn AS (
 				UPDATE sessions SET turn_count = turn_count + 1 WHERE agent_uid = $1 AND session_id = $2
 				RETURNING turn_count),
@@ -212,7 +227,9 @@ func (s *Store) CancelEvent(ctx context.Context, p store.CancelEventParams) (sto
 			SELECT $1, $2, t.turn_no, m.idx - 1, m.role, m.content
 			FROM t, unnest($7::text[], $8::text[]) WITH ORDINALITY AS m(role, content, idx)`,
 			key.AgentUID, key.SessionID, id, deliveryID, act.epoch, string(store.OutcomeCancelled), roles, contents)
-		return err
+		queueFrame(b, key, store.FrameTurnFailed, id, act.epoch, res.Event.Attempts+1,
+			store.MustBody(store.AttemptEndedBody{Reason: store.EndReasonCancelled, Error: p.Reason}))
+		return tx.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
 		return store.CancelResult{}, err

@@ -96,6 +96,9 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			FROM actor_events e WHERE e.event_id = $6`,
 			p.DeliveryID, ref.AgentUID, ref.SessionID, ref.UID, epoch, *eventID, revision, string(state))
 		b.Queue(`UPDATE activations SET current_event_id = $1 WHERE activation_uid = $2`, *eventID, ref.UID)
+		// The turn.started frame, in this round trip (the stream head's
+		// lock is this transaction's last).
+		b.Queue(turnStartedSQL, ref.AgentUID, ref.SessionID, store.FrameTurnStarted, *eventID, epoch)
 		b.Queue(`SELECT `+sessionCols+` FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`,
 			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) (err error) {
 			d.Session, err = scanSession(row)
@@ -321,6 +324,9 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	if err != nil {
 		return store.Turn{}, fmt.Errorf("store/postgres: commit turn: %w", err)
 	}
+	if err := store.CheckCommitWait(p); err != nil {
+		return store.Turn{}, fmt.Errorf("store/postgres: commit turn: %w", err)
+	}
 	var t store.Turn
 	err = s.pipeTxDo(ctx, "commit turn", func(ctx context.Context, tx txConn) error {
 		t = store.Turn{}
@@ -431,10 +437,34 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 				  AND NOT EXISTS (SELECT 1 FROM actor_events
 					WHERE agent_uid = $1 AND session_id = $2 AND status = 'open')`, ref.AgentUID, ref.SessionID, reason)
 		}
-		// COMMIT rides with the writes: one round trip. The guards above
-		// refuse inside the database (paddock_check), before it.
-		if err := tx.(*pipeTx).SendBatchCommit(ctx, b).Close(); err != nil {
-			return checkErr(err)
+		// The turn.committed frame, last (the stream head's lock is the
+		// transaction's last), its body built from the turns row above.
+		frame := func(b *pgx.Batch) {
+			b.Queue(turnCommittedSQL, ref.AgentUID, ref.SessionID, store.FrameTurnCommitted, ref.ActorEventID,
+				ref.ActorEpoch, string(store.MustBody(t.Messages)))
+		}
+		if p.Wait == nil {
+			// COMMIT rides with the writes: one round trip. The guards
+			// above refuse inside the database (paddock_check), before it.
+			frame(b)
+			if err := tx.(*pipeTx).SendBatchCommit(ctx, b).Close(); err != nil {
+				return checkErr(err)
+			}
+		} else {
+			// A wait: its insert may refuse (an id the session used), and
+			// its frame's body is the row; one round trip more.
+			var w store.Wait
+			queueInsertWait(b, store.KeyOf(ref), store.WaitKindWait, ref.ActorEventID, p.Wait, &w)
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return checkErr(err)
+			}
+			b = &pgx.Batch{}
+			frame(b)
+			b.Queue(turnEndedSQL, ref.AgentUID, ref.SessionID, store.FrameWaitOpened, ref.ActorEventID, ref.ActorEpoch,
+				string(store.MustBody(w)))
+			if err := tx.(*pipeTx).SendBatchCommit(ctx, b).Close(); err != nil {
+				return checkErr(err)
+			}
 		}
 		t.CommittedAt = utc(t.CommittedAt)
 		return nil
@@ -477,6 +507,9 @@ func queueAlarmOps(b *pgx.Batch, key store.ActorKey, w store.AlarmWrites) {
 // store.Store.
 func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (store.FailResult, error) {
 	ref := p.Ref
+	if err := store.CheckHold(p); err != nil {
+		return store.FailResult{}, fmt.Errorf("store/postgres: fail attempt: %w", err)
+	}
 	var fr store.FailResult
 	err := s.tx(ctx, "fail attempt", func(ctx context.Context, tx pgx.Tx) error {
 		fr = store.FailResult{}
@@ -487,7 +520,8 @@ func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (sto
 			newState = store.DeliverySuperseded
 		}
 		f := failure{key: store.KeyOf(ref), eventID: ref.ActorEventID, epoch: ref.ActorEpoch,
-			counted: p.Counted, msg: p.Error, backoff: p.Backoff, maxAttempts: p.MaxAttempts}
+			counted: p.Counted, msg: p.Error, backoff: p.Backoff, maxAttempts: p.MaxAttempts,
+			reason: store.EndReasonError}
 		b := &pgx.Batch{}
 		b.Queue(`SELECT 1 FROM activations WHERE activation_uid = $1 FOR UPDATE`, ref.ActivationUID)
 		// What store.PlanFailure decides on, read under the row lock in the
@@ -499,6 +533,10 @@ func (s *Store) FailAttempt(ctx context.Context, p store.FailAttemptParams) (sto
 			return err
 		}
 		var err error
+		if p.Hold != nil {
+			fr, err = holdEvent(ctx, tx, ref, p.Hold)
+			return err
+		}
 		fr, err = failEvent(ctx, tx, f)
 		return err
 	})

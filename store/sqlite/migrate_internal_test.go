@@ -425,3 +425,63 @@ func TestMigration00005AddsTheJournal(t *testing.T) {
 		t.Fatalf("up again: %v", err)
 	}
 }
+
+// TestMigration00006AddsTheStream upgrades a version-5 database with data
+// in it to the session stream: the existing session reads an empty stream
+// (head 0), its turn in flight streams chunks and commits (frames from
+// Seq 1) with a wait; 00006 goes down with rows in its tables, back to the
+// exact version-5 schema, and comes up again.
+func TestMigration00006AddsTheStream(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "v5.db")
+	openV2(t, path)
+	db, p := gooseOn(t, path)
+	if _, err := p.UpTo(ctx, 5); err != nil {
+		t.Fatalf("up to 5: %v", err)
+	}
+	schema5 := dump(t, db, dumpQueries[0])
+	db.Close()
+
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer s.Close()
+	key := store.ActorKey{AgentUID: "a1", SessionID: "s1"}
+	pg, err := s.StreamFrames(ctx, store.StreamFramesParams{Key: key})
+	if err != nil || pg.Head != 0 || pg.Oldest != 1 || len(pg.Frames) != 0 {
+		t.Fatalf("migrated session's stream = %+v, %v; want empty", pg, err)
+	}
+	ref := abi.TurnRef{DeliveryID: "d3", ActivationUID: "act2", ActorEpoch: 2, ActorEventID: 3, AgentUID: "a1", SessionID: "s1"}
+	if _, err := s.AppendChunks(ctx, store.AppendChunksParams{Ref: ref, Attempt: 1,
+		Chunks: []abi.Chunk{{Type: abi.ChunkText, Text: "hi"}}}); err != nil {
+		t.Fatalf("AppendChunks: %v", err)
+	}
+	if _, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: ref, Outcome: abi.OutcomeWait,
+		Wait: &store.WaitParams{ID: "w", Timeout: time.Hour}}); err != nil {
+		t.Fatalf("CommitTurn: %v", err)
+	}
+	pg, err = s.StreamFrames(ctx, store.StreamFramesParams{Key: key})
+	if err != nil || pg.Head != 3 || len(pg.Frames) != 3 || pg.Frames[0].Seq != 1 {
+		t.Fatalf("stream after the upgrade = %+v, %v; want chunk, turn.committed, wait.opened from 1", pg, err)
+	}
+	if got := dump(t, s.w, `PRAGMA foreign_key_check`); got != "[table rowid parent fkid]\n" {
+		t.Fatalf("foreign key violations after the upgrade:\n%s", got)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	db, p = gooseOn(t, path)
+	defer db.Close()
+	if _, err := p.DownTo(ctx, 5); err != nil {
+		t.Fatalf("down to 5: %v", err)
+	}
+	if got := dump(t, db, dumpQueries[0]); got != schema5 {
+		t.Fatalf("schema after the down:\nwant:\n%s\ngot:\n%s", schema5, got)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+}

@@ -113,10 +113,14 @@ func closeWait(tx *txn, w store.Wait, status store.WaitStatus, resolution json.R
 	}
 	switch closed.Kind {
 	case store.WaitKindWait:
-		// insertEvent wakes the session; a duplicate key (never, the id is
-		// unique per session) would append nothing.
+		// insertEvent wakes the session. The key is the wait's own (ids are
+		// unique per session); should a client have sent an event with it,
+		// that event stands for this one and the session is woken anyway.
 		if _, _, err := insertEvent(tx, closed.ActorKey, store.WaitResolvedEventKind(status),
 			string(store.WaitEventPayload(closed)), store.WaitIdempotencyKey(closed.ID)); err != nil {
+			return closed, false, err
+		}
+		if err := wake(tx, closed.ActorKey); err != nil {
 			return closed, false, err
 		}
 	case store.WaitKindApproval:

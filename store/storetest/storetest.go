@@ -65,6 +65,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) store.Store) {
 		midTurnCases(),
 		alarmCases(),
 		hostCallCases(),
+		streamCases(),
 		hammerCases(),
 	}
 	for _, g := range groups {
