@@ -405,3 +405,45 @@ func TestAStreamedModelCallStreamsItsTextAndAReplayStreamsItWhole(t *testing.T) 
 		}
 	})
 }
+
+// TestLargeOutputIsSplitIntoFramesTheStoreAccepts: 600 KiB emitted at
+// once — one chunk of control characters that JSON escapes sixfold among
+// them — reach the stream in several chunk frames, every one within the
+// store's frame limit, with gap-free offsets.
+func TestLargeOutputIsSplitIntoFramesTheStoreAccepts(t *testing.T) {
+	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+		f := start(t, st, map[string]abi.TurnFunc{"big": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			for i := range 10 {
+				text := strings.Repeat(string(rune('a'+i)), 60<<10)
+				if i == 3 {
+					text = strings.Repeat("\x01", 60<<10)
+				}
+				if err := abi.Emit(ctx, text); err != nil {
+					return nil, err
+				}
+			}
+			return &abi.TurnResult{}, nil
+		}}, testPolicy())
+		key := f.session(f.agent("big"))
+		f.signal(key, "go")
+		f.waitFor("the turn to commit", func() bool { return f.get(key).TurnCount == 1 })
+		frames := f.frames(key)
+		_, chunks := describeStream(t, frames)
+		checkOffsets(t, chunks)
+		if len(chunks) != 10 || texts(chunks, 1) == "" || len(texts(chunks, 1)) != 600<<10 {
+			t.Fatalf("%d chunks, %d bytes of text; want 10 and 600 KiB", len(chunks), len(texts(chunks, 1)))
+		}
+		n := 0
+		for _, fr := range frames {
+			if fr.Kind == store.FrameChunk {
+				n++
+				if len(fr.Body) > store.MaxChunkFrameBytes {
+					t.Errorf("frame %d is %d bytes", fr.Seq, len(fr.Body))
+				}
+			}
+		}
+		if n < 5 {
+			t.Errorf("%d chunk frames for 600 KiB, want at least 5 (128 KiB each at most)", n)
+		}
+	})
+}
