@@ -330,7 +330,6 @@ func TestOutcomeWaitSleepsUntilResolvedOrExpired(t *testing.T) {
 	})
 }
 
-
 // sseChatServer speaks OpenAI's streamed chat completions: it answers
 // every request with the deltas "Hel", "lo, ", "world" and counts requests.
 type sseChatServer struct {
