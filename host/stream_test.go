@@ -446,3 +446,42 @@ func TestLargeOutputIsSplitIntoFramesTheStoreAccepts(t *testing.T) {
 		}
 	})
 }
+
+// fencingStore refuses every AppendChunks with a *store.FenceError, as the
+// store does for a stale attempt, and reports the first refusal.
+type fencingStore struct {
+	store.Store
+	once    sync.Once
+	refused chan struct{}
+}
+
+func (s *fencingStore) AppendChunks(context.Context, store.AppendChunksParams) (store.Frame, error) {
+	s.once.Do(func() { close(s.refused) })
+	return store.Frame{}, &store.FenceError{Reason: store.FenceStaleEpoch, Detail: "test"}
+}
+
+// TestEmitsAfterTheFencesRefusedChunksAnswerCancelled: once the store
+// refused the attempt's chunks (a stale attempt), its later emits answer
+// cancelled at once.
+func TestEmitsAfterTheFencesRefusedChunksAnswerCancelled(t *testing.T) {
+	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+		fs := &fencingStore{Store: st, refused: make(chan struct{})}
+		var got string
+		f := start(t, fs, map[string]abi.TurnFunc{"zombie": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			first := abi.Emit(ctx, "before")
+			<-fs.refused // the buffer's flush was refused
+			var second error
+			for second == nil { // the refusal is recorded just after the store answers
+				second = abi.Emit(ctx, "after")
+			}
+			got = fmt.Sprintf("%v / %s", first, second.(*abi.CallError).Code)
+			return &abi.TurnResult{}, nil
+		}}, testPolicy())
+		key := f.session(f.agent("zombie"))
+		f.signal(key, "go")
+		f.waitFor("the turn to commit", func() bool { return f.get(key).TurnCount == 1 })
+		if got != "<nil> / cancelled" {
+			t.Errorf("emits answered %s, want <nil> / cancelled", got)
+		}
+	})
+}
