@@ -72,8 +72,8 @@ func startWithApprovals(t *testing.T, st store.Store, funcs map[string]abi.TurnF
 	}
 	pol := testPolicy()
 	pol.Capabilities = calls.Capabilities{
-		HTTP:     []calls.HTTPRule{{Scheme: "http", Host: "127.0.0.1", Port: port, Methods: []string{"GET", "POST"}}},
-		Secrets:  []string{"TOKEN"},
+		HTTP:    []calls.HTTPRule{{Scheme: "http", Host: "127.0.0.1", Port: port, Methods: []string{"GET", "POST"}}},
+		Secrets: []string{"TOKEN"},
 		Approval: calls.ApprovalRules{HTTP: []calls.ApprovalHTTPRule{{Host: "127.0.0.1", Methods: []string{"POST"}, PathPrefix: "/b"}},
 			Timeout: timeout},
 	}
