@@ -183,7 +183,8 @@ type CallErrorCode string
 
 const (
 	// CallDenied: the agent's capabilities do not allow the call
-	// (destination, method, endpoint, model, secret, or a limit).
+	// (destination, method, endpoint, model, secret, or a limit), or an
+	// approver did not approve it.
 	CallDenied CallErrorCode = "denied"
 	// CallNotConfigured: the host has no such endpoint or secret, or this
 	// turn's worker has no host-call channel.
@@ -211,7 +212,8 @@ type CallError struct {
 	Status int `json:"status,omitempty"`
 	// Reason refines CallDenied: destination, private_address, method,
 	// endpoint, model, secret, calls_per_turn, response_bytes_per_turn,
-	// tokens_per_turn, tokens_per_day.
+	// tokens_per_turn, tokens_per_day, approval (an approver rejected the
+	// call or its approval expired; Message holds the approver's reason).
 	Reason string `json:"reason,omitempty"`
 }
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host"
@@ -54,7 +55,7 @@ func (s *countingServer) count(req string) int {
 // startWithApprovals runs a host whose agents may GET and POST the
 // server, with POSTs under /b needing approval, and a secret TOKEN they
 // may put in headers.
-func startWithApprovals(t *testing.T, st store.Store, funcs map[string]abi.TurnFunc, srv *countingServer) *fixture {
+func startWithApprovals(t *testing.T, st store.Store, funcs map[string]abi.TurnFunc, srv *countingServer, timeout time.Duration) *fixture {
 	t.Helper()
 	u, _ := url.Parse(srv.URL)
 	port, _ := strconv.Atoi(u.Port())
@@ -71,9 +72,10 @@ func startWithApprovals(t *testing.T, st store.Store, funcs map[string]abi.TurnF
 	}
 	pol := testPolicy()
 	pol.Capabilities = calls.Capabilities{
-		HTTP:     []calls.HTTPRule{{Scheme: "http", Host: "127.0.0.1", Port: port, Methods: []string{"GET", "POST"}}},
-		Secrets:  []string{"TOKEN"},
-		Approval: calls.ApprovalRules{HTTP: []calls.ApprovalHTTPRule{{Host: "127.0.0.1", Methods: []string{"POST"}, PathPrefix: "/b"}}},
+		HTTP:    []calls.HTTPRule{{Scheme: "http", Host: "127.0.0.1", Port: port, Methods: []string{"GET", "POST"}}},
+		Secrets: []string{"TOKEN"},
+		Approval: calls.ApprovalRules{HTTP: []calls.ApprovalHTTPRule{{Host: "127.0.0.1", Methods: []string{"POST"}, PathPrefix: "/b"}},
+			Timeout: timeout},
 	}
 	return runHost(t, host.Options{Store: st, Runner: funcRunner{funcs}, Policy: pol, Logger: quietLogger(), Calls: x})
 }
@@ -132,7 +134,7 @@ func (f *fixture) heldWait(key store.ActorKey) store.Wait {
 func TestACallNeedingApprovalHoldsTheTurnUntilDecided(t *testing.T) {
 	eachStreamDriver(t, func(t *testing.T, st store.Store) {
 		srv := newCountingServer(t)
-		f := startWithApprovals(t, st, map[string]abi.TurnFunc{"pay": payTurn(srv.URL)}, srv)
+		f := startWithApprovals(t, st, map[string]abi.TurnFunc{"pay": payTurn(srv.URL)}, srv, 0)
 		a := f.agent("pay")
 
 		key := f.session(a)
@@ -201,6 +203,31 @@ func TestACallNeedingApprovalHoldsTheTurnUntilDecided(t *testing.T) {
 		rows = f.journal(key, ev.ID)
 		if len(rows) != 2 || rows[1].ErrorCode != string(abi.CallDenied) {
 			t.Errorf("journal %+v: want B recorded denied", rows)
+		}
+	})
+}
+
+// TestAnApprovalNoOneDecidesExpiresIntoADenial: with approval.timeout
+// set, an undecided approval expires (the host's scan), the held event
+// runs again, and the call answers denied (reason approval) without
+// going out.
+func TestAnApprovalNoOneDecidesExpiresIntoADenial(t *testing.T) {
+	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+		srv := newCountingServer(t)
+		f := startWithApprovals(t, st, map[string]abi.TurnFunc{"pay": payTurn(srv.URL)}, srv, time.Millisecond)
+		key := f.session(f.agent("pay"))
+		ev := f.signal(key, "pay")
+		f.waitFor("the expired approval's turn to commit", func() bool { return f.get(key).TurnCount == 1 })
+		turns := f.transcript(key)
+		if got, want := turns[0].Messages[len(turns[0].Messages)-1].Content, "a=A b=denied/approval: the approval of this call expired before anyone decided"; got != want {
+			t.Errorf("reply %q, want %q", got, want)
+		}
+		if srv.count("GET /a") != 1 || srv.count("POST /b") != 0 {
+			t.Errorf("GET /a %d (want 1), POST /b %d (want 0)", srv.count("GET /a"), srv.count("POST /b"))
+		}
+		w, err := st.GetWait(context.Background(), key, fmt.Sprintf("approval-%d-2", ev.ID))
+		if err != nil || w.Status != store.WaitExpired {
+			t.Errorf("approval wait %+v, %v: want expired", w, err)
 		}
 	})
 }

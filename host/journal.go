@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host/calls"
@@ -246,7 +247,7 @@ func (c *journalCaller) approval(ctx context.Context, seq int, req *abi.CallRequ
 				// (the turn diverged): the new one gets its own wait.
 				id += "-" + strings.TrimPrefix(digest, "sha256:")[:12]
 			}
-			c.hold = &store.WaitParams{ID: id, For: "approve " + what, Data: approvalData(req), Timeout: c.caps.Approval.Timeout,
+			c.hold = &store.WaitParams{ID: id, For: clip("approve "+abi.SafeText(what), 1000), Data: approvalData(req), Timeout: c.caps.Approval.Timeout,
 				CallSeq: seq, CallDigest: digest}
 			if c.onHold != nil {
 				c.onHold()
@@ -325,6 +326,18 @@ func approvalData(req *abi.CallRequest) json.RawMessage {
 	}
 	b, _ = abi.Marshal(map[string]string{"kind": string(req.Kind), "note": "the request is too large to show"})
 	return b
+}
+
+// clip cuts s to at most n bytes on a rune boundary, marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
 
 // takeHold returns the approval wait the attempt must end with, if any.

@@ -330,7 +330,6 @@ func TestOutcomeWaitSleepsUntilResolvedOrExpired(t *testing.T) {
 	})
 }
 
-
 // sseChatServer speaks OpenAI's streamed chat completions: it answers
 // every request with the deltas "Hel", "lo, ", "world" and counts requests.
 type sseChatServer struct {
@@ -402,6 +401,87 @@ func TestAStreamedModelCallStreamsItsTextAndAReplayStreamsItWhole(t *testing.T) 
 		}
 		if got, want := strings.Join(replayed, " "), `"thinking… "@0 "Hello, world"@1`; got != want {
 			t.Errorf("attempt 2 chunks %s, want %s", got, want)
+		}
+	})
+}
+
+// TestLargeOutputIsSplitIntoFramesTheStoreAccepts: 600 KiB emitted at
+// once — one chunk of control characters that JSON escapes sixfold among
+// them — reach the stream in several chunk frames, every one within the
+// store's frame limit, with gap-free offsets.
+func TestLargeOutputIsSplitIntoFramesTheStoreAccepts(t *testing.T) {
+	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+		f := start(t, st, map[string]abi.TurnFunc{"big": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			for i := range 10 {
+				text := strings.Repeat(string(rune('a'+i)), 60<<10)
+				if i == 3 {
+					text = strings.Repeat("\x01", 60<<10)
+				}
+				if err := abi.Emit(ctx, text); err != nil {
+					return nil, err
+				}
+			}
+			return &abi.TurnResult{}, nil
+		}}, testPolicy())
+		key := f.session(f.agent("big"))
+		f.signal(key, "go")
+		f.waitFor("the turn to commit", func() bool { return f.get(key).TurnCount == 1 })
+		frames := f.frames(key)
+		_, chunks := describeStream(t, frames)
+		checkOffsets(t, chunks)
+		if len(chunks) != 10 || texts(chunks, 1) == "" || len(texts(chunks, 1)) != 600<<10 {
+			t.Fatalf("%d chunks, %d bytes of text; want 10 and 600 KiB", len(chunks), len(texts(chunks, 1)))
+		}
+		n := 0
+		for _, fr := range frames {
+			if fr.Kind == store.FrameChunk {
+				n++
+				if len(fr.Body) > store.MaxChunkFrameBytes {
+					t.Errorf("frame %d is %d bytes", fr.Seq, len(fr.Body))
+				}
+			}
+		}
+		if n < 5 {
+			t.Errorf("%d chunk frames for 600 KiB, want at least 5 (128 KiB each at most)", n)
+		}
+	})
+}
+
+// fencingStore refuses every AppendChunks with a *store.FenceError, as the
+// store does for a stale attempt, and reports the first refusal.
+type fencingStore struct {
+	store.Store
+	once    sync.Once
+	refused chan struct{}
+}
+
+func (s *fencingStore) AppendChunks(context.Context, store.AppendChunksParams) (store.Frame, error) {
+	s.once.Do(func() { close(s.refused) })
+	return store.Frame{}, &store.FenceError{Reason: store.FenceStaleEpoch, Detail: "test"}
+}
+
+// TestEmitsAfterTheFencesRefusedChunksAnswerCancelled: once the store
+// refused the attempt's chunks (a stale attempt), its later emits answer
+// cancelled at once.
+func TestEmitsAfterTheFencesRefusedChunksAnswerCancelled(t *testing.T) {
+	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+		fs := &fencingStore{Store: st, refused: make(chan struct{})}
+		var got string
+		f := start(t, fs, map[string]abi.TurnFunc{"zombie": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			first := abi.Emit(ctx, "before")
+			<-fs.refused // the buffer's flush was refused
+			var second error
+			for second == nil { // the refusal is recorded just after the store answers
+				second = abi.Emit(ctx, "after")
+			}
+			got = fmt.Sprintf("%v / %s", first, second.(*abi.CallError).Code)
+			return &abi.TurnResult{}, nil
+		}}, testPolicy())
+		key := f.session(f.agent("zombie"))
+		f.signal(key, "go")
+		f.waitFor("the turn to commit", func() bool { return f.get(key).TurnCount == 1 })
+		if got != "<nil> / cancelled" {
+			t.Errorf("emits answered %s, want <nil> / cancelled", got)
 		}
 	})
 }

@@ -155,19 +155,28 @@ func (b *streamBuf) addLocked(c abi.Chunk, n int64) {
 func (b *streamBuf) flush() {
 	b.writeMu.Lock()
 	defer b.writeMu.Unlock()
+	// Write what is buffered now; chunks emitted meanwhile wait for their
+	// own flush interval (a write is the interval's start), so a slow
+	// store gets fewer, larger frames rather than back-to-back ones.
+	b.mu.Lock()
+	upTo := b.first + len(b.pending)
+	if b.timer != nil {
+		// This flush writes the chunks the timer was for; a timer armed
+		// by chunks emitted during the write below is theirs.
+		b.timer.Stop()
+		b.timer = nil
+	}
+	b.kicked = false
+	b.mu.Unlock()
 	for {
 		b.mu.Lock()
-		if b.timer != nil {
-			b.timer.Stop()
-			b.timer = nil
-		}
-		b.kicked = false
-		if len(b.pending) == 0 || b.fenced || b.off {
+		if b.first >= upTo || len(b.pending) == 0 || b.fenced || b.off {
 			b.mu.Unlock()
 			return
 		}
+		b.last = time.Now()
 		k, by := 0, 0
-		for k < len(b.pending) && k < streamFrameChunks {
+		for k < len(b.pending) && k < streamFrameChunks && b.first+k < upTo {
 			n := len(b.pending[k].Text) + len(b.pending[k].Data)
 			if k > 0 && by+n > streamFrameBytes {
 				break
@@ -190,7 +199,6 @@ func (b *streamBuf) flush() {
 			b.pending = b.pending[k:]
 			b.pendBy -= by
 			b.first += k
-			b.last = time.Now()
 			b.mu.Unlock()
 			b.h.metrics.StreamFrames.Inc()
 			b.h.notifyStream(b.key)

@@ -70,4 +70,10 @@
 // most abi.MaxCallRequestBytes, a result abi.MaxCallResultBytes. The
 // request frame's "calls": true says the host answers calls: without it
 // (an older host) every call returns "not_configured" at once.
+//
+// Streamed output (abi.Emit, abi.EmitJSON: a CallRequest of kind "emit",
+// abi/README.md "Emit") is a host call like any: a call frame and its
+// call_result, answered as soon as the host has buffered the chunk. Its
+// chunks keep the order in which the host receives them, so a turn that
+// emits from several goroutines orders them itself.
 package plugins
