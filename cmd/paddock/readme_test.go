@@ -148,11 +148,14 @@ func TestREADMEExternalAgent(t *testing.T) {
 // accept it), with the key's secret read from CHAT_API_KEY.
 func TestREADMEHostCalls(t *testing.T) {
 	blocks := readmeBlocks(t, "## Host calls: models and the web")
-	if len(blocks) != 5 {
-		t.Fatalf("want 5 code blocks (the chat commands, the make run lines, the two YAML excerpts, the secret commands), got %d", len(blocks))
+	if len(blocks) != 6 {
+		t.Fatalf("want 6 code blocks (the chat commands, the make run lines, the two YAML excerpts, the approval rules, the secret commands), got %d", len(blocks))
 	}
-	if !strings.Contains(blocks[4], "paddock secret set") || strings.Contains(blocks[4], "sk-") {
-		t.Errorf("the last block does not set a secret from standard input:\n%s", blocks[4])
+	if !strings.Contains(blocks[4], "approval:") {
+		t.Errorf("the fifth block does not show approval rules:\n%s", blocks[4])
+	}
+	if !strings.Contains(blocks[5], "paddock secret set") || strings.Contains(blocks[5], "sk-") {
+		t.Errorf("the last block does not set a secret from standard input:\n%s", blocks[5])
 	}
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
