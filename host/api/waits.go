@@ -72,15 +72,15 @@ func (s *Server) resolveWait(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	id := r.PathValue("wait")
-	if _, err := s.svc.GetWait(r.Context(), x, id); err != nil {
-		return asParam(err) // a malformed or unknown wait before the body
+	wt, err := s.svc.GetWait(r.Context(), x, r.PathValue("wait"))
+	if err != nil {
+		return asParam(err) // a malformed or unknown wait, before the body
 	}
 	var in client.ResolveWaitRequest
 	if err := s.decode(w, r, &in); err != nil {
 		return err
 	}
-	wt, err := s.svc.ResolveWait(r.Context(), x, id, service.Resolution{Data: in.Data, Approved: in.Approved, Reason: in.Reason})
+	wt, err = s.svc.ResolveWait(r.Context(), x, wt, service.Resolution{Data: in.Data, Approved: in.Approved, Reason: in.Reason})
 	var tooLarge *service.TooLargeError
 	switch {
 	case errors.As(err, &tooLarge):

@@ -72,24 +72,22 @@ type Resolution struct {
 	Reason   string
 }
 
-// ResolveWait resolves the open wait id of session x (as GetSession
-// returned it) and wakes the session: a wait of kind wait becomes a
-// wait.resolved event carrying r.Data; an approval releases its held
-// event, whose host call then runs (approved) or is refused with
+// ResolveWait resolves wait w (as GetWait returned it) of session x (as
+// GetSession returned it) and wakes the session: a wait of kind wait
+// becomes a wait.resolved event carrying r.Data; an approval releases its
+// held event, whose host call then runs (approved) or is refused with
 // r.Reason. It returns the wait as it is now. Refusals: *InvalidError
-// (wait; data, approved or reason — a field the wait's kind does not
-// take, a missing decision, a reason over MaxApprovalReasonBytes),
-// *TooLargeError (data over store.MaxResolutionBytes), *NotFoundError
-// (wait), a *ConflictError ConflictWaitResolved when it was resolved
-// already, a *GoneError when it expired or was cancelled, and
-// store.ErrSessionDestroyed (wrapped) for a destroyed session.
-func (s *Service) ResolveWait(ctx context.Context, x store.Session, id string, r Resolution) (store.Wait, error) {
+// (data, approved or reason — a field the wait's kind does not take, a
+// missing decision, a reason over MaxApprovalReasonBytes), *TooLargeError
+// (data over store.MaxResolutionBytes), a *ConflictError
+// ConflictWaitResolved when it was resolved already, a *GoneError when it
+// expired or was cancelled, a *NotFoundError (wait) when it is gone from
+// the store, and store.ErrSessionDestroyed (wrapped) for a destroyed
+// session. The store decides under its lock: a wait resolved meanwhile
+// is refused there the same way.
+func (s *Service) ResolveWait(ctx context.Context, x store.Session, w store.Wait, r Resolution) (store.Wait, error) {
 	if x.Status == store.SessionDestroyed {
-		return store.Wait{}, fmt.Errorf("resolve wait %q: %w", id, store.ErrSessionDestroyed)
-	}
-	w, err := s.GetWait(ctx, x, id)
-	if err != nil {
-		return w, err
+		return store.Wait{}, fmt.Errorf("resolve wait %q: %w", w.ID, store.ErrSessionDestroyed)
 	}
 	if err := closed(w); err != nil {
 		return store.Wait{}, err
@@ -98,13 +96,13 @@ func (s *Service) ResolveWait(ctx context.Context, x store.Session, id string, r
 	if err != nil {
 		return store.Wait{}, err
 	}
-	w, err = s.st.ResolveWait(ctx, store.ResolveWaitParams{Key: x.ActorKey, WaitID: id, Resolution: resolution})
+	w, err = s.st.ResolveWait(ctx, store.ResolveWaitParams{Key: x.ActorKey, WaitID: w.ID, Resolution: resolution})
 	if wc, ok := errors.AsType[*store.WaitClosedError](err); ok {
 		return store.Wait{}, closed(store.Wait{ID: wc.WaitID, Status: wc.Status})
 	}
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return store.Wait{}, notFoundWait(x, id)
+		return store.Wait{}, notFoundWait(x, w.ID)
 	case errors.Is(err, store.ErrInvalid):
 		return store.Wait{}, invalid("data", "%v", err)
 	case err != nil:

@@ -30,6 +30,16 @@ func waitFixture(t *testing.T) (*fixture, *streamtest.Writer, store.Agent, *stre
 	return f, w, a, hub
 }
 
+// resolve looks wait id of session x up and resolves it with r.
+func resolve(f *fixture, x store.Session, id string, r service.Resolution) (store.Wait, error) {
+	ctx := context.Background()
+	w, err := f.svc.GetWait(ctx, x, id)
+	if err != nil {
+		return w, err
+	}
+	return f.svc.ResolveWait(ctx, x, w, r)
+}
+
 func TestResolveWaitRules(t *testing.T) {
 	f, w, a, _ := waitFixture(t)
 	ctx := context.Background()
@@ -45,34 +55,34 @@ func TestResolveWaitRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	yes := true
-	_, err = f.svc.ResolveWait(ctx, x, "q", service.Resolution{Approved: &yes})
+	_, err = resolve(f, x, "q", service.Resolution{Approved: &yes})
 	invalidField(t, err, "approved")
-	_, err = f.svc.ResolveWait(ctx, x, "q", service.Resolution{Reason: "why"})
+	_, err = resolve(f, x, "q", service.Resolution{Reason: "why"})
 	invalidField(t, err, "reason")
-	_, err = f.svc.ResolveWait(ctx, x, "q", service.Resolution{Data: json.RawMessage(`"` + strings.Repeat("x", store.MaxResolutionBytes) + `"`)})
+	_, err = resolve(f, x, "q", service.Resolution{Data: json.RawMessage(`"` + strings.Repeat("x", store.MaxResolutionBytes) + `"`)})
 	if tl, ok := errors.AsType[*service.TooLargeError](err); !ok || tl.Field != "data" {
 		t.Fatalf("oversized data: %v", err)
 	}
-	_, err = f.svc.ResolveWait(ctx, y, "pay", service.Resolution{})
+	_, err = resolve(f, y, "pay", service.Resolution{})
 	if ie, ok := errors.AsType[*service.InvalidError](err); !ok || ie.Field != "approved" || !ie.Missing {
 		t.Fatalf("an approval without a decision: %v", err)
 	}
-	_, err = f.svc.ResolveWait(ctx, y, "pay", service.Resolution{Approved: &yes, Data: json.RawMessage(`1`)})
+	_, err = resolve(f, y, "pay", service.Resolution{Approved: &yes, Data: json.RawMessage(`1`)})
 	invalidField(t, err, "data")
-	_, err = f.svc.ResolveWait(ctx, x, "nope", service.Resolution{})
+	_, err = resolve(f, x, "nope", service.Resolution{})
 	if nf, ok := errors.AsType[*service.NotFoundError](err); !ok || nf.Resource != service.ResourceWait || !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("unknown wait: %v", err)
 	}
 	_, err = f.svc.GetWait(ctx, x, "bad id")
 	invalidField(t, err, "wait")
 
-	got, err := f.svc.ResolveWait(ctx, x, "q", service.Resolution{Data: json.RawMessage(`null`)})
+	got, err := resolve(f, x, "q", service.Resolution{Data: json.RawMessage(`null`)})
 	if err != nil || got.Status != store.WaitResolved || string(got.Resolution) != "null" {
 		t.Fatalf("resolve: %+v %v", got, err)
 	}
-	_, err = f.svc.ResolveWait(ctx, x, "q", service.Resolution{})
+	_, err = resolve(f, x, "q", service.Resolution{})
 	conflict(t, err, service.ConflictWaitResolved)
-	got, err = f.svc.ResolveWait(ctx, y, "pay", service.Resolution{Approved: &yes})
+	got, err = resolve(f, y, "pay", service.Resolution{Approved: &yes})
 	if err != nil || string(got.Resolution) != `{"approved":true}` {
 		t.Fatalf("approve: %+v %v", got, err)
 	}
@@ -91,7 +101,7 @@ func TestResolveWaitRules(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	zs, _ := f.svc.GetSession(ctx, a, z.SessionID)
-	_, err = f.svc.ResolveWait(ctx, zs, "soon", service.Resolution{})
+	_, err = resolve(f, zs, "soon", service.Resolution{})
 	if g, ok := errors.AsType[*service.GoneError](err); !ok || g.Reason != service.GoneWaitExpired || !errors.Is(err, store.ErrGone) {
 		t.Fatalf("expired: %v", err)
 	}
