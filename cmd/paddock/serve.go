@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
 	"github.com/paddock-dev/paddock/abi"
@@ -277,6 +278,11 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	if broker != nil {
 		h.Metrics().Registry.MustRegister(newFabricCollector(broker))
 	}
+	h.Metrics().Registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "paddock_stream_subscribers", Help: "Open session-stream (SSE) subscriptions on this host."},
+			func() float64 { return float64(hub.Subscribers()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "paddock_stream_watched_sessions", Help: "Sessions with stream subscribers on this host (one reader each)."},
+			func() float64 { return float64(hub.Watched()) }))
 	srv := &http.Server{
 		Handler: api.New(api.Options{
 			Host: h, Service: svc, AuthToken: cfg.AuthToken, MaxBodyBytes: cfg.API.MaxBodyBytes,

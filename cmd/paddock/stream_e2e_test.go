@@ -32,7 +32,8 @@ func streamedCompletion(w http.ResponseWriter, parts ...string) {
 // signal send --stream` against it: an agent's streamed model call reaches
 // the terminal as text while its turn runs (the host writes chunk frames
 // and pokes the stream hub, the SSE route serves them), then [committed];
-// `session stream --json` replays the same turn with its ids.
+// `session stream --json` replays the same turn with its ids, counted in
+// /metrics until the client goes away.
 func TestSignalSendStreamEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("process test")
@@ -58,8 +59,15 @@ func TestSignalSendStreamEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "session stream --json to print the commit", 60e9, func() bool { return strings.Contains(stdout.String(), `"turn.committed"`) })
+	if n, w := metric(addr, "paddock_stream_subscribers"), metric(addr, "paddock_stream_watched_sessions"); n != 1 || w != 1 {
+		t.Errorf("while one client streams: paddock_stream_subscribers %v, paddock_stream_watched_sessions %v, want 1 and 1", n, w)
+	}
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
+	// The client went away: its subscription ends with it.
+	waitUntil(t, "the subscription to end with its client", 60e9, func() bool {
+		return metric(addr, "paddock_stream_subscribers") == 0 && metric(addr, "paddock_stream_watched_sessions") == 0
+	})
 	var names []string
 	for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
 		var ev struct{ ID, Event string }
