@@ -291,7 +291,17 @@ func (sub *Subscription) readStore(ctx context.Context) error {
 		sub.backlog = append(sub.backlog, r)
 		pos = r.Cursor
 	}
-	for _, f := range page.Frames {
+	expect := pos.need()
+	for i, f := range page.Frames {
+		// Compaction keeps an open event's frames and deletes older ones
+		// around them: a frame missing before f was lost to this reader
+		// as well.
+		if f.Seq > expect && !(sub.fresh && i == 0 && len(sub.backlog) == 0) {
+			r := resetEvent(f.Seq)
+			sub.backlog = append(sub.backlog, r)
+			pos = r.Cursor
+		}
+		expect = f.Seq + 1
 		evs := FrameEvents(f, pos)
 		if len(evs) > 0 {
 			sub.backlog = append(sub.backlog, evs...)
@@ -310,10 +320,12 @@ func (s *session) since(pos Cursor) (evs []Event, behind bool) {
 	if !s.ready || need-1 < s.base {
 		return nil, true
 	}
-	for _, c := range s.cache {
-		if c.seq < need {
-			continue
-		}
+	// The cache is contiguous: frame base+1+i is at index i.
+	from := max(int(need-s.base-1), 0)
+	if from >= len(s.cache) {
+		return nil, false
+	}
+	for _, c := range s.cache[from:] {
 		for _, e := range c.evs {
 			if c.seq == pos.Seq && pos.InFrame && e.Cursor.InFrame && e.Cursor.Chunk <= pos.Chunk {
 				continue
@@ -376,13 +388,13 @@ func (h *Hub) read(s *session) {
 			return
 		}
 		s.mu.Lock()
-		if page.Frames[0].Seq != last+1 {
-			// Frames after last were compacted away before this read: the
-			// cache restarts at the frames read (subscribers behind it read
-			// the store and get their stream.reset there).
-			s.cache, s.cacheBytes, s.base = nil, 0, page.Frames[0].Seq-1
-		}
 		for _, f := range page.Frames {
+			if f.Seq != s.last+1 {
+				// Frames before f were compacted away: the cache restarts
+				// at f, so that it stays contiguous (subscribers behind it
+				// read the store and get their stream.reset there).
+				s.cache, s.cacheBytes, s.base = nil, 0, f.Seq-1
+			}
 			s.cache = append(s.cache, cached{seq: f.Seq, evs: FrameEvents(f, Cursor{}), size: len(f.Body) + 128})
 			s.cacheBytes += len(f.Body) + 128
 			s.last = f.Seq
