@@ -461,6 +461,16 @@ func newSignalCmd(c *client) *cobra.Command {
 					return c.reach(err)
 				}
 			}
+			var es *apiclient.EventStream
+			if follow {
+				// Subscribed before the send: the turn's frames all come
+				// after this stream's start.
+				var err error
+				if es, err = api.Stream(cmd.Context(), args[0], args[1], "head"); err != nil {
+					return c.reach(err)
+				}
+				defer es.Close()
+			}
 			out, err := api.SendSignal(cmd.Context(), args[0], args[1], in)
 			if err != nil {
 				return c.reach(err)
@@ -470,7 +480,7 @@ func newSignalCmd(c *client) *cobra.Command {
 				if err != nil {
 					return c.reach(err)
 				}
-				return c.streamTurn(cmd, args[0], args[1], id, c.output == "json")
+				return c.streamTurn(cmd, args[0], args[1], id, es, c.output == "json")
 			}
 			if wait && kind == "message" {
 				ctx, cancel := context.WithTimeout(cmd.Context(), waitFor)

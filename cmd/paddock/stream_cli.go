@@ -32,10 +32,19 @@ const reconnectDelay = time.Second
 // error), when ctx ends (nil), or with an API error (unknown session, a
 // destroyed one).
 func (c *client) followStream(ctx context.Context, stderr io.Writer, agent, sess, after string, handle func(apiclient.StreamEvent) (bool, error)) error {
+	return c.followOpened(ctx, stderr, agent, sess, after, nil, handle)
+}
+
+// followOpened is followStream on es when it is not nil (a stream opened
+// at after), opening the next connections as needed.
+func (c *client) followOpened(ctx context.Context, stderr io.Writer, agent, sess, after string, es *apiclient.EventStream, handle func(apiclient.StreamEvent) (bool, error)) error {
 	api := c.api()
 	last := after
 	for {
-		es, err := api.Stream(ctx, agent, sess, last)
+		var err error
+		if es == nil {
+			es, err = api.Stream(ctx, agent, sess, last)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -51,6 +60,9 @@ func (c *client) followStream(ctx context.Context, stderr io.Writer, agent, sess
 		}
 		for {
 			ev, err := es.Next()
+			if id := es.LastEventID(); id != "" {
+				last = id // also where a stream opened at "head" started
+			}
 			if err != nil {
 				es.Close()
 				if ctx.Err() != nil {
@@ -65,13 +77,11 @@ func (c *client) followStream(ctx context.Context, stderr io.Writer, agent, sess
 					at = "the start"
 				}
 				fmt.Fprintf(stderr, "paddock: stream dropped (%v); reconnecting after %s\n", err, at)
+				es = nil
 				if !sleepCtx(ctx, delay) {
 					return nil
 				}
 				break
-			}
-			if ev.ID != "" {
-				last = ev.ID
 			}
 			if done, err := handle(ev); done || err != nil {
 				es.Close()
@@ -282,10 +292,14 @@ func (e *TurnFailedError) Error() string {
 // streamTurn follows the session's stream until the turn of event id
 // commits (nil) or fails (*TurnFailedError), printing that event's
 // events; events of other turns are skipped.
-func (c *client) streamTurn(cmd *cobra.Command, agent, sess string, id int64, asJSON bool) error {
+//
+// es is the session's stream opened at "head" before the signal was sent,
+// so that none of the turn's frames is missed and none of the session's
+// history is read.
+func (c *client) streamTurn(cmd *cobra.Command, agent, sess string, id int64, es *apiclient.EventStream, asJSON bool) error {
 	p := newStreamPrinter(cmd.OutOrStdout(), asJSON)
 	defer p.done()
-	return c.followStream(cmd.Context(), cmd.ErrOrStderr(), agent, sess, "", func(ev apiclient.StreamEvent) (bool, error) {
+	return c.followOpened(cmd.Context(), cmd.ErrOrStderr(), agent, sess, "head", es, func(ev apiclient.StreamEvent) (bool, error) {
 		var d streamData
 		if ev.Event == apiclient.StreamReset || json.Unmarshal(ev.Data, &d) != nil || d.EventID != id {
 			return false, nil

@@ -29,7 +29,8 @@ const (
 
 // streamSession streams a session's frames as Server-Sent Events
 // (docs/DESIGN.md "The session stream"): from the position of the
-// Last-Event-ID header, else ?after=, else from the oldest kept frame.
+// Last-Event-ID header, else ?after=, else from the oldest kept frame;
+// the position "head" starts after the session's last frame.
 // Each event is flushed as it is written; an idle stream sends a comment
 // every heartbeat. It ends when the client goes away, the hub closes
 // (the host stops), or the session is destroyed.
@@ -67,7 +68,11 @@ func (s *Server) streamSession(w http.ResponseWriter, r *http.Request) error {
 	h.Set("Connection", "keep-alive")
 	w.WriteHeader(http.StatusOK)
 	var buf bytes.Buffer
-	fmt.Fprintf(&buf, "retry: %d\n\n", streamRetryMs)
+	// The opening block sets the client's last event id to where the
+	// stream starts (an event without data is not dispatched, but its id
+	// counts): a client that started at "head" and loses the connection
+	// before any event resumes from there, not from a later head.
+	fmt.Fprintf(&buf, "retry: %d\nid: %s\n\n", streamRetryMs, sub.Position())
 	if err := s.flushStream(w, rc, &buf); err != nil {
 		return nil
 	}

@@ -204,7 +204,7 @@ func TestStreamHeadersHeartbeatAndRetryHint(t *testing.T) {
 	}
 	br := bufio.NewReader(resp.Body)
 	got := readRaw(t, br, ": heartbeat")
-	if !strings.HasPrefix(got, "retry: 2000\n\n") {
+	if !strings.HasPrefix(got, "retry: 2000\nid: 0\n\n") {
 		t.Errorf("the stream does not open with a retry hint:\n%s", got)
 	}
 }
@@ -331,4 +331,26 @@ func TestStreamEndsWhenTheSessionIsDestroyed(t *testing.T) {
 	if _, err := e.c.Stream(context.Background(), "notes", key.SessionID, "2"); !client.IsCode(err, client.CodeSessionDestroyed) {
 		t.Fatalf("reconnect: %v, want 410 session_destroyed", err)
 	}
+}
+
+// TestStreamAtTheHead: "head" starts after the last frame; the opening
+// block gives the client that position as its last event id, so a
+// reconnect before any event resumes there.
+func TestStreamAtTheHead(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newStreamEnv(t, driver, "")
+		key := e.w.Session()
+		e.w.Start(key, "one").Commit("1") // frames 1, 2
+		es := e.open(key, "head")
+		e.w.Start(key, "two") // frame 3
+		got := read(t, es, 1)
+		if sseIDs(got) != "turn.started#3" {
+			t.Fatalf("at the head: %s", sseIDs(got))
+		}
+		resp := e.get("/v1/agents/notes/sessions/"+key.SessionID+"/stream?after=head", "")
+		defer resp.Body.Close()
+		if got := readRaw(t, bufio.NewReader(resp.Body), "id: 3\n"); got != "retry: 2000\nid: 3\n\n" {
+			t.Fatalf("the opening block at the head (3):\n%q", got)
+		}
+	})
 }

@@ -127,7 +127,7 @@ func TestStreamRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := f.svc.Stream(ctx, x, stream.Cursor{Seq: 1})
+	sub, err := f.svc.Stream(ctx, x, service.StreamPosition{After: stream.Cursor{Seq: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,15 +138,26 @@ func TestStreamRules(t *testing.T) {
 	}
 	_, err = service.ParseStreamPosition("Last-Event-ID", "1.x")
 	invalidField(t, err, "Last-Event-ID")
+	// At the head: only what is written from now on.
+	sub, err = f.svc.Stream(ctx, x, service.StreamPosition{Head: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start(key, "again")
+	evs, err = sub.Next(ctx)
+	sub.Close()
+	if err != nil || len(evs) != 1 || evs[0].Name != store.FrameTurnStarted || evs[0].ID != "3" {
+		t.Fatalf("stream at the head: %+v %v", evs, err)
+	}
 	if _, err := f.st.DestroySession(ctx, key); err != nil {
 		t.Fatal(err)
 	}
 	x, _ = f.svc.GetSession(ctx, a, key.SessionID)
-	if _, err := f.svc.Stream(ctx, x, stream.Cursor{}); !errors.Is(err, store.ErrSessionDestroyed) {
+	if _, err := f.svc.Stream(ctx, x, service.StreamPosition{}); !errors.Is(err, store.ErrSessionDestroyed) {
 		t.Fatalf("stream of a destroyed session: %v", err)
 	}
 	bare := service.New(f.h, nil, nil)
-	if _, err := bare.Stream(ctx, x, stream.Cursor{}); !errors.Is(err, service.ErrStreamsDisabled) {
+	if _, err := bare.Stream(ctx, x, service.StreamPosition{}); !errors.Is(err, service.ErrStreamsDisabled) {
 		t.Fatalf("a service without a hub: %v", err)
 	}
 }

@@ -215,6 +215,20 @@ func (h *Hub) Subscribe(ctx context.Context, key store.ActorKey, after Cursor) (
 	return sub, nil
 }
 
+// SubscribeAtHead subscribes to session key's stream after its last
+// frame: only frames written from now on (a client that just loaded the
+// transcript, or one about to send a signal and follow its turn). Unknown
+// session: store.ErrNotFound.
+func (h *Hub) SubscribeAtHead(ctx context.Context, key store.ActorKey) (*Subscription, error) {
+	rctx, cancel := context.WithTimeout(ctx, readTimeout)
+	page, err := h.o.Store.StreamFrames(rctx, store.StreamFramesParams{Key: key, After: 0, Limit: 1})
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("read stream head: %w", err)
+	}
+	return h.Subscribe(ctx, key, Cursor{Seq: page.Head})
+}
+
 // Position returns the position after the last event Next returned.
 func (sub *Subscription) Position() Cursor { return sub.pos }
 

@@ -42,13 +42,15 @@ const maxStreamLine = 32 << 20
 // EventStream reads a session stream's events. It is not safe for
 // concurrent use; Close it when done.
 type EventStream struct {
-	body  io.ReadCloser
-	r     *bufio.Reader
-	retry time.Duration
+	body   io.ReadCloser
+	r      *bufio.Reader
+	retry  time.Duration
+	lastID string
 }
 
 // Stream opens a session's stream (GET …/sessions/{session}/stream)
-// after lastEventID ("" for the oldest kept frame). An error answer (404,
+// after lastEventID ("" for the oldest kept frame, "head" for after the
+// last frame: only what is written from now on). An error answer (404,
 // 410 session_destroyed, 400 for a malformed id) is an *Error; a stream
 // that opened returns its events through Next until ctx ends or the
 // connection drops. The Client's http.Client must have no Timeout (it
@@ -81,6 +83,11 @@ func (c *Client) Stream(ctx context.Context, agent, session, lastEventID string)
 	return &EventStream{body: resp.Body, r: bufio.NewReaderSize(resp.Body, 64<<10)}, nil
 }
 
+// LastEventID is the id to resume after (Last-Event-ID of the next
+// connection): the last event's, or where the server said the stream
+// started before any event came.
+func (s *EventStream) LastEventID() string { return s.lastID }
+
 // Retry is the reconnection delay the server suggested ("retry:"), 0
 // until it sent one.
 func (s *EventStream) Retry() time.Duration { return s.retry }
@@ -94,7 +101,7 @@ func (s *EventStream) Close() error { return s.body.Close() }
 func (s *EventStream) Next() (StreamEvent, error) {
 	var ev StreamEvent
 	var data []byte
-	seen := false
+	seen, hasID := false, false
 	for {
 		line, err := s.line()
 		if err != nil {
@@ -104,6 +111,9 @@ func (s *EventStream) Next() (StreamEvent, error) {
 			return ev, err
 		}
 		if len(line) == 0 {
+			if hasID {
+				s.lastID = ev.ID // an id counts even without data
+			}
 			if data != nil {
 				ev.Data = data
 				if ev.Event == "" {
@@ -111,7 +121,7 @@ func (s *EventStream) Next() (StreamEvent, error) {
 				}
 				return ev, nil
 			}
-			ev, seen = StreamEvent{}, false
+			ev, seen, hasID = StreamEvent{}, false, false
 			continue
 		}
 		if line[0] == ':' {
@@ -122,7 +132,7 @@ func (s *EventStream) Next() (StreamEvent, error) {
 		value = bytes.TrimPrefix(value, []byte(" "))
 		switch string(field) {
 		case "id":
-			ev.ID = string(value)
+			ev.ID, hasID = string(value), true
 		case "event":
 			ev.Event = string(value)
 		case "data":
