@@ -268,7 +268,7 @@ func newSessionStreamCmd(c *client) *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().StringVar(&after, "after", "", "start after this event id (<seq> or <seq>.<chunk>); default: the oldest kept frame")
+	cmd.Flags().StringVar(&after, "after", "", "start after this event id (<seq> or <seq>.<chunk>), or head: only what comes from now on; default: the oldest kept frame")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object per event")
 	return cmd
 }
