@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paddock-dev/paddock/store/pgtest"
+)
+
+// TestStreamBenchFigures is the stream benchmark behind `make
+// bench-stream`, skipped unless STREAMBENCH is set: it measures,
+// asserts no timing. Two `paddock serve` processes on one PostgreSQL
+// (DATABASE_URL, or a throwaway cluster); host A runs the turns of S
+// sessions (hcagent's emit command: N json chunks {"t": unix ns at the
+// emit, "i": i}, one every INTERVAL ms — a token stream); each session has
+// one SSE client on A (same host) and one on B (another host, which sees
+// A's frames by polling stream heads). It reports the chunk latency emit →
+// SSE client (same machine, one clock) p50/p99 for both, over the chunks
+// emitted once every client was following, and the chunk frames the store
+// holds per 1,000 tokens (store writes of the stream per 1,000 tokens).
+//
+// Environment: STREAMBENCH_SESSIONS (8), _TOKENS per session
+// (1000), _INTERVAL_MS between tokens (20, i.e. 50 tokens/s per session).
+func TestStreamBenchFigures(t *testing.T) {
+	if os.Getenv("STREAMBENCH") == "" {
+		t.Skip("a benchmark: make bench-stream (STREAMBENCH=1)")
+	}
+	envInt := func(k string, def int) int {
+		if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
+			return v
+		}
+		return def
+	}
+	sessions := envInt("STREAMBENCH_SESSIONS", 8)
+	ntok := envInt("STREAMBENCH_TOKENS", 1000)
+	interval := envInt("STREAMBENCH_INTERVAL_MS", 20)
+
+	dsn := pgtest.DSN(t)
+	model := newModelServer(t, func(int, map[string]any, http.ResponseWriter, *http.Request) {})
+	dir := t.TempDir()
+	addrA, addrB := freePort(t), freePort(t)
+	a := startServer(t, hcConfig(t, dir, addrA, dsn, model.URL, "", nil, ""), addrA)
+	ids := make([]string, sessions)
+	for i := range ids {
+		ids[i] = a.cli("session", "create", "hc")
+	}
+
+	type sample struct{ emit, recv int64 }
+	var mu sync.Mutex
+	lat := map[string][]sample{}
+	var wg sync.WaitGroup
+	var connected sync.WaitGroup
+	follow := func(side, addr, sess string) {
+		defer wg.Done()
+		c := openStream(t, addr, "hc", sess, "")
+		defer c.close()
+		connected.Done()
+		deadline := time.AfterFunc(5*time.Minute, c.close)
+		defer deadline.Stop()
+		var mine []sample
+		for {
+			ev, err := c.next()
+			now := time.Now().UnixNano()
+			if err != nil {
+				t.Errorf("%s stream of %s: %v", side, sess, err)
+				break
+			}
+			if ev.Event == "turn.committed" {
+				break
+			}
+			if ev.Event != "chunk" {
+				continue
+			}
+			var ch struct {
+				Data struct{ T int64 } `json:"data"`
+			}
+			if err := json.Unmarshal([]byte(ev.Data), &ch); err != nil {
+				t.Errorf("chunk %s: %v", ev.Data, err)
+				break
+			}
+			mine = append(mine, sample{ch.Data.T, now})
+		}
+		mu.Lock()
+		lat[side] = append(lat[side], mine...)
+		mu.Unlock()
+	}
+	// The same-host clients first; the turns start on A, the only host.
+	connected.Add(sessions)
+	for _, s := range ids {
+		wg.Add(1)
+		go follow("same host", addrA, s)
+	}
+	connected.Wait()
+	msg := fmt.Sprintf(`{"emit":{"n":%d,"interval_ms":%d}}`, ntok, interval)
+	for _, s := range ids {
+		a.cli("signal", "send", "hc", s, msg)
+	}
+	b := startServer(t, hcConfig(t, dir, addrB, dsn, model.URL, "", nil, ""), addrB)
+	connected.Add(sessions)
+	for _, s := range ids {
+		wg.Add(1)
+		go follow("other host", b.addr, s)
+	}
+	connected.Wait()
+	// Measure chunks emitted from a second after every client follows (the
+	// other host's clients first catch up with what came before).
+	from := time.Now().Add(time.Second).UnixNano()
+	wg.Wait()
+	for _, s := range ids {
+		if ts := a.transcript("hc", s); len(ts) != 1 {
+			t.Fatalf("session %s: %d turns, want 1", s, len(ts))
+		}
+	}
+
+	for _, side := range []string{"same host", "other host"} {
+		var ds []time.Duration
+		for _, s := range lat[side] {
+			if s.emit >= from {
+				ds = append(ds, time.Duration(s.recv-s.emit))
+			}
+		}
+		if len(ds) == 0 {
+			t.Fatalf("%s: no chunk emitted after every client followed (make the turns longer)", side)
+		}
+		slices.Sort(ds)
+		p := func(q float64) time.Duration { return ds[min(len(ds)-1, int(q*float64(len(ds))))] }
+		figure(t, "stream bench: chunk latency emit → SSE client on the %s: p50 %.1f ms, p99 %.1f ms, max %.1f ms (%d chunks; %d sessions × %d tokens at %d tokens/s each; flush_interval 50ms, poll_interval 100ms)",
+			side, ms(p(0.5)), ms(p(0.99)), ms(ds[len(ds)-1]), len(ds), sessions, ntok, 1000/interval)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var chunkFrames, chunks, frames int64
+	if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE kind = 'chunk'), coalesce(sum(jsonb_array_length(body::jsonb->'chunks')) FILTER (WHERE kind = 'chunk'), 0), count(*) FROM stream_frames`).Scan(&chunkFrames, &chunks, &frames); err != nil {
+		t.Fatal(err)
+	}
+	total := int64(sessions * ntok)
+	if chunks != total {
+		t.Errorf("the store holds %d chunks, want %d", chunks, total)
+	}
+	figure(t, "stream bench: %.1f chunk frames (store writes) per 1,000 tokens (%d frames for %d tokens; %d frames in all with turn.started and turn.committed)",
+		float64(chunkFrames)*1000/float64(total), chunkFrames, total, frames)
+}
