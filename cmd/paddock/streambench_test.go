@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -31,6 +32,22 @@ import (
 //
 // Environment: STREAMBENCH_SESSIONS (8), _TOKENS per session
 // (1000), _INTERVAL_MS between tokens (20, i.e. 50 tokens/s per session).
+// procRSSKiB is a process's resident set in KiB (from /proc).
+func procRSSKiB(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return -1
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			var n float64
+			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), &n)
+			return n
+		}
+	}
+	return -1
+}
+
 func TestStreamBenchFigures(t *testing.T) {
 	if os.Getenv("STREAMBENCH") == "" {
 		t.Skip("a benchmark: make bench-stream (STREAMBENCH=1)")
@@ -155,4 +172,26 @@ func TestStreamBenchFigures(t *testing.T) {
 	}
 	figure(t, "stream bench: %.1f chunk frames (store writes) per 1,000 tokens (%d frames for %d tokens; %d frames in all with turn.started and turn.committed)",
 		float64(chunkFrames)*1000/float64(total), chunkFrames, total, frames)
+
+	// Idle subscribers of the other host, over real connections: its RSS
+	// and goroutines before and after K clients follow quiet sessions.
+	k := envInt("STREAMBENCH_IDLE", 1000)
+	settle := func() (rss, gor, heap float64) {
+		time.Sleep(2 * time.Second)
+		return procRSSKiB(b.cmd.Process.Pid), metric(b.addr, "go_goroutines"), metric(b.addr, "go_memstats_heap_inuse_bytes")
+	}
+	rss0, g0, h0 := settle()
+	conns := make([]*sseConn, 0, k)
+	for i := range k {
+		c := openStream(t, b.addr, "hc", ids[i%len(ids)], "")
+		// Past the replay of what the session holds: the client is idle.
+		conns = append(conns, c)
+	}
+	waitUntil(t, "the idle clients to be counted", time.Minute, func() bool { return metric(b.addr, "paddock_stream_subscribers") >= float64(k) })
+	rss1, g1, h1 := settle()
+	for _, c := range conns {
+		c.close()
+	}
+	figure(t, "stream bench: idle subscribers over HTTP on one host: %.1f KiB of heap in use, %.1f KiB RSS and %.1f goroutines each, connection included (%d clients on %d sessions; process RSS %.0f → %.0f MiB)",
+		(h1-h0)/1024/float64(k), (rss1-rss0)/float64(k), (g1-g0)/float64(k), k, len(ids), rss0/1024, rss1/1024)
 }
