@@ -385,10 +385,10 @@ func TestStreamKillDashNineOfTheHostMidStream(t *testing.T) {
 	}
 	t.Parallel()
 	dsn := pgtest.DSN(t)
-	first, second := tokens("a", 40), tokens("b", 25)
+	first, second := tokens("a", 600), tokens("b", 25)
 	model := newModelServer(t, func(n int, body map[string]any, w http.ResponseWriter, r *http.Request) {
 		if n == 1 {
-			// A's call: tokens 100 ms apart until A dies.
+			// A's call: tokens 100 ms apart until A dies (a minute at most).
 			slowStream(w, r, 100*time.Millisecond, first...)
 			return
 		}
