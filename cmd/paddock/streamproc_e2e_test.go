@@ -412,12 +412,35 @@ func TestStreamKillDashNineOfTheHostMidStream(t *testing.T) {
 	if err := follow(c, r, func(ev sseEvent) bool { return r.chunks >= 3 }); err != nil {
 		t.Fatal(err)
 	}
+	// A second client follows on A itself, then reconnects to B.
+	ca := openStream(t, addrA, "hc", sess, "")
+	ra := newReader(t)
+	if err := follow(ca, ra, func(ev sseEvent) bool { return ra.chunks >= 3 }); err != nil {
+		t.Fatal(err)
+	}
 	a.kill9()
 	killed := time.Now()
 	deadline := time.AfterFunc(time.Minute, c.close)
 	defer deadline.Stop()
 	if err := follow(c, r, func(ev sseEvent) bool { return ev.Event == "turn.committed" }); err != nil {
 		t.Fatalf("the stream on B ended before the commit: %v (events %v)", err, r.kinds)
+	}
+	// A's client: its connection died with A (it may have read more of A's
+	// chunks first); it resumes on B after the last id it got.
+	_ = follow(ca, ra, func(sseEvent) bool { return false })
+	ca.close()
+	resumedAt := ra.last
+	ca = openStream(t, addrB, "hc", sess, resumedAt)
+	deadlineA := time.AfterFunc(time.Minute, ca.close)
+	err := follow(ca, ra, func(ev sseEvent) bool { return ev.Event == "turn.committed" })
+	deadlineA.Stop()
+	ca.close()
+	if err != nil {
+		t.Fatalf("the client of A resumed on B after %s: %v (events %v)", resumedAt, err, ra.kinds)
+	}
+	t.Logf("the client of A resumed on B after %s; B's client saw %v", resumedAt, r.kinds)
+	if strings.Join(ra.ids, " ") != strings.Join(r.ids, " ") {
+		t.Errorf("the client that moved from A to B (resumed after %s) saw ids\n%v\nthe client on B\n%v", resumedAt, ra.ids, r.ids)
 	}
 	figure(t, "stream: kill -9 of the streaming host → the client on the other host saw turn.committed %.1f s later (lease_ttl 2s)", time.Since(killed).Seconds())
 
@@ -433,6 +456,9 @@ func TestStreamKillDashNineOfTheHostMidStream(t *testing.T) {
 	}
 	if got := r.textOf(ev); got != out[0].Content {
 		t.Errorf("the client reassembled %q, want the committed answer %q", got, out[0].Content)
+	}
+	if got := ra.textOf(ev); got != out[0].Content {
+		t.Errorf("the client that moved from A to B reassembled %q, want the committed answer %q", got, out[0].Content)
 	}
 	// The frame sequence: started (A), retrying (A, lease_expired),
 	// started (B), committed (B) — chunks in between.
@@ -585,7 +611,7 @@ func TestApprovalAcrossAHostRestartSendsEachRequestOnce(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.DSN(t)
 	model := newModelServer(t, func(n int, body map[string]any, w http.ResponseWriter, r *http.Request) {
-		chatCompletion(w, "the model's answer")
+		streamedCompletion(w, "the model's ", "answer")
 	})
 	var mu sync.Mutex
 	hits := 0
@@ -613,9 +639,17 @@ func TestApprovalAcrossAHostRestartSendsEachRequestOnce(t *testing.T) {
 	}
 	srv := startServer(t, cfg, addr)
 	sess := srv.cli("session", "create", "hc")
+	// A client follows live, across the hold and the restart.
+	live := openStream(t, addr, "hc", sess, "")
+	lr := newReader(t)
 	pay := httpCall(page.URL+"/pay", nil)
 	pay.HTTP.Method = "POST"
 	srv.cli("signal", "send", "hc", sess, callsMessage(t, modelCall("how much?"), pay))
+	liveDeadline := time.AfterFunc(time.Minute, live.close)
+	if err := follow(live, lr, func(ev sseEvent) bool { return ev.Event == "wait.opened" }); err != nil {
+		t.Fatalf("the live client: %v (%v)", err, lr.kinds)
+	}
+	liveDeadline.Stop()
 	var waitID string
 	waitUntil(t, "the approval wait to open", time.Minute, func() bool {
 		evs := srv.events("hc", sess)
@@ -629,12 +663,30 @@ func TestApprovalAcrossAHostRestartSendsEachRequestOnce(t *testing.T) {
 		t.Fatalf("while held: %d model requests, %d destination requests; want 1 and 0", n, hits)
 	}
 	srv.kill9()
+	live.close()
 	srv = startServer(t, cfg, addr)
+	live = openStream(t, addr, "hc", sess, lr.last)
+	liveDone := make(chan error, 1)
+	go func() { liveDone <- follow(live, lr, func(ev sseEvent) bool { return ev.Event == "turn.committed" }) }()
 	if out := srv.cli("wait", "resolve", "hc", sess, waitID, "--approve"); !strings.Contains(out, "approved") && !strings.Contains(out, "resolved") {
 		t.Errorf("wait resolve --approve printed %q", out)
 	}
 	waitUntil(t, "the approved turn to commit", time.Minute, func() bool { return len(srv.transcript("hc", sess)) == 1 })
+	liveDeadline = time.AfterFunc(time.Minute, live.close)
+	if err := <-liveDone; err != nil {
+		t.Errorf("the live client after the restart: %v (%v)", err, lr.kinds)
+	}
+	liveDeadline.Stop()
+	live.close()
+	t.Logf("the live client saw %v", lr.kinds)
 	out := onlyTurnReply(t, srv, sess)
+	// The live client dropped the held attempt's text at turn.retrying;
+	// the rerun replays the model call and emits its recorded text once.
+	if evs := srv.events("hc", sess); len(evs) == 1 {
+		if got := lr.textOf(evs[0].ID); got != "the model's answer" {
+			t.Errorf("the live client reassembled %q (events %v), want the model's answer once", got, lr.kinds)
+		}
+	}
 	if len(out) != 2 || !out[0].Replayed || out[0].Content != "the model's answer" || out[1].Status != 200 || out[1].Body != "paid" || out[1].Replayed {
 		t.Errorf("reply %+v: want the model call replayed, the approved POST live with 200", out)
 	}
