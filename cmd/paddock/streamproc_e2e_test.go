@@ -271,7 +271,7 @@ func tokens(prefix string, n int) []string {
 // TestStreamClientReconnectingMidTurnGetsEveryChunkOnce follows a turn
 // whose model answer streams in bursts, dropping the connection every few
 // chunks and reconnecting with Last-Event-ID (mostly inside a chunk frame,
-// "<seq>.<j>"): the client sees every chunk once, in order, and the text
+// "<seq>.<j>"), alternately to either of two hosts on one store: the client sees every chunk once, in order, and the text
 // it reassembles is the committed answer. Then, from every id of the
 // stream, a resumed connection starts exactly at the next id.
 func TestStreamClientReconnectingMidTurnGetsEveryChunkOnce(t *testing.T) {
@@ -291,8 +291,13 @@ func TestStreamClientReconnectingMidTurnGetsEveryChunkOnce(t *testing.T) {
 		fmt.Fprint(w, `data: {"id":"c1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n")
 	})
 	dir := t.TempDir()
-	addr := freePort(t)
-	srv := startServer(t, hcConfig(t, dir, addr, pgtest.DSN(t), model.URL, "", nil, ""), addr)
+	dsn := pgtest.DSN(t)
+	addr, addrB := freePort(t), freePort(t)
+	srv := startServer(t, hcConfig(t, dir, addr, dsn, model.URL, "", nil, ""), addr)
+	// A second host on the same store: the client alternates between the
+	// two, so it resumes on a host that may not have seen its position yet.
+	startServer(t, hcConfig(t, dir, addrB, dsn, model.URL, "", nil, ""), addrB)
+	hosts := []string{addr, addrB}
 	sess := srv.cli("session", "create", "hc")
 	c := openStream(t, addr, "hc", sess, "")
 	srv.cli("signal", "send", "hc", sess, callsMessage(t, modelCall("count")))
@@ -323,7 +328,7 @@ func TestStreamClientReconnectingMidTurnGetsEveryChunkOnce(t *testing.T) {
 		if strings.Contains(r.last, ".") {
 			midFrame++
 		}
-		c = openStream(t, addr, "hc", sess, r.last)
+		c = openStream(t, hosts[reconnects%2], "hc", sess, r.last)
 	}
 	evs := srv.events("hc", sess)
 	out := onlyTurnReply(t, srv, sess)
@@ -342,9 +347,9 @@ func TestStreamClientReconnectingMidTurnGetsEveryChunkOnce(t *testing.T) {
 	}
 	t.Logf("%d reconnects, %d of them inside a chunk frame; ids %v", reconnects, midFrame, r.ids)
 
-	// Resume from every id: the first event is the next one.
+	// Resume from every id, on either host: the first event is the next one.
 	for i, id := range r.ids[:len(r.ids)-1] {
-		c := openStream(t, addr, "hc", sess, id)
+		c := openStream(t, hosts[i%2], "hc", sess, id)
 		ev, err := c.next()
 		c.close()
 		if err != nil {
@@ -721,5 +726,46 @@ func TestApprovalAcrossAHostRestartSendsEachRequestOnce(t *testing.T) {
 	}
 	if k := strings.Join(r.kinds, " "); !strings.HasPrefix(k, "turn.started") || !strings.Contains(k, "turn.retrying") || strings.Join(reasons, ",") != "approval" {
 		t.Errorf("stream %s (reasons %v): want the hold as turn.retrying with reason approval, then the rerun's commit", k, reasons)
+	}
+}
+
+// TestWaitExpiresWhileTheHostIsDown: a wait with a timeout falls due while
+// its only host is down (killed with SIGKILL); the restarted host expires
+// it once — a wait.expired event runs and commits — and resolving it then
+// answers 410 wait_expired.
+func TestWaitExpiresWhileTheHostIsDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process test")
+	}
+	t.Parallel()
+	model := newModelServer(t, func(int, map[string]any, http.ResponseWriter, *http.Request) {})
+	dir := t.TempDir()
+	addr := freePort(t)
+	cfg := hcConfig(t, dir, addr, pgtest.DSN(t), model.URL, "", nil, "")
+	srv := startServer(t, cfg, addr)
+	sess := srv.cli("session", "create", "hc")
+	srv.cli("signal", "send", "hc", sess, `{"wait":{"id":"soon","for":"a quick answer","timeout_ms":1500}}`)
+	waitUntil(t, "the wait to open", time.Minute, func() bool { return waitStatus(t, srv, sess, "soon") == "open" })
+	w, err := srv.api().GetWait(context.Background(), "hc", sess, "soon")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.kill9()
+	if w.ExpiresAt == nil {
+		t.Fatalf("wait %+v has no expiry", w)
+	}
+	time.Sleep(time.Until(*w.ExpiresAt) + 500*time.Millisecond)
+	srv = startServer(t, cfg, addr)
+	waitUntil(t, "the wait.expired turn to commit", time.Minute, func() bool { return len(srv.transcript("hc", sess)) == 2 })
+	ts := srv.transcript("hc", sess)
+	if got := ts[1].Messages[len(ts[1].Messages)-1].Content; !strings.Contains(got, `"kind":"wait.expired"`) || !strings.Contains(got, `"id":"soon"`) {
+		t.Errorf("the second turn answered %q, want a wait.expired event of wait soon", got)
+	}
+	if code, body := resolveWait(t, addr, sess, "soon", `{"data":1}`); code != 410 || !strings.Contains(body, "wait_expired") {
+		t.Errorf("resolve an expired wait: %d %s, want 410 wait_expired", code, body)
+	}
+	time.Sleep(500 * time.Millisecond) // a second expiry would show as a third turn
+	if evs := srv.events("hc", sess); len(evs) != 2 || len(srv.transcript("hc", sess)) != 2 {
+		t.Errorf("events %+v: want the wait's turn and one wait.expired", evs)
 	}
 }
