@@ -769,3 +769,47 @@ func TestWaitExpiresWhileTheHostIsDown(t *testing.T) {
 		t.Errorf("events %+v: want the wait's turn and one wait.expired", evs)
 	}
 }
+
+// TestStreamSteerMidStream steers a turn while its model answer streams:
+// the agent (hcagent) does not take steers in, so its reply is refused as
+// stale and the turn runs again with the steer. A client following the
+// stream must be able to tell: what it reassembles for the event is the
+// committed answer, its chunk offsets never go back without a
+// turn.retrying, and the event commits once.
+func TestStreamSteerMidStream(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process test")
+	}
+	t.Parallel()
+	parts := tokens("s", 30)
+	model := newModelServer(t, func(n int, body map[string]any, w http.ResponseWriter, r *http.Request) {
+		slowStream(w, r, 50*time.Millisecond, parts...)
+	})
+	dir := t.TempDir()
+	addr := freePort(t)
+	srv := startServer(t, hcConfig(t, dir, addr, pgtest.DSN(t), model.URL, "", nil, ""), addr)
+	sess := srv.cli("session", "create", "hc")
+	c := openStream(t, addr, "hc", sess, "")
+	defer c.close()
+	r := newReader(t)
+	srv.cli("signal", "send", "hc", sess, callsMessage(t, modelCall("go on")))
+	if err := follow(c, r, func(ev sseEvent) bool { return r.chunks >= 3 }); err != nil {
+		t.Fatal(err)
+	}
+	srv.cli("signal", "send", "hc", sess, "faster please", "--mid-turn", "steer")
+	deadline := time.AfterFunc(time.Minute, c.close)
+	defer deadline.Stop()
+	if err := follow(c, r, func(ev sseEvent) bool { return ev.Event == "turn.committed" }); err != nil {
+		t.Fatalf("stream: %v (%v)", err, r.kinds)
+	}
+	t.Logf("the client saw %v", r.kinds)
+	evs := srv.events("hc", sess)
+	turns := srv.transcript("hc", sess)
+	if len(turns) != 1 {
+		t.Fatalf("%d turns, want 1", len(turns))
+	}
+	out := onlyTurnReply(t, srv, sess)
+	if got := r.textOf(evs[0].ID); got != out[0].Content {
+		t.Errorf("the client reassembled %q, want the committed answer %q", got, out[0].Content)
+	}
+}
