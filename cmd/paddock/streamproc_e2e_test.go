@@ -770,9 +770,9 @@ func TestWaitExpiresWhileTheHostIsDown(t *testing.T) {
 	}
 }
 
-// TestStreamSteerMidStream steers a turn while its model answer streams:
-// the agent (hcagent) does not take steers in, so its reply is refused as
-// stale and the turn runs again with the steer. A client following the
+// TestStreamSteerMidStream steers a turn (four times) while its model
+// answer streams: the agent (hcagent) does not take steers in, so its
+// reply is refused as stale and the turn runs again with the steers. A client following the
 // stream must be able to tell: what it reassembles for the event is the
 // committed answer, its chunk offsets never go back without a
 // turn.retrying, and the event commits once.
@@ -796,7 +796,12 @@ func TestStreamSteerMidStream(t *testing.T) {
 	if err := follow(c, r, func(ev sseEvent) bool { return r.chunks >= 3 }); err != nil {
 		t.Fatal(err)
 	}
-	srv.cli("signal", "send", "hc", sess, "faster please", "--mid-turn", "steer")
+	// Several steers while the answer streams: each raises the delivery's
+	// revision, racing the stream's next chunk write.
+	for i := range 4 {
+		srv.cli("signal", "send", "hc", sess, fmt.Sprintf("faster please %d", i), "--mid-turn", "steer")
+		time.Sleep(100 * time.Millisecond)
+	}
 	deadline := time.AfterFunc(time.Minute, c.close)
 	defer deadline.Stop()
 	if err := follow(c, r, func(ev sseEvent) bool { return ev.Event == "turn.committed" }); err != nil {
