@@ -62,7 +62,7 @@ type streamBuf struct {
 	// turn_ref. The attempt is not over: its chunks stay pending, and
 	// setRef or resume writes them under the newer ref.
 	stale bool
-	off     bool // the store keeps no stream: chunks are dropped
+	off   bool // the store keeps no stream: chunks are dropped
 	// seqs are the model calls whose text this attempt streamed: a steer
 	// reruns the turn in the same attempt, replaying them from the
 	// journal, and their text is not streamed twice (emitReplay).
