@@ -96,8 +96,9 @@ bench-paddock: build examples ## `paddock bench`: N turns over K sessions from P
 	bin/paddock bench --store sqlite $(BENCH_FLAGS)
 	@if [ -n "$$DATABASE_URL" ]; then bin/paddock bench --store postgres $(BENCH_FLAGS); fi
 
-bench-stream: ## the session stream: chunk latency emit → SSE client on the same and another host, store writes per 1,000 tokens, idle subscribers (two `paddock serve` on PostgreSQL: DATABASE_URL or a throwaway cluster; ≈ 1 min)
+bench-stream: ## the session stream: chunk latency emit → SSE client on the same and another host, store writes per 1,000 tokens, idle subscribers (two `paddock serve` on PostgreSQL — DATABASE_URL or a throwaway cluster — then one on SQLite; ≈ 2 min)
 	STREAMBENCH=1 $(GO) test -run '^TestStreamBenchFigures$$' -count=1 -v -timeout 10m ./cmd/paddock/ | grep -E 'stream bench|^(--- |ok|FAIL)'
+	STREAMBENCH=1 STREAMBENCH_STORE=sqlite $(GO) test -run '^TestStreamBenchFigures$$' -count=1 -v -timeout 10m ./cmd/paddock/ | grep -E 'stream bench|^(--- |ok|FAIL)'
 	$(GO) test -run '^$$' -bench 'IdleSubscribers' -benchtime 3x ./host/api/
 
 bench-peers: build examples ## Paddock beside River, DBOS and pgbench (../shared/peers) on one PostgreSQL, with the ratios (≈ 10 min)
