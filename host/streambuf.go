@@ -35,7 +35,13 @@ const (
 // frames precede turn.committed). The attempt's offsets run from 0 in the
 // order emits arrive. At most one write is in flight. A *store.FenceError
 // stops the buffer: the attempt is stale, and its later emits answer
-// cancelled, as do emits after end.
+// cancelled, as do emits after end — except stale_revision, which only
+// says a steer raised the revision before the controller handed the
+// buffer the new turn_ref (setRef): the chunks wait for it. A steer's
+// rerun of the turn goes on in the same buffer (resume), and a model call
+// it replays from the journal is not streamed again if this attempt
+// streamed it (emitReplay); what the agent emits again is (a client
+// cannot tell it from new output).
 type streamBuf struct {
 	h        *Host
 	key      store.ActorKey
