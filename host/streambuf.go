@@ -35,7 +35,13 @@ const (
 // frames precede turn.committed). The attempt's offsets run from 0 in the
 // order emits arrive. At most one write is in flight. A *store.FenceError
 // stops the buffer: the attempt is stale, and its later emits answer
-// cancelled, as do emits after end.
+// cancelled, as do emits after end — except stale_revision, which only
+// says a steer raised the revision before the controller handed the
+// buffer the new turn_ref (setRef): the chunks wait for it. A steer's
+// rerun of the turn goes on in the same buffer (resume), and a model call
+// it replays from the journal is not streamed again if this attempt
+// streamed it (emitReplay); what the agent emits again is (a client
+// cannot tell it from new output).
 type streamBuf struct {
 	h        *Host
 	key      store.ActorKey
@@ -57,7 +63,16 @@ type streamBuf struct {
 	kicked  bool // a write for the size threshold is on its way
 	ended   bool // end was called: later emits answer cancelled
 	fenced  bool // a write was refused by the fences
-	off     bool // the store keeps no stream: chunks are dropped
+	// stale: a write was refused as stale_revision — a steer raised the
+	// delivery's revision before the controller gave this buffer the new
+	// turn_ref. The attempt is not over: its chunks stay pending, and
+	// setRef or resume writes them under the newer ref.
+	stale bool
+	off   bool // the store keeps no stream: chunks are dropped
+	// seqs are the model calls whose text this attempt streamed: a steer
+	// reruns the turn in the same attempt, replaying them from the
+	// journal, and their text is not streamed twice (emitReplay).
+	seqs map[int]bool
 }
 
 // newStreamBuf returns the stream buffer of the attempt whose first
@@ -72,7 +87,21 @@ func newStreamBuf(h *Host, key store.ActorKey, ref abi.TurnRef, attempt int, log
 func (b *streamBuf) setRef(ref abi.TurnRef) {
 	b.mu.Lock()
 	b.ref = ref
+	kick := b.unstaleLocked()
 	b.mu.Unlock()
+	if kick {
+		go b.flush()
+	}
+}
+
+// unstaleLocked clears stale after the ref changed, and says whether
+// chunks wait for a write.
+func (b *streamBuf) unstaleLocked() bool {
+	if !b.stale {
+		return false
+	}
+	b.stale = false
+	return len(b.pending) > 0
 }
 
 // emit adds an agent's chunk (already validated) and answers the emit
@@ -124,6 +153,25 @@ func (b *streamBuf) emitHost(text string, callSeq int) {
 			return
 		}
 		b.addLocked(abi.Chunk{Type: abi.ChunkText, Text: part, CallSeq: callSeq}, n)
+		if callSeq > 0 {
+			if b.seqs == nil {
+				b.seqs = map[int]bool{}
+			}
+			b.seqs[callSeq] = true
+		}
+	}
+}
+
+// emitReplay adds the text of a model call replayed from the journal as
+// one chunk — unless this attempt streamed that call already: the
+// rerun of a steered turn replays the calls its first run made, and their
+// text went out then (a client has no turn.retrying to drop it at).
+func (b *streamBuf) emitReplay(text string, callSeq int) {
+	b.mu.Lock()
+	done := b.seqs[callSeq]
+	b.mu.Unlock()
+	if !done {
+		b.emitHost(text, callSeq)
 	}
 }
 
@@ -170,7 +218,7 @@ func (b *streamBuf) flush() {
 	b.mu.Unlock()
 	for {
 		b.mu.Lock()
-		if b.first >= upTo || len(b.pending) == 0 || b.fenced || b.off {
+		if b.first >= upTo || len(b.pending) == 0 || b.fenced || b.stale || b.off {
 			b.mu.Unlock()
 			return
 		}
@@ -202,6 +250,17 @@ func (b *streamBuf) flush() {
 			b.mu.Unlock()
 			b.h.metrics.StreamFrames.Inc()
 			b.h.notifyStream(b.key)
+			continue
+		case errors.As(err, &fe) && fe.Reason == store.FenceStaleRevision && p.Ref == b.ref:
+			// A steer raised the revision and this buffer does not have
+			// the new ref yet: keep the chunks for setRef or resume.
+			b.stale = true
+			b.mu.Unlock()
+			b.log.Debug("stream: chunks wait for the steered turn_ref", "chunks", len(b.pending))
+			return
+		case errors.As(err, &fe) && fe.Reason == store.FenceStaleRevision:
+			// The ref changed during the write: write again under it.
+			b.mu.Unlock()
 			continue
 		case errors.As(err, &fe):
 			b.fenced = true
@@ -239,7 +298,9 @@ func (b *streamBuf) end() {
 	b.mu.Unlock()
 	b.flush()
 	b.mu.Lock()
-	if n := len(b.pending); n > 0 {
+	if n := len(b.pending); n > 0 && !b.stale {
+		// (Stale chunks are kept: the commit under the old ref will be
+		// refused too, and the steer's rerun resumes this buffer.)
 		b.log.Warn("stream: chunks not stored before the turn ended; dropped", "chunks", n)
 		b.first += n
 		b.pending, b.pendBy = nil, 0
@@ -257,5 +318,9 @@ func (b *streamBuf) end() {
 func (b *streamBuf) resume(ref abi.TurnRef) {
 	b.mu.Lock()
 	b.ended, b.ref = false, ref
+	kick := b.unstaleLocked()
 	b.mu.Unlock()
+	if kick {
+		b.flush()
+	}
 }
