@@ -124,9 +124,9 @@ type StreamPolicy struct {
 	MaxBytesPerTurn int64
 }
 
-// DefaultStreamPolicy returns the defaults of stream: 50 ms, 24 h, 8 MiB.
+// DefaultStreamPolicy returns the defaults of stream: 100 ms, 24 h, 8 MiB.
 func DefaultStreamPolicy() StreamPolicy {
-	return StreamPolicy{FlushInterval: 50 * time.Millisecond, Retention: 24 * time.Hour, MaxBytesPerTurn: 8 << 20}
+	return StreamPolicy{FlushInterval: 100 * time.Millisecond, Retention: 24 * time.Hour, MaxBytesPerTurn: 8 << 20}
 }
 
 // For returns the policy of the named agent.

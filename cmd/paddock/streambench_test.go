@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	hostconfig "github.com/paddock-dev/paddock/host/config"
 	"github.com/paddock-dev/paddock/store/pgtest"
 )
 
@@ -196,8 +197,9 @@ func TestStreamBenchFigures(t *testing.T) {
 		}
 		slices.Sort(ds)
 		p := func(q float64) time.Duration { return ds[min(len(ds)-1, int(q*float64(len(ds))))] }
-		figure(t, "stream bench: chunk latency emit → SSE client on the %s: p50 %.1f ms, p99 %.1f ms, max %.1f ms (%d chunks; %d sessions × %d tokens at %d tokens/s each; %s; flush_interval 50ms, poll_interval 100ms)",
-			side, ms(p(0.5)), ms(p(0.99)), ms(ds[len(ds)-1]), len(ds), sessions, ntok, 1000/interval, store)
+		figure(t, "stream bench: chunk latency emit → SSE client on the %s: p50 %.1f ms, p99 %.1f ms, max %.1f ms (%d chunks; %d sessions × %d tokens at %d tokens/s each; %s; flush_interval %v, poll_interval %v)",
+			side, ms(p(0.5)), ms(p(0.99)), ms(ds[len(ds)-1]), len(ds), sessions, ntok, 1000/interval, store,
+			hostconfig.Default().Stream.FlushInterval, hostconfig.Default().Stream.PollInterval)
 	}
 
 	total := int64(sessions * ntok)

@@ -433,7 +433,7 @@ func Default() Config {
 			ShutdownTimeout: 10 * time.Second,
 		},
 		API:    API{MaxBodyBytes: 1 << 20, MaxModuleBytes: 64 << 20},
-		Stream: Stream{FlushInterval: 50 * time.Millisecond, Retention: 24 * time.Hour, MaxBytesPerTurn: 8 << 20, PollInterval: 100 * time.Millisecond},
+		Stream: Stream{FlushInterval: 100 * time.Millisecond, Retention: 24 * time.Hour, MaxBytesPerTurn: 8 << 20, PollInterval: 100 * time.Millisecond},
 		Policy: Policy{
 			CrashPolicy: "restart", MaxAttempts: 5, BackoffMin: 5 * time.Second, BackoffMax: 120 * time.Second,
 			DeadLetter: "continue", IdleTimeout: 30 * time.Second, TurnTimeout: 30 * time.Second,

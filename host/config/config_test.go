@@ -266,8 +266,8 @@ func TestStreamDefaultsAndLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := cfg.Stream; s.FlushInterval != 50*time.Millisecond || s.Retention != 24*time.Hour || s.MaxBytesPerTurn != 8<<20 {
-		t.Errorf("stream defaults %+v, want 50ms, 24h, 8 MiB", s)
+	if s := cfg.Stream; s.FlushInterval != 100*time.Millisecond || s.Retention != 24*time.Hour || s.MaxBytesPerTurn != 8<<20 {
+		t.Errorf("stream defaults %+v, want 100ms, 24h, 8 MiB", s)
 	}
 	cfg, err = Load(Sources{File: writeFile(t, "stream:\n  flush_interval: 20ms\n  retention: 2h\n  max_bytes_per_turn: 1048576\n")})
 	if err != nil {
