@@ -185,7 +185,9 @@ type Subscription struct {
 // Subscribe starts a subscription to session key's stream after position
 // after (the zero Cursor: from the oldest kept frame). It reads the store
 // once, so an unknown session is refused at once (store.ErrNotFound). A
-// position older than the oldest kept frame gets an EventReset first.
+// position older than the oldest kept frame gets an EventReset first, and
+// so does one past the session's last frame (the subscription then
+// follows from the head).
 func (h *Hub) Subscribe(ctx context.Context, key store.ActorKey, after Cursor) (*Subscription, error) {
 	sub := &Subscription{h: h, key: key, pos: after, wake: make(chan struct{}, 1), fresh: after.IsZero()}
 	if err := sub.readStore(ctx); err != nil {
@@ -300,6 +302,15 @@ func (sub *Subscription) readStore(ctx context.Context) error {
 		return fmt.Errorf("read stream: %w", err)
 	}
 	pos := sub.pos
+	if pos.Seq > page.Head {
+		// A position past the head is not of this stream (another
+		// session's id, a store restored from an older backup): taken as
+		// is, it would skip every new frame up to it. The client reloads
+		// the transcript and follows from the head.
+		r := resetEvent(page.Head + 1)
+		sub.backlog = append(sub.backlog, r)
+		pos, need = r.Cursor, page.Head+1
+	}
 	if !sub.fresh && page.Oldest > need {
 		r := resetEvent(page.Oldest)
 		sub.backlog = append(sub.backlog, r)
