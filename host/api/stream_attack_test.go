@@ -84,7 +84,7 @@ func TestAttackAClientThatNeverReadsSlowsNobody(t *testing.T) {
 	live := e.open(key, "")
 	tr := e.w.Start(key, "hi")
 	big := strings.Repeat("x", 60<<10)
-	const frames = 24 // 24 × 8 × 60 KiB ≈ 11 MiB: far more than the socket buffers hold
+	const frames = 24 // 12 × 8 × 60 KiB ≈ 5.6 MiB: more than the cache holds
 	for range frames {
 		tr.Emit(big, big, big, big, big, big, big, big)
 	}

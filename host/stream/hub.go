@@ -270,7 +270,7 @@ func (sub *Subscription) Next(ctx context.Context) ([]Event, error) {
 		}
 		evs, behind := sub.s.since(sub.pos)
 		if behind {
-			if err := sub.readStore(ctx); err != nil {
+			if err := sub.readStore(readContext(ctx)); err != nil {
 				return nil, err
 			}
 			if len(sub.backlog) > 0 {
@@ -288,6 +288,25 @@ func (sub *Subscription) Next(ctx context.Context) ([]Event, error) {
 			return nil, ErrClosed
 		}
 	}
+}
+
+// readContext returns the context of a store read Next makes for a
+// caller's ctx: cancelled with ctx, but not ended by ctx's deadline. A
+// deadline bounds the caller's wait for new frames (the stream route's
+// heartbeat); a read cut by it would start again from the same place at
+// the next call, so a catch-up read slower than the wait would never
+// finish. The read has its own timeout (readTimeout).
+func readContext(ctx context.Context) context.Context {
+	if _, ok := ctx.Deadline(); !ok {
+		return ctx
+	}
+	rctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	context.AfterFunc(ctx, func() {
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			cancel(ctx.Err())
+		}
+	})
+	return rctx
 }
 
 // readStore reads the next page after the subscriber's position into its
