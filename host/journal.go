@@ -234,7 +234,17 @@ func (c *journalCaller) approval(ctx context.Context, seq int, req *abi.CallRequ
 	event := c.currentRef().ActorEventID
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), journalWriteTimeout)
 	defer cancel()
-	decided, taken, err := c.findApproval(rctx, event, seq, digest)
+	decided, approvals, taken, err := c.findApproval(rctx, event, seq, digest)
+	if err == nil && decided != nil && approvals > 0 {
+		// An approval lets the call go out once: a call that went out
+		// under it and was set aside since (the turn diverged at seq on
+		// a later attempt, then came back to this request) needs a new
+		// one, or a single approval could be spent again and again.
+		var spent int
+		if spent, err = c.approvedCallsMade(rctx, event, seq, digest); err == nil && spent >= approvals {
+			decided = nil
+		}
+	}
 	if err != nil {
 		c.log.Warn("host call: read its approval", "seq", seq, "err", err)
 		return cancelled("the host could not read the call's approval; the call was not made")
@@ -244,8 +254,12 @@ func (c *journalCaller) approval(ctx context.Context, seq int, req *abi.CallRequ
 			id := fmt.Sprintf("approval-%d-%d", event, seq)
 			if taken[id] {
 				// The same seq asked to approve another request before
-				// (the turn diverged): the new one gets its own wait.
+				// (the turn diverged), or this one again (its approval
+				// was spent): the new one gets its own wait.
 				id += "-" + strings.TrimPrefix(digest, "sha256:")[:12]
+				for n := 2; taken[id]; n++ {
+					id = fmt.Sprintf("approval-%d-%d-%s-%d", event, seq, strings.TrimPrefix(digest, "sha256:")[:12], n)
+				}
 			}
 			c.hold = &store.WaitParams{ID: id, For: clip("approve "+abi.SafeText(what), 1000), Data: approvalData(req), Timeout: c.caps.Approval.Timeout,
 				CallSeq: seq, CallDigest: digest}
@@ -272,31 +286,52 @@ func (c *journalCaller) approval(ctx context.Context, seq int, req *abi.CallRequ
 }
 
 // findApproval looks for the decided approval wait of call seq of the
-// event with the request digest (the newest, if several); taken are the
-// ids of the event's approval waits.
-func (c *journalCaller) findApproval(ctx context.Context, event int64, seq int, digest string) (decided *store.Wait, taken map[string]bool, err error) {
+// event with the request digest (the newest, if several); approvals
+// counts those that approved it; taken are the ids of the session's
+// waits.
+func (c *journalCaller) findApproval(ctx context.Context, event int64, seq int, digest string) (decided *store.Wait, approvals int, taken map[string]bool, err error) {
 	taken = map[string]bool{}
 	p := store.ListWaitsParams{AgentUID: c.key.AgentUID, SessionID: c.key.SessionID, Limit: 500}
 	for {
 		pg, err := c.h.st.ListWaits(ctx, p)
 		if err != nil {
-			return nil, nil, err
+			return nil, 0, nil, err
 		}
 		for i := range pg.Waits {
 			w := pg.Waits[i]
+			taken[w.ID] = true
 			if w.Kind != store.WaitKindApproval || w.EventID != event {
 				continue
 			}
-			taken[w.ID] = true
 			if w.CallSeq == seq && w.CallDigest == digest && w.Status != store.WaitOpen {
 				decided = &w
+				var d store.ApprovalDecision
+				if w.Status == store.WaitResolved && json.Unmarshal(w.Resolution, &d) == nil && d.Approved {
+					approvals++
+				}
 			}
 		}
 		if len(pg.Waits) < p.Limit || pg.NextAfter == p.After {
-			return decided, taken, nil
+			return decided, approvals, taken, nil
 		}
 		p.After = pg.NextAfter
 	}
+}
+
+// approvedCallsMade counts the event's journal rows, set aside or not,
+// of call seq with the request digest that went out (not refused).
+func (c *journalCaller) approvedCallsMade(ctx context.Context, event int64, seq int, digest string) (int, error) {
+	rows, err := c.h.st.HostCalls(ctx, c.key, event)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, r := range rows {
+		if r.Seq == seq && r.RequestDigest == digest && r.ErrorCode != string(abi.CallDenied) {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // approvalData is what an approval wait shows of the request: the request

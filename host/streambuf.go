@@ -25,6 +25,12 @@ const (
 	streamFrameChunks = 1024
 	// streamWriteTimeout bounds one AppendChunks.
 	streamWriteTimeout = 10 * time.Second
+	// streamChunkCost is the least a chunk counts towards
+	// stream.max_bytes_per_turn (its text and data bytes when more): a
+	// chunk costs its frame's JSON and an SSE event for every client even
+	// when it is empty, so a flood of empty or tiny chunks reaches the cap
+	// too.
+	streamChunkCost = 64
 )
 
 // streamBuf buffers the chunks one attempt emits (abi/README.md "Emit")
@@ -116,10 +122,11 @@ func (b *streamBuf) emit(c abi.Chunk) *abi.CallResult {
 	case b.fenced:
 		return cancelled("the attempt lost its fence: its output is not streamed and its turn will not commit")
 	}
-	n := int64(len(c.Text) + len(c.Data))
+	n := max(int64(len(c.Text)+len(c.Data)), streamChunkCost)
 	if b.used+n > b.maxBytes {
 		return &abi.CallResult{Error: &abi.CallError{Code: abi.CallTooLarge,
-			Message: fmt.Sprintf("the turn emitted %d bytes; this chunk of %d bytes would pass the limit of %d per turn (stream.max_bytes_per_turn)", b.used, n, b.maxBytes)}}
+			Message: fmt.Sprintf("the turn emitted %d bytes (a chunk counts at least %d); this chunk of %d bytes would pass the limit of %d per turn (stream.max_bytes_per_turn)",
+				b.used, streamChunkCost, len(c.Text)+len(c.Data), b.maxBytes)}}
 	}
 	b.addLocked(c, n)
 	return &abi.CallResult{}
@@ -148,7 +155,7 @@ func (b *streamBuf) emitHost(text string, callSeq int) {
 			part = part[:cut]
 		}
 		text = text[len(part):]
-		n := int64(len(part))
+		n := max(int64(len(part)), streamChunkCost)
 		if b.used+n > b.maxBytes {
 			return
 		}
@@ -175,7 +182,8 @@ func (b *streamBuf) emitReplay(text string, callSeq int) {
 	}
 }
 
-// addLocked appends c (n bytes) and schedules its write.
+// addLocked appends c (counting n bytes towards the cap) and schedules its
+// write.
 func (b *streamBuf) addLocked(c abi.Chunk, n int64) {
 	b.used += n
 	if b.off {
@@ -183,7 +191,7 @@ func (b *streamBuf) addLocked(c abi.Chunk, n int64) {
 		return
 	}
 	b.pending = append(b.pending, c)
-	b.pendBy += int(n)
+	b.pendBy += len(c.Text) + len(c.Data)
 	switch {
 	case b.pendBy >= streamFlushBytes:
 		if !b.kicked {

@@ -228,7 +228,7 @@ func (p *streamPrinter) print(ev apiclient.StreamEvent) error {
 		p.line("[wait %s %s]", safeCell(d.WaitID), safeCell(firstNonEmpty(d.Status, "resolved")))
 	case apiclient.StreamReset:
 		p.texts = map[[2]int64]bool{}
-		p.line("[stream reset: frames before %d were compacted away; reload the transcript (paddock transcript)]", d.Oldest)
+		p.line("[stream reset: the stream resumes at frame %d, events before it are not in the stream (compacted, or the position was not of this stream); reload the transcript (paddock transcript)]", d.Oldest)
 	default:
 		p.line("[%s %s]", safeCell(ev.Event), ev.ID)
 	}

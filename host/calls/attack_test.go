@@ -462,3 +462,36 @@ func TestAttackOnDeltaIsNotScrubbed(t *testing.T) {
 		t.Errorf("OnDelta received the key: %q", deltas.String())
 	}
 }
+
+// Found by attack, fixed: approval rules were checked only against the URL
+// the agent sent (by the journal, before the call went out); a redirect is
+// checked against the capabilities alone. An agent that may call any
+// allowed destination without approval asks one that answers with a
+// redirect (307 keeps a POST and its body) to the destination an approval
+// rule guards, and the guarded call goes out with nobody asked. A redirect
+// to a destination that needs approval is refused (denied, reason
+// approval) unless it is the very destination the call was approved for.
+func TestAttackRedirectDodgesApproval(t *testing.T) {
+	a, b := newDest(t), newDest(t)
+	x, _ := testExec(t, Config{}, env{})
+	caps := Capabilities{HTTP: []HTTPRule{loopbackRule(t, a), loopbackRule(t, b)},
+		Approval: ApprovalRules{HTTP: []ApprovalHTTPRule{{Host: "127.0.0.1", PathPrefix: "/ok"}}}}
+	first := httpReq("GET", a.URL+"/redirect?to="+b.URL+"/ok", nil)
+	if what, ok := caps.Approval.NeedsApproval(first); ok {
+		t.Fatalf("setup: the first request needs approval (%s)", what)
+	}
+	out := x.Do(context.Background(), "a", caps, first, CallOptions{})
+	wantErr(t, out, abi.CallDenied, ReasonApproval)
+	if n := len(b.requests()); n != 0 {
+		t.Fatalf("the guarded destination got %d requests through a redirect", n)
+	}
+	// A call approved for its destination may be redirected there again
+	// (a same-destination redirect of an approved call).
+	approved := httpReq("GET", b.URL+"/redirect?to=/ok", nil)
+	caps.Approval.HTTP[0].PathPrefix = "/"
+	out = x.Do(context.Background(), "a", caps, approved, CallOptions{})
+	wantErr(t, out, abi.CallDenied, ReasonApproval) // /ok is not /redirect: not what was approved
+	same := httpReq("GET", b.URL+"/ok", nil)
+	out = x.Do(context.Background(), "a", caps, same, CallOptions{})
+	wantOK(t, out)
+}

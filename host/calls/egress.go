@@ -114,6 +114,11 @@ type policy struct {
 	// header names filled with secrets, dropped on a redirect elsewhere.
 	origin        dest
 	secretHeaders []string
+	// approved is what an approver approved of the first request
+	// (ApprovalRules.NeedsApproval), "" when it needed no approval: a
+	// redirect to a destination that needs approval is followed only when
+	// it is that same one.
+	approved string
 }
 
 func (p *policy) current() HTTPRule {
@@ -260,6 +265,12 @@ func (e *Egress) checkRedirect(req *http.Request, via []*http.Request) error {
 			ce.Message = "redirect: " + ce.Message
 		}
 		return err
+	}
+	// Approval is asked of the URL the agent sent, before the call goes
+	// out: a redirect must not lead to a destination an approval rule
+	// guards that nobody approved.
+	if what, ok := p.caps.Approval.NeedsApproval(&abi.CallRequest{Kind: abi.CallKindHTTP, HTTP: &abi.HTTPRequest{Method: req.Method, URL: req.URL.String()}}); ok && what != p.approved {
+		return denied(ReasonApproval, "redirect to %s, which needs an approver's decision (only the call's own destination was approved)", what)
 	}
 	if d != p.origin {
 		for _, h := range p.secretHeaders {
@@ -411,6 +422,7 @@ func (e *Egress) Do(ctx context.Context, call HTTPCall) (*abi.HTTPResponse, int6
 	// Secrets are filled only after the destination check.
 	var scrub scrubber
 	pol := &policy{caps: call.Caps, rule: rule, origin: d}
+	pol.approved, _ = call.Caps.Approval.NeedsApproval(&abi.CallRequest{Kind: abi.CallKindHTTP, HTTP: &abi.HTTPRequest{Method: method, URL: r.URL}})
 	header := http.Header{}
 	for k, v := range r.Headers {
 		filled, had, cerr := fillSecrets(ctx, call, rule, v, &scrub)

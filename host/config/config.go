@@ -260,7 +260,8 @@ type Stream struct {
 	// 1m.
 	Retention time.Duration `koanf:"retention"`
 	// MaxBytesPerTurn caps the chunk text and data one attempt of a turn
-	// may emit, in bytes; later emits answer too_large. Default 8388608
+	// may emit, in bytes (a chunk counts at least 64 bytes, so that empty
+	// chunks are capped too); later emits answer too_large. Default 8388608
 	// (8 MiB); 65536 to 1073741824.
 	MaxBytesPerTurn int64 `koanf:"max_bytes_per_turn"`
 	// PollInterval is how often a host's stream hub looks for frames

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -94,6 +95,9 @@ func (s *Service) Signal(ctx context.Context, a store.Agent, sessionID string, p
 	}
 	if p.IdempotencyKey != "" && !keyRE.MatchString(p.IdempotencyKey) {
 		return SignalResult{}, invalid("idempotency_key", "idempotency_key must be 1–200 printable ASCII characters without spaces")
+	}
+	if pre, ok := reservedKeyPrefix(p.IdempotencyKey); ok {
+		return SignalResult{}, invalid("idempotency_key", "idempotency_key %q: keys starting with %q are the host's own (wait resolutions, alarms); choose another", p.IdempotencyKey, pre)
 	}
 	if p.MidTurn != "" {
 		if !p.MidTurn.Valid() {
@@ -304,4 +308,18 @@ func (s *Service) CancelEvent(ctx context.Context, a store.Agent, key store.Acto
 		s.poke(key) // frame turn.failed (cancelled)
 	}
 	return SignalResult{Kind: SignalCancel, Event: res.Event, Created: true, InFlight: res.InFlight}, nil
+}
+
+// reservedKeyPrefix returns the prefix of the idempotency keys of the
+// events the host appends itself that key starts with, if any
+// (store.WaitIdempotencyKey "wait:", store.AlarmIdempotencyKey "alarm:"):
+// a client's event with such a key would stand for the host's, which
+// would then not be appended.
+func reservedKeyPrefix(key string) (string, bool) {
+	for _, pre := range [...]string{"wait:", "alarm:"} {
+		if strings.HasPrefix(key, pre) {
+			return pre, true
+		}
+	}
+	return "", false
 }

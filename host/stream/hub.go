@@ -185,7 +185,9 @@ type Subscription struct {
 // Subscribe starts a subscription to session key's stream after position
 // after (the zero Cursor: from the oldest kept frame). It reads the store
 // once, so an unknown session is refused at once (store.ErrNotFound). A
-// position older than the oldest kept frame gets an EventReset first.
+// position older than the oldest kept frame gets an EventReset first, and
+// so does one past the session's last frame (the subscription then
+// follows from the head).
 func (h *Hub) Subscribe(ctx context.Context, key store.ActorKey, after Cursor) (*Subscription, error) {
 	sub := &Subscription{h: h, key: key, pos: after, wake: make(chan struct{}, 1), fresh: after.IsZero()}
 	if err := sub.readStore(ctx); err != nil {
@@ -268,7 +270,7 @@ func (sub *Subscription) Next(ctx context.Context) ([]Event, error) {
 		}
 		evs, behind := sub.s.since(sub.pos)
 		if behind {
-			if err := sub.readStore(ctx); err != nil {
+			if err := sub.readStore(readContext(ctx)); err != nil {
 				return nil, err
 			}
 			if len(sub.backlog) > 0 {
@@ -288,6 +290,25 @@ func (sub *Subscription) Next(ctx context.Context) ([]Event, error) {
 	}
 }
 
+// readContext returns the context of a store read Next makes for a
+// caller's ctx: cancelled with ctx, but not ended by ctx's deadline. A
+// deadline bounds the caller's wait for new frames (the stream route's
+// heartbeat); a read cut by it would start again from the same place at
+// the next call, so a catch-up read slower than the wait would never
+// finish. The read has its own timeout (readTimeout).
+func readContext(ctx context.Context) context.Context {
+	if _, ok := ctx.Deadline(); !ok {
+		return ctx
+	}
+	rctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	context.AfterFunc(ctx, func() {
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			cancel(ctx.Err())
+		}
+	})
+	return rctx
+}
+
 // readStore reads the next page after the subscriber's position into its
 // backlog, with a stream.reset first when frames it needs are gone.
 func (sub *Subscription) readStore(ctx context.Context) error {
@@ -300,6 +321,15 @@ func (sub *Subscription) readStore(ctx context.Context) error {
 		return fmt.Errorf("read stream: %w", err)
 	}
 	pos := sub.pos
+	if pos.Seq > page.Head {
+		// A position past the head is not of this stream (another
+		// session's id, a store restored from an older backup): taken as
+		// is, it would skip every new frame up to it. The client reloads
+		// the transcript and follows from the head.
+		r := resetEvent(page.Head + 1)
+		sub.backlog = append(sub.backlog, r)
+		pos, need = r.Cursor, page.Head+1
+	}
 	if !sub.fresh && page.Oldest > need {
 		r := resetEvent(page.Oldest)
 		sub.backlog = append(sub.backlog, r)

@@ -35,6 +35,7 @@ func streamCases() []testCase {
 		{"Waits/CommitValidatesTheWait", testWaitInvalid},
 		{"Waits/ExpireDueWaitsAppendsWaitExpired", testWaitExpire},
 		{"Waits/ListWaitsPagesByCreation", testWaitList},
+		{"Waits/RacingResolversAndExpiryCloseTheWaitOnce", testWaitResolveRace},
 		{"Approval/HeldEventIsNotDeliveredUntilResolved", testApprovalHold},
 		{"Approval/ExpiryReleasesTheHeldEvent", testApprovalExpire},
 		{"Approval/HoldIsValidated", testApprovalInvalid},
