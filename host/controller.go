@@ -434,8 +434,8 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 // done means the activation is over (retry is then what loop returns).
 func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.Duration, done bool) {
 	h, c := a.h, a.c
-	// One stream buffer for the attempt, kept when a steer reruns it: its
-	// offsets go on.
+	// One stream buffer for the attempt, kept when a steer reruns it: the
+	// rerun restarts its stream (offsets from 0 after turn.retrying).
 	sb := newStreamBuf(h, d.Session.ActorKey, d.Delivery.TurnRef(), d.Attempt, a.log)
 	for {
 		ref := d.Delivery.TurnRef()
@@ -508,7 +508,7 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			// revision: run the turn again with the steers in the request.
 			a.log.Info("turn steered: running it again with the steers", "event", d.Event.ID, "revision", latest.Delivery.Revision)
 			d.Delivery, d.Steers = latest.Delivery, latest.Steers
-			sb.resume(latest.Delivery.TurnRef())
+			sb.restart(latest.Delivery.TurnRef())
 			continue
 		case errors.As(err, &fe):
 			if res.TurnRef != last {

@@ -422,7 +422,8 @@ func (c *journalCaller) replay(ctx context.Context, row store.HostCall) *abi.Cal
 	res.Replayed, res.Seq = true, row.Seq
 	if c.stream != nil && res.Model != nil {
 		// The attempt that made the call streamed its text; this one's
-		// stream gets it whole (once: not again in a steer's rerun).
+		// stream gets it whole, a steer's rerun too: its stream restarted
+		// (streamBuf.restart), and a client dropped the first run's text.
 		c.stream.emitReplay(res.Model.Message.Content, row.Seq)
 	}
 	return &res

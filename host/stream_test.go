@@ -405,6 +405,105 @@ func TestAStreamedModelCallStreamsItsTextAndAReplayStreamsItWhole(t *testing.T) 
 	})
 }
 
+// TestASteeredRerunRestartsTheStream: a worker that does not read steers
+// emits "intro ", streams a model call, and is steered; its reply is
+// refused as stale_revision and the host reruns the turn in the same
+// attempt. The stream says so — turn.retrying with reason steer, then
+// turn.started, of the same attempt — and the rerun's chunks (the intro
+// again, the replayed call's text whole) start at offset 0, so a client
+// that drops the event's chunks at turn.retrying reassembles exactly the
+// rerun's output, with no repeat.
+func TestASteeredRerunRestartsTheStream(t *testing.T) {
+	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+		srv := newSSEChatServer(t)
+		emitted := make(chan struct{}, 1)
+		steered := make(chan struct{})
+		f := startWithCalls(t, st, map[string]abi.TurnFunc{"steer": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			if r := abi.Emit(ctx, "intro "); r != nil {
+				return nil, r
+			}
+			r := ask(ctx, "hi")
+			if len(req.Steers) == 0 {
+				select {
+				case emitted <- struct{}{}:
+				default:
+				}
+				select { // busy until steered; never reads steers
+				case <-steered:
+				case <-ctx.Done():
+				}
+				return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "unsteered"}}}, nil
+			}
+			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: r + " / " + req.Steers[0].Message}}}, nil
+		}}, srv.URL)
+		key := f.session(f.agent("steer"))
+		f.signal(key, "go")
+		recv(t, emitted)
+		// The first run's chunks are stored before the steer.
+		f.waitFor("the first run's chunks", func() bool {
+			_, chunks := describeStream(t, f.frames(key))
+			return len(chunks) == 4
+		})
+		payload, _ := json.Marshal(map[string]string{"message": "left"})
+		if _, err := st.Steer(context.Background(), store.SteerParams{Key: key, Payload: payload, DeliveryID: "d-" + key.SessionID}); err != nil {
+			t.Fatal(err)
+		}
+		close(steered)
+		f.h.Ensure(key)
+		f.waitFor("the rerun to commit", func() bool { return f.get(key).TurnCount == 1 })
+		if n := srv.n.Load(); n != 1 {
+			t.Errorf("the model server got %d requests, want 1 (the rerun replays)", n)
+		}
+		frames := f.frames(key)
+		kinds, _ := describeStream(t, frames)
+		if got, want := strings.Join(kinds, " "), "turn.started#1 chunks#1 turn.retrying#1 turn.started#1 chunks#1 turn.committed#1"; got != want {
+			t.Fatalf("frames %s, want %s", got, want)
+		}
+		// A client: chunks in offset order per run, dropped at turn.retrying.
+		var runs [][]string
+		text, next := "", 0
+		for _, fr := range frames {
+			switch fr.Kind {
+			case store.FrameTurnStarted:
+				runs = append(runs, nil)
+			case store.FrameTurnRetrying:
+				var b store.AttemptEndedBody
+				if err := json.Unmarshal(fr.Body, &b); err != nil {
+					t.Fatal(err)
+				}
+				if b.Reason != store.EndReasonSteer || b.NextAttemptAt != nil {
+					t.Errorf("turn.retrying %s, want reason steer and no next_attempt_at", fr.Body)
+				}
+				text, next = "", 0
+			case store.FrameChunk:
+				var b store.ChunkBody
+				if err := json.Unmarshal(fr.Body, &b); err != nil {
+					t.Fatal(err)
+				}
+				if b.Offset != next {
+					t.Errorf("chunk frame %d has offset %d, want %d", fr.Seq, b.Offset, next)
+				}
+				for _, c := range b.Chunks {
+					text += c.Text
+					runs[len(runs)-1] = append(runs[len(runs)-1], fmt.Sprintf("%q@%d", c.Text, c.CallSeq))
+				}
+				next = b.Offset + len(b.Chunks)
+			}
+		}
+		if got, want := fmt.Sprint(runs), `[["intro "@0 "Hel"@1 "lo, "@1 "world"@1] ["intro "@0 "Hello, world"@1]]`; got != want {
+			t.Errorf("chunks per run %s, want %s", got, want)
+		}
+		tr := f.transcript(key)[0]
+		reply := tr.Messages[len(tr.Messages)-1].Content
+		if want := `seq 1 "Hello, world" replayed=true / left`; reply != want {
+			t.Errorf("committed reply %q, want %q", reply, want)
+		}
+		if text != "intro Hello, world" {
+			t.Errorf("a client reassembles %q, want the rerun's output %q", text, "intro Hello, world")
+		}
+	})
+}
+
 // TestLargeOutputIsSplitIntoFramesTheStoreAccepts: 600 KiB emitted at
 // once — one chunk of control characters that JSON escapes sixfold among
 // them — reach the stream in several chunk frames, every one within the

@@ -44,10 +44,13 @@ const (
 // cancelled, as do emits after end — except stale_revision, which only
 // says a steer raised the revision before the controller handed the
 // buffer the new turn_ref (setRef): the chunks wait for it. A steer's
-// rerun of the turn goes on in the same buffer (resume), and a model call
-// it replays from the journal is not streamed again if this attempt
-// streamed it (emitReplay); what the agent emits again is (a client
-// cannot tell it from new output).
+// rerun of the turn goes on in the same buffer and the same attempt
+// (restart): if the first run streamed a chunk frame, the stream says
+// that output is void — turn.retrying with reason steer and turn.started,
+// one RestartStream, written before any chunk of the rerun — and the
+// rerun's offsets start at 0 again, so what the rerun emits again (the
+// agent's chunks, a replayed model call's text) is not mistaken for new
+// output: a client drops the event's chunks at turn.retrying.
 type streamBuf struct {
 	h        *Host
 	key      store.ActorKey
@@ -72,13 +75,15 @@ type streamBuf struct {
 	// stale: a write was refused as stale_revision — a steer raised the
 	// delivery's revision before the controller gave this buffer the new
 	// turn_ref. The attempt is not over: its chunks stay pending, and
-	// setRef or resume writes them under the newer ref.
+	// setRef or restart writes them under the newer ref.
 	stale bool
 	off   bool // the store keeps no stream: chunks are dropped
-	// seqs are the model calls whose text this attempt streamed: a steer
-	// reruns the turn in the same attempt, replaying them from the
-	// journal, and their text is not streamed twice (emitReplay).
-	seqs map[int]bool
+	// wrote: a chunk frame of this run of the turn is stored (a steer's
+	// rerun then restarts the stream).
+	wrote bool
+	// restartDue: the rerun's turn.retrying and turn.started are not
+	// written yet; no chunk is written before them (flush).
+	restartDue bool
 }
 
 // newStreamBuf returns the stream buffer of the attempt whose first
@@ -101,13 +106,13 @@ func (b *streamBuf) setRef(ref abi.TurnRef) {
 }
 
 // unstaleLocked clears stale after the ref changed, and says whether
-// chunks wait for a write.
+// chunks or a restart wait for a write.
 func (b *streamBuf) unstaleLocked() bool {
 	if !b.stale {
 		return false
 	}
 	b.stale = false
-	return len(b.pending) > 0
+	return len(b.pending) > 0 || b.restartDue
 }
 
 // emit adds an agent's chunk (already validated) and answers the emit
@@ -160,26 +165,16 @@ func (b *streamBuf) emitHost(text string, callSeq int) {
 			return
 		}
 		b.addLocked(abi.Chunk{Type: abi.ChunkText, Text: part, CallSeq: callSeq}, n)
-		if callSeq > 0 {
-			if b.seqs == nil {
-				b.seqs = map[int]bool{}
-			}
-			b.seqs[callSeq] = true
-		}
 	}
 }
 
-// emitReplay adds the text of a model call replayed from the journal as
-// one chunk — unless this attempt streamed that call already: the
-// rerun of a steered turn replays the calls its first run made, and their
-// text went out then (a client has no turn.retrying to drop it at).
+// emitReplay adds the text of a model call replayed from the journal. It
+// is streamed every time: a replay runs in a later attempt (whose stream
+// follows turn.retrying) or in a steer's rerun (whose stream follows the
+// restart's turn.retrying, or got none of the first run's output), so a
+// client has dropped whatever the call streamed before.
 func (b *streamBuf) emitReplay(text string, callSeq int) {
-	b.mu.Lock()
-	done := b.seqs[callSeq]
-	b.mu.Unlock()
-	if !done {
-		b.emitHost(text, callSeq)
-	}
+	b.emitHost(text, callSeq)
 }
 
 // addLocked appends c (counting n bytes towards the cap) and schedules its
@@ -226,6 +221,14 @@ func (b *streamBuf) flush() {
 	b.mu.Unlock()
 	for {
 		b.mu.Lock()
+		if b.restartDue && !b.fenced && !b.stale && !b.off {
+			if !b.writeRestartLocked() {
+				b.mu.Unlock()
+				return
+			}
+			b.mu.Unlock()
+			continue
+		}
 		if b.first >= upTo || len(b.pending) == 0 || b.fenced || b.stale || b.off {
 			b.mu.Unlock()
 			return
@@ -255,13 +258,14 @@ func (b *streamBuf) flush() {
 			b.pending = b.pending[k:]
 			b.pendBy -= by
 			b.first += k
+			b.wrote = true
 			b.mu.Unlock()
 			b.h.metrics.StreamFrames.Inc()
 			b.h.notifyStream(b.key)
 			continue
 		case errors.As(err, &fe) && fe.Reason == store.FenceStaleRevision && p.Ref == b.ref:
 			// A steer raised the revision and this buffer does not have
-			// the new ref yet: keep the chunks for setRef or resume.
+			// the new ref yet: keep the chunks for setRef or restart.
 			b.stale = true
 			b.mu.Unlock()
 			b.log.Debug("stream: chunks wait for the steered turn_ref", "chunks", len(b.pending))
@@ -308,7 +312,7 @@ func (b *streamBuf) end() {
 	b.mu.Lock()
 	if n := len(b.pending); n > 0 && !b.stale {
 		// (Stale chunks are kept: the commit under the old ref will be
-		// refused too, and the steer's rerun resumes this buffer.)
+		// refused too, and the steer's rerun restarts this buffer.)
 		b.log.Warn("stream: chunks not stored before the turn ended; dropped", "chunks", n)
 		b.first += n
 		b.pending, b.pendBy = nil, 0
@@ -320,15 +324,77 @@ func (b *streamBuf) end() {
 	b.mu.Unlock()
 }
 
-// resume takes emits again after end: the same attempt runs its turn
-// again (a steer superseded the revision the worker answered), and its
-// offsets go on where they stopped.
-func (b *streamBuf) resume(ref abi.TurnRef) {
+// restart takes emits again after end: the same attempt runs its turn
+// again under ref (a steer superseded the revision the worker answered).
+// The first run's output is void: chunks it could not store are dropped,
+// and if it stored any, the stream says so (turn.retrying with reason
+// steer, then turn.started: writeRestartLocked) before the rerun's first
+// chunk. The rerun's offsets start at 0 and its bytes count afresh
+// against the per-turn cap.
+func (b *streamBuf) restart(ref abi.TurnRef) {
+	b.writeMu.Lock()
 	b.mu.Lock()
-	b.ended, b.ref = false, ref
-	kick := b.unstaleLocked()
+	b.ended, b.ref, b.stale = false, ref, false
+	if b.wrote {
+		b.restartDue = true
+	}
+	if n := len(b.pending); n > 0 {
+		b.log.Debug("stream: the steered run's unstored chunks are dropped", "chunks", n)
+	}
+	b.wrote = false
+	b.pending, b.pendBy, b.first, b.used = nil, 0, 0, 0
+	if b.timer != nil {
+		b.timer.Stop()
+		b.timer = nil
+	}
+	due := b.restartDue
 	b.mu.Unlock()
-	if kick {
+	b.writeMu.Unlock()
+	if due {
 		b.flush()
+	}
+}
+
+// writeRestartLocked writes the restart's frames (RestartStream) with b.mu
+// held on entry and exit, released during the write; writeMu is held. It
+// says whether flush may go on writing chunks. Refused as stale_revision
+// under the newest ref, it waits for setRef like chunks do; another
+// failure is retried at the next flush, and the chunks wait behind it.
+func (b *streamBuf) writeRestartLocked() bool {
+	p := store.RestartStreamParams{Ref: b.ref, Attempt: b.attempt, Reason: store.EndReasonSteer}
+	b.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), streamWriteTimeout)
+	_, err := b.h.st.RestartStream(ctx, p)
+	cancel()
+	b.mu.Lock()
+	var fe *store.FenceError
+	switch {
+	case err == nil:
+		b.restartDue = false
+		b.h.notifyStream(b.key)
+		return true
+	case errors.As(err, &fe) && fe.Reason == store.FenceStaleRevision && p.Ref == b.ref:
+		b.stale = true
+		b.log.Debug("stream: the steer's restart waits for the newer turn_ref")
+		return false
+	case errors.As(err, &fe) && fe.Reason == store.FenceStaleRevision:
+		return true // the ref changed during the write: write again under it
+	case errors.As(err, &fe):
+		b.fenced = true
+		b.pending, b.pendBy = nil, 0
+		b.log.Info("stream: the steer's restart refused by the fences; the attempt's later emits answer cancelled", "reason", fe.Reason)
+		return false
+	case errors.Is(err, errors.ErrUnsupported):
+		b.off = true
+		b.first += len(b.pending)
+		b.pending, b.pendBy = nil, 0
+		return false
+	default:
+		if b.timer == nil && !b.ended {
+			b.last = time.Now()
+			b.timer = time.AfterFunc(b.interval, b.flush)
+		}
+		b.log.Warn("stream: restarting the steered turn's stream failed; retrying at the next flush", "err", err)
+		return false
 	}
 }

@@ -529,6 +529,15 @@ type Store interface {
 	// attempt's fences (as RecordHostCall): a stale attempt's chunks are
 	// refused with *FenceError and nothing is written.
 	AppendChunks(ctx context.Context, p AppendChunksParams) (Frame, error)
+	// RestartStream says on the stream that the attempt's output so far
+	// is void and its turn runs again in the same attempt (a steer's
+	// rerun): a turn.retrying frame (body AttemptEndedBody with p.Reason,
+	// no NextAttemptAt) then a turn.started frame (TurnStartedBody of the
+	// event), both of p.Ref's event, epoch and p.Attempt, in one
+	// transaction under the fences of AppendChunks: a stale ref is
+	// refused with *FenceError and nothing is written. The rerun's chunk
+	// offsets start at 0 again. It returns the two frames in order.
+	RestartStream(ctx context.Context, p RestartStreamParams) ([]Frame, error)
 	// StreamFrames pages a session's stream by Seq. Unknown session:
 	// ErrNotFound.
 	StreamFrames(ctx context.Context, p StreamFramesParams) (StreamPage, error)

@@ -62,12 +62,13 @@ type ChunkBody struct {
 // AttemptEndedBody is the body of turn.retrying and turn.failed.
 type AttemptEndedBody struct {
 	// Reason: error (the attempt failed), lease_expired (its host went
-	// away), approval (it waits for an approval), dead_letter, destroyed,
-	// cancelled.
+	// away), approval (it waits for an approval), steer (a steer reruns
+	// the turn in the same attempt: RestartStream), dead_letter,
+	// destroyed, cancelled.
 	Reason string `json:"reason"`
 	Error  string `json:"error,omitempty"`
 	// NextAttemptAt is when the retry is due (turn.retrying, except
-	// approval).
+	// approval and steer).
 	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
 }
 
@@ -76,6 +77,7 @@ const (
 	EndReasonError        = "error"
 	EndReasonLeaseExpired = "lease_expired"
 	EndReasonApproval     = "approval"
+	EndReasonSteer        = "steer"
 	EndReasonDeadLetter   = "dead_letter"
 	EndReasonDestroyed    = "destroyed"
 	EndReasonCancelled    = "cancelled"
@@ -152,6 +154,29 @@ func CheckChunks(p AppendChunksParams) (json.RawMessage, error) {
 		return nil, fmt.Errorf("chunk frame is %d bytes, limit %d: %w", len(body), MaxChunkFrameBytes, ErrInvalid)
 	}
 	return body, nil
+}
+
+// RestartStreamParams are RestartStream's inputs.
+type RestartStreamParams struct {
+	// Ref is the attempt's newest turn_ref (after the steer); the frames
+	// are written only if it passes the same fences as AppendChunks, else
+	// *FenceError.
+	Ref     abi.TurnRef
+	Attempt int
+	// Reason is the turn.retrying frame's reason (EndReasonSteer).
+	Reason string
+}
+
+// CheckRestart validates RestartStreamParams (ErrInvalid) and returns the
+// body of the turn.retrying frame RestartStream writes.
+func CheckRestart(p RestartStreamParams) (json.RawMessage, error) {
+	switch {
+	case p.Attempt < 1:
+		return nil, fmt.Errorf("attempt %d, want ≥ 1: %w", p.Attempt, ErrInvalid)
+	case p.Reason == "":
+		return nil, fmt.Errorf("restart without a reason: %w", ErrInvalid)
+	}
+	return MustBody(AttemptEndedBody{Reason: p.Reason}), nil
 }
 
 // StreamFramesParams page a session's stream.

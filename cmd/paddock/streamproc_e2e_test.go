@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store/pgtest"
 )
 
@@ -67,7 +68,10 @@ func (c *sseConn) next() (sseEvent, error) {
 		line = strings.TrimRight(line, "\r\n")
 		switch {
 		case line == "":
-			if ev.Event == "" && len(data) == 0 && ev.ID == "" {
+			if len(data) == 0 {
+				// An event without data is not dispatched (the stream's
+				// opening block only sets the last event id).
+				ev = sseEvent{}
 				continue
 			}
 			ev.Data = strings.Join(data, "\n")
@@ -771,11 +775,14 @@ func TestWaitExpiresWhileTheHostIsDown(t *testing.T) {
 }
 
 // TestStreamSteerMidStream steers a turn (four times) while its model
-// answer streams: the agent (hcagent) does not take steers in, so its
-// reply is refused as stale and the turn runs again with the steers. A client following the
-// stream must be able to tell: what it reassembles for the event is the
-// committed answer, its chunk offsets never go back without a
-// turn.retrying, and the event commits once.
+// answer streams, after the agent emitted "intro ": the agent (hcagent)
+// does not take steers in, so its reply is refused as stale and the turn
+// runs again with the steers, emitting the intro again and replaying the
+// model call. A client following the stream must be able to tell: the
+// rerun is announced by turn.retrying (reason steer), what it reassembles
+// for the event is the intro and the committed answer once, its chunk
+// offsets never go back without a turn.retrying, and the event commits
+// once.
 func TestStreamSteerMidStream(t *testing.T) {
 	if testing.Short() {
 		t.Skip("process test")
@@ -792,7 +799,12 @@ func TestStreamSteerMidStream(t *testing.T) {
 	c := openStream(t, addr, "hc", sess, "")
 	defer c.close()
 	r := newReader(t)
-	srv.cli("signal", "send", "hc", sess, callsMessage(t, modelCall("go on")))
+	// The agent emits "intro " before its model call: the host reruns the
+	// steered turn (the agent reads no steers), which emits it again, and
+	// the stream must say the first run's output is void (turn.retrying,
+	// reason steer) so the client does not reassemble it twice.
+	intro := abi.CallRequest{Kind: abi.CallKindEmit, Emit: &abi.Chunk{Type: "text", Text: "intro "}}
+	srv.cli("signal", "send", "hc", sess, callsMessage(t, intro, modelCall("go on")))
 	if err := follow(c, r, func(ev sseEvent) bool { return r.chunks >= 3 }); err != nil {
 		t.Fatal(err)
 	}
@@ -814,7 +826,19 @@ func TestStreamSteerMidStream(t *testing.T) {
 		t.Fatalf("%d turns, want 1", len(turns))
 	}
 	out := onlyTurnReply(t, srv, sess)
-	if got := r.textOf(evs[0].ID); got != out[0].Content {
-		t.Errorf("the client reassembled %q, want the committed answer %q", got, out[0].Content)
+	if len(out) != 2 || out[0].Error != "" {
+		t.Fatalf("reply %+v: want the emit's and the model call's outcomes", out)
+	}
+	if got, want := r.textOf(evs[0].ID), "intro "+out[1].Content; got != want {
+		t.Errorf("the client reassembled %q, want the intro and the committed answer %q", got, want)
+	}
+	reasons := []string{}
+	for _, f := range r.frames {
+		if f.Reason != "" {
+			reasons = append(reasons, f.Reason)
+		}
+	}
+	if len(reasons) == 0 || strings.Trim(strings.ReplaceAll(strings.Join(reasons, ","), "steer", ""), ",") != "" {
+		t.Errorf("frame reasons %v: want turn.retrying with reason steer (the first run streamed), and no other", reasons)
 	}
 }

@@ -110,18 +110,34 @@ func queueInsertWait(b *pgx.Batch, key store.ActorKey, kind store.WaitKind, even
 	})
 }
 
-// appendChunksSQL appends a chunk frame under hostCallGuard (refArgs, then
-// $8 attempt, $9 body): no row when the guard refuses, and then the head
-// is not raised either.
-const appendChunksSQL = `
+// guardedFrameSQL appends a frame of kind under hostCallGuard (refArgs,
+// then $8 attempt, $9 body): no row when the guard refuses, and then the
+// head is not raised either.
+func guardedFrameSQL(kind string) string {
+	return `
 	WITH h AS (
 		INSERT INTO stream_heads AS sh (agent_uid, session_id, last_seq)
 		SELECT $2, $3, 1 WHERE ` + hostCallGuard + `
 		ON CONFLICT (agent_uid, session_id) DO UPDATE SET last_seq = sh.last_seq + 1
 		RETURNING last_seq)
 	INSERT INTO stream_frames (agent_uid, session_id, seq, kind, event_id, actor_epoch, attempt, body)
-	SELECT $2, $3, h.last_seq, 'chunk', $6, $5, $8::integer, $9::text FROM h
+	SELECT $2, $3, h.last_seq, '` + kind + `', $6, $5, $8::integer, $9::text FROM h
 	RETURNING seq, created_at`
+}
+
+var (
+	// appendChunksSQL appends a chunk frame under hostCallGuard
+	// (guardedFrameSQL).
+	appendChunksSQL = guardedFrameSQL(store.FrameChunk)
+	// restartRetryingSQL appends RestartStream's turn.retrying under
+	// hostCallGuard (guardedFrameSQL).
+	restartRetryingSQL = guardedFrameSQL(store.FrameTurnRetrying)
+	// restartStartedSQL appends RestartStream's turn.started of event $4
+	// with attempt $6 (frameArgs without body): store.TurnStartedBody,
+	// encoded as Go does.
+	restartStartedSQL = frameInsert(`$6::integer`,
+		`(SELECT '{"event_kind":' || to_json(kind)::text || '}' FROM actor_events WHERE event_id = $4::bigint)`)
+)
 
 // AppendChunks appends one chunk frame under the attempt's fences (those
 // of RecordHostCall); see store.Store. One pipelined transaction, two
@@ -160,6 +176,63 @@ func (s *Store) AppendChunks(ctx context.Context, p store.AppendChunksParams) (s
 	}
 	f.CreatedAt = utc(f.CreatedAt)
 	return f, nil
+}
+
+// RestartStream appends turn.retrying and turn.started of the attempt
+// under the fences of AppendChunks, in one transaction; see store.Store.
+// Two round trips: BEGIN, the activation's row lock and the guarded
+// turn.retrying; then turn.started with COMMIT, or, refused, the reads
+// that explain it.
+func (s *Store) RestartStream(ctx context.Context, p store.RestartStreamParams) ([]store.Frame, error) {
+	body, err := store.CheckRestart(p)
+	if err != nil {
+		return nil, fmt.Errorf("store/postgres: restart stream: %w", err)
+	}
+	ref := p.Ref
+	key := store.KeyOf(ref)
+	var retrying, started store.Frame
+	err = s.pipeTxDo(ctx, "restart stream", func(ctx context.Context, tx txConn) error {
+		retrying = store.Frame{ActorKey: key, Kind: store.FrameTurnRetrying, EventID: ref.ActorEventID,
+			ActorEpoch: ref.ActorEpoch, Attempt: p.Attempt, Body: body}
+		started = store.Frame{ActorKey: key, Kind: store.FrameTurnStarted, EventID: ref.ActorEventID,
+			ActorEpoch: ref.ActorEpoch, Attempt: p.Attempt}
+		inserted := false
+		b := &pgx.Batch{}
+		b.Queue(lockActivationSQL, ref.ActivationUID)
+		b.Queue(restartRetryingSQL, refArgs(ref, p.Attempt, string(body))...).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&retrying.Seq, &retrying.CreatedAt)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil // the fence refused: classified below
+			}
+			inserted = err == nil
+			return err
+		})
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		if !inserted {
+			return classify(ctx, tx, ref, store.FenceCommit, false)
+		}
+		b = &pgx.Batch{}
+		b.Queue(restartStartedSQL, key.AgentUID, key.SessionID, store.FrameTurnStarted, ref.ActorEventID, ref.ActorEpoch,
+			p.Attempt).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&started.Seq, &started.CreatedAt)
+		})
+		b.Queue(`SELECT kind FROM actor_events WHERE event_id = $1`, ref.ActorEventID).QueryRow(func(row pgx.Row) error {
+			var kind string
+			if err := row.Scan(&kind); err != nil {
+				return err
+			}
+			started.Body = store.MustBody(store.TurnStartedBody{EventKind: kind})
+			return nil
+		})
+		return tx.(*pipeTx).SendBatchCommit(ctx, b).Close()
+	})
+	if err != nil {
+		return nil, err
+	}
+	retrying.CreatedAt, started.CreatedAt = utc(retrying.CreatedAt), utc(started.CreatedAt)
+	return []store.Frame{retrying, started}, nil
 }
 
 // StreamFrames pages a session's stream by Seq, head, oldest and frames

@@ -163,6 +163,48 @@ func (s *Store) AppendChunks(ctx context.Context, p store.AppendChunksParams) (s
 	return f, err
 }
 
+// RestartStream appends turn.retrying and turn.started of the attempt
+// under the fences of AppendChunks, in one transaction; see store.Store.
+func (s *Store) RestartStream(ctx context.Context, p store.RestartStreamParams) ([]store.Frame, error) {
+	retrying, err := store.CheckRestart(p)
+	if err != nil {
+		return nil, fmt.Errorf("store/sqlite: restart stream: %w", err)
+	}
+	ref := p.Ref
+	var out []store.Frame
+	err = s.write(ctx, "restart stream", func(tx *txn) error {
+		out = nil
+		var ok bool
+		if err := tx.queryRow(`SELECT `+hostCallGuard, hostCallRefArgs(ref)...).Scan(&ok); err != nil {
+			return err
+		}
+		if !ok {
+			return classify(tx, ref, store.FenceCommit)
+		}
+		var kind string
+		if err := tx.queryRow(`SELECT kind FROM actor_events WHERE event_id = ?`, ref.ActorEventID).Scan(&kind); err != nil {
+			return fmt.Errorf("event %d: %w", ref.ActorEventID, notFound(err))
+		}
+		key := store.KeyOf(ref)
+		f, err := appendFrame(tx, key, store.FrameTurnRetrying, ref.ActorEventID, ref.ActorEpoch, p.Attempt, retrying)
+		if err != nil {
+			return err
+		}
+		out = append(out, f)
+		f, err = appendFrame(tx, key, store.FrameTurnStarted, ref.ActorEventID, ref.ActorEpoch, p.Attempt,
+			store.MustBody(store.TurnStartedBody{EventKind: kind}))
+		if err != nil {
+			return err
+		}
+		out = append(out, f)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // frameCols are the columns scanFrame reads, in its order.
 const frameCols = `agent_uid, session_id, seq, kind, event_id, actor_epoch, attempt, body, created_at`
 

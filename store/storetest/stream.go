@@ -21,6 +21,7 @@ func streamCases() []testCase {
 		{"Stream/LifecycleFramesAreGapFreeAndInSeqOrder", testStreamLifecycle},
 		{"Stream/StaleAppendChunksIsRefusedAndWritesNothing", testStreamStaleChunks},
 		{"Stream/AppendChunksValidatesItsInputs", testStreamInvalidChunks},
+		{"Stream/RestartStreamAfterASteerWritesRetryingThenStarted", testStreamRestart},
 		{"Stream/ExpireActivationWritesTurnRetryingLeaseExpired", testStreamLeaseExpired},
 		{"Stream/DeadLetterWritesTurnFailed", testStreamDeadLetter},
 		{"Stream/CancelInFlightWritesTurnFailedCancelled", testStreamCancel},
@@ -309,6 +310,76 @@ func testStreamStaleChunks(t *testing.T, b *bundle) {
 	wantFence(t, err, store.FenceSupersededDelivery, "AppendChunks after the commit")
 	b.sameStream(key, before, "AppendChunks after the commit")
 	_ = act
+}
+
+func testStreamRestart(t *testing.T, b *bundle) {
+	key := b.session()
+	ev := b.message(key, "hello")
+	act := b.claim(key, LongTTL)
+	d := b.next(act)
+	ref := d.Delivery.TurnRef()
+	b.chunks(ref, d.Attempt, 0, "intro ", "s0")
+	sr, err := b.s.Steer(b.ctx, store.SteerParams{Key: key, Payload: msgPayload("faster"), DeliveryID: uuid.NewString()})
+	noErr(t, err, "Steer")
+	if !sr.InFlight {
+		t.Fatalf("steer was not attached to the turn in flight")
+	}
+
+	// The superseded ref, and other stale refs, write nothing.
+	before := b.streamSnapshot(key)
+	for _, c := range []struct {
+		ref    abi.TurnRef
+		reason store.FenceReason
+		what   string
+	}{
+		{ref, store.FenceStaleRevision, "the ref the steer superseded"},
+		{func() abi.TurnRef { r := sr.Ref; r.DeliveryID = uuid.NewString(); return r }(), store.FenceUnknownDelivery, "an unknown delivery"},
+		{func() abi.TurnRef { r := sr.Ref; r.SessionID = uuid.NewString(); return r }(), store.FenceWrongActorKey, "another session"},
+	} {
+		_, err := b.s.RestartStream(b.ctx, store.RestartStreamParams{Ref: c.ref, Attempt: d.Attempt, Reason: store.EndReasonSteer})
+		wantFence(t, err, c.reason, "RestartStream with "+c.what)
+		b.sameStream(key, before, "RestartStream with "+c.what)
+	}
+	for _, p := range []store.RestartStreamParams{
+		{Ref: sr.Ref, Attempt: 0, Reason: store.EndReasonSteer},
+		{Ref: sr.Ref, Attempt: d.Attempt},
+	} {
+		_, err := b.s.RestartStream(b.ctx, p)
+		if !errors.Is(err, store.ErrInvalid) {
+			t.Errorf("RestartStream(%+v) = %v, want ErrInvalid", p, err)
+		}
+		b.sameStream(key, before, "an invalid RestartStream")
+	}
+
+	fs, err := b.s.RestartStream(b.ctx, store.RestartStreamParams{Ref: sr.Ref, Attempt: d.Attempt, Reason: store.EndReasonSteer})
+	noErr(t, err, "RestartStream")
+	wantEq(t, kinds(fs), "turn.retrying turn.started", "returned frames")
+	b.chunks(sr.Ref, d.Attempt, 0, "intro ", "s0 s1")
+	b.commit(sr.Ref, "intro s0 s1", "")
+
+	pg := b.stream(key)
+	wantGapFree(t, key, pg)
+	wantEq(t, kinds(pg.Frames), "turn.started chunk turn.retrying turn.started chunk turn.committed", "frame kinds")
+	f := pg.Frames
+	wantFrame(t, f[2], store.FrameTurnRetrying, ev.ID, act.ActorEpoch, d.Attempt)
+	wantFrame(t, f[3], store.FrameTurnStarted, ev.ID, act.ActorEpoch, d.Attempt)
+	r := body[store.AttemptEndedBody](t, f[2])
+	if r.Reason != store.EndReasonSteer || r.NextAttemptAt != nil || r.Error != "" {
+		t.Errorf("turn.retrying body %+v, want reason steer alone", r)
+	}
+	wantEq(t, body[store.TurnStartedBody](t, f[3]).EventKind, abi.EventMessage, "turn.started event kind")
+	for i, g := range fs {
+		if w := f[2+i]; g.Seq != w.Seq || g.Kind != w.Kind || string(g.Body) != string(w.Body) || !g.CreatedAt.Equal(w.CreatedAt) ||
+			g.EventID != w.EventID || g.ActorEpoch != w.ActorEpoch || g.Attempt != w.Attempt || g.ActorKey != w.ActorKey {
+			t.Errorf("RestartStream returned %s, stored %s", renderFrame(g), renderFrame(w))
+		}
+	}
+
+	// After the commit the ref is stale.
+	before = b.streamSnapshot(key)
+	_, err = b.s.RestartStream(b.ctx, store.RestartStreamParams{Ref: sr.Ref, Attempt: d.Attempt, Reason: store.EndReasonSteer})
+	wantFence(t, err, store.FenceSupersededDelivery, "RestartStream after the commit")
+	b.sameStream(key, before, "RestartStream after the commit")
 }
 
 func testStreamInvalidChunks(t *testing.T, b *bundle) {
