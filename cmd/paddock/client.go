@@ -448,8 +448,8 @@ func newSignalCmd(c *client) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			in := apiclient.Signal{Kind: kind, Message: args[2], IdempotencyKey: idem, ForceAllocation: force, MidTurn: midTurn}
 			if data != "" {
-				if !json.Valid([]byte(data)) {
-					return fmt.Errorf("--data is not valid JSON")
+				if err := checkDataFlag(data); err != nil {
+					return err
 				}
 				in.Data = json.RawMessage(data)
 			}
@@ -480,7 +480,7 @@ func newSignalCmd(c *client) *cobra.Command {
 				if err != nil {
 					return c.reach(err)
 				}
-				return c.streamTurn(cmd, args[0], args[1], id, es, c.output == "json")
+				return c.streamTurn(cmd, args[0], args[1], id, es, c.output == "json", waitFor)
 			}
 			if wait && kind == "message" {
 				ctx, cancel := context.WithTimeout(cmd.Context(), waitFor)
@@ -513,8 +513,8 @@ func newSignalCmd(c *client) *cobra.Command {
 	send.Flags().StringVar(&midTurn, "mid-turn", "", "what the message does if a turn is in flight: queue, steer, interrupt or reject (default: the agent's policy.mid_turn)")
 	send.Flags().BoolVar(&force, "force-allocation", false, "wait for capacity even if the session's crash policy is sleep")
 	send.Flags().BoolVarP(&wait, "wait", "w", false, "wait until the event's turn commits (or the event ends otherwise) and print the reply")
-	send.Flags().DurationVar(&waitFor, "wait-timeout", 2*time.Minute, "give up waiting after this long (the event stays accepted)")
-	send.Flags().BoolVar(&follow, "stream", false, "follow the session's stream until the sent message's turn commits (exit 0) or fails (exit 1)")
+	send.Flags().DurationVar(&waitFor, "wait-timeout", 2*time.Minute, "with --wait or --stream: give up waiting after this long, exit 1 (the event stays accepted; 0: never with --stream)")
+	send.Flags().BoolVar(&follow, "stream", false, "follow the session's stream until the sent message's turn commits (exit 0; an outcome wait prints the wait's resolve command), fails (exit 1) or is held for an approval (exit 3)")
 	send.MarkFlagsMutuallyExclusive("wait", "stream")
 	steer := &cobra.Command{
 		Use: "steer AGENT SESSION MESSAGE", Short: "Steer the turn in flight (queued like a message if none runs)", Args: cobra.ExactArgs(3),
