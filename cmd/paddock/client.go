@@ -311,10 +311,22 @@ func printSession(w io.Writer, s apiclient.Session) {
 	}
 	status := string(s.Status)
 	switch {
+	case s.Status == store.SessionDestroyed:
+		if s.DestroyTS != nil {
+			status += " at " + s.DestroyTS.Local().Format(time.DateTime)
+		}
+		status += " (its transcript stays readable; signals get 410)"
 	case s.SleepTS != nil:
-		status += fmt.Sprintf(" since %s (reason: %s; a signal or `session wake` resumes it)", s.SleepTS.Local().Format(time.DateTime), safeCell(s.SleepReason))
-	case s.DestroyTS != nil:
-		status += " at " + s.DestroyTS.Local().Format(time.DateTime)
+		since := s.SleepTS.Local().Format(time.DateTime)
+		waits := "paddock wait list " + shellArg(s.Agent) + " " + shellArg(s.SessionID)
+		switch s.SleepReason {
+		case store.SleepReasonApproval:
+			status += fmt.Sprintf(" since %s (waiting for an approval: %s)", since, waits)
+		case store.SleepReasonWait:
+			status += fmt.Sprintf(" since %s (waiting: %s; resolving the wait resumes it)", since, waits)
+		default:
+			status += fmt.Sprintf(" since %s (reason: %s; a signal or `session wake` resumes it)", since, safeCell(s.SleepReason))
+		}
 	case s.PendingSince != nil:
 		status += " (waiting for pool capacity since " + s.PendingSince.Local().Format(time.TimeOnly) + ")"
 	}

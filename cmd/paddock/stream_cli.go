@@ -62,6 +62,30 @@ func (c *client) followOpened(ctx context.Context, stderr io.Writer, agent, sess
 			}
 			continue
 		}
+		// A stream opened under another context (the caller's) ends with
+		// ctx too.
+		cur := es
+		unhook := context.AfterFunc(ctx, func() { cur.Close() })
+		err = c.readStream(ctx, stderr, agent, sess, &last, es, handle)
+		unhook()
+		if errors.Is(err, errReconnect) {
+			es = nil
+			continue
+		}
+		return err
+	}
+}
+
+// errReconnect: readStream lost the connection and waited; reconnect.
+var errReconnect = errors.New("reconnect")
+
+// readStream reads es until handle says done, ctx ends or the connection
+// drops (errReconnect, after the server's suggested delay).
+func (c *client) readStream(ctx context.Context, stderr io.Writer, agent, sess string, lastp *string, es *apiclient.EventStream, handle func(apiclient.StreamEvent) (bool, error)) error {
+	api := c.api()
+	last := *lastp
+	defer func() { *lastp = last }()
+	{
 		for {
 			ev, err := es.Next()
 			if id := es.LastEventID(); id != "" {
@@ -86,11 +110,10 @@ func (c *client) followOpened(ctx context.Context, stderr io.Writer, agent, sess
 					at = "after event id " + last
 				}
 				fmt.Fprintf(stderr, "paddock: stream dropped (%v); reconnecting in %s, resuming %s\n", err, delay, at)
-				es = nil
 				if !sleepCtx(ctx, delay) {
 					return ctx.Err()
 				}
-				break
+				return errReconnect
 			}
 			if done, err := handle(ev); done || err != nil {
 				es.Close()

@@ -288,8 +288,23 @@ func TestWaitCommands(t *testing.T) {
 	if one := run("wait", "list", "asker", a.SessionID); strings.Contains(one, "pay") {
 		t.Fatalf("wait list of one session lists another's:\n%s", one)
 	}
+	if got := run("session", "get", "asker", a.SessionID); !strings.Contains(got, "(waiting: paddock wait list asker "+a.SessionID+";") {
+		t.Errorf("session get of a session in a wait:\n%s", got)
+	}
+	if got := run("session", "get", "asker", b.SessionID); !strings.Contains(got, "(waiting for an approval: paddock wait list asker "+b.SessionID+")") {
+		t.Errorf("session get of a session held for an approval:\n%s", got)
+	}
+	if got := run("wait", "list", "asker", "--status", "expired"); got != "no waits\n" {
+		t.Errorf("an empty wait list: %q", got)
+	}
+	if _, err := sa.run(ctx, "wait", "list"); err == nil || err.Error() != "wait list AGENT [SESSION]: missing AGENT" {
+		t.Errorf("wait list without arguments: %v", err)
+	}
+	if _, err := sa.run(ctx, "wait", "resolve", "asker", a.SessionID, "name", "--data", "yes"); err == nil || !strings.Contains(err.Error(), `--data '"yes"'`) {
+		t.Errorf("--data yes: %v", err)
+	}
 	show := run("wait", "show", "asker", a.SessionID, "name")
-	if !strings.Contains(show, `your name?\x1b[2J`) || !strings.Contains(show, "--data JSON") {
+	if !strings.Contains(show, `your name?\x1b[2J`) || !strings.Contains(show, "paddock wait resolve asker "+a.SessionID+" name --data JSON") {
 		t.Fatalf("wait show:\n%s", show)
 	}
 	if out := run("wait", "resolve", "asker", a.SessionID, "name", "--data", `{"name":"Ada"}`); !strings.Contains(out, "wait name resolved") {
@@ -299,10 +314,15 @@ func TestWaitCommands(t *testing.T) {
 	if !apiclient.IsCode(err, apiclient.CodeWaitResolved) {
 		t.Fatalf("resolve twice: %v", err)
 	}
-	if _, err := sa.run(ctx, "wait", "resolve", "asker", b.SessionID, "pay", "--data", "1"); !apiclient.IsCode(err, apiclient.CodeInvalidField) {
+	if _, err := sa.run(ctx, "wait", "resolve", "asker", b.SessionID, "pay", "--data", "1"); !apiclient.IsCode(err, apiclient.CodeInvalidField) ||
+		err.Error() != "wait pay is an approval: use --approve or --reject [--reason TEXT]" {
 		t.Fatalf("--data for an approval: %v", err)
 	}
 	run("wait", "resolve", "asker", b.SessionID, "pay", "--reject", "--reason", "too much")
+	run("session", "destroy", "asker", b.SessionID)
+	if got := run("session", "get", "asker", b.SessionID); !strings.Contains(got, "destroyed at ") || strings.Contains(got, "resume") || strings.Contains(got, "waiting") {
+		t.Errorf("session get of a destroyed session:\n%s", got)
+	}
 	got, err := sa.api.GetWait(ctx, "asker", b.SessionID, "pay")
 	if err != nil || string(got.Resolution) != `{"approved":false,"reason":"too much"}` {
 		t.Fatalf("after --reject: %+v %v", got, err)
