@@ -240,6 +240,33 @@ func printAgent(w io.Writer, a apiclient.Agent) {
 	l := caps.Limits
 	fmt.Fprintf(w, "limits\tcalls/turn %s, response bytes/turn %s, tokens/turn %s, tokens/day %s\n",
 		limitCell(int64(l.CallsPerTurn)), limitCell(l.ResponseBytesPerTurn), limitCell(l.TokensPerTurn), limitCell(l.TokensPerDay))
+	ap := caps.Approval
+	if len(ap.HTTP) == 0 && len(ap.Models) == 0 {
+		fmt.Fprintln(w, "approval	(none: granted calls go out without a decision)")
+		return
+	}
+	label := "approval"
+	for _, r := range ap.HTTP {
+		methods := "every method"
+		if len(r.Methods) > 0 {
+			methods = strings.Join(r.Methods, ",")
+		}
+		path := ""
+		if r.PathPrefix != "" {
+			path = " path " + r.PathPrefix + "*"
+		}
+		fmt.Fprintf(w, "%s\t%s\n", label, safeCell("http "+methods+" "+r.Host+path))
+		label = ""
+	}
+	for _, m := range ap.Models {
+		fmt.Fprintf(w, "%s\t%s\n", label, safeCell("model "+m))
+		label = ""
+	}
+	timeout := "never (an undecided approval waits for ever)"
+	if ap.TimeoutMs > 0 {
+		timeout = (time.Duration(ap.TimeoutMs) * time.Millisecond).String()
+	}
+	fmt.Fprintf(w, "approval ttl\t%s\n", timeout)
 }
 
 func newPluginCmd(c *client) *cobra.Command {
