@@ -732,10 +732,26 @@ func newEventsCmd(c *client) *cobra.Command {
 			if err != nil {
 				return c.reach(err)
 			}
+			// Open events held for an approval: by event id, the wait's id
+			// (one page of the session's open approvals; best effort).
+			held := map[int64]string{}
+			if c.output != "json" {
+				if ws, err := c.api().SessionWaits(cmd.Context(), args[0], args[1], apiclient.ListWaitsOptions{Status: store.WaitOpen, Limit: 1000}); err == nil {
+					for _, x := range ws.Waits {
+						if x.Kind == store.WaitKindApproval {
+							held[x.EventID] = x.WaitID
+						}
+					}
+				}
+			}
 			return c.print(cmd, raw, func(w io.Writer) {
 				fmt.Fprintln(w, "EVENT\tSEQ\tKIND\tSTATUS\tFAILED ATTEMPTS\tPAYLOAD\tLAST ERROR")
 				for _, e := range evs {
-					fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%d\t%s\t%s\n", e.ID, e.Seq, e.Kind, e.Status, e.Attempts, oneLine(string(e.Payload), 60), lastErrorCell(string(e.Status), e.LastError))
+					status := string(e.Status)
+					if id, ok := held[e.ID]; ok && e.Status == store.EventOpen {
+						status += " (held for approval " + safeCell(id) + ")"
+					}
+					fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%d\t%s\t%s\n", e.ID, e.Seq, e.Kind, status, e.Attempts, oneLine(string(e.Payload), 60), lastErrorCell(string(e.Status), e.LastError))
 				}
 			})
 		},

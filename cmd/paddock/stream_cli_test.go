@@ -314,6 +314,9 @@ func TestWaitCommands(t *testing.T) {
 	if !apiclient.IsCode(err, apiclient.CodeWaitResolved) {
 		t.Fatalf("resolve twice: %v", err)
 	}
+	if got := run("events", "asker", b.SessionID); !strings.Contains(got, "open (held for approval pay)") {
+		t.Errorf("events of a held session:\n%s", got)
+	}
 	if _, err := sa.run(ctx, "wait", "resolve", "asker", b.SessionID, "pay", "--data", "1"); !apiclient.IsCode(err, apiclient.CodeInvalidField) ||
 		err.Error() != "wait pay is an approval: use --approve or --reject [--reason TEXT]" {
 		t.Fatalf("--data for an approval: %v", err)
