@@ -326,6 +326,12 @@ func TestWaitCommands(t *testing.T) {
 	if got := run("session", "get", "asker", b.SessionID); !strings.Contains(got, "destroyed at ") || strings.Contains(got, "resume") || strings.Contains(got, "waiting") {
 		t.Errorf("session get of a destroyed session:\n%s", got)
 	}
+	if out, err := sa.run(ctx, "session", "stream", "asker", b.SessionID); !errors.Is(err, ErrSessionDestroyed) || strings.Contains(out, "reconnecting") {
+		t.Errorf("session stream of a destroyed session: %v\n%s", err, out)
+	}
+	if _, err := sa.run(ctx, "session", "stream", "asker", a.SessionID, "--after", "bogus"); err == nil || !strings.HasPrefix(err.Error(), `--after "bogus": `) {
+		t.Errorf("session stream --after bogus: %v", err)
+	}
 	got, err := sa.api.GetWait(ctx, "asker", b.SessionID, "pay")
 	if err != nil || string(got.Resolution) != `{"approved":false,"reason":"too much"}` {
 		t.Fatalf("after --reject: %+v %v", got, err)
