@@ -85,40 +85,38 @@ func (c *client) readStream(ctx context.Context, stderr io.Writer, agent, sess s
 	api := c.api()
 	last := *lastp
 	defer func() { *lastp = last }()
-	{
-		for {
-			ev, err := es.Next()
-			if id := es.LastEventID(); id != "" {
-				last = id // also where a stream opened at "head" started
+	for {
+		ev, err := es.Next()
+		if id := es.LastEventID(); id != "" {
+			last = id // also where a stream opened at "head" started
+		}
+		if err != nil {
+			es.Close()
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			if err != nil {
-				es.Close()
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				// The server ends a destroyed session's stream: say so
-				// rather than reconnect to a 410.
-				if s, gerr := api.GetSession(ctx, agent, sess); apiclient.IsCode(gerr, apiclient.CodeSessionDestroyed) || (gerr == nil && s.Status == store.SessionDestroyed) {
-					return ErrSessionDestroyed
-				}
-				delay := es.Retry()
-				if delay <= 0 {
-					delay = reconnectDelay
-				}
-				at := "the start of the stream"
-				if last != "" {
-					at = "after event id " + last
-				}
-				fmt.Fprintf(stderr, "paddock: stream dropped (%v); reconnecting in %s, resuming %s\n", err, delay, at)
-				if !sleepCtx(ctx, delay) {
-					return ctx.Err()
-				}
-				return errReconnect
+			// The server ends a destroyed session's stream: say so
+			// rather than reconnect to a 410.
+			if s, gerr := api.GetSession(ctx, agent, sess); apiclient.IsCode(gerr, apiclient.CodeSessionDestroyed) || (gerr == nil && s.Status == store.SessionDestroyed) {
+				return ErrSessionDestroyed
 			}
-			if done, err := handle(ev); done || err != nil {
-				es.Close()
-				return err
+			delay := es.Retry()
+			if delay <= 0 {
+				delay = reconnectDelay
 			}
+			at := "the start of the stream"
+			if last != "" {
+				at = "after event id " + last
+			}
+			fmt.Fprintf(stderr, "paddock: stream dropped (%v); reconnecting in %s, resuming %s\n", err, delay, at)
+			if !sleepCtx(ctx, delay) {
+				return ctx.Err()
+			}
+			return errReconnect
+		}
+		if done, err := handle(ev); done || err != nil {
+			es.Close()
+			return err
 		}
 	}
 }
