@@ -240,6 +240,33 @@ func printAgent(w io.Writer, a apiclient.Agent) {
 	l := caps.Limits
 	fmt.Fprintf(w, "limits\tcalls/turn %s, response bytes/turn %s, tokens/turn %s, tokens/day %s\n",
 		limitCell(int64(l.CallsPerTurn)), limitCell(l.ResponseBytesPerTurn), limitCell(l.TokensPerTurn), limitCell(l.TokensPerDay))
+	ap := caps.Approval
+	if len(ap.HTTP) == 0 && len(ap.Models) == 0 {
+		fmt.Fprintln(w, "approval	(none: granted calls go out without a decision)")
+		return
+	}
+	label := "approval"
+	for _, r := range ap.HTTP {
+		methods := "every method"
+		if len(r.Methods) > 0 {
+			methods = strings.Join(r.Methods, ",")
+		}
+		path := ""
+		if r.PathPrefix != "" {
+			path = " path " + r.PathPrefix + "*"
+		}
+		fmt.Fprintf(w, "%s\t%s\n", label, safeCell("http "+methods+" "+r.Host+path))
+		label = ""
+	}
+	for _, m := range ap.Models {
+		fmt.Fprintf(w, "%s\t%s\n", label, safeCell("model "+m))
+		label = ""
+	}
+	timeout := "never (an undecided approval waits for ever)"
+	if ap.TimeoutMs > 0 {
+		timeout = (time.Duration(ap.TimeoutMs) * time.Millisecond).String()
+	}
+	fmt.Fprintf(w, "approval ttl\t%s\n", timeout)
 }
 
 func newPluginCmd(c *client) *cobra.Command {
@@ -311,10 +338,22 @@ func printSession(w io.Writer, s apiclient.Session) {
 	}
 	status := string(s.Status)
 	switch {
+	case s.Status == store.SessionDestroyed:
+		if s.DestroyTS != nil {
+			status += " at " + s.DestroyTS.Local().Format(time.DateTime)
+		}
+		status += " (its transcript stays readable; signals get 410)"
 	case s.SleepTS != nil:
-		status += fmt.Sprintf(" since %s (reason: %s; a signal or `session wake` resumes it)", s.SleepTS.Local().Format(time.DateTime), safeCell(s.SleepReason))
-	case s.DestroyTS != nil:
-		status += " at " + s.DestroyTS.Local().Format(time.DateTime)
+		since := s.SleepTS.Local().Format(time.DateTime)
+		waits := "paddock wait list " + shellArg(s.Agent) + " " + shellArg(s.SessionID)
+		switch s.SleepReason {
+		case store.SleepReasonApproval:
+			status += fmt.Sprintf(" since %s (waiting for an approval: %s)", since, waits)
+		case store.SleepReasonWait:
+			status += fmt.Sprintf(" since %s (waiting: %s; resolving the wait resumes it)", since, waits)
+		default:
+			status += fmt.Sprintf(" since %s (reason: %s; a signal or `session wake` resumes it)", since, safeCell(s.SleepReason))
+		}
 	case s.PendingSince != nil:
 		status += " (waiting for pool capacity since " + s.PendingSince.Local().Format(time.TimeOnly) + ")"
 	}
@@ -448,8 +487,8 @@ func newSignalCmd(c *client) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			in := apiclient.Signal{Kind: kind, Message: args[2], IdempotencyKey: idem, ForceAllocation: force, MidTurn: midTurn}
 			if data != "" {
-				if !json.Valid([]byte(data)) {
-					return fmt.Errorf("--data is not valid JSON")
+				if err := checkDataFlag(data); err != nil {
+					return err
 				}
 				in.Data = json.RawMessage(data)
 			}
@@ -480,7 +519,7 @@ func newSignalCmd(c *client) *cobra.Command {
 				if err != nil {
 					return c.reach(err)
 				}
-				return c.streamTurn(cmd, args[0], args[1], id, es, c.output == "json")
+				return c.streamTurn(cmd, args[0], args[1], id, es, c.output == "json", waitFor)
 			}
 			if wait && kind == "message" {
 				ctx, cancel := context.WithTimeout(cmd.Context(), waitFor)
@@ -513,8 +552,8 @@ func newSignalCmd(c *client) *cobra.Command {
 	send.Flags().StringVar(&midTurn, "mid-turn", "", "what the message does if a turn is in flight: queue, steer, interrupt or reject (default: the agent's policy.mid_turn)")
 	send.Flags().BoolVar(&force, "force-allocation", false, "wait for capacity even if the session's crash policy is sleep")
 	send.Flags().BoolVarP(&wait, "wait", "w", false, "wait until the event's turn commits (or the event ends otherwise) and print the reply")
-	send.Flags().DurationVar(&waitFor, "wait-timeout", 2*time.Minute, "give up waiting after this long (the event stays accepted)")
-	send.Flags().BoolVar(&follow, "stream", false, "follow the session's stream until the sent message's turn commits (exit 0) or fails (exit 1)")
+	send.Flags().DurationVar(&waitFor, "wait-timeout", 2*time.Minute, "with --wait or --stream: give up waiting after this long, exit 1 (the event stays accepted; 0: never with --stream)")
+	send.Flags().BoolVar(&follow, "stream", false, "follow the session's stream until the sent message's turn commits (exit 0; an outcome wait prints the wait's resolve command), fails (exit 1) or is held for an approval (exit 3)")
 	send.MarkFlagsMutuallyExclusive("wait", "stream")
 	steer := &cobra.Command{
 		Use: "steer AGENT SESSION MESSAGE", Short: "Steer the turn in flight (queued like a message if none runs)", Args: cobra.ExactArgs(3),
@@ -693,10 +732,26 @@ func newEventsCmd(c *client) *cobra.Command {
 			if err != nil {
 				return c.reach(err)
 			}
+			// Open events held for an approval: by event id, the wait's id
+			// (one page of the session's open approvals; best effort).
+			held := map[int64]string{}
+			if c.output != "json" {
+				if ws, err := c.api().SessionWaits(cmd.Context(), args[0], args[1], apiclient.ListWaitsOptions{Status: store.WaitOpen, Limit: 1000}); err == nil {
+					for _, x := range ws.Waits {
+						if x.Kind == store.WaitKindApproval {
+							held[x.EventID] = x.WaitID
+						}
+					}
+				}
+			}
 			return c.print(cmd, raw, func(w io.Writer) {
 				fmt.Fprintln(w, "EVENT\tSEQ\tKIND\tSTATUS\tFAILED ATTEMPTS\tPAYLOAD\tLAST ERROR")
 				for _, e := range evs {
-					fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%d\t%s\t%s\n", e.ID, e.Seq, e.Kind, e.Status, e.Attempts, oneLine(string(e.Payload), 60), lastErrorCell(string(e.Status), e.LastError))
+					status := string(e.Status)
+					if id, ok := held[e.ID]; ok && e.Status == store.EventOpen {
+						status += " (held for approval " + safeCell(id) + ")"
+					}
+					fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%d\t%s\t%s\n", e.ID, e.Seq, e.Kind, status, e.Attempts, oneLine(string(e.Payload), 60), lastErrorCell(string(e.Status), e.LastError))
 				}
 			})
 		},

@@ -50,6 +50,8 @@ func secretsAPI(t *testing.T) (run func(stdin string, args ...string) (string, e
 		Models:  []string{"anthropic"},
 		Secrets: []string{"API_KEY"},
 		Limits:  calls.Limits{CallsPerTurn: 8, TokensPerDay: 100000},
+		Approval: calls.ApprovalRules{HTTP: []calls.ApprovalHTTPRule{{Host: "api.example.com", Methods: []string{"POST"}, PathPrefix: "/v1/pay"}},
+			Timeout: time.Hour},
 	}
 	pol.Agents = map[string]host.AgentPolicy{"notes": ap}
 	h, err := host.New(host.Options{Store: st, Runner: wr, Policy: pol, Logger: quiet})
@@ -154,6 +156,8 @@ func TestAgentShowPrintsCapabilities(t *testing.T) {
 		"models        anthropic",
 		"secrets       API_KEY",
 		"limits        calls/turn 8, response bytes/turn -, tokens/turn -, tokens/day 100000",
+		"approval      http POST api.example.com path /v1/pay*\n",
+		"approval ttl  1h0m0s\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("agent show: no %q in\n%s", want, out)
@@ -164,7 +168,8 @@ func TestAgentShowPrintsCapabilities(t *testing.T) {
 		t.Fatal(err)
 	}
 	var a apiclient.Agent
-	if err := json.Unmarshal([]byte(out), &a); err != nil || a.Capabilities.Limits.CallsPerTurn != 8 || len(a.Capabilities.HTTP) != 1 {
+	if err := json.Unmarshal([]byte(out), &a); err != nil || a.Capabilities.Limits.CallsPerTurn != 8 || len(a.Capabilities.HTTP) != 1 ||
+		len(a.Capabilities.Approval.HTTP) != 1 || a.Capabilities.Approval.HTTP[0].PathPrefix != "/v1/pay" || a.Capabilities.Approval.TimeoutMs != 3600000 {
 		t.Errorf("agent show -o json: %v\n%s", err, out)
 	}
 }

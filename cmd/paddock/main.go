@@ -31,6 +31,11 @@ func main() {
 	defer stop()
 	if err := newRoot().ExecuteContext(ctx); err != nil {
 		var ae *apiclient.Error
+		var ee *ExitError
+		if errors.As(err, &ee) {
+			fmt.Fprintf(os.Stderr, "paddock: %v\n", ee.Err)
+			os.Exit(ee.Code)
+		}
 		if errors.As(err, &ae) {
 			fmt.Fprintf(os.Stderr, "paddock: %s\n", ae.Error())
 		} else {
@@ -39,6 +44,15 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// ExitError ends the CLI with exit status Code, printing Err.
+type ExitError struct {
+	Code int
+	Err  error
+}
+
+func (e *ExitError) Error() string { return e.Err.Error() }
+func (e *ExitError) Unwrap() error { return e.Err }
 
 func newRoot() *cobra.Command {
 	root := &cobra.Command{

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/paddock-dev/paddock/abi"
 	apiclient "github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/store"
 )
@@ -29,8 +30,8 @@ const reconnectDelay = time.Second
 // oldest kept frame), calling handle with each event; a dropped
 // connection is reconnected with the last event's id (Last-Event-ID), so
 // handle sees every event once. It returns when handle says done (its
-// error), when ctx ends (nil), or with an API error (unknown session, a
-// destroyed one).
+// error), when ctx ends (ctx.Err()), with ErrSessionDestroyed when the
+// session is destroyed, or with another API error (unknown session).
 func (c *client) followStream(ctx context.Context, stderr io.Writer, agent, sess, after string, handle func(apiclient.StreamEvent) (bool, error)) error {
 	return c.followOpened(ctx, stderr, agent, sess, after, nil, handle)
 }
@@ -47,49 +48,81 @@ func (c *client) followOpened(ctx context.Context, stderr io.Writer, agent, sess
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil
+				return ctx.Err()
+			}
+			if apiclient.IsCode(err, apiclient.CodeSessionDestroyed) {
+				return ErrSessionDestroyed
 			}
 			if apiclient.AsError(err) != nil && !apiclient.IsServerError(err) {
 				return err
 			}
-			fmt.Fprintf(stderr, "paddock: %v; reconnecting\n", c.reach(err))
+			fmt.Fprintf(stderr, "paddock: %v; reconnecting in %s\n", c.reach(err), reconnectDelay)
 			if !sleepCtx(ctx, reconnectDelay) {
-				return nil
+				return ctx.Err()
 			}
 			continue
 		}
-		for {
-			ev, err := es.Next()
-			if id := es.LastEventID(); id != "" {
-				last = id // also where a stream opened at "head" started
+		// A stream opened under another context (the caller's) ends with
+		// ctx too.
+		cur := es
+		unhook := context.AfterFunc(ctx, func() { cur.Close() })
+		err = c.readStream(ctx, stderr, agent, sess, &last, es, handle)
+		unhook()
+		if errors.Is(err, errReconnect) {
+			es = nil
+			continue
+		}
+		return err
+	}
+}
+
+// errReconnect: readStream lost the connection and waited; reconnect.
+var errReconnect = errors.New("reconnect")
+
+// readStream reads es until handle says done, ctx ends or the connection
+// drops (errReconnect, after the server's suggested delay).
+func (c *client) readStream(ctx context.Context, stderr io.Writer, agent, sess string, lastp *string, es *apiclient.EventStream, handle func(apiclient.StreamEvent) (bool, error)) error {
+	api := c.api()
+	last := *lastp
+	defer func() { *lastp = last }()
+	for {
+		ev, err := es.Next()
+		if id := es.LastEventID(); id != "" {
+			last = id // also where a stream opened at "head" started
+		}
+		if err != nil {
+			es.Close()
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			if err != nil {
-				es.Close()
-				if ctx.Err() != nil {
-					return nil
-				}
-				delay := es.Retry()
-				if delay <= 0 {
-					delay = reconnectDelay
-				}
-				at := last
-				if at == "" {
-					at = "the start"
-				}
-				fmt.Fprintf(stderr, "paddock: stream dropped (%v); reconnecting after %s\n", err, at)
-				es = nil
-				if !sleepCtx(ctx, delay) {
-					return nil
-				}
-				break
+			// The server ends a destroyed session's stream: say so
+			// rather than reconnect to a 410.
+			if s, gerr := api.GetSession(ctx, agent, sess); apiclient.IsCode(gerr, apiclient.CodeSessionDestroyed) || (gerr == nil && s.Status == store.SessionDestroyed) {
+				return ErrSessionDestroyed
 			}
-			if done, err := handle(ev); done || err != nil {
-				es.Close()
-				return err
+			delay := es.Retry()
+			if delay <= 0 {
+				delay = reconnectDelay
 			}
+			at := "the start of the stream"
+			if last != "" {
+				at = "after event id " + last
+			}
+			fmt.Fprintf(stderr, "paddock: stream dropped (%v); reconnecting in %s, resuming %s\n", err, delay, at)
+			if !sleepCtx(ctx, delay) {
+				return ctx.Err()
+			}
+			return errReconnect
+		}
+		if done, err := handle(ev); done || err != nil {
+			es.Close()
+			return err
 		}
 	}
 }
+
+// ErrSessionDestroyed ends a followed stream: the session was destroyed.
+var ErrSessionDestroyed = errors.New("session destroyed")
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
@@ -113,10 +146,31 @@ type streamPrinter struct {
 	open bool
 	// texts are the attempts whose text was printed, by (event, attempt).
 	texts map[[2]int64]bool
+	// agent and session name the stream in the hints printed (the full
+	// `paddock wait resolve` command).
+	agent, session string
 }
 
-func newStreamPrinter(w io.Writer, asJSON bool) *streamPrinter {
-	return &streamPrinter{w: w, json: asJSON, texts: map[[2]int64]bool{}}
+func newStreamPrinter(w io.Writer, asJSON bool, agent, session string) *streamPrinter {
+	return &streamPrinter{w: w, json: asJSON, texts: map[[2]int64]bool{}, agent: agent, session: session}
+}
+
+// resolveHint is the full command that resolves a wait of kind kind.
+func resolveHint(agent, session, waitID string, kind store.WaitKind) string {
+	cmd := "paddock wait resolve " + shellArg(agent) + " " + shellArg(session) + " " + shellArg(waitID)
+	if kind == store.WaitKindApproval {
+		return cmd + " --approve   (or --reject --reason TEXT)"
+	}
+	return cmd + " --data JSON   (e.g. --data '\"yes\"')"
+}
+
+// shellArg quotes s for a POSIX shell unless it is made of safe
+// characters only; control characters are escaped (safeCell).
+func shellArg(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:/@+=") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(safeCell(s), "'", `'\''`) + "'"
 }
 
 // streamData is the union of the fields of the stream's event data the
@@ -177,7 +231,7 @@ func (p *streamPrinter) print(ev apiclient.StreamEvent) error {
 	key := [2]int64{d.EventID, d.Attempt}
 	switch ev.Event {
 	case apiclient.StreamTurnStarted:
-		p.line("[turn %d started attempt %d]", d.EventID, d.Attempt)
+		p.line("[event %d started, attempt %d]", d.EventID, d.Attempt)
 	case apiclient.StreamChunk:
 		switch d.Type {
 		case "text":
@@ -187,6 +241,15 @@ func (p *streamPrinter) print(ev apiclient.StreamEvent) error {
 			p.line("[%s %s]", safeCell(d.Type), oneLine(string(d.Data), 200))
 		}
 	case apiclient.StreamTurnRetrying, apiclient.StreamTurnFailed:
+		if ev.Event == apiclient.StreamTurnRetrying && d.Reason == store.EndReasonApproval {
+			discarded := ""
+			if p.texts[key] {
+				discarded = "; partial output above discarded"
+			}
+			delete(p.texts, key)
+			p.line("[event %d paused for approval after attempt %d%s]", d.EventID, d.Attempt, discarded)
+			break
+		}
 		what := "retrying"
 		if ev.Event == apiclient.StreamTurnFailed {
 			what = "failed"
@@ -195,13 +258,13 @@ func (p *streamPrinter) print(ev apiclient.StreamEvent) error {
 		if d.Error != "" {
 			msg += ": " + oneLine(d.Error, 300)
 		}
-		if d.Next != nil && d.Reason != store.EndReasonApproval {
+		if d.Next != nil {
 			msg += fmt.Sprintf(" (next attempt at %s)", d.Next.Local().Format(time.TimeOnly))
 		}
 		p.line("[%s: %s]", what, msg)
 		if p.texts[key] {
 			delete(p.texts, key)
-			p.line("[the partial answer of turn %d attempt %d above was discarded]", d.EventID, d.Attempt)
+			p.line("[the partial answer of event %d attempt %d above was discarded]", d.EventID, d.Attempt)
 		}
 	case apiclient.StreamTurnCommitted:
 		if !p.texts[key] {
@@ -223,7 +286,8 @@ func (p *streamPrinter) print(ev apiclient.StreamEvent) error {
 		if d.Kind == string(store.WaitKindApproval) {
 			what = "waiting for approval"
 		}
-		p.line("[%s: wait %s %s (paddock wait resolve)]", what, safeCell(d.WaitID), oneLine(d.For, 200))
+		p.line("[%s: wait %s: %s]", what, safeCell(d.WaitID), oneLine(d.For, 200))
+		p.line("[resolve with: %s]", resolveHint(p.agent, p.session, d.WaitID, store.WaitKind(d.Kind)))
 	case apiclient.StreamWaitResolved:
 		p.line("[wait %s %s]", safeCell(d.WaitID), safeCell(firstNonEmpty(d.Status, "resolved")))
 	case apiclient.StreamReset:
@@ -261,11 +325,18 @@ func newSessionStreamCmd(c *client) *cobra.Command {
 			"one JSON object per event: {\"id\", \"event\", \"data\"}.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p := newStreamPrinter(cmd.OutOrStdout(), asJSON || c.output == "json")
+			p := newStreamPrinter(cmd.OutOrStdout(), asJSON || c.output == "json", args[0], args[1])
 			defer p.done()
-			return c.followStream(cmd.Context(), cmd.ErrOrStderr(), args[0], args[1], after, func(ev apiclient.StreamEvent) (bool, error) {
+			err := c.followStream(cmd.Context(), cmd.ErrOrStderr(), args[0], args[1], after, func(ev apiclient.StreamEvent) (bool, error) {
 				return false, p.print(ev)
 			})
+			if ae := apiclient.AsError(err); ae != nil && (ae.Field == "Last-Event-ID" || ae.Field == "after") {
+				return flagError(err, "--after %q: %s", after, ae.Message)
+			}
+			if errors.Is(err, context.Canceled) {
+				return nil // interrupted: following a stream has no end of its own
+			}
+			return err
 		},
 	}
 	cmd.Flags().StringVar(&after, "after", "", "start after this event id (<seq> or <seq>.<chunk>), or head: only what comes from now on; default: the oldest kept frame")
@@ -289,17 +360,34 @@ func (e *TurnFailedError) Error() string {
 	return msg
 }
 
+// ExitWaitingForApproval is the exit status of `signal send --stream`
+// when the sent message's turn is held for an approval.
+const ExitWaitingForApproval = 3
+
 // streamTurn follows the session's stream until the turn of event id
 // commits (nil) or fails (*TurnFailedError), printing that event's
-// events; events of other turns are skipped.
+// events; events of other turns are skipped. A turn committed with
+// outcome wait is followed up to its wait.opened (the wait's id and
+// resolve command are printed); a turn held for an approval ends it with
+// an *ExitError of status ExitWaitingForApproval. It gives up after
+// timeout (0: never), saying what is still pending, and an interrupt
+// (ctx cancelled) is an error too: the turn did not commit.
 //
 // es is the session's stream opened at "head" before the signal was sent,
 // so that none of the turn's frames is missed and none of the session's
 // history is read.
-func (c *client) streamTurn(cmd *cobra.Command, agent, sess string, id int64, es *apiclient.EventStream, asJSON bool) error {
-	p := newStreamPrinter(cmd.OutOrStdout(), asJSON)
+func (c *client) streamTurn(cmd *cobra.Command, agent, sess string, id int64, es *apiclient.EventStream, asJSON bool, timeout time.Duration) error {
+	p := newStreamPrinter(cmd.OutOrStdout(), asJSON, agent, sess)
 	defer p.done()
-	return c.followOpened(cmd.Context(), cmd.ErrOrStderr(), agent, sess, "head", es, func(ev apiclient.StreamEvent) (bool, error) {
+	ctx := cmd.Context()
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	pending := fmt.Sprintf("event %d is queued: no attempt of its turn started", id)
+	committedWait := false
+	err := c.followOpened(ctx, cmd.ErrOrStderr(), agent, sess, "head", es, func(ev apiclient.StreamEvent) (bool, error) {
 		var d streamData
 		if ev.Event == apiclient.StreamReset || json.Unmarshal(ev.Data, &d) != nil || d.EventID != id {
 			return false, nil
@@ -308,13 +396,36 @@ func (c *client) streamTurn(cmd *cobra.Command, agent, sess string, id int64, es
 			return true, err
 		}
 		switch ev.Event {
+		case apiclient.StreamTurnStarted:
+			pending = fmt.Sprintf("attempt %d of event %d's turn is running", d.Attempt, id)
+		case apiclient.StreamTurnRetrying:
+			pending = fmt.Sprintf("event %d's turn waits for its next attempt (%s)", id, safeCell(d.Reason))
 		case apiclient.StreamTurnCommitted:
+			if d.Outcome == string(abi.OutcomeWait) {
+				committedWait = true
+				pending = fmt.Sprintf("event %d's turn committed with outcome wait; its wait.opened frame", id)
+				return false, nil
+			}
 			return true, nil
+		case apiclient.StreamWaitOpened:
+			if d.Kind == string(store.WaitKindApproval) {
+				return true, &ExitError{Code: ExitWaitingForApproval, Err: fmt.Errorf("waiting for approval: event %d's turn is held until wait %s is resolved (exit status %d)", id, safeCell(d.WaitID), ExitWaitingForApproval)}
+			}
+			if committedWait {
+				return true, nil
+			}
 		case apiclient.StreamTurnFailed:
 			return true, &TurnFailedError{EventID: id, Reason: d.Reason, Err: d.Error}
 		}
 		return false, nil
 	})
+	switch {
+	case err == nil, cmd.Context().Err() == nil && !errors.Is(err, context.DeadlineExceeded):
+		return err
+	case cmd.Context().Err() != nil:
+		return fmt.Errorf("interrupted before the turn committed (event %d stays accepted; follow it with `paddock session stream %s %s`)", id, shellArg(agent), shellArg(sess))
+	}
+	return fmt.Errorf("gave up after --wait-timeout %s: %s (event %d stays accepted; follow it with `paddock session stream %s %s`)", timeout, pending, id, shellArg(agent), shellArg(sess))
 }
 
 // turnOf returns the event whose turn handles the sent event: a message
@@ -337,7 +448,7 @@ func newWaitCmd(c *client) *cobra.Command {
 	cmd := &cobra.Command{Use: "wait", Short: "List, show and resolve sessions' waits (for a human, or an approval)"}
 	var status string
 	list := &cobra.Command{
-		Use: "list AGENT [SESSION]", Short: "List an agent's or a session's waits (--status open for an inbox)", Args: cobra.RangeArgs(1, 2),
+		Use: "list AGENT [SESSION]", Short: "List an agent's or a session's waits (--status open for an inbox)", Args: namedArgs("wait list", []string{"AGENT"}, []string{"SESSION"}),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			api := c.api()
 			o := apiclient.ListWaitsOptions{Status: store.WaitStatus(status), Limit: 1000}
@@ -360,6 +471,10 @@ func newWaitCmd(c *client) *cobra.Command {
 				o.After = page.NextAfter
 			}
 			return c.print(cmd, map[string]any{"waits": all}, func(w io.Writer) {
+				if len(all) == 0 {
+					fmt.Fprintln(w, "no waits")
+					return
+				}
 				fmt.Fprintln(w, "SESSION\tWAIT\tKIND\tSTATUS\tCREATED\tFOR")
 				for _, x := range all {
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", safeCell(x.SessionID), safeCell(x.WaitID), x.Kind, x.Status,
@@ -370,14 +485,14 @@ func newWaitCmd(c *client) *cobra.Command {
 	}
 	list.Flags().StringVar(&status, "status", "", "open, resolved, expired or cancelled")
 	show := &cobra.Command{
-		Use: "show AGENT SESSION WAIT", Short: "Show one wait", Args: cobra.ExactArgs(3),
+		Use: "show AGENT SESSION WAIT", Short: "Show one wait", Args: namedArgs("wait show", []string{"AGENT", "SESSION", "WAIT"}, nil),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var raw json.RawMessage
 			w, err := c.api().GetWait(cmd.Context(), args[0], args[1], args[2], apiclient.Raw(&raw))
 			if err != nil {
 				return c.reach(err)
 			}
-			return c.print(cmd, raw, func(tw io.Writer) { printWait(tw, w) })
+			return c.print(cmd, raw, func(tw io.Writer) { printWait(tw, args[0], w) })
 		},
 	}
 	var data, reason string
@@ -385,7 +500,7 @@ func newWaitCmd(c *client) *cobra.Command {
 	resolve := &cobra.Command{
 		Use:   "resolve AGENT SESSION WAIT [--data JSON | --approve | --reject --reason TEXT]",
 		Short: "Resolve an open wait: --data answers a wait, --approve or --reject decides an approval",
-		Args:  cobra.ExactArgs(3),
+		Args:  namedArgs("wait resolve", []string{"AGENT", "SESSION", "WAIT"}, nil),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var in apiclient.ResolveWaitRequest
 			switch {
@@ -395,13 +510,24 @@ func newWaitCmd(c *client) *cobra.Command {
 			case reason != "":
 				return errors.New("--reason goes with --approve or --reject")
 			case data != "":
-				if !json.Valid([]byte(data)) {
-					return fmt.Errorf("--data is not valid JSON")
+				if err := checkDataFlag(data); err != nil {
+					return err
 				}
 				in.Data = json.RawMessage(data)
 			}
 			var raw json.RawMessage
 			w, err := c.api().ResolveWait(cmd.Context(), args[0], args[1], args[2], in, apiclient.Raw(&raw))
+			if ae := apiclient.AsError(err); ae != nil && (ae.Code == apiclient.CodeInvalidField || ae.Code == apiclient.CodeMissingField) {
+				switch {
+				case ae.Field == "data" && (approve || reject || data != "") && strings.Contains(ae.Message, "is an approval"),
+					ae.Field == "approved" && !approve && !reject:
+					return flagError(err, "wait %s is an approval: use --approve or --reject [--reason TEXT]", safeCell(args[2]))
+				case ae.Field == "approved" || ae.Field == "reason" && strings.Contains(ae.Message, "not an approval"):
+					return flagError(err, "wait %s is not an approval: it takes --data JSON (e.g. --data '\"yes\"')", safeCell(args[2]))
+				case ae.Field == "reason":
+					return flagError(err, "--reason: %s", ae.Message)
+				}
+			}
 			if err != nil {
 				return c.reach(err)
 			}
@@ -419,8 +545,55 @@ func newWaitCmd(c *client) *cobra.Command {
 	return cmd
 }
 
+// hintError is an API error said in the CLI's words (its flags): Error
+// is the sentence, Unwrap the API error (apiclient.IsCode still works).
+type hintError struct {
+	msg string
+	err error
+}
+
+func (e *hintError) Error() string { return e.msg }
+func (e *hintError) Unwrap() error { return e.err }
+
+// flagError wraps err, an API error, in an *ExitError printing the
+// sentence format names.
+func flagError(err error, format string, args ...any) error {
+	return &ExitError{Code: 1, Err: &hintError{msg: fmt.Sprintf(format, args...), err: err}}
+}
+
+// checkDataFlag checks a --data flag's value is JSON; a bare word gets a
+// hint to quote it as a JSON string.
+func checkDataFlag(data string) error {
+	if json.Valid([]byte(data)) {
+		return nil
+	}
+	if q, err := json.Marshal(data); err == nil {
+		return fmt.Errorf("--data is not valid JSON: a string is quoted, e.g. --data '%s'", strings.ReplaceAll(string(q), "'", `'\''`))
+	}
+	return errors.New("--data is not valid JSON")
+}
+
+// namedArgs checks a command's arguments against its usage: required
+// then optional names; a missing or extra argument is an error naming it
+// ("wait list AGENT [SESSION]: missing AGENT").
+func namedArgs(name string, required, optional []string) cobra.PositionalArgs {
+	usage := name + " " + strings.Join(required, " ")
+	for _, o := range optional {
+		usage += " [" + o + "]"
+	}
+	return func(_ *cobra.Command, args []string) error {
+		switch {
+		case len(args) < len(required):
+			return fmt.Errorf("%s: missing %s", usage, strings.Join(required[len(args):], " "))
+		case len(args) > len(required)+len(optional):
+			return fmt.Errorf("%s: unexpected argument %q", usage, args[len(required)+len(optional)])
+		}
+		return nil
+	}
+}
+
 // printWait prints one wait for `wait show`.
-func printWait(w io.Writer, x apiclient.Wait) {
+func printWait(w io.Writer, agent string, x apiclient.Wait) {
 	fmt.Fprintf(w, "wait\t%s\nsession\t%s\nkind\t%s\nstatus\t%s\nevent\t%d\n", safeCell(x.WaitID), safeCell(x.SessionID), x.Kind, x.Status, x.EventID)
 	if x.For != "" {
 		fmt.Fprintf(w, "for\t%s\n", safeCell(x.For))
@@ -442,10 +615,6 @@ func printWait(w io.Writer, x apiclient.Wait) {
 		fmt.Fprintf(w, "resolution\t%s\n", safeCell(string(x.Resolution)))
 	}
 	if x.Status == store.WaitOpen {
-		hint := "paddock wait resolve … --data JSON"
-		if x.Kind == store.WaitKindApproval {
-			hint = "paddock wait resolve … --approve | --reject --reason TEXT"
-		}
-		fmt.Fprintf(w, "resolve with\t%s\n", strings.TrimSpace(hint))
+		fmt.Fprintf(w, "resolve with\t%s\n", resolveHint(agent, x.SessionID, x.WaitID, x.Kind))
 	}
 }

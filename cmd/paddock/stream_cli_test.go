@@ -168,7 +168,7 @@ func TestSessionStreamPrintsChunksRetriesAndCommitsAndReconnects(t *testing.T) {
 	out, stderr, stop := sa.start("session", "stream", "chunky", key.SessionID)
 	tr := w.Start(key, "hi")
 	tr.Emit("par", "tial")
-	waitFor(t, stderr, "stream dropped (EOF); reconnecting after 2.1")
+	waitFor(t, stderr, "stream dropped (EOF); reconnecting in 2s, resuming after event id 2.1")
 	tr.Emit(" more")
 	tr.Fail("model overloaded")
 	tr = w.Restart(key)
@@ -184,10 +184,10 @@ func TestSessionStreamPrintsChunksRetriesAndCommitsAndReconnects(t *testing.T) {
 	text := out.String()
 	id := tr.EventID()
 	for _, want := range []string{
-		"[turn " + itoa(id) + " started attempt 1]\n    partial more\n",
+		"[event " + itoa(id) + " started, attempt 1]\n    partial more\n",
 		"[retrying: error: model overloaded (next attempt at ",
-		"[the partial answer of turn " + itoa(id) + " attempt 1 above was discarded]\n",
-		"[turn " + itoa(id) + " started attempt 2]\n    Whole answer\n    [committed]\\x1b]0;pwned\\x07\n[committed]\n",
+		"[the partial answer of event " + itoa(id) + " attempt 1 above was discarded]\n",
+		"[event " + itoa(id) + " started, attempt 2]\n    Whole answer\n    [committed]\\x1b]0;pwned\\x07\n[committed]\n",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q:\n%s", want, text)
@@ -250,7 +250,7 @@ func TestSignalSendStreamFollowsItsTurn(t *testing.T) {
 	if err != nil {
 		t.Fatalf("flaky 2: %v\n%s", err, out)
 	}
-	for _, want := range []string{"started attempt 1]", "[retrying: error: ", "started attempt 2]\n    ok on attempt 2\n[committed]"} {
+	for _, want := range []string{"started, attempt 1]", "[retrying: error: ", "started, attempt 2]\n    ok on attempt 2\n[committed]"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("flaky 2: output lacks %q:\n%s", want, out)
 		}
@@ -288,8 +288,23 @@ func TestWaitCommands(t *testing.T) {
 	if one := run("wait", "list", "asker", a.SessionID); strings.Contains(one, "pay") {
 		t.Fatalf("wait list of one session lists another's:\n%s", one)
 	}
+	if got := run("session", "get", "asker", a.SessionID); !strings.Contains(got, "(waiting: paddock wait list asker "+a.SessionID+";") {
+		t.Errorf("session get of a session in a wait:\n%s", got)
+	}
+	if got := run("session", "get", "asker", b.SessionID); !strings.Contains(got, "(waiting for an approval: paddock wait list asker "+b.SessionID+")") {
+		t.Errorf("session get of a session held for an approval:\n%s", got)
+	}
+	if got := run("wait", "list", "asker", "--status", "expired"); got != "no waits\n" {
+		t.Errorf("an empty wait list: %q", got)
+	}
+	if _, err := sa.run(ctx, "wait", "list"); err == nil || err.Error() != "wait list AGENT [SESSION]: missing AGENT" {
+		t.Errorf("wait list without arguments: %v", err)
+	}
+	if _, err := sa.run(ctx, "wait", "resolve", "asker", a.SessionID, "name", "--data", "yes"); err == nil || !strings.Contains(err.Error(), `--data '"yes"'`) {
+		t.Errorf("--data yes: %v", err)
+	}
 	show := run("wait", "show", "asker", a.SessionID, "name")
-	if !strings.Contains(show, `your name?\x1b[2J`) || !strings.Contains(show, "--data JSON") {
+	if !strings.Contains(show, `your name?\x1b[2J`) || !strings.Contains(show, "paddock wait resolve asker "+a.SessionID+" name --data JSON") {
 		t.Fatalf("wait show:\n%s", show)
 	}
 	if out := run("wait", "resolve", "asker", a.SessionID, "name", "--data", `{"name":"Ada"}`); !strings.Contains(out, "wait name resolved") {
@@ -299,15 +314,111 @@ func TestWaitCommands(t *testing.T) {
 	if !apiclient.IsCode(err, apiclient.CodeWaitResolved) {
 		t.Fatalf("resolve twice: %v", err)
 	}
-	if _, err := sa.run(ctx, "wait", "resolve", "asker", b.SessionID, "pay", "--data", "1"); !apiclient.IsCode(err, apiclient.CodeInvalidField) {
+	if got := run("events", "asker", b.SessionID); !strings.Contains(got, "open (held for approval pay)") {
+		t.Errorf("events of a held session:\n%s", got)
+	}
+	if _, err := sa.run(ctx, "wait", "resolve", "asker", b.SessionID, "pay", "--data", "1"); !apiclient.IsCode(err, apiclient.CodeInvalidField) ||
+		err.Error() != "wait pay is an approval: use --approve or --reject [--reason TEXT]" {
 		t.Fatalf("--data for an approval: %v", err)
 	}
 	run("wait", "resolve", "asker", b.SessionID, "pay", "--reject", "--reason", "too much")
+	run("session", "destroy", "asker", b.SessionID)
+	if got := run("session", "get", "asker", b.SessionID); !strings.Contains(got, "destroyed at ") || strings.Contains(got, "resume") || strings.Contains(got, "waiting") {
+		t.Errorf("session get of a destroyed session:\n%s", got)
+	}
+	if out, err := sa.run(ctx, "session", "stream", "asker", b.SessionID); !errors.Is(err, ErrSessionDestroyed) || strings.Contains(out, "reconnecting") {
+		t.Errorf("session stream of a destroyed session: %v\n%s", err, out)
+	}
+	if _, err := sa.run(ctx, "session", "stream", "asker", a.SessionID, "--after", "bogus"); err == nil || !strings.HasPrefix(err.Error(), `--after "bogus": `) {
+		t.Errorf("session stream --after bogus: %v", err)
+	}
 	got, err := sa.api.GetWait(ctx, "asker", b.SessionID, "pay")
 	if err != nil || string(got.Resolution) != `{"approved":false,"reason":"too much"}` {
 		t.Fatalf("after --reject: %+v %v", got, err)
 	}
 	if out := run("wait", "list", "asker", "--status", "open"); strings.Contains(out, "pay") || strings.Contains(out, "name") {
 		t.Fatalf("resolved waits still listed open:\n%s", out)
+	}
+}
+
+// sendStream runs `signal send --stream` in the background: done yields
+// its output and error once it exits by itself; interrupt cancels it.
+func (sa *streamAPI) sendStream(args ...string) (done func() (string, error), interrupt func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	root := newRoot()
+	out := &lockedBuffer{}
+	root.SetOut(out)
+	root.SetErr(out)
+	root.SetArgs(append([]string{"--server", sa.url, "--token", "tok", "signal", "send"}, args...))
+	ch := make(chan error, 1)
+	go func() { ch <- root.ExecuteContext(ctx) }()
+	return func() (string, error) { err := <-ch; cancel(); return out.String(), err }, cancel
+}
+
+// TestSignalSendStreamEndsOnWaitsApprovalsTimeoutsAndInterrupts: --stream
+// exits 3 with the full resolve command when the turn is held for an
+// approval, 0 after the wait.opened of a turn committed with outcome
+// wait (printing its resolve command), 1 naming what is pending after
+// --wait-timeout, and non-zero when interrupted before the commit.
+func TestSignalSendStreamEndsOnWaitsApprovalsTimeoutsAndInterrupts(t *testing.T) {
+	sa := startStreamAPI(t, true)
+	ctx := context.Background()
+	w := streamtest.NewAgent(t, sa.st, "chunky")
+	sent := func(key store.ActorKey, n int) {
+		t.Helper()
+		sa.waitEvents(ctx, "chunky", key.SessionID, func(evs []apiclient.Event) bool { return len(evs) >= n })
+	}
+
+	// Held for an approval: exit status 3.
+	a := w.Session()
+	done, _ := sa.sendStream("chunky", a.SessionID, "pay", "--stream")
+	sent(a, 1)
+	tr := w.Restart(a)
+	tr.Emit("about to pay")
+	tr.Hold(store.WaitParams{ID: "pay-1", For: "POST https://pay.example", CallSeq: 1, CallDigest: "sha256:abc"})
+	out, err := done()
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.Code != ExitWaitingForApproval || !strings.Contains(err.Error(), "waiting for approval") {
+		t.Fatalf("held for approval: %v, want an *ExitError of status 3\n%s", err, out)
+	}
+	for _, want := range []string{
+		"[event " + itoa(tr.EventID()) + " paused for approval after attempt 1; partial output above discarded]\n",
+		"[waiting for approval: wait pay-1: POST https://pay.example]\n",
+		"[resolve with: paddock wait resolve chunky " + a.SessionID + " pay-1 --approve   (or --reject --reason TEXT)]\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("held for approval: output lacks %q:\n%s", want, out)
+		}
+	}
+
+	// Committed with outcome wait: exit 0 after the wait.opened.
+	b := w.Session()
+	done, _ = sa.sendStream("chunky", b.SessionID, "ask", "--stream")
+	sent(b, 1)
+	w.Restart(b).CommitWait(store.WaitParams{ID: "ask-1", For: "your name?"})
+	out, err = done()
+	if err != nil {
+		t.Fatalf("outcome wait: %v\n%s", err, out)
+	}
+	for _, want := range []string{"[committed (wait)]\n", "[waiting: wait ask-1: your name?]\n", "[resolve with: paddock wait resolve chunky " + b.SessionID + " ask-1 --data JSON"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("outcome wait: output lacks %q:\n%s", want, out)
+		}
+	}
+
+	// Nothing runs the turn: --wait-timeout ends it, naming what is pending.
+	c := w.Session()
+	done, _ = sa.sendStream("chunky", c.SessionID, "hello", "--stream", "--wait-timeout", "200ms")
+	out, err = done()
+	if err == nil || !strings.Contains(err.Error(), "gave up after --wait-timeout 200ms: event ") || !strings.Contains(err.Error(), "is queued") {
+		t.Fatalf("--wait-timeout: %v\n%s", err, out)
+	}
+
+	// Interrupted (SIGINT cancels the context): an error, not exit 0.
+	done, interrupt := sa.sendStream("chunky", c.SessionID, "again", "--stream", "--wait-timeout", "0")
+	sent(c, 2)
+	interrupt()
+	if out, err = done(); err == nil || !strings.Contains(err.Error(), "interrupted before the turn committed") {
+		t.Fatalf("interrupted: %v\n%s", err, out)
 	}
 }

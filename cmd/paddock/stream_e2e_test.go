@@ -47,7 +47,7 @@ func TestSignalSendStreamEndToEnd(t *testing.T) {
 	srv := startServer(t, hcConfig(t, dir, addr, pgtest.DSN(t), model.URL, "", nil, ""), addr)
 	sess := srv.cli("session", "create", "hc")
 	out := srv.cli("signal", "send", "hc", sess, callsMessage(t, modelCall("hi")), "--stream")
-	for _, want := range []string{"[turn 1 started attempt 1]\n    Hello, world\\x1b[2J\n[committed]"} {
+	for _, want := range []string{"[event 1 started, attempt 1]\n    Hello, world\\x1b[2J\n[committed]"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("signal send --stream printed:\n%s\nwant it to hold %q", out, want)
 		}

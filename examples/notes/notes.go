@@ -12,6 +12,11 @@
 //	every <seconds> <name>  sets a repeating alarm <name> that replies
 //	                        "tick <name>" each time it fires
 //	stop <name>             clears the alarm <name>
+//	ask [<seconds>s] <text> asks a human: the turn ends with outcome wait,
+//	                        a wait "ask-<n>" (n counts the session's
+//	                        questions) for <text>, expiring after <seconds>
+//	                        when given; its answer (paddock wait resolve …
+//	                        --data JSON) is stored as a note "<text> → <answer>"
 //	count, other            answers with the number of notes and of turns so far
 //
 // Alarms live in the host (abi.AlarmOp), not in the state: the agent sets
@@ -41,6 +46,8 @@ type State struct {
 	Turns int `json:"turns"`
 	// Reminders counts the reminders set, which names them: remind-<n>.
 	Reminders int `json:"reminders,omitempty"`
+	// Asks counts the questions asked, which names their waits: ask-<n>.
+	Asks int `json:"asks,omitempty"`
 }
 
 // MaxAlarmSeconds bounds the delay and period of remind and every: one
@@ -74,21 +81,83 @@ func Turn(_ context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 	s.Turns++
 	var reply string
 	var alarms []abi.AlarmOp
-	if req.Event.Kind == abi.EventAlarm {
+	var wait *abi.WaitSpec
+	switch req.Event.Kind {
+	case abi.EventAlarm:
 		reply = alarmReply(req.Event.Alarm)
-	} else {
+	case abi.EventWaitResolved, abi.EventWaitExpired:
+		reply = s.answer(req.Event.Kind, req.Event.Wait)
+	default:
 		reply, alarms = s.command(req.Event.Message)
+		if strings.EqualFold(firstWord(req.Event.Message), "ask") {
+			reply, wait = s.ask(req.Event.Message)
+		}
 	}
 	state, err := abi.Marshal(s) // no HTML escaping: a note of "<" stays one byte
 	if err != nil {
 		return nil, fmt.Errorf("notes: encode state: %w", err)
 	}
-	return &abi.TurnResult{
+	out := &abi.TurnResult{
 		Messages: []abi.Message{{Role: abi.RoleAssistant, Content: reply}},
 		State:    state,
 		Outcome:  abi.OutcomeOK,
 		Alarms:   alarms,
-	}, nil
+	}
+	if wait != nil {
+		out.Outcome, out.Wait = abi.OutcomeWait, wait
+	}
+	return out, nil
+}
+
+func firstWord(msg string) string {
+	verb, _, _ := strings.Cut(strings.TrimSpace(msg), " ")
+	return verb
+}
+
+// ask handles "ask [<seconds>s] <question>": the reply, and the wait the
+// turn ends with (nil after a usage error).
+func (s *State) ask(msg string) (string, *abi.WaitSpec) {
+	_, rest, _ := strings.Cut(strings.TrimSpace(msg), " ")
+	rest = strings.TrimSpace(rest)
+	var timeoutMs int64
+	if num, q, ok := strings.Cut(rest, " "); ok && strings.HasSuffix(num, "s") {
+		if n, err := strconv.ParseInt(strings.TrimSuffix(num, "s"), 10, 64); err == nil {
+			if n < 1 || n > MaxAlarmSeconds {
+				return fmt.Sprintf("usage: ask [<seconds 1-%d>s] <question>", MaxAlarmSeconds), nil
+			}
+			timeoutMs, rest = n*1000, strings.TrimSpace(q)
+		}
+	}
+	if rest == "" || len(rest) > 1000 {
+		return "usage: ask [<seconds>s] <question of 1-1000 bytes>", nil
+	}
+	s.Asks++
+	id := fmt.Sprintf("ask-%d", s.Asks)
+	reply := fmt.Sprintf("waiting for an answer to %s: %s", id, rest)
+	if timeoutMs > 0 {
+		reply += fmt.Sprintf(" (for %d s)", timeoutMs/1000)
+	}
+	return reply, &abi.WaitSpec{ID: id, For: rest, TimeoutMs: timeoutMs}
+}
+
+// answer handles a wait.resolved or wait.expired event: the answer (a
+// JSON string's text, else the JSON) is stored as a note.
+func (s *State) answer(kind string, w *abi.WaitEvent) string {
+	if w == nil {
+		return "wait event without details"
+	}
+	var text string
+	switch {
+	case kind == abi.EventWaitExpired:
+		text = "(no answer: the wait expired)"
+	case len(w.Data) == 0 || string(w.Data) == "null":
+		text = "(answered without data)"
+	case json.Unmarshal(w.Data, &text) == nil:
+	default:
+		text = string(w.Data)
+	}
+	s.Notes = append(s.Notes, w.For+" → "+text)
+	return fmt.Sprintf("%s: noted (%d) %s → %s", w.ID, len(s.Notes), w.For, text)
 }
 
 // alarmReply answers an alarm event: a reminder's text, or a tick of a

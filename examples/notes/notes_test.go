@@ -176,3 +176,36 @@ func TestLongReminderIsRefused(t *testing.T) {
 		t.Fatalf("%+v", res.Messages)
 	}
 }
+
+// TestAskOpensAWaitAndNotesTheAnswer: "ask" ends the turn with outcome
+// wait (wait ask-<n>, the question, an optional timeout); the wait's
+// resolution or expiry is stored as a note.
+func TestAskOpensAWaitAndNotesTheAnswer(t *testing.T) {
+	ctx := context.Background()
+	var state []byte
+	turn := func(ev abi.Event) *abi.TurnResult {
+		t.Helper()
+		res, err := notes.Turn(ctx, &abi.TurnRequest{Event: ev, State: state})
+		if err != nil {
+			t.Fatal(err)
+		}
+		state = res.State
+		return res
+	}
+	res := turn(abi.Event{ID: 1, Kind: abi.EventMessage, Message: "ask your name?"})
+	if res.Outcome != abi.OutcomeWait || res.Wait == nil || !reflect.DeepEqual(*res.Wait, abi.WaitSpec{ID: "ask-1", For: "your name?"}) || res.Validate() != nil {
+		t.Fatalf("ask: %+v %+v", res, res.Wait)
+	}
+	res = turn(abi.Event{ID: 2, Kind: abi.EventMessage, Message: "ask 90s lunch?"})
+	if res.Wait == nil || !reflect.DeepEqual(*res.Wait, abi.WaitSpec{ID: "ask-2", For: "lunch?", TimeoutMs: 90_000}) {
+		t.Fatalf("ask with a timeout: %+v", res.Wait)
+	}
+	if res := turn(abi.Event{ID: 3, Kind: abi.EventMessage, Message: "ask"}); res.Wait != nil || res.Outcome != abi.OutcomeOK {
+		t.Fatalf("ask without a question: %+v", res)
+	}
+	turn(abi.Event{ID: 4, Kind: abi.EventWaitResolved, Wait: &abi.WaitEvent{ID: "ask-1", For: "your name?", Data: json.RawMessage(`"Ada"`)}})
+	turn(abi.Event{ID: 5, Kind: abi.EventWaitExpired, Wait: &abi.WaitEvent{ID: "ask-2", For: "lunch?"}})
+	if got := turn(abi.Event{ID: 6, Kind: abi.EventMessage, Message: "list"}).Messages[0].Content; got != "1. your name? → Ada\n2. lunch? → (no answer: the wait expired)" {
+		t.Fatalf("list: %q", got)
+	}
+}

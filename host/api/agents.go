@@ -24,7 +24,12 @@ func toCapabilities(c calls.Capabilities) client.Capabilities {
 	out := client.Capabilities{HTTP: make([]client.HTTPRule, 0, len(c.HTTP)),
 		Models: append([]string{}, c.Models...), Secrets: append([]string{}, c.Secrets...),
 		Limits: client.Limits{CallsPerTurn: c.Limits.CallsPerTurn, ResponseBytesPerTurn: c.Limits.ResponseBytesPerTurn,
-			TokensPerTurn: c.Limits.TokensPerTurn, TokensPerDay: c.Limits.TokensPerDay}}
+			TokensPerTurn: c.Limits.TokensPerTurn, TokensPerDay: c.Limits.TokensPerDay},
+		Approval: client.ApprovalRules{HTTP: make([]client.ApprovalHTTPRule, 0, len(c.Approval.HTTP)),
+			Models: append([]string{}, c.Approval.Models...), TimeoutMs: c.Approval.Timeout.Milliseconds()}}
+	for _, r := range c.Approval.HTTP {
+		out.Approval.HTTP = append(out.Approval.HTTP, client.ApprovalHTTPRule{Host: r.Host, Methods: r.Methods, PathPrefix: r.PathPrefix})
+	}
 	for _, r := range c.HTTP {
 		out.HTTP = append(out.HTTP, client.HTTPRule{Scheme: r.Scheme, Host: r.Host, Port: r.Port,
 			Methods: r.Methods, AllowPrivate: r.AllowPrivate, Secrets: r.Secrets})

@@ -275,7 +275,8 @@ func TestAgentsShowTheirCapabilities(t *testing.T) {
 			{Scheme: "http", Host: "10.0.0.5", Port: 8080},
 		},
 		Models: []string{"anthropic"}, Secrets: []string{"API_KEY"},
-		Limits: client.Limits{CallsPerTurn: 8, ResponseBytesPerTurn: 1 << 20, TokensPerTurn: 5000, TokensPerDay: 100000},
+		Limits:   client.Limits{CallsPerTurn: 8, ResponseBytesPerTurn: 1 << 20, TokensPerTurn: 5000, TokensPerDay: 100000},
+		Approval: client.ApprovalRules{HTTP: []client.ApprovalHTTPRule{}, Models: []string{}},
 	}
 	check := func(what string, got client.Capabilities) {
 		t.Helper()
@@ -303,7 +304,7 @@ func TestAgentsShowTheirCapabilities(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, body := e.raw("GET", "/v1/agents/bare", "")
-	if !strings.Contains(body, `"capabilities":{"http":[],"models":[],"secrets":[],"limits":{"calls_per_turn":0,"response_bytes_per_turn":0,"tokens_per_turn":0,"tokens_per_day":0}}`) {
+	if !strings.Contains(body, `"capabilities":{"http":[],"models":[],"secrets":[],"limits":{"calls_per_turn":0,"response_bytes_per_turn":0,"tokens_per_turn":0,"tokens_per_day":0},"approval":{"http":[],"models":[]}}`) {
 		t.Fatalf("bare agent: %s", body)
 	}
 }

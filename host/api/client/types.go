@@ -382,6 +382,29 @@ type Capabilities struct {
 	// Secrets are the names of the secrets its http calls may use.
 	Secrets []string `json:"secrets"`
 	Limits  Limits   `json:"limits"`
+	// Approval names the granted calls that also need an approver's
+	// decision before they go out (calls.ApprovalRules).
+	Approval ApprovalRules `json:"approval"`
+}
+
+// ApprovalRules are the calls that need approval (calls.ApprovalRules).
+type ApprovalRules struct {
+	HTTP []ApprovalHTTPRule `json:"http"`
+	// Models are model endpoints whose calls need approval.
+	Models []string `json:"models"`
+	// TimeoutMs, when > 0, expires an undecided approval after this many
+	// milliseconds (the call is then refused).
+	TimeoutMs int64 `json:"timeout_ms,omitempty"`
+}
+
+// ApprovalHTTPRule matches http calls that need approval.
+type ApprovalHTTPRule struct {
+	// Host is an exact name, an IP literal or a "*.suffix" wildcard.
+	Host string `json:"host"`
+	// Methods, upper case; absent: every method.
+	Methods []string `json:"methods,omitempty"`
+	// PathPrefix, when set, matches only paths that start with it.
+	PathPrefix string `json:"path_prefix,omitempty"`
 }
 
 // HTTPRule allows one destination of http calls (calls.HTTPRule).
