@@ -152,30 +152,38 @@ func (s *Store) AppendChunks(ctx context.Context, p store.AppendChunksParams) (s
 	f := store.Frame{ActorKey: store.KeyOf(ref), Kind: store.FrameChunk, EventID: ref.ActorEventID,
 		ActorEpoch: ref.ActorEpoch, Attempt: p.Attempt, Body: body}
 	err = s.pipeTxDo(ctx, "append chunks", func(ctx context.Context, tx txConn) error {
-		inserted := false
-		b := &pgx.Batch{}
-		b.Queue(lockActivationSQL, ref.ActivationUID)
-		b.Queue(appendChunksSQL, refArgs(ref, p.Attempt, string(body))...).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&f.Seq, &f.CreatedAt)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil // the fence refused: classified below
-			}
-			inserted = err == nil
-			return err
-		})
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return err
-		}
-		if !inserted {
-			return classify(ctx, tx, ref, store.FenceCommit, false)
-		}
-		return nil
+		return insertGuardedFrame(ctx, tx, ref, appendChunksSQL, refArgs(ref, p.Attempt, string(body)), &f)
 	})
 	if err != nil {
 		return store.Frame{}, err
 	}
 	f.CreatedAt = utc(f.CreatedAt)
 	return f, nil
+}
+
+// insertGuardedFrame runs, in tx, the activation's row lock and sql (an
+// INSERT of one frame guarded by the fences of a commit, returning its seq
+// and created_at into f) in one round trip; a frame the guard refused is
+// explained by classify (*store.FenceError).
+func insertGuardedFrame(ctx context.Context, tx txConn, ref abi.TurnRef, sql string, args []any, f *store.Frame) error {
+	inserted := false
+	b := &pgx.Batch{}
+	b.Queue(lockActivationSQL, ref.ActivationUID)
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&f.Seq, &f.CreatedAt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // the fence refused: classified below
+		}
+		inserted = err == nil
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return err
+	}
+	if !inserted {
+		return classify(ctx, tx, ref, store.FenceCommit, false)
+	}
+	return nil
 }
 
 // RestartStream appends turn.retrying and turn.started of the attempt
@@ -196,24 +204,10 @@ func (s *Store) RestartStream(ctx context.Context, p store.RestartStreamParams) 
 			ActorEpoch: ref.ActorEpoch, Attempt: p.Attempt, Body: body}
 		started = store.Frame{ActorKey: key, Kind: store.FrameTurnStarted, EventID: ref.ActorEventID,
 			ActorEpoch: ref.ActorEpoch, Attempt: p.Attempt}
-		inserted := false
+		if err := insertGuardedFrame(ctx, tx, ref, restartRetryingSQL, refArgs(ref, p.Attempt, string(body)), &retrying); err != nil {
+			return err
+		}
 		b := &pgx.Batch{}
-		b.Queue(lockActivationSQL, ref.ActivationUID)
-		b.Queue(restartRetryingSQL, refArgs(ref, p.Attempt, string(body))...).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&retrying.Seq, &retrying.CreatedAt)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil // the fence refused: classified below
-			}
-			inserted = err == nil
-			return err
-		})
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return err
-		}
-		if !inserted {
-			return classify(ctx, tx, ref, store.FenceCommit, false)
-		}
-		b = &pgx.Batch{}
 		b.Queue(restartStartedSQL, key.AgentUID, key.SessionID, store.FrameTurnStarted, ref.ActorEventID, ref.ActorEpoch,
 			p.Attempt).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&started.Seq, &started.CreatedAt)
