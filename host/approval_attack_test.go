@@ -22,7 +22,7 @@ import (
 // lets its call go out once; a call that went out under it before needs a
 // new approval (the agent's third POST holds the turn again).
 func TestAttackOneApprovalTwoExecutions(t *testing.T) {
-	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
 		srv := newCountingServer(t)
 		var attempt atomic.Int32
 		turn := func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
@@ -68,7 +68,7 @@ func TestAttackOneApprovalTwoExecutions(t *testing.T) {
 // ever, without anyone being asked. Approval wait ids now avoid every wait
 // id of the session.
 func TestAttackGuestWaitTakesTheApprovalsID(t *testing.T) {
-	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
 		srv := newCountingServer(t)
 		turn := func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 			if req.Event.Message == "plant" {

@@ -132,7 +132,7 @@ func (f *fixture) heldWait(key store.ActorKey) store.Wait {
 // once, and the turn commits. Rejected, the agent's call B answers denied
 // (reason approval) with the approver's reason, and B never goes out.
 func TestACallNeedingApprovalHoldsTheTurnUntilDecided(t *testing.T) {
-	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
 		srv := newCountingServer(t)
 		f := startWithApprovals(t, st, map[string]abi.TurnFunc{"pay": payTurn(srv.URL)}, srv, 0)
 		a := f.agent("pay")
@@ -212,7 +212,7 @@ func TestACallNeedingApprovalHoldsTheTurnUntilDecided(t *testing.T) {
 // runs again, and the call answers denied (reason approval) without
 // going out.
 func TestAnApprovalNoOneDecidesExpiresIntoADenial(t *testing.T) {
-	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
 		srv := newCountingServer(t)
 		f := startWithApprovals(t, st, map[string]abi.TurnFunc{"pay": payTurn(srv.URL)}, srv, time.Millisecond)
 		key := f.session(f.agent("pay"))

@@ -646,7 +646,7 @@ func (h *Host) expireWaits(ctx context.Context) {
 		keys, err := h.st.ExpireDueWaits(sctx, batch)
 		cancel()
 		if err != nil {
-			if ctx.Err() == nil && !errors.Is(err, errors.ErrUnsupported) {
+			if ctx.Err() == nil {
 				h.log.Warn("waits: expire due waits", "err", err)
 			}
 			return
@@ -689,7 +689,7 @@ func (h *Host) compactStreams(ctx context.Context) {
 		n, err := h.st.CompactStream(sctx, store.CompactStreamParams{Before: before, Limit: batch})
 		cancel()
 		if err != nil {
-			if ctx.Err() == nil && !errors.Is(err, errors.ErrUnsupported) {
+			if ctx.Err() == nil {
 				h.log.Warn("stream: compact", "err", err)
 			}
 			return

@@ -20,7 +20,7 @@ import (
 // (unbounded store growth and client traffic per turn). Each chunk now
 // also counts a fixed overhead towards the cap.
 func TestAttackEmptyChunksEscapeTheTurnCap(t *testing.T) {
-	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
 		pol := testPolicy()
 		pol.Stream.MaxBytesPerTurn = abi.MaxChunkBytes
 		var mu sync.Mutex

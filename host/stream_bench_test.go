@@ -2,7 +2,6 @@ package host_test
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -41,9 +40,6 @@ const (
 // the guest sees it, in µs. One op is one turn.
 func BenchmarkStreamedTurn(b *testing.B) {
 	benchStores(b, func(b *testing.B, st store.Store) {
-		if _, err := st.StreamHeads(context.Background(), []store.ActorKey{{AgentUID: "probe", SessionID: "probe"}}); errors.Is(err, errors.ErrUnsupported) {
-			b.Skipf("the %s driver keeps no session stream yet", st.Driver())
-		}
 		cs := &writeCountingStore{Store: st}
 		var emitNanos, emits atomic.Int64
 		f := benchHost(b, cs, map[string]abi.TurnFunc{"stream": func(ctx context.Context, r *abi.TurnRequest) (*abi.TurnResult, error) {

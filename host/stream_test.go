@@ -18,18 +18,6 @@ import (
 	"github.com/paddock-dev/paddock/store"
 )
 
-// eachStreamDriver is eachDriver for drivers that keep session streams
-// (a driver whose stream methods are not built yet is skipped, saying so).
-func eachStreamDriver(t *testing.T, f func(t *testing.T, st store.Store)) {
-	eachDriver(t, func(t *testing.T, st store.Store) {
-		_, err := st.StreamHeads(context.Background(), []store.ActorKey{{AgentUID: "probe", SessionID: "probe"}})
-		if errors.Is(err, errors.ErrUnsupported) {
-			t.Skipf("the %s driver keeps no session stream yet", st.Driver())
-		}
-		f(t, st)
-	})
-}
-
 // notified counts Options.StreamNotify calls by session.
 type notified struct {
 	mu sync.Mutex
@@ -132,7 +120,7 @@ func texts(chunks []streamChunk, attempt int) string {
 // needs no capability and no executor; an invalid chunk is refused with
 // invalid_request and the turn goes on.
 func TestEmittedChunksReachTheStreamBeforeTheCommit(t *testing.T) {
-	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
 		var n notified
 		var refused string
 		f := runHost(t, host.Options{Store: st, Logger: quietLogger(), Policy: testPolicy(), StreamNotify: n.notify,
@@ -179,7 +167,7 @@ func TestEmittedChunksReachTheStreamBeforeTheCommit(t *testing.T) {
 // second attempt's turn.started, its chunks (offsets from 0 again) and
 // turn.committed.
 func TestARetriedAttemptStreamsAgainAfterTurnRetrying(t *testing.T) {
-	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
 		f := start(t, st, map[string]abi.TurnFunc{"retry": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 			for i := range 3 {
 				_ = abi.Emit(ctx, fmt.Sprintf("a%d.%d ", req.Attempt, i))
@@ -218,7 +206,7 @@ func TestARetriedAttemptStreamsAgainAfterTurnRetrying(t *testing.T) {
 // answers too_large (the turn goes on and commits); an emit made after
 // the turn returned answers cancelled and reaches no frame.
 func TestEmitLimitsAndLateEmits(t *testing.T) {
-	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
 		pol := testPolicy()
 		pol.Stream.MaxBytesPerTurn = 100 << 10
 		var mu sync.Mutex
@@ -265,7 +253,7 @@ func TestEmitLimitsAndLateEmits(t *testing.T) {
 // whose event is wait.resolved with the wait and the resolver's data; a
 // wait with a timeout expires by itself into a wait.expired turn.
 func TestOutcomeWaitSleepsUntilResolvedOrExpired(t *testing.T) {
-	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
 		var mu sync.Mutex
 		var seen []string
 		f := start(t, st, map[string]abi.TurnFunc{"ask": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
@@ -361,7 +349,7 @@ func newSSEChatServer(t *testing.T) *sseChatServer {
 // the retry, which replays the call from the journal without a request,
 // streams the recorded text as one chunk with the same seq.
 func TestAStreamedModelCallStreamsItsTextAndAReplayStreamsItWhole(t *testing.T) {
-	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
 		srv := newSSEChatServer(t)
 		f := startWithCalls(t, st, map[string]abi.TurnFunc{"stream": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 			_ = abi.Emit(ctx, "thinking… ")
@@ -414,7 +402,7 @@ func TestAStreamedModelCallStreamsItsTextAndAReplayStreamsItWhole(t *testing.T) 
 // that drops the event's chunks at turn.retrying reassembles exactly the
 // rerun's output, with no repeat.
 func TestASteeredRerunRestartsTheStream(t *testing.T) {
-	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
 		srv := newSSEChatServer(t)
 		emitted := make(chan struct{}, 1)
 		steered := make(chan struct{})
@@ -509,7 +497,7 @@ func TestASteeredRerunRestartsTheStream(t *testing.T) {
 // them — reach the stream in several chunk frames, every one within the
 // store's frame limit, with gap-free offsets.
 func TestLargeOutputIsSplitIntoFramesTheStoreAccepts(t *testing.T) {
-	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
 		f := start(t, st, map[string]abi.TurnFunc{"big": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 			for i := range 10 {
 				text := strings.Repeat(string(rune('a'+i)), 60<<10)
@@ -563,7 +551,7 @@ func (s *fencingStore) AppendChunks(context.Context, store.AppendChunksParams) (
 // refused the attempt's chunks (a stale attempt), its later emits answer
 // cancelled at once.
 func TestEmitsAfterTheFencesRefusedChunksAnswerCancelled(t *testing.T) {
-	eachStreamDriver(t, func(t *testing.T, st store.Store) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
 		fs := &fencingStore{Store: st, refused: make(chan struct{})}
 		var got string
 		f := start(t, fs, map[string]abi.TurnFunc{"zombie": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {

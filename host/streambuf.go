@@ -77,7 +77,6 @@ type streamBuf struct {
 	// turn_ref. The attempt is not over: its chunks stay pending, and
 	// setRef or restart writes them under the newer ref.
 	stale bool
-	off   bool // the store keeps no stream: chunks are dropped
 	// wrote: a chunk frame of this run of the turn is stored (a steer's
 	// rerun then restarts the stream).
 	wrote bool
@@ -181,10 +180,6 @@ func (b *streamBuf) emitReplay(text string, callSeq int) {
 // write.
 func (b *streamBuf) addLocked(c abi.Chunk, n int64) {
 	b.used += n
-	if b.off {
-		b.first++
-		return
-	}
 	b.pending = append(b.pending, c)
 	b.pendBy += len(c.Text) + len(c.Data)
 	switch {
@@ -221,7 +216,7 @@ func (b *streamBuf) flush() {
 	b.mu.Unlock()
 	for {
 		b.mu.Lock()
-		if b.restartDue && !b.fenced && !b.stale && !b.off {
+		if b.restartDue && !b.fenced && !b.stale {
 			if !b.writeRestartLocked() {
 				b.mu.Unlock()
 				return
@@ -229,7 +224,7 @@ func (b *streamBuf) flush() {
 			b.mu.Unlock()
 			continue
 		}
-		if b.first >= upTo || len(b.pending) == 0 || b.fenced || b.stale || b.off {
+		if b.first >= upTo || len(b.pending) == 0 || b.fenced || b.stale {
 			b.mu.Unlock()
 			return
 		}
@@ -279,14 +274,6 @@ func (b *streamBuf) flush() {
 			b.pending, b.pendBy = nil, 0
 			b.mu.Unlock()
 			b.log.Info("stream: chunks refused by the fences; the attempt's later emits answer cancelled", "reason", fe.Reason)
-			return
-		case errors.Is(err, errors.ErrUnsupported):
-			// A store without streams: emits are accepted and dropped.
-			b.off = true
-			b.first += len(b.pending)
-			b.pending, b.pendBy = nil, 0
-			b.mu.Unlock()
-			b.log.Debug("stream: the store keeps no session stream; chunks dropped")
 			return
 		default:
 			if b.timer == nil && !b.ended {
@@ -383,11 +370,6 @@ func (b *streamBuf) writeRestartLocked() bool {
 		b.fenced = true
 		b.pending, b.pendBy = nil, 0
 		b.log.Info("stream: the steer's restart refused by the fences; the attempt's later emits answer cancelled", "reason", fe.Reason)
-		return false
-	case errors.Is(err, errors.ErrUnsupported):
-		b.off = true
-		b.first += len(b.pending)
-		b.pending, b.pendBy = nil, 0
 		return false
 	default:
 		if b.timer == nil && !b.ended {
