@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -56,14 +57,33 @@ func paddockBin(t *testing.T) string {
 	return binPath
 }
 
+// portsHanded records the ports freePort has handed out in this test
+// process, so two tests never get the same one.
+var portsHanded sync.Map
+
+// freePort returns a 127.0.0.1 address a `paddock serve` started a few
+// seconds later can bind. The port comes from below Linux's ephemeral range
+// (ip_local_port_range starts at 32768): a port the kernel handed out with
+// `Listen(":0")` goes back to the ephemeral pool once closed and can be taken
+// as the local end of any outgoing connection (a worker dialing, an HTTP
+// client) before the server binds it — a CI run failed on exactly that.
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 1000 {
+		port := 20000 + rand.IntN(12000)
+		if _, taken := portsHanded.LoadOrStore(port, true); taken {
+			continue
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue // another process has it
+		}
+		ln.Close()
+		return addr
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatal("freePort: no free port in 20000-31999")
+	return ""
 }
 
 // server is one `paddock serve` process.
