@@ -14,7 +14,7 @@ FUZZ_TARGETS := ./abi:FuzzTurnResult ./abi:FuzzTurnRequest ./abi:FuzzCallRequest
 	./host/config:FuzzLoad ./plugins/pluginhost:FuzzPluginFrames ./plugins/pluginhost:FuzzFrameRoundTrip \
 	./fabric:FuzzBrokerReceive ./fabric:FuzzRemoteResult ./fabric/wire:FuzzParseHeader ./fabric/wire:FuzzSessionOpen
 
-.PHONY: help build examples plugins run test vet lint fmt-check bench bench-go bench-paddock bench-peers bench-stream chaos burst fuzz clean
+.PHONY: help build examples plugins run test vet lint fmt-check bench bench-go bench-paddock bench-peers bench-backlog bench-stream chaos burst fuzz clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -95,6 +95,12 @@ BENCH_FLAGS ?=
 bench-paddock: build examples ## `paddock bench`: N turns over K sessions from P producers, durable before each signal returns
 	bin/paddock bench --store sqlite $(BENCH_FLAGS)
 	@if [ -n "$$DATABASE_URL" ]; then bin/paddock bench --store postgres $(BENCH_FLAGS); fi
+
+# The backlog bench: turns/s while each session has B open events waiting behind its turn, B = 100 then 10,000.
+BACKLOG_FLAGS ?= --keys 8 --producers 8 --n 799
+bench-backlog: build examples ## turns/s with 100 and with 10,000 open events per session, on SQLite and (DATABASE_URL) PostgreSQL: the cost of a turn must not grow with the events behind it (≈ 3 min)
+	@for b in 100 10000; do bin/paddock bench --store sqlite --backlog $$b $(BACKLOG_FLAGS) | grep '^peer='; done
+	@if [ -n "$$DATABASE_URL" ]; then for b in 100 10000; do bin/paddock bench --store postgres --backlog $$b $(BACKLOG_FLAGS) | grep '^peer='; done; fi
 
 bench-stream: ## the session stream: chunk latency emit → SSE client on the same and another host, store writes per 1,000 tokens, idle subscribers (two `paddock serve` on PostgreSQL — DATABASE_URL or a throwaway cluster — then one on SQLite; ≈ 2 min)
 	STREAMBENCH=1 $(GO) test -run '^TestStreamBenchFigures$$' -count=1 -v -timeout 10m ./cmd/paddock/ | grep -E 'stream bench|^(--- |ok|FAIL)'

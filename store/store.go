@@ -305,7 +305,10 @@ type Turn struct {
 type Dispatch struct {
 	Delivery Delivery
 	Event    Event
-	Session  Session
+	// Session is the session row without its counters (OpenEvents and
+	// DeadLetters are 0): counting costs O(the session's open events), and
+	// a turn's cost must not grow with the events waiting behind it.
+	Session Session
 	// State is the committed session state: nil when none was ever
 	// committed (or the last commit removed it), non-nil empty when an
 	// empty state was committed (see StateFromColumn).

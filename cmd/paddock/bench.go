@@ -47,7 +47,7 @@ import (
 // ../shared/peers/README.md (N turns over K keys from P producers).
 type benchOptions struct {
 	n, keys, producers, warmup, pool, capacity, processes int
-	tail                                                  int
+	tail, backlog                                         int
 	sleeping, warm                                        int
 	rate                                                  float64
 	storeKind, dsn, worker, signalPath                    string
@@ -130,6 +130,9 @@ func newBenchCmd() *cobra.Command {
 			if o.n < 0 || o.sleeping < 0 || o.warm < 0 || (o.n == 0 && o.sleeping == 0 && o.warm == 0) {
 				return fmt.Errorf("--n %d --sleeping %d --warm %d: want a measured run (--n) or a memory phase (--sleeping, --warm)", o.n, o.sleeping, o.warm)
 			}
+			if o.backlog < 0 || (o.backlog > 0 && (o.n >= o.backlog*o.keys || o.rate > 0)) {
+				return fmt.Errorf("--backlog %d --keys %d --n %d --rate %g: the measured turns (and the first, which starts the clock) must fit the backlog (n < backlog × keys), without --rate", o.backlog, o.keys, o.n, o.rate)
+			}
 			if o.rate < 0 {
 				return fmt.Errorf("--rate %g: want 0 (closed loop) or a positive rate", o.rate)
 			}
@@ -198,6 +201,7 @@ func newBenchCmd() *cobra.Command {
 	f.IntVar(&o.n, "n", 20000, "turns (signals) in the measured run")
 	f.IntVar(&o.keys, "keys", 1000, "session keys; turn i goes to key i mod K")
 	f.IntVar(&o.producers, "producers", 8, "concurrent producers; producer p sends turns p, p+P, … (one call each, returning when durable)")
+	f.IntVar(&o.backlog, "backlog", 0, "instead of the producers' run: give each session this many open events with the host stopped, then start it and measure the first --n turns of the drain (turns/s with that backlog per session; n < backlog × keys)")
 	f.IntVar(&o.warmup, "warmup", 200, "untimed warm-up turns run to completion before the measured run")
 	f.IntVar(&o.pool, "pool", 20, "PostgreSQL connections of the host's pool")
 	f.IntVar(&o.capacity, "capacity", 0, "pool capacity: activations at once (default: --keys + --sleeping + --warm)")
@@ -517,9 +521,21 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	}
 	hctx, hstop := context.WithCancel(context.Background())
 	hostDone := make(chan error, 1)
-	go func() { hostDone <- h.Run(hctx) }()
-	defer func() { hstop(); <-hostDone }()
-	time.Sleep(50 * time.Millisecond) // Run has set the host up
+	hostStarted := false
+	startHost := func() {
+		hostStarted = true
+		go func() { hostDone <- h.Run(hctx) }()
+		time.Sleep(50 * time.Millisecond) // Run has set the host up
+	}
+	defer func() {
+		hstop()
+		if hostStarted {
+			<-hostDone
+		}
+	}()
+	if o.backlog == 0 {
+		startHost() // --backlog starts it once the backlog is in
+	}
 
 	send, stopHTTP, err := benchSignaller(ctx, o, h, st, r, log)
 	if err != nil {
@@ -536,6 +552,21 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 			return nil, err
 		}
 		keys[k] = s.ActorKey
+	}
+
+	if o.backlog > 0 {
+		if pgConn == nil {
+			res.RoundTrips, res.Transactions = -1, -1
+		} else {
+			res.RoundTrips, res.Transactions = 0, 0
+		}
+		b := &backlogRun{o: o, st: st, h: h, sink: sink, keys: keys, start: startHost, rt: rt, log: progress}
+		if err := b.run(ctx, res); err != nil {
+			return nil, err
+		}
+		res.PeakRSSMB = peakRSSMB()
+		res.GoVersion, res.CPUs, res.Time = runtime.Version(), runtime.NumCPU(), time.Now().UTC().Format(time.RFC3339)
+		return res, nil
 	}
 
 	// Warm-up: untimed turns, run to completion (they also compile the

@@ -87,6 +87,42 @@ func TestBenchMemoryPhase(t *testing.T) {
 	}
 }
 
+// TestBenchBacklogDrainsOnBothStores runs `paddock bench --backlog` small
+// (what `make bench-backlog` runs at 100 and 10,000 open events per
+// session): each session is given its backlog with the host stopped, and
+// the drain's first turns are measured. The figure itself is the bench
+// target's business; here the run must complete every measured turn on
+// both drivers and report a rate.
+func TestBenchBacklogDrainsOnBothStores(t *testing.T) {
+	t.Parallel()
+	bin := paddockBin(t)
+	module, _ := wasmtest.BuildExample(t, "./examples/hasher/cmd")
+	dsn := pgtest.DSN(t)
+	for _, st := range []string{"sqlite", "postgres"} {
+		t.Run(st, func(t *testing.T) {
+			args := []string{"bench", "--store", st, "--backlog", "30", "--keys", "4", "--producers", "2", "--n", "100",
+				"--module", module, "--timeout", "3m"}
+			if st == "postgres" {
+				args = append(args, "--dsn", dsn, "--schema", "bench_backlog")
+			}
+			out, err := exec.Command(bin, args...).Output()
+			if err != nil {
+				t.Fatalf("paddock %s: %v", strings.Join(args, " "), err)
+			}
+			var r BenchResult
+			if err := json.Unmarshal([]byte(strings.SplitN(string(out), "\n", 2)[0]), &r); err != nil {
+				t.Fatalf("%v in %q", err, out)
+			}
+			if r.Mode != "backlog=30" || r.Completed != 100 || r.JobsPerS <= 0 || r.WallS <= 0 {
+				t.Fatalf("backlog run: %+v", r)
+			}
+			if st == "postgres" && (r.RoundTrips <= 0 || r.Transactions <= 0) {
+				t.Fatalf("round trips per turn on PostgreSQL: %+v", r)
+			}
+		})
+	}
+}
+
 // TestBenchRefusesBadFlags: a workload that cannot be split among the
 // producers, or an unknown store, worker or signal path, is refused by name.
 func TestBenchRefusesBadFlags(t *testing.T) {
@@ -105,6 +141,7 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 		{[]string{"--instance-reuse", "module"}, `--instance-reuse "module"`},
 		{[]string{"--rate", "-5"}, "--rate -5"},
 		{[]string{"--transcript-tail", "2000"}, "--transcript-tail 2000"},
+		{[]string{"--backlog", "10", "--keys", "4", "--producers", "4", "--n", "40"}, "n < backlog × keys"},
 		{[]string{"--module", "/nonexistent.wasm", "--warmup", "0", "--n", "1", "--keys", "1", "--producers", "1"}, "--module"},
 	} {
 		out, err := exec.Command(bin, append([]string{"bench"}, c.args...)...).CombinedOutput()

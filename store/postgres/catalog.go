@@ -175,13 +175,26 @@ func (s *Store) ListAgents(ctx context.Context) ([]store.Agent, error) {
 }
 
 // sessionCols selects a session with its counters; the table alias is s.
-const sessionCols = `s.agent_uid, s.session_id, coalesce(s.key, ''), s.input, s.status, s.crash_policy,
-	s.actor_epoch, s.created_at, s.sleep_ts, s.destroy_ts, s.turn_count, s.last_event_seq,
-	(SELECT count(*) FROM actor_events e
+// The counters cost O(the session's open events): a turn's path reads
+// sessionNoCounters instead.
+const sessionCols = sessionHead + `(SELECT count(*) FROM actor_events e
 	  WHERE e.agent_uid = s.agent_uid AND e.session_id = s.session_id AND e.status = 'open'),
 	(SELECT count(*) FROM actor_events e
 	  WHERE e.agent_uid = s.agent_uid AND e.session_id = s.session_id AND e.status = 'dead_letter'),
-	s.pending_since, coalesce(s.sleep_reason, '')`
+	` + sessionTail
+
+// sessionNoCounters selects a session like sessionCols with OpenEvents
+// and DeadLetters zero: what NextDelivery reads, index-bounded however
+// many events wait (Dispatch.Session).
+const sessionNoCounters = sessionHead + `0, 0, ` + sessionTail
+
+// sessionHead and sessionTail are the columns around the counters.
+const (
+	sessionHead = `s.agent_uid, s.session_id, coalesce(s.key, ''), s.input, s.status, s.crash_policy,
+	s.actor_epoch, s.created_at, s.sleep_ts, s.destroy_ts, s.turn_count, s.last_event_seq,
+	`
+	sessionTail = `s.pending_since, coalesce(s.sleep_reason, '')`
+)
 
 func scanSession(row pgx.Row) (store.Session, error) {
 	var ss store.Session

@@ -99,7 +99,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		// The turn.started frame, in this round trip (the stream head's
 		// lock is this transaction's last).
 		b.Queue(turnStartedSQL, ref.AgentUID, ref.SessionID, store.FrameTurnStarted, *eventID, epoch)
-		b.Queue(`SELECT `+sessionCols+` FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`,
+		b.Queue(`SELECT `+sessionNoCounters+` FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`,
 			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) (err error) {
 			d.Session, err = scanSession(row)
 			return err
@@ -388,9 +388,13 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 				fmt.Sprintf("%ssteers of event %d changed during the commit", checkLockRace, ref.ActorEventID))
 		}
 		// The controller's hint: is anything else open (after the close
-		// above, in this transaction)?
-		b.Queue(`SELECT EXISTS (SELECT 1 FROM actor_events
-			WHERE agent_uid = $1 AND session_id = $2 AND status = 'open' AND steer_of IS NULL)`,
+		// above, in this transaction)? Asked as "the oldest open event", so
+		// that the plan is the open-events index's first entry however many
+		// wait (an EXISTS may be planned as a scan that stops at the first
+		// match, which can be far).
+		b.Queue(`SELECT (SELECT seq FROM actor_events
+			WHERE agent_uid = $1 AND session_id = $2 AND status = 'open' AND steer_of IS NULL
+			ORDER BY seq LIMIT 1) IS NOT NULL`,
 			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) error { return row.Scan(&t.NextOpen) })
 		// Alarms before the session row: the lock order of FireDueAlarms.
 		queueAlarmOps(b, store.KeyOf(ref), alarms)
@@ -434,8 +438,9 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 				UPDATE sessions SET status = 'sleeping', sleep_ts = clock_timestamp(), sleep_reason = $3,
 					pending_since = NULL
 				WHERE agent_uid = $1 AND session_id = $2 AND status = 'active'
-				  AND NOT EXISTS (SELECT 1 FROM actor_events
-					WHERE agent_uid = $1 AND session_id = $2 AND status = 'open')`, ref.AgentUID, ref.SessionID, reason)
+				  AND (SELECT seq FROM actor_events
+					WHERE agent_uid = $1 AND session_id = $2 AND status = 'open'
+					ORDER BY seq LIMIT 1) IS NULL`, ref.AgentUID, ref.SessionID, reason)
 		}
 		// The turn.committed frame, last (the stream head's lock is the
 		// transaction's last), its body built from the turns row above.

@@ -128,7 +128,8 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			store.MustBody(store.TurnStartedBody{EventKind: d.Event.Kind})); err != nil {
 			return err
 		}
-		if d.Session, err = getSession(tx, ref.ActorKey); err != nil {
+		if d.Session, err = scanSession(tx.queryRow(`SELECT `+sessionNoCounters+` FROM sessions s WHERE s.agent_uid = ? AND s.session_id = ?`,
+			ref.AgentUID, ref.SessionID)); err != nil {
 			return err
 		}
 		var notNull bool
