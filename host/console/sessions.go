@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -41,12 +42,26 @@ func (c *Console) sessions(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// The pager's links keep the filters and the page size.
+	v := url.Values{}
+	for k, val := range map[string]string{"agent": f.Agent, "status": f.Status, "key": f.Key, "q": f.Text, "limit": q.Get("limit")} {
+		if val != "" {
+			v.Set(k, val)
+		}
+	}
+	first := "/ui/sessions?" + v.Encode()
+	next := ""
+	if page.Next != "" {
+		v.Set("after", page.Next)
+		next = "/ui/sessions?" + v.Encode()
+	}
 	return c.render(w, r, http.StatusOK, "sessions", "Sessions", "sessions", struct {
-		Filter   service.SessionFilter
-		Page     service.SessionBrowse
-		Agents   []store.Agent
-		Statuses []string
-	}{f, page, agents, []string{"active", "sleeping", "pending", "destroyed"}})
+		Filter          service.SessionFilter
+		Page            service.SessionBrowse
+		Agents          []store.Agent
+		Statuses        []string
+		First, NextPage string
+	}{f, page, agents, []string{"active", "sleeping", "pending", "destroyed"}, first, next})
 }
 
 // lookup resolves the agent and session a route names.

@@ -7,7 +7,7 @@
 (function () {
   "use strict";
   var box = document.getElementById("transcript");
-  if (!box || !window.EventSource) { return; }
+  if (!box || !box.getAttribute("data-stream") || !window.EventSource) { return; }
   var status = document.getElementById("live-status");
   var lastTurn = parseInt(box.getAttribute("data-last-turn"), 10) || 0;
   var url = box.getAttribute("data-stream") + "?after=" + encodeURIComponent(box.getAttribute("data-after") || "head");
@@ -101,5 +101,28 @@
     t.appendChild(el("div", "turn-head", "wait resolved: " + (d.wait_id || d.id || "")));
     add(t);
   });
+  // The message form posts in the background (the same form, its CSRF
+  // token included), so the page stays and the turn streams in.
+  var form = document.getElementById("signal-form");
+  if (form && window.fetch && window.URLSearchParams && window.FormData) {
+    form.addEventListener("submit", function (ev) {
+      ev.preventDefault();
+      var body = new URLSearchParams(new FormData(form));
+      say("sending…");
+      fetch(form.action, { method: "POST", body: body, credentials: "same-origin" }).then(function (resp) {
+        return resp.text().then(function (html) {
+          if (resp.ok) {
+            form.querySelector("input[name=message]").value = "";
+            say("live · sent");
+            return;
+          }
+          // The error page's message, read as text from an inert document.
+          var doc = new DOMParser().parseFromString(html, "text/html");
+          var msg = doc.getElementById("error");
+          say("refused (" + resp.status + "): " + (msg ? msg.textContent : resp.statusText));
+        });
+      }).catch(function (err) { say("not sent: " + err); });
+    });
+  }
   es.addEventListener("stream.reset", function () { say("the stream was compacted: reload the page for the full transcript"); });
 })();
