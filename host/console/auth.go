@@ -48,7 +48,9 @@ func (c *Console) csrfToken(w http.ResponseWriter, r *http.Request) string {
 }
 
 // checkCSRF refuses a POST whose form token does not equal its CSRF
-// cookie, or that comes from another origin (Origin header, when sent).
+// cookie, or that comes from another origin (the Origin header, when sent,
+// must name the request's Host; Sec-Fetch-Site must not be cross-site or
+// same-site).
 func (c *Console) checkCSRF(r *http.Request) error {
 	refused := &pageError{Status: http.StatusForbidden, Message: "refused: missing or wrong CSRF token (reload the page and try again)"}
 	if o := r.Header.Get("Origin"); o != "" && o != "null" {
@@ -57,7 +59,9 @@ func (c *Console) checkCSRF(r *http.Request) error {
 			return &pageError{Status: http.StatusForbidden, Message: "refused: the request comes from another origin"}
 		}
 	}
-	if r.Header.Get("Sec-Fetch-Site") == "cross-site" {
+	// A browser names where a request comes from: only the console's own
+	// origin (or the user, "none") may post, not a sibling subdomain.
+	if site := r.Header.Get("Sec-Fetch-Site"); site == "cross-site" || site == "same-site" {
 		return &pageError{Status: http.StatusForbidden, Message: "refused: the request comes from another site"}
 	}
 	ck, err := r.Cookie(CSRFCookie)

@@ -82,7 +82,7 @@ func New(o Options) (*Console, error) {
 		if base == "layout.html" {
 			continue
 		}
-		t, err := template.New(base).Funcs(funcs).ParseFS(assets, "assets/templates/layout.html", n)
+		t, err := template.New(base).Funcs(funcs()).ParseFS(assets, "assets/templates/layout.html", n)
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", base, err)
 		}
@@ -257,42 +257,44 @@ func sessionURL(agent, id string) string {
 	return "/ui/agents/" + url.PathEscape(agent) + "/sessions/" + url.PathEscape(id)
 }
 
-// funcs are the templates' helpers.
-var funcs = template.FuncMap{
-	"sessionURL": sessionURL,
-	"agentURL":   func(name string) string { return "/ui/agents/" + url.PathEscape(name) },
-	"streamURL": func(agent, id string) string {
-		return "/v1/agents/" + url.PathEscape(agent) + "/sessions/" + url.PathEscape(id) + "/stream"
-	},
-	"time": func(t any) string {
-		switch v := t.(type) {
-		case time.Time:
-			if v.IsZero() {
-				return ""
+// funcs returns the templates' helpers.
+func funcs() template.FuncMap {
+	return template.FuncMap{
+		"sessionURL": sessionURL,
+		"agentURL":   func(name string) string { return "/ui/agents/" + url.PathEscape(name) },
+		"streamURL": func(agent, id string) string {
+			return "/v1/agents/" + url.PathEscape(agent) + "/sessions/" + url.PathEscape(id) + "/stream"
+		},
+		"time": func(t any) string {
+			switch v := t.(type) {
+			case time.Time:
+				if v.IsZero() {
+					return ""
+				}
+				return v.UTC().Format("2006-01-02 15:04:05Z")
+			case *time.Time:
+				if v == nil {
+					return ""
+				}
+				return v.UTC().Format("2006-01-02 15:04:05Z")
 			}
-			return v.UTC().Format("2006-01-02 15:04:05Z")
-		case *time.Time:
-			if v == nil {
-				return ""
+			return fmt.Sprint(t)
+		},
+		"short": func(s string) string {
+			if len(s) > 19 {
+				return s[:19] + "…"
 			}
-			return v.UTC().Format("2006-01-02 15:04:05Z")
-		}
-		return fmt.Sprint(t)
-	},
-	"short": func(s string) string {
-		if len(s) > 19 {
-			return s[:19] + "…"
-		}
-		return s
-	},
-	"payload": payloadText,
-	"bytes": func(n int64) string {
-		switch {
-		case n >= 1<<20:
-			return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-		case n >= 1<<10:
-			return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-		}
-		return fmt.Sprintf("%d B", n)
-	},
+			return s
+		},
+		"payload": payloadText,
+		"bytes": func(n int64) string {
+			switch {
+			case n >= 1<<20:
+				return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+			case n >= 1<<10:
+				return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+			}
+			return fmt.Sprintf("%d B", n)
+		},
+	}
 }

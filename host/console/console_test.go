@@ -159,6 +159,7 @@ func TestEveryPostWithoutAValidCSRFTokenIsRefusedAndWritesNothing(t *testing.T) 
 		{"wrong token", strings.Repeat("A", len(good)), nil},
 		{"another origin", good, []string{"Origin", "https://evil.example"}},
 		{"cross-site fetch", good, []string{"Sec-Fetch-Site", "cross-site"}},
+		{"sibling-site fetch", good, []string{"Sec-Fetch-Site", "same-site"}},
 	}
 	for _, p := range posts {
 		for _, c := range cases {
@@ -365,5 +366,105 @@ func TestSessionsPageFiltersAndPages(t *testing.T) {
 	page, err := e.svc.BrowseSessions(ctx, service.SessionFilter{Key: "none"})
 	if err != nil || len(page.Sessions) != 0 || page.Scanned != 9 {
 		t.Fatalf("browse: %+v %v", page, err)
+	}
+}
+
+func TestSessionActionsFromForms(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, "")
+	notes := e.agent("notes", wasmtest.Notes)
+	x := e.session(notes, "")
+	b := e.browser()
+	sp := sessionPath(notes, x)
+	tok := b.csrf(sp)
+	post := func(form url.Values, want int) string {
+		t.Helper()
+		form.Set("csrf", tok)
+		resp, body := b.post(sp+"/signal", form)
+		if resp.StatusCode != want {
+			t.Fatalf("signal %v: %d, want %d\n%s", form, resp.StatusCode, want, body)
+		}
+		if want == http.StatusSeeOther {
+			return resp.Header.Get("Location")
+		}
+		return body
+	}
+	// A message and a steer (none in flight: queued like a message) run.
+	post(url.Values{"kind": {"message"}, "message": {"note one"}}, http.StatusSeeOther)
+	if loc := post(url.Values{"kind": {"steer"}, "message": {"count"}}, http.StatusSeeOther); !strings.Contains(loc, "steer+accepted") {
+		t.Fatalf("steer flash: %q", loc)
+	}
+	evs, err := e.svc.ListEvents(ctx, x, "", service.Page{})
+	if err != nil || len(evs) != 2 {
+		t.Fatalf("events: %v %v", evs, err)
+	}
+	e.waitEvent(x, evs[1].ID, func(ev store.Event) bool { return ev.Status == store.EventDone })
+	// Cancel with nothing in flight: the service's refusal, as a page.
+	if body := post(url.Values{"kind": {"cancel"}}, http.StatusConflict); !strings.Contains(body, "no turn is in flight") {
+		t.Fatalf("cancel: %s", body)
+	}
+	// An empty message: the service names the field.
+	if body := post(url.Values{"kind": {"message"}}, http.StatusBadRequest); !strings.Contains(body, "message") {
+		t.Fatalf("empty message: %s", body)
+	}
+	// Wake answers with the session's status.
+	if loc := post(url.Values{"kind": {"wake"}}, http.StatusSeeOther); !strings.Contains(loc, "wake+accepted") {
+		t.Fatalf("wake flash: %q", loc)
+	}
+	// Destroy needs the confirmation.
+	if resp, _ := b.post(sp+"/destroy", url.Values{"csrf": {tok}}); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("destroy without confirm: %d", resp.StatusCode)
+	}
+	if resp, _ := b.post(sp+"/destroy", url.Values{"csrf": {tok}, "confirm": {"yes"}}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("destroy: %d", resp.StatusCode)
+	}
+	if now, _ := e.svc.GetSession(ctx, notes, x.SessionID); now.Status != store.SessionDestroyed {
+		t.Fatalf("after destroy: %s", now.Status)
+	}
+	_, body := b.get(sp)
+	if strings.Contains(body, "data-stream=") || strings.Contains(body, `id="signal-form"`) {
+		t.Fatal("a destroyed session's page still offers the stream or the actions")
+	}
+}
+
+func TestDeadLettersRedriveAndDiscardOneOrMany(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, "")
+	faulty := e.agent("faulty", wasmtest.Faulty)
+	var dls []store.Event
+	var xs []store.Session
+	for range 3 {
+		x := e.session(faulty, "")
+		xs = append(xs, x)
+		dls = append(dls, e.signal(faulty, x, "error"))
+	}
+	b := e.browser()
+	_, body := b.get("/ui/dead-letters?agent=faulty")
+	for i, dl := range dls {
+		if !strings.Contains(body, fmt.Sprintf(`value="%s:%d"`, xs[i].SessionID, dl.ID)) {
+			t.Fatalf("dead letter %d is not listed", dl.ID)
+		}
+	}
+	tok := b.csrf("/ui/dead-letters?agent=faulty")
+	id := func(i int) string { return fmt.Sprintf("%s:%d", xs[i].SessionID, dls[i].ID) }
+	// One, by its row's button (a checked box elsewhere is ignored).
+	resp, _ := b.post("/ui/agents/faulty/dead-letters", url.Values{"csrf": {tok}, "op": {"discard:" + id(0)}, "ev": {id(1)}})
+	if resp.StatusCode != http.StatusSeeOther || !strings.Contains(resp.Header.Get("Location"), "discard%3A+1+done") {
+		t.Fatalf("discard one: %d %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	// Many: the checked ones; the discarded one is refused by name.
+	resp, _ = b.post("/ui/agents/faulty/dead-letters", url.Values{"csrf": {tok}, "op": {"discard"}, "ev": {id(0), id(1), id(2)}})
+	if loc, _ := url.QueryUnescape(resp.Header.Get("Location")); resp.StatusCode != http.StatusSeeOther || !strings.Contains(loc, "discard: 2 done, 1 refused") {
+		t.Fatalf("discard many: %d %q", resp.StatusCode, loc)
+	}
+	for i := range dls {
+		if ev, _, _ := e.svc.GetEvent(ctx, xs[i], dls[i].ID); ev.Status != store.EventDiscarded {
+			t.Fatalf("event %d: %s, want discarded", dls[i].ID, ev.Status)
+		}
+	}
+	if _, body := b.get("/ui/dead-letters?agent=faulty"); !strings.Contains(body, `id="no-dead-letters"`) {
+		t.Fatal("the page still lists dead letters")
 	}
 }
