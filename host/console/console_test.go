@@ -468,3 +468,39 @@ func TestDeadLettersRedriveAndDiscardOneOrMany(t *testing.T) {
 		t.Fatal("the page still lists dead letters")
 	}
 }
+
+func TestTranscriptShowsTheLastTurnsAndPagesBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	notes := e.agent("notes", wasmtest.Notes)
+	x := e.session(notes, "")
+	for i := 1; i <= 55; i++ {
+		e.signal(notes, x, fmt.Sprintf("note n%02d", i))
+	}
+	b := e.browser()
+	turnRE := regexp.MustCompile(`data-turn="(\d+)"`)
+	turns := func(p string) (first, last string, n int, body string) {
+		t.Helper()
+		resp, body := b.get(p)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d", p, resp.StatusCode)
+		}
+		ms := turnRE.FindAllStringSubmatch(body, -1)
+		if len(ms) == 0 {
+			t.Fatalf("%s shows no turn", p)
+		}
+		return ms[0][1], ms[len(ms)-1][1], len(ms), body
+	}
+	sp := sessionPath(notes, x)
+	first, last, n, body := turns(sp)
+	if first != "6" || last != "55" || n != 50 || !strings.Contains(body, "data-stream=") || !strings.Contains(body, "?turns_after=0") {
+		t.Fatalf("latest page: turns %s–%s (%d), live %v", first, last, n, strings.Contains(body, "data-stream="))
+	}
+	first, last, n, body = turns(sp + "?turns_after=0")
+	if first != "1" || last != "50" || n != 50 || strings.Contains(body, "data-stream=") {
+		t.Fatalf("older page: turns %s–%s (%d), live %v", first, last, n, strings.Contains(body, "data-stream="))
+	}
+	if resp, _ := b.get(sp + "?turns_after=-3"); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("turns_after=-3: %d", resp.StatusCode)
+	}
+}

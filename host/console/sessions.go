@@ -116,7 +116,15 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	turns, _, err := c.svc.Transcript(ctx, x, service.Page{After: max(0, x.TurnCount-transcriptTurns), Limit: transcriptTurns}, 0)
+	// The last turns, or (?turns_after=) an older page, which is not live.
+	turnsAfter, older := max(0, x.TurnCount-transcriptTurns), false
+	if v := r.URL.Query().Get("turns_after"); v != "" {
+		if turnsAfter, err = strconv.ParseInt(v, 10, 64); err != nil || turnsAfter < 0 {
+			return &pageError{Status: http.StatusBadRequest, Message: fmt.Sprintf("turns_after %q is not a turn number", v)}
+		}
+		older = turnsAfter+transcriptTurns < x.TurnCount
+	}
+	turns, _, err := c.svc.Transcript(ctx, x, service.Page{After: turnsAfter, Limit: transcriptTurns}, 0)
 	if err != nil {
 		return err
 	}
@@ -151,9 +159,20 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) error {
 	if len(turns) > 0 {
 		lastTurn = turns[len(turns)-1].TurnNo
 	}
+	// Links to the previous and next pages of turns (-1: none).
+	prevTurns, nextTurns := int64(-1), int64(-1)
+	if turnsAfter > 0 {
+		prevTurns = max(0, turnsAfter-transcriptTurns)
+	}
+	if older {
+		nextTurns = turnsAfter + transcriptTurns
+	}
 	return c.render(w, r, http.StatusOK, "session", "Session "+x.SessionID, "sessions", struct {
 		Agent      store.Agent
 		Session    store.Session
+		Live       bool
+		PrevTurns  int64
+		NextTurns  int64
 		Running    bool
 		Head       int64
 		LastTurn   int64
@@ -163,7 +182,7 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) error {
 		Alarms     []store.Alarm
 		Waits      []store.Wait
 		State      stateView
-	}{a, x, c.svc.Running(x), head, lastTurn, turns, events, evNext, alarms, waits.Waits, viewState(state)})
+	}{a, x, x.Status != store.SessionDestroyed && !older, prevTurns, nextTurns, c.svc.Running(x), head, lastTurn, turns, events, evNext, alarms, waits.Waits, viewState(state)})
 }
 
 // event is an event's page: its attempts' error chain and its journal of
