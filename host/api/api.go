@@ -94,6 +94,7 @@ func Routes() []Route {
 		{"POST", "/v1/plugins", (*Server).registerPlugin},
 		{"GET", "/v1/plugins", (*Server).listPlugins},
 		{"GET", "/v1/plugins/{plugin}", (*Server).getPlugin},
+		{"GET", "/v1/sessions", (*Server).browseSessions},
 		{"POST", "/v1/agents", (*Server).createAgent},
 		{"GET", "/v1/agents", (*Server).listAgents},
 		{"GET", "/v1/agents/{agent}", (*Server).getAgent},
