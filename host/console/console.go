@@ -185,7 +185,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, nam
 	if !ok {
 		return fmt.Errorf("console: no template %q", name)
 	}
-	p := page{Title: title, Nav: nav, CSRF: c.csrfToken(w, r), Auth: c.o.AuthToken != "", Flash: r.URL.Query().Get("flash"), Data: data}
+	p := page{Title: title, Nav: nav, CSRF: c.csrfToken(w, r), Auth: c.o.AuthToken != "", Flash: takeFlash(w, r), Data: data}
 	var buf bytes.Buffer
 	if err := t.ExecuteTemplate(&buf, "layout", p); err != nil {
 		return fmt.Errorf("console: render %s: %w", name, err)
@@ -240,16 +240,37 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 }
 
+// FlashCookie carries the message of an action to the page it redirects
+// to (read once): a cookie, not the URL, so that a link cannot make the
+// console show someone's text.
+const FlashCookie = "paddock_flash"
+
+// maxFlash bounds a flash message, in bytes.
+const maxFlash = 1000
+
 // redirect answers an action with 303 to to, carrying a flash message.
 func redirect(w http.ResponseWriter, r *http.Request, to, flash string) {
 	if flash != "" {
-		sep := "?"
-		if strings.Contains(to, "?") {
-			sep = "&"
+		if len(flash) > maxFlash {
+			flash = flash[:maxFlash] + "…"
 		}
-		to += sep + "flash=" + url.QueryEscape(flash)
+		setCookie(w, r, FlashCookie, url.QueryEscape(flash), 60)
 	}
 	http.Redirect(w, r, to, http.StatusSeeOther)
+}
+
+// takeFlash returns the flash message r carries and clears it.
+func takeFlash(w http.ResponseWriter, r *http.Request) string {
+	ck, err := r.Cookie(FlashCookie)
+	if err != nil {
+		return ""
+	}
+	setCookie(w, r, FlashCookie, "", -1)
+	msg, err := url.QueryUnescape(ck.Value)
+	if err != nil {
+		return ""
+	}
+	return msg
 }
 
 // sessionURL is the console path of a session's page.
