@@ -242,6 +242,29 @@ func TestBrowserDrivesASession(t *testing.T) {
 	}
 	ev.check(t)
 
+	// A running turn's chunks show as they arrive, before its commit: an
+	// observer set on the page records the text of the live turn.
+	emitter := e.agent("emitter", wasmtest.CallGuest)
+	ex := e.session(emitter, "")
+	run("open the emitter's session", chromedp.Navigate(e.url+sessionPath(emitter, ex)), chromedp.WaitVisible(chromedp.CSS("#transcript")))
+	waitText("#live-status", "live")
+	eval(`window.paddockLive = ''; new MutationObserver(function () {
+		document.querySelectorAll('#transcript .turn.live').forEach(function (e) { window.paddockLive += e.textContent + '|' })
+	}).observe(document.getElementById('transcript'), {subtree: true, childList: true, characterData: true}); 0`)
+	run("emit", chromedp.SendKeys(chromedp.CSS("#signal-message"), "emit 3"), chromedp.Click(chromedp.CSS("#send")))
+	waitText("#transcript", "emit 3")
+	seen, err := chromedp.Run(bctx, chromedp.Evaluate[string](`window.paddockLive`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(seen, "t0 t1 t2") || !strings.Contains(seen, `{"n":3}`) {
+		t.Fatalf("the live turn never showed its chunks: %q", seen)
+	}
+	if n := eval(`document.querySelectorAll('#transcript .turn.live').length`); n != 0 {
+		t.Fatalf("%d live turns left after the commit", n)
+	}
+	run("back to the notes session", chromedp.Navigate(e.url+sessionPath(notes, x)), chromedp.WaitVisible(chromedp.CSS("#transcript")))
+
 	// Resolve a wait from its form.
 	waitText("#live-status", "live")
 	run("ask", chromedp.SendKeys(chromedp.CSS("#signal-message"), "ask what colour?"), chromedp.Click(chromedp.CSS("#send")))
