@@ -25,6 +25,7 @@ import (
 	"github.com/paddock-dev/paddock/host/api"
 	"github.com/paddock-dev/paddock/host/calls"
 	"github.com/paddock-dev/paddock/host/config"
+	"github.com/paddock-dev/paddock/host/console"
 	"github.com/paddock-dev/paddock/host/runner"
 	"github.com/paddock-dev/paddock/host/service"
 	"github.com/paddock-dev/paddock/host/stream"
@@ -283,11 +284,16 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 			func() float64 { return float64(hub.Subscribers()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "paddock_stream_watched_sessions", Help: "Sessions with stream subscribers on this host (one reader each)."},
 			func() float64 { return float64(hub.Watched()) }))
+	// The web console at /ui/ calls the same service; / redirects to it.
+	ui, err := console.New(console.Options{Service: svc, AuthToken: cfg.AuthToken, Logger: log.With("component", "console")})
+	if err != nil {
+		return err
+	}
 	srv := &http.Server{
-		Handler: api.New(api.Options{
+		Handler: ui.Handler(api.New(api.Options{
 			Host: h, Service: svc, AuthToken: cfg.AuthToken, MaxBodyBytes: cfg.API.MaxBodyBytes,
 			MaxModuleBytes: cfg.API.MaxModuleBytes, Logger: log,
-		}),
+		})),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       2 * time.Minute, // module uploads of up to api.max_module_bytes
 		// Transcript long-polls wait up to 60 s. Session streams (SSE) last

@@ -50,7 +50,8 @@ type Options struct {
 	// builds one from Host, Modules and Plugins.
 	Service *service.Service
 	// AuthToken, when set, is required as "Authorization: Bearer <token>"
-	// on every /v1 route.
+	// on every /v1 route (a GET also takes the web console's session
+	// cookie, SessionCookie).
 	AuthToken string
 	// Stream is the hub session streams are served from when New builds
 	// the service (nil: New makes one on Host's store). With Service set,
@@ -93,6 +94,7 @@ func Routes() []Route {
 		{"POST", "/v1/plugins", (*Server).registerPlugin},
 		{"GET", "/v1/plugins", (*Server).listPlugins},
 		{"GET", "/v1/plugins/{plugin}", (*Server).getPlugin},
+		{"GET", "/v1/sessions", (*Server).browseSessions},
 		{"POST", "/v1/agents", (*Server).createAgent},
 		{"GET", "/v1/agents", (*Server).listAgents},
 		{"GET", "/v1/agents/{agent}", (*Server).getAgent},
@@ -173,6 +175,15 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
+			// A read by the web console: the browser's EventSource (the
+			// session stream) cannot send a header, so its session cookie
+			// (HttpOnly, SameSite=Strict: never sent by another site's
+			// page) stands for the token on GET. Writes still need the
+			// header.
+			if (r.Method == http.MethodGet || r.Method == http.MethodHead) && ValidSession(r, s.o.AuthToken) {
+				next.ServeHTTP(w, r)
+				return
+			}
 			// The scheme is case-insensitive (RFC 9110 11.1).
 			scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 			got = strings.TrimLeft(got, " ")

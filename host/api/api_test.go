@@ -4,6 +4,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/paddock-dev/paddock/host/api"
 )
 
 func TestBadInputGetsA4xxNamingTheProblemAndWritesNothing(t *testing.T) {
@@ -108,5 +110,29 @@ func TestNonLoopbackAPIRequiresTheBearerToken(t *testing.T) {
 	}
 	if c, _ := e.do("GET", "/healthz", "", nil); c != 200 {
 		t.Errorf("healthz needs no token: %d", c)
+	}
+}
+
+func TestConsoleSessionCookieAuthorizesReadsOnly(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "sqlite", "s3cret")
+	cookie := api.SessionCookie + "=" + api.SessionValue("s3cret")
+	// EventSource (the console's live transcript) cannot send a header:
+	// a GET takes the cookie.
+	if c, b := e.do("GET", "/v1/agents", "", nil, "Cookie", cookie); c != 200 {
+		t.Errorf("GET with the session cookie: %d %v, want 200", c, b)
+	}
+	if c, b := e.do("GET", "/v1/agents", "", nil, "Cookie", api.SessionCookie+"="+api.SessionValue("other")); c != 401 {
+		t.Errorf("GET with another token's cookie: %d %v, want 401", c, b)
+	}
+	if c, b := e.do("GET", "/v1/agents", "", nil, "Cookie", api.SessionCookie+"=s3cret"); c != 401 {
+		t.Errorf("GET with the raw token as cookie: %d %v, want 401", c, b)
+	}
+	// A write still needs the bearer token, and wrote nothing.
+	if c, b := e.do("POST", "/v1/agents", "application/json", []byte(`{"name":"x","module":"sha256:00"}`), "Cookie", cookie); c != 401 {
+		t.Errorf("POST with only the session cookie: %d %v, want 401", c, b)
+	}
+	if c, b := e.do("GET", "/v1/agents/x", "", nil, "Authorization", "Bearer s3cret"); c != 404 {
+		t.Errorf("agent x after a refused create: %d %v, want 404", c, b)
 	}
 }

@@ -104,3 +104,27 @@ func (s *Server) destroySession(w http.ResponseWriter, r *http.Request) error {
 	}
 	return writeJSON(w, http.StatusOK, toSession(a, x))
 }
+
+// browseSessions pages the sessions of every agent (or ?agent=), filtered
+// by ?status= (active, sleeping, pending, destroyed), ?key= (exact) and
+// ?q= (text in the id, key or sleep reason): service.BrowseSessions, which
+// reads at most service.MaxBrowseScan sessions per page (partial: the page
+// is short, go on from next_cursor).
+func (s *Server) browseSessions(w http.ResponseWriter, r *http.Request) error {
+	limit, err := intParam(r, "limit", service.DefaultSessionLimit, 1, service.MaxSessionLimit)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	page, err := s.svc.BrowseSessions(r.Context(), service.SessionFilter{
+		Agent: q.Get("agent"), Status: q.Get("status"), Key: q.Get("key"), Text: q.Get("q"), After: q.Get("cursor"), Limit: limit,
+	})
+	if err != nil {
+		return asParam(err)
+	}
+	out := client.SessionBrowse{Sessions: make([]client.Session, 0, len(page.Sessions)), NextCursor: page.Next, Scanned: page.Scanned, Partial: page.Partial}
+	for _, x := range page.Sessions {
+		out.Sessions = append(out.Sessions, toSession(store.Agent{Name: x.Agent}, x.Session))
+	}
+	return writeJSON(w, http.StatusOK, out)
+}

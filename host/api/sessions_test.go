@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -120,4 +121,59 @@ func TestCrashPoliciesDeadLettersRedriveAndDestroyThroughTheAPI(t *testing.T) {
 			t.Errorf("signal after DELETE: %d, want 410", c)
 		}
 	})
+}
+
+func TestBrowseSessionsAcrossAgentsWithFilters(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "sqlite", "")
+	e.setup()
+	e.setupFaulty()
+	for _, p := range []string{"/v1/agents/notes/sessions", "/v1/agents/notes/sessions", "/v1/agents/faulty/sessions"} {
+		if c, b := e.json("POST", p, `{}`); c != 201 {
+			t.Fatalf("create: %d %v", c, b)
+		}
+	}
+	if c, b := e.json("POST", "/v1/agents/notes/sessions", `{"key":"needle-1"}`); c != 201 {
+		t.Fatalf("create: %d %v", c, b)
+	}
+	names := func(path string) []string {
+		t.Helper()
+		c, b := e.json("GET", path, "")
+		if c != 200 {
+			t.Fatalf("GET %s: %d %v", path, c, b)
+		}
+		var out []string
+		for _, x := range b["sessions"].([]any) {
+			m := x.(map[string]any)
+			out = append(out, m["agent"].(string)+"/"+fmt.Sprint(m["key"]))
+		}
+		return out
+	}
+	if got := names("/v1/sessions"); len(got) != 4 || !strings.HasPrefix(got[0], "faulty/") {
+		t.Fatalf("every session, by agent: %v", got)
+	}
+	if got := names("/v1/sessions?agent=notes"); len(got) != 3 {
+		t.Fatalf("notes' sessions: %v", got)
+	}
+	if got := names("/v1/sessions?key=needle-1"); len(got) != 1 || got[0] != "notes/needle-1" {
+		t.Fatalf("by key: %v", got)
+	}
+	if got := names("/v1/sessions?q=NEEDLE&status=active"); len(got) != 1 {
+		t.Fatalf("by text and status: %v", got)
+	}
+	c, b := e.json("GET", "/v1/sessions?limit=2", "")
+	if c != 200 || b["next_cursor"] == "" || len(b["sessions"].([]any)) != 2 {
+		t.Fatalf("a page of 2: %d %v", c, b)
+	}
+	if got := names("/v1/sessions?limit=2&cursor=" + url.QueryEscape(b["next_cursor"].(string))); len(got) != 2 {
+		t.Fatalf("the second page: %v", got)
+	}
+	if c, b := e.json("GET", "/v1/sessions?status=bogus", ""); c != 400 {
+		t.Fatalf("bad status: %d %v", c, b)
+	} else if _, field, _ := errorOf(b); field != "status" {
+		t.Fatalf("bad status names %q", field)
+	}
+	if c, b := e.json("GET", "/v1/sessions?agent=nobody", ""); c != 404 {
+		t.Fatalf("unknown agent: %d %v", c, b)
+	}
 }

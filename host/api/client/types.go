@@ -170,6 +170,19 @@ type SessionPage struct {
 	Sessions   []Session `json:"sessions"`
 }
 
+// SessionBrowse is a page of GET /v1/sessions: sessions of every agent
+// (or one), filtered, by agent name then session id.
+type SessionBrowse struct {
+	// NextCursor continues the listing ("" after the last page).
+	NextCursor string    `json:"next_cursor,omitempty"`
+	Sessions   []Session `json:"sessions"`
+	// Scanned is how many sessions the host read for this page; Partial
+	// says it stopped at its bound before the page was full (go on from
+	// NextCursor).
+	Scanned int  `json:"scanned"`
+	Partial bool `json:"partial,omitempty"`
+}
+
 // Signal kinds of Signal.Kind.
 const (
 	SignalMessage = "message"

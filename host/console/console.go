@@ -1,0 +1,321 @@
+// Package console is Paddock's web console at /ui/ (docs/DESIGN.md "The web
+// console"): server-rendered html/template pages over host/service — the
+// same operations and rules as the HTTP API — with plain HTML forms for
+// actions and one small script (assets/live.js) that follows a session's
+// stream (the API's SSE route) to make its transcript live.
+//
+// Everything it serves is embedded (go:embed): no Node toolchain, no CDN.
+// Security:
+//   - Auth: when an auth token is configured, every page needs the
+//     session cookie (api.SessionCookie, HttpOnly, SameSite=Strict) set
+//     by the login form; without a token the console is open like the API.
+//   - CSRF: every POST carries a token equal to the HttpOnly csrf cookie
+//     (double submit), and a cross-site Origin is refused; a refused POST
+//     writes nothing (403).
+//   - CSP: default-src 'none'; scripts, styles and connections from the
+//     console's own origin only, no inline script or style, no framing.
+//   - Every text from an agent or a client is escaped by html/template
+//     and inserted by live.js as text (textContent), never as HTML.
+package console
+
+import (
+	"bytes"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/paddock-dev/paddock/host/service"
+	"github.com/paddock-dev/paddock/store"
+)
+
+//go:embed assets
+var assets embed.FS
+
+// Prefix is where the console is served.
+const Prefix = "/ui/"
+
+// CSP is the Content-Security-Policy of every console response.
+const CSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; " +
+	"form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+
+// Options configure the console.
+type Options struct {
+	// Service is the runtime the console calls (required).
+	Service *service.Service
+	// AuthToken, when set, is the token the login form asks for (the
+	// API's bearer token).
+	AuthToken string
+	// Logger logs internal errors (nil: slog.Default()).
+	Logger *slog.Logger
+}
+
+// Console serves the web console under Prefix.
+type Console struct {
+	o     Options
+	svc   *service.Service
+	log   *slog.Logger
+	pages map[string]*template.Template
+	mux   *http.ServeMux
+}
+
+// New builds the console. It fails only if an embedded template does not
+// parse (a build defect).
+func New(o Options) (*Console, error) {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	c := &Console{o: o, svc: o.Service, log: o.Logger, pages: map[string]*template.Template{}, mux: http.NewServeMux()}
+	names, err := fs.Glob(assets, "assets/templates/*.html")
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		base := path.Base(n)
+		if base == "layout.html" {
+			continue
+		}
+		t, err := template.New(base).Funcs(funcs()).ParseFS(assets, "assets/templates/layout.html", n)
+		if err != nil {
+			return nil, fmt.Errorf("console: template %s: %w", base, err)
+		}
+		c.pages[strings.TrimSuffix(base, ".html")] = t
+	}
+	static, err := fs.Sub(assets, "assets/static")
+	if err != nil {
+		return nil, err
+	}
+	c.mux.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", http.FileServerFS(static)))
+	c.mux.HandleFunc("GET /ui/login", c.loginPage)
+	c.mux.HandleFunc("POST /ui/login", c.login)
+	c.mux.HandleFunc("POST /ui/logout", c.logout)
+	c.handle("GET /ui/{$}", c.overview)
+	c.handle("GET /ui/agents", c.agents)
+	c.handle("GET /ui/agents/{agent}", c.agent)
+	c.handle("POST /ui/agents/{agent}/sessions", c.createSession)
+	c.handle("GET /ui/sessions", c.sessions)
+	c.handle("GET /ui/agents/{agent}/sessions/{session}", c.session)
+	c.handle("GET /ui/agents/{agent}/sessions/{session}/events/{event}", c.event)
+	c.handle("POST /ui/agents/{agent}/sessions/{session}/signal", c.signal)
+	c.handle("GET /ui/agents/{agent}/sessions/{session}/destroy", c.destroyPage)
+	c.handle("POST /ui/agents/{agent}/sessions/{session}/destroy", c.destroy)
+	c.handle("POST /ui/agents/{agent}/sessions/{session}/waits/{wait}", c.resolveWait)
+	c.handle("GET /ui/dead-letters", c.deadLetters)
+	c.handle("POST /ui/agents/{agent}/dead-letters", c.deadLetterAction)
+	c.handle("GET /ui/modules", c.modules)
+	c.handle("/ui/", func(http.ResponseWriter, *http.Request) error {
+		return &pageError{Status: http.StatusNotFound, Message: "no such page"}
+	})
+	return c, nil
+}
+
+// Handler returns the console and the API (api) behind one handler: /ui/
+// is the console, / redirects to it, everything else is api's.
+func (c *Console) Handler(api http.Handler) http.Handler {
+	m := http.NewServeMux()
+	m.Handle("/", api)
+	m.Handle(Prefix, c)
+	m.Handle("GET /{$}", http.RedirectHandler(Prefix, http.StatusFound))
+	return m
+}
+
+// ServeHTTP sets the security headers and routes a console request.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", CSP)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cross-Origin-Opener-Policy", "same-origin")
+	if !strings.HasPrefix(r.URL.Path, "/ui/static/") {
+		h.Set("Cache-Control", "no-store")
+	}
+	c.mux.ServeHTTP(w, r)
+}
+
+// handle registers a page or action that needs a logged-in browser (when
+// a token is configured) and, for a POST, a valid CSRF token.
+func (c *Console) handle(pattern string, f func(http.ResponseWriter, *http.Request) error) {
+	c.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		if !c.authenticated(r) {
+			if r.Method != http.MethodGet {
+				c.fail(w, r, &pageError{Status: http.StatusUnauthorized, Message: "log in first"})
+				return
+			}
+			http.Redirect(w, r, "/ui/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+			return
+		}
+		if r.Method == http.MethodPost {
+			if err := c.checkCSRF(r); err != nil {
+				c.fail(w, r, err)
+				return
+			}
+		}
+		if err := f(w, r); err != nil {
+			c.fail(w, r, err)
+		}
+	})
+}
+
+// page is what every template gets.
+type page struct {
+	Title string
+	// Nav is the navigation entry to highlight.
+	Nav string
+	// CSRF is the token every form posts back.
+	CSRF string
+	// Auth: a token is configured (the nav shows "log out").
+	Auth bool
+	// Flash is a message from the action that redirected here.
+	Flash string
+	// Data is the page's own data.
+	Data any
+}
+
+// render writes template name with data.
+func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, name, title, nav string, data any) error {
+	t, ok := c.pages[name]
+	if !ok {
+		return fmt.Errorf("console: no template %q", name)
+	}
+	p := page{Title: title, Nav: nav, CSRF: c.csrfToken(w, r), Auth: c.o.AuthToken != "", Flash: takeFlash(w, r), Data: data}
+	var buf bytes.Buffer
+	if err := t.ExecuteTemplate(&buf, "layout", p); err != nil {
+		return fmt.Errorf("console: render %s: %w", name, err)
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+	return nil
+}
+
+// pageError is an error answered with its status and message.
+type pageError struct {
+	Status  int
+	Message string
+}
+
+func (e *pageError) Error() string { return e.Message }
+
+// fail answers err as an error page: the service's typed errors with their
+// status and message, anything else as a 500 whose detail is only logged.
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, msg := http.StatusInternalServerError, "internal error (see the host's log)"
+	var pe *pageError
+	var inv *service.InvalidError
+	var nf *service.NotFoundError
+	var cf *service.ConflictError
+	var gone *service.GoneError
+	var tl *service.TooLargeError
+	switch {
+	case errors.As(err, &pe):
+		status, msg = pe.Status, pe.Message
+	case errors.As(err, &inv):
+		status, msg = http.StatusBadRequest, inv.Error()
+	case errors.As(err, &tl):
+		status, msg = http.StatusRequestEntityTooLarge, tl.Error()
+	case errors.As(err, &nf):
+		status, msg = http.StatusNotFound, nf.Error()
+	case errors.As(err, &cf):
+		status, msg = http.StatusConflict, cf.Error()
+	case errors.As(err, &gone):
+		status, msg = http.StatusGone, gone.Error()
+	case errors.Is(err, store.ErrSessionDestroyed):
+		status, msg = http.StatusConflict, "the session is destroyed"
+	default:
+		c.log.Error("console: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	if rerr := c.render(w, r, status, "error", http.StatusText(status), "", struct {
+		Status  int
+		Message string
+	}{status, msg}); rerr != nil {
+		http.Error(w, msg, status)
+	}
+}
+
+// FlashCookie carries the message of an action to the page it redirects
+// to (read once): a cookie, not the URL, so that a link cannot make the
+// console show someone's text.
+const FlashCookie = "paddock_flash"
+
+// maxFlash bounds a flash message, in bytes.
+const maxFlash = 1000
+
+// redirect answers an action with 303 to to, carrying a flash message.
+func redirect(w http.ResponseWriter, r *http.Request, to, flash string) {
+	if flash != "" {
+		if len(flash) > maxFlash {
+			flash = flash[:maxFlash] + "…"
+		}
+		setCookie(w, r, FlashCookie, url.QueryEscape(flash), 60)
+	}
+	http.Redirect(w, r, to, http.StatusSeeOther)
+}
+
+// takeFlash returns the flash message r carries and clears it.
+func takeFlash(w http.ResponseWriter, r *http.Request) string {
+	ck, err := r.Cookie(FlashCookie)
+	if err != nil {
+		return ""
+	}
+	setCookie(w, r, FlashCookie, "", -1)
+	msg, err := url.QueryUnescape(ck.Value)
+	if err != nil {
+		return ""
+	}
+	return msg
+}
+
+// sessionURL is the console path of a session's page.
+func sessionURL(agent, id string) string {
+	return "/ui/agents/" + url.PathEscape(agent) + "/sessions/" + url.PathEscape(id)
+}
+
+// funcs returns the templates' helpers.
+func funcs() template.FuncMap {
+	return template.FuncMap{
+		"sessionURL": sessionURL,
+		"agentURL":   func(name string) string { return "/ui/agents/" + url.PathEscape(name) },
+		"streamURL": func(agent, id string) string {
+			return "/v1/agents/" + url.PathEscape(agent) + "/sessions/" + url.PathEscape(id) + "/stream"
+		},
+		"time": func(t any) string {
+			switch v := t.(type) {
+			case time.Time:
+				if v.IsZero() {
+					return ""
+				}
+				return v.UTC().Format("2006-01-02 15:04:05Z")
+			case *time.Time:
+				if v == nil {
+					return ""
+				}
+				return v.UTC().Format("2006-01-02 15:04:05Z")
+			}
+			return fmt.Sprint(t)
+		},
+		"short": func(s string) string {
+			if len(s) > 19 {
+				return s[:19] + "…"
+			}
+			return s
+		},
+		"payload": payloadText,
+		"bytes": func(n int64) string {
+			switch {
+			case n >= 1<<20:
+				return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+			case n >= 1<<10:
+				return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+			}
+			return fmt.Sprintf("%d B", n)
+		},
+	}
+}
