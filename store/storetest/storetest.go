@@ -33,10 +33,14 @@ import (
 	"github.com/paddock-dev/paddock/store"
 )
 
-// Lease TTLs used by the suite. ShortTTL is the only one the suite waits
-// out; LongTTL never expires during a test.
+// Lease TTLs used by the suite. ShortTTL and SetupTTL are the ones the
+// suite waits out; LongTTL never expires during a test. SetupTTL is for a
+// test that claims several activations and dispatches on each before any
+// lease may lapse: on a loaded CI machine (2 cores, -race, packages in
+// parallel) that setup has taken longer than ShortTTL.
 const (
 	ShortTTL = 300 * time.Millisecond
+	SetupTTL = 3 * time.Second
 	LongTTL  = 10 * time.Minute
 )
 
