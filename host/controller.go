@@ -296,8 +296,10 @@ type activationRun struct {
 	inst        Instance
 	instBinding string
 	// nothingOpen: the last commit saw no other open event, so the next
-	// look at the store waits for a wake-up (Turn.NextOpen).
-	nothingOpen bool
+	// look at the store waits for a wake-up (Turn.NextOpen); nextOpen: it
+	// saw one, so the next look goes straight to the dispatch
+	// (NextDeliveryParams.ExpectDue).
+	nothingOpen, nextOpen bool
 	// slots is the pool whose slot the activation holds; yielded records
 	// that it stopped idle to give the slot to a waiting session.
 	slots   *pool
@@ -362,10 +364,21 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			a.nothingOpen = false
 			err = &store.NoDueEventError{}
 		} else {
+			// A wake-up already pending is answered by this look (it sees
+			// every write committed before it): drop it, so that it does
+			// not make the coming turn read its in-flight state (run) or
+			// the next idle wait look again for nothing. Wake-ups from now
+			// on stay.
+			select {
+			case <-c.wake:
+			default:
+			}
 			d, err = h.st.NextDelivery(ctx, store.NextDeliveryParams{
 				Activation: a.act.Ref(), DeliveryID: uuid.NewString(), Bind: a.bind,
 				BlockOnDeadLetter: a.pol.BlockOnDeadLetter, MarkSent: true, TailMessages: a.tail(),
+				ExpectDue: a.nextOpen,
 			})
+			a.nextOpen = false
 		}
 		cancel()
 		var noDue *store.NoDueEventError
@@ -526,7 +539,7 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			return "", c.fail(context.Background(), last, d.Attempt, a.pol, fmt.Errorf("commit: %w", err), true, "commit"), true
 		}
 		c.notCharged = 0
-		a.nothingOpen = !turn.NextOpen
+		a.nothingOpen, a.nextOpen = !turn.NextOpen, turn.NextOpen
 		a.log.Debug("turn committed", "turn", turn.TurnNo, "event", turn.EventID, "outcome", turn.Outcome)
 		if r, ok := a.inst.(Recycler); ok && r.ShouldRecycle() {
 			a.closeInstance()

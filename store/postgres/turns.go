@@ -16,11 +16,13 @@ import (
 // creates its delivery; see store.Store.
 func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (store.Dispatch, error) {
 	ref := p.Activation
-	if nd, err := s.probeNoDue(ctx, p); err != nil || nd != nil {
-		if err != nil {
-			return store.Dispatch{}, err
+	if !p.ExpectDue {
+		if nd, err := s.probeNoDue(ctx, p); err != nil || nd != nil {
+			if err != nil {
+				return store.Dispatch{}, err
+			}
+			return store.Dispatch{}, nd
 		}
-		return store.Dispatch{}, nd
 	}
 	var d store.Dispatch
 	err := s.pipeTxDo(ctx, "next delivery", func(ctx context.Context, tx txConn) error {
