@@ -53,7 +53,7 @@ type env struct {
 }
 
 // newEnv starts the host and registers agents "notes" and "faulty" (pool
-// "default"; pool "gpu" is not configured).
+// "default"; pool "batch" exists but is no agent's, "gpu" does not exist).
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "p.db"))
@@ -65,6 +65,7 @@ func newEnv(t *testing.T) *env {
 	pol := host.DefaultPolicy()
 	pol.IdleTimeout, pol.ScanInterval, pol.LeaseTTL = time.Second, 100*time.Millisecond, 3*time.Second
 	pol.BackoffMin, pol.BackoffMax, pol.MaxAttempts = 20*time.Millisecond, 100*time.Millisecond, 2
+	pol.Pools = map[string]int{"default": 64, "batch": 4}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	h, err := host.New(host.Options{Store: st, Runner: wr, Policy: pol, Logger: log})
 	if err != nil {
