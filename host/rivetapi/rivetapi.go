@@ -87,8 +87,9 @@ func New(opts Options) *Server {
 	s.mux.Handle("PUT /actors", s.handle((*Server).getOrCreate))
 	s.mux.Handle("GET /actors", s.handle((*Server).list))
 	s.mux.Handle("DELETE /actors/{actor_id}", s.handle((*Server).destroy))
-	s.mux.Handle("/", s.handle(func(*Server, http.ResponseWriter, *http.Request) error {
-		return &Error{Status: http.StatusNotFound, Group: "api", Code: "not_found", Message: "The requested resource was not found"}
+	s.mux.Handle("/", s.handle(func(_ *Server, _ http.ResponseWriter, r *http.Request) error {
+		return &Error{Status: http.StatusNotFound, Group: "api", Code: "not_found",
+			Message: "The requested resource was not found: Paddock serves POST, PUT and GET /actors and DELETE /actors/{actor_id} of Rivet's API, not " + r.Method + " " + r.URL.Path}
 	}))
 	return s
 }
@@ -111,7 +112,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// The mux answers a known path with another method 405 in plain text;
 	// Rivet answers api.method_not_allowed.
-	if _, pattern := s.mux.Handler(r); pattern == "/" && (r.URL.Path == "/actors" || isActorPath(r.URL.Path)) {
+	if _, pattern := s.mux.Handler(r); pattern == "/" && (r.URL.Path == "/actors" || isActorPath(r.URL.Path)) && r.URL.Path != "/actors/names" {
 		s.writeError(w, r, &Error{Status: http.StatusMethodNotAllowed, Group: "api", Code: "method_not_allowed",
 			Message: "The requested method is not allowed for this resource"})
 		return

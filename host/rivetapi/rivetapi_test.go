@@ -99,6 +99,7 @@ func TestRefusalsAnswerRivetsErrorShapeAndCode(t *testing.T) {
 		{"delete unknown actor", "DELETE", "/actors/" + uuid.NewString() + "?namespace=default", "", 400, "actor.not_found", nil, ""},
 		{"method", "PATCH", "/actors?namespace=default", "", 405, "api.method_not_allowed", nil, ""},
 		{"method on an actor", "GET", "/actors/" + dupID, "", 405, "api.method_not_allowed", nil, ""},
+		{"names are not served", "GET", "/actors/names?namespace=default", "", 404, "api.not_found", nil, "/actors/names"},
 		{"no such route", "GET", "/actors/" + dupID + "/kv/keys/x?namespace=default", "", 404, "api.not_found", nil, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
