@@ -26,6 +26,7 @@ import (
 	"github.com/paddock-dev/paddock/host/calls"
 	"github.com/paddock-dev/paddock/host/config"
 	"github.com/paddock-dev/paddock/host/console"
+	"github.com/paddock-dev/paddock/host/rivetapi"
 	"github.com/paddock-dev/paddock/host/runner"
 	"github.com/paddock-dev/paddock/host/service"
 	"github.com/paddock-dev/paddock/host/stream"
@@ -289,11 +290,14 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	if err != nil {
 		return err
 	}
+	// Rivet's actors API (/actors) is a second front door over the same
+	// service, behind the same token.
+	rivet := rivetapi.New(rivetapi.Options{Service: svc, AuthToken: cfg.AuthToken, Logger: log.With("component", "rivetapi")})
 	srv := &http.Server{
-		Handler: ui.Handler(api.New(api.Options{
+		Handler: rivet.Mount(ui.Handler(api.New(api.Options{
 			Host: h, Service: svc, AuthToken: cfg.AuthToken, MaxBodyBytes: cfg.API.MaxBodyBytes,
 			MaxModuleBytes: cfg.API.MaxModuleBytes, Logger: log,
-		})),
+		}))),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       2 * time.Minute, // module uploads of up to api.max_module_bytes
 		// Transcript long-polls wait up to 60 s. Session streams (SSE) last

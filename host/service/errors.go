@@ -51,6 +51,10 @@ const (
 	ResourceAgent   Resource = "agent"
 	ResourceSession Resource = "session"
 	ResourceEvent   Resource = "event"
+	// ResourcePool is a capacity pool of the host's configuration.
+	ResourcePool Resource = "pool"
+	// ResourceNamespace is a namespace (only DefaultNamespace exists).
+	ResourceNamespace Resource = "namespace"
 )
 
 // NotFoundError says that a named Resource does not exist. Field names the
@@ -105,6 +109,9 @@ type ConflictError struct {
 	Reason  Conflict
 	Field   string
 	Message string
+	// Existing is, for ConflictSessionExists, the id of the session that
+	// holds the key.
+	Existing string
 }
 
 // Error returns the message.
