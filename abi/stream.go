@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 )
 
 // Streaming output and waits (docs/DESIGN.md "The session stream",
@@ -144,13 +145,17 @@ type WaitSpec struct {
 
 var waitIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,100}$`)
 
-// ValidWaitID reports whether id is a valid wait id (see WaitSpec.ID).
-func ValidWaitID(id string) bool { return waitIDPattern.MatchString(id) }
+// ValidWaitID reports whether id is a valid wait id (see WaitSpec.ID): the
+// pattern, and not only dots ("." and ".." are path segments a URL
+// resolves away, so such a wait could never be answered by its URL).
+func ValidWaitID(id string) bool {
+	return waitIDPattern.MatchString(id) && strings.Trim(id, ".") != ""
+}
 
 // Validate checks a wait spec; the error names the field.
 func (w *WaitSpec) Validate() error {
 	if w.ID != "" && !ValidWaitID(w.ID) {
-		return fmt.Errorf("wait.id %q: want 1–100 letters, digits, '.', '_', ':' or '-'", w.ID)
+		return fmt.Errorf("wait.id %q: want 1–100 letters, digits, '.', '_', ':' or '-', not only dots", w.ID)
 	}
 	if len(w.For) > 1000 {
 		return fmt.Errorf("wait.for is %d bytes, limit 1000", len(w.For))

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -36,7 +37,11 @@ func (c *client) maxModuleFlag(cmd *cobra.Command) {
 
 // api returns the API client for --server and --token.
 func (c *client) api() *apiclient.Client {
-	return apiclient.New(c.server, apiclient.WithToken(c.token), apiclient.WithUserAgent("paddock-cli"))
+	token := c.token
+	if token == "" {
+		token = os.Getenv("PADDOCK_TOKEN")
+	}
+	return apiclient.New(c.server, apiclient.WithToken(token), apiclient.WithUserAgent("paddock-cli"))
 }
 
 // reach names the server when the API could not be reached at all; API

@@ -66,7 +66,9 @@ func newRoot() *cobra.Command {
 	cl := &client{}
 	pf := root.PersistentFlags()
 	pf.StringVar(&cl.server, "server", envOr("PADDOCK_SERVER", "http://127.0.0.1:8080"), "API address (env PADDOCK_SERVER)")
-	pf.StringVar(&cl.token, "token", os.Getenv("PADDOCK_TOKEN"), "bearer token (env PADDOCK_TOKEN)")
+	// The token's default is read when a command calls the API, not shown
+	// as the flag's default: --help must not print it.
+	pf.StringVar(&cl.token, "token", "", "bearer token (default: env PADDOCK_TOKEN)")
 	pf.StringVarP(&cl.output, "output", "o", "text", "output format of client commands: text or json")
 	root.AddCommand(newServe(), newWorkerCmd(), newBenchCmd(), newModuleCmd(cl), newPluginCmd(cl), newAgentCmd(cl), newSessionCmd(cl), newSignalCmd(cl),
 		newTranscriptCmd(cl), newEventsCmd(cl), newEventCmd(cl), newDeadLettersCmd(cl), newSecretCmd(cl), newWaitCmd(cl))
