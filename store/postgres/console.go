@@ -129,8 +129,17 @@ func browseWhere(p store.BrowseSessionsParams) (string, []any) {
 	if p.Key != "" {
 		conds = append(conds, "s.key = "+arg(p.Key))
 	}
-	if p.After.AgentUID != "" {
+	// The cursor: with the agent fixed, a bound on session_id alone (an
+	// index range after the agent's equality, which a row value is not
+	// in every planner); across agents, the row value.
+	switch {
+	case p.After.AgentUID == "":
+	case p.AgentUID == "":
 		conds = append(conds, "(s.agent_uid, s.session_id) > ("+arg(p.After.AgentUID)+", "+arg(p.After.SessionID)+")")
+	case p.After.AgentUID == p.AgentUID:
+		conds = append(conds, "s.session_id > "+arg(p.After.SessionID))
+	case p.After.AgentUID > p.AgentUID:
+		conds = append(conds, "false")
 	}
 	if len(conds) == 0 {
 		return "true", args
@@ -147,27 +156,7 @@ func (s *Store) BrowseSessions(ctx context.Context, p store.BrowseSessionsParams
 	if err := store.CheckBrowse(p); err != nil {
 		return store.SessionPage{}, fmt.Errorf("store/postgres: browse sessions: %w", err)
 	}
-	where, args := browseWhere(p)
-	text := "true"
-	if p.Text != "" {
-		args = append(args, strings.ToLower(p.Text))
-		n := "$" + strconv.Itoa(len(args))
-		text = "(strpos(lower(c.session_id), " + n + ") > 0 OR strpos(lower(coalesce(c.key, '')), " + n + ") > 0)"
-	}
-	args = append(args, store.BrowseScan(p), store.PageLimit(p.Limit))
-	scan, limit := "$"+strconv.Itoa(len(args)-1), "$"+strconv.Itoa(len(args))
-	q := `
-		WITH c AS (
-			SELECT s.agent_uid, s.session_id, s.key FROM sessions s WHERE ` + where + `
-			ORDER BY s.agent_uid, s.session_id LIMIT ` + scan + `),
-		m AS (SELECT c.agent_uid, c.session_id FROM c WHERE ` + text + `
-			ORDER BY c.agent_uid, c.session_id LIMIT ` + limit + `),
-		l AS (SELECT c.agent_uid, c.session_id FROM c ORDER BY c.agent_uid DESC, c.session_id DESC LIMIT 1),
-		x AS (SELECT m.agent_uid, m.session_id, true AS hit FROM m
-			UNION ALL SELECT l.agent_uid, l.session_id, false FROM l)
-		SELECT x.hit, (SELECT count(*) FROM c), ` + sessionCols + `
-		FROM x JOIN sessions s ON s.agent_uid = x.agent_uid AND s.session_id = x.session_id
-		ORDER BY x.hit DESC, s.agent_uid, s.session_id`
+	q, args := browseQuery(p)
 	var page store.SessionPage
 	err := s.call(ctx, "browse sessions", func(ctx context.Context) error {
 		rows, err := s.pool.Query(ctx, q, args...)
@@ -197,6 +186,32 @@ func (s *Store) BrowseSessions(ctx context.Context, p store.BrowseSessionsParams
 		return nil
 	})
 	return page, err
+}
+
+// browseQuery returns BrowseSessions' statement for p and its arguments.
+func browseQuery(p store.BrowseSessionsParams) (string, []any) {
+	where, args := browseWhere(p)
+	text := "true"
+	if p.Text != "" {
+		args = append(args, strings.ToLower(p.Text))
+		n := "$" + strconv.Itoa(len(args))
+		text = "(strpos(lower(c.session_id), " + n + ") > 0 OR strpos(lower(coalesce(c.key, '')), " + n + ") > 0)"
+	}
+	args = append(args, store.BrowseScan(p), store.PageLimit(p.Limit))
+	scan, limit := "$"+strconv.Itoa(len(args)-1), "$"+strconv.Itoa(len(args))
+	q := `
+		WITH c AS (
+			SELECT s.agent_uid, s.session_id, s.key FROM sessions s WHERE ` + where + `
+			ORDER BY s.agent_uid, s.session_id LIMIT ` + scan + `),
+		m AS (SELECT c.agent_uid, c.session_id FROM c WHERE ` + text + `
+			ORDER BY c.agent_uid, c.session_id LIMIT ` + limit + `),
+		l AS (SELECT c.agent_uid, c.session_id FROM c ORDER BY c.agent_uid DESC, c.session_id DESC LIMIT 1),
+		x AS (SELECT m.agent_uid, m.session_id, true AS hit FROM m
+			UNION ALL SELECT l.agent_uid, l.session_id, false FROM l)
+		SELECT x.hit, (SELECT count(*) FROM c), ` + sessionCols + `
+		FROM x JOIN sessions s ON s.agent_uid = x.agent_uid AND s.session_id = x.session_id
+		ORDER BY x.hit DESC, s.agent_uid, s.session_id`
+	return q, args
 }
 
 // prefixRow scans its leading columns into pre, the rest into a scan
