@@ -573,6 +573,22 @@ type Store interface {
 	// returns the keys that have something to run.
 	ExpireDueWaits(ctx context.Context, limit int) ([]ActorKey, error)
 
+	// ListAgentVersions pages an agent's versions (AgentVersion), newest
+	// first; CreateAgent appends them (NewAgentVersion). Unknown agent: an
+	// empty page.
+	ListAgentVersions(ctx context.Context, p ListAgentVersionsParams) ([]AgentVersion, error)
+	// CurrentActivation returns a session's live activation, or else its
+	// last one, with the database clock; ErrNotFound when it never had one.
+	CurrentActivation(ctx context.Context, key ActorKey) (ActivationInfo, error)
+	// BrowseSessions pages sessions of every agent or one by (agent uid,
+	// session id), filtered by status, sleep reason, pending, key (each
+	// decided by an index) and text (within at most BrowseScan rows), in
+	// one statement; it builds its page with BrowsePage. Invalid params
+	// (CheckBrowse): ErrInvalid.
+	BrowseSessions(ctx context.Context, p BrowseSessionsParams) (SessionPage, error)
+	// ClusterFigures reads the overview's figures in one snapshot.
+	ClusterFigures(ctx context.Context) (ClusterFigures, error)
+
 	// Subscribe returns a channel of actor keys that received events
 	// (postgres: LISTEN/NOTIFY from every host; sqlite: this process). It is
 	// a wake-up hint only; it closes when ctx ends.

@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/paddock-dev/paddock/fabric"
+	"github.com/paddock-dev/paddock/host/service"
 )
 
 // fabricCollector exports the broker's counters on the host's /metrics:
@@ -62,4 +63,16 @@ func (c *fabricCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.busy, st.Busy)
 	counter(c.acceptTO, st.AcceptTimeouts)
 	counter(c.stalled, st.SendStalls)
+}
+
+// remoteWorkers lists the broker's admitted workers for the console's
+// overview (service.WithWorkers).
+func remoteWorkers(b *fabric.Broker) []service.RemoteWorker {
+	ws := b.Workers()
+	out := make([]service.RemoteWorker, 0, len(ws))
+	for _, w := range ws {
+		out = append(out, service.RemoteWorker{ID: w.ID, Pools: w.Pools, Capacity: w.Capacity, InFlight: w.InFlight,
+			Free: w.Free, Running: w.Running, LastHeard: w.LastHeard})
+	}
+	return out
 }

@@ -279,6 +279,7 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	late.Store(h)
 	if broker != nil {
 		h.Metrics().Registry.MustRegister(newFabricCollector(broker))
+		svc.WithWorkers(func() []service.RemoteWorker { return remoteWorkers(broker) })
 	}
 	h.Metrics().Registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "paddock_stream_subscribers", Help: "Open session-stream (SSE) subscriptions on this host."},

@@ -103,6 +103,7 @@ func Routes() []Route {
 		{"PUT", "/v1/agents/{agent}/sessions", (*Server).getOrCreateSession},
 		{"GET", "/v1/agents/{agent}/sessions", (*Server).listSessions},
 		{"GET", "/v1/agents/{agent}/dead-letters", (*Server).listAgentDeadLetters},
+		{"GET", "/v1/agents/{agent}/sessions-by-key/{key}", (*Server).sessionByKey},
 		{"GET", "/v1/agents/{agent}/sessions/{session}", (*Server).getSession},
 		{"DELETE", "/v1/agents/{agent}/sessions/{session}", (*Server).destroySession},
 		{"POST", "/v1/agents/{agent}/sessions/{session}/signals", (*Server).sendSignal},

@@ -73,6 +73,21 @@ func (s *Server) getSession(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, toSession(a, x))
 }
 
+// sessionByKey returns the agent's session of a key that is not
+// destroyed, without creating one (service.SessionByKey); none: 404
+// session_not_found.
+func (s *Server) sessionByKey(w http.ResponseWriter, r *http.Request) error {
+	a, err := s.svc.GetAgent(r.Context(), r.PathValue("agent"))
+	if err != nil {
+		return err
+	}
+	x, err := s.svc.SessionByKey(r.Context(), a, r.PathValue("key"))
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, toSession(a, x))
+}
+
 func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) error {
 	a, err := s.svc.GetAgent(r.Context(), r.PathValue("agent"))
 	if err != nil {
@@ -105,11 +120,12 @@ func (s *Server) destroySession(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, toSession(a, x))
 }
 
-// browseSessions pages the sessions of every agent (or ?agent=), filtered
-// by ?status= (active, sleeping, pending, destroyed), ?key= (exact) and
-// ?q= (text in the id, key or sleep reason): service.BrowseSessions, which
-// reads at most service.MaxBrowseScan sessions per page (partial: the page
-// is short, go on from next_cursor).
+// browseSessions pages the sessions of every agent (or ?agent=) by agent
+// uid and session id, filtered by ?status= (active, sleeping, pending,
+// destroyed), ?sleep_reason= (with sleeping), ?key= (exact) and ?q= (text
+// in the id or key): service.BrowseSessions, one store query; a text
+// filter reads at most service.MaxBrowseScan sessions per page (partial:
+// the page is short, go on from next_cursor).
 func (s *Server) browseSessions(w http.ResponseWriter, r *http.Request) error {
 	limit, err := intParam(r, "limit", service.DefaultSessionLimit, 1, service.MaxSessionLimit)
 	if err != nil {
@@ -117,7 +133,7 @@ func (s *Server) browseSessions(w http.ResponseWriter, r *http.Request) error {
 	}
 	q := r.URL.Query()
 	page, err := s.svc.BrowseSessions(r.Context(), service.SessionFilter{
-		Agent: q.Get("agent"), Status: q.Get("status"), Key: q.Get("key"), Text: q.Get("q"), After: q.Get("cursor"), Limit: limit,
+		Agent: q.Get("agent"), Status: q.Get("status"), SleepReason: q.Get("sleep_reason"), Key: q.Get("key"), Text: q.Get("q"), After: q.Get("cursor"), Limit: limit,
 	})
 	if err != nil {
 		return asParam(err)

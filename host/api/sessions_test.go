@@ -149,8 +149,8 @@ func TestBrowseSessionsAcrossAgentsWithFilters(t *testing.T) {
 		}
 		return out
 	}
-	if got := names("/v1/sessions"); len(got) != 4 || !strings.HasPrefix(got[0], "faulty/") {
-		t.Fatalf("every session, by agent: %v", got)
+	if got := names("/v1/sessions"); len(got) != 4 {
+		t.Fatalf("every session: %v", got)
 	}
 	if got := names("/v1/sessions?agent=notes"); len(got) != 3 {
 		t.Fatalf("notes' sessions: %v", got)
@@ -174,6 +174,45 @@ func TestBrowseSessionsAcrossAgentsWithFilters(t *testing.T) {
 		t.Fatalf("bad status names %q", field)
 	}
 	if c, b := e.json("GET", "/v1/sessions?agent=nobody", ""); c != 404 {
+		t.Fatalf("unknown agent: %d %v", c, b)
+	}
+	if c, b := e.json("GET", "/v1/sessions?sleep_reason=crash", ""); c != 400 {
+		t.Fatalf("sleep_reason without sleeping: %d %v", c, b)
+	} else if _, field, _ := errorOf(b); field != "sleep_reason" {
+		t.Fatalf("sleep_reason without sleeping names %q", field)
+	}
+	if got := names("/v1/sessions?status=sleeping&sleep_reason=crash"); len(got) != 0 {
+		t.Fatalf("sleeping for crash: %v", got)
+	}
+}
+
+func TestSessionByKeyDoesNotCreate(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "sqlite", "")
+	e.setup()
+	if c, b := e.json("GET", "/v1/agents/notes/sessions-by-key/user-7", ""); c != 404 {
+		t.Fatalf("unknown key: %d %v", c, b)
+	} else if code, _, _ := errorOf(b); code != "session_not_found" {
+		t.Fatalf("unknown key: code %q", code)
+	}
+	if c, b := e.json("GET", "/v1/sessions?key=user-7", ""); c != 200 || len(b["sessions"].([]any)) != 0 {
+		t.Fatalf("the lookup created a session: %d %v", c, b)
+	}
+	c, made := e.json("POST", "/v1/agents/notes/sessions", `{"key":"user-7"}`)
+	if c != 201 {
+		t.Fatalf("create: %d %v", c, made)
+	}
+	c, got := e.json("GET", "/v1/agents/notes/sessions-by-key/user-7", "")
+	if c != 200 || got["session_id"] != made["session_id"] || got["key"] != "user-7" {
+		t.Fatalf("lookup: %d %v, want %v", c, got, made["session_id"])
+	}
+	if c, b := e.json("DELETE", "/v1/agents/notes/sessions/"+made["session_id"].(string), ""); c != 200 {
+		t.Fatalf("destroy: %d %v", c, b)
+	}
+	if c, b := e.json("GET", "/v1/agents/notes/sessions-by-key/user-7", ""); c != 404 {
+		t.Fatalf("a destroyed session's key: %d %v", c, b)
+	}
+	if c, b := e.json("GET", "/v1/agents/nobody/sessions-by-key/user-7", ""); c != 404 {
 		t.Fatalf("unknown agent: %d %v", c, b)
 	}
 }

@@ -1,8 +1,10 @@
 package console
 
 import (
+	"fmt"
 	"net/http"
 	"sort"
+	"strconv"
 
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/host/service"
@@ -37,6 +39,21 @@ func (c *Console) agent(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// Versions, newest first, agentsPage at a time (?versions_before=).
+	var before int64
+	if v := r.URL.Query().Get("versions_before"); v != "" {
+		if before, err = strconv.ParseInt(v, 10, 64); err != nil || before < 1 {
+			return &pageError{Status: http.StatusBadRequest, Message: fmt.Sprintf("versions_before %q is not a version number", v)}
+		}
+	}
+	versions, err := c.svc.AgentVersions(ctx, a, before, agentsPage)
+	if err != nil {
+		return err
+	}
+	var versionsNext int64
+	if len(versions) == agentsPage && versions[len(versions)-1].Version > 1 {
+		versionsNext = versions[len(versions)-1].Version
+	}
 	pol := c.svc.AgentPolicy(a)
 	secrets := append([]string(nil), pol.Capabilities.Secrets...)
 	sort.Strings(secrets)
@@ -45,11 +62,13 @@ func (c *Console) agent(w http.ResponseWriter, r *http.Request) error {
 		rows = append(rows, service.SessionRow{Agent: a.Name, Session: x})
 	}
 	return c.render(w, r, http.StatusOK, "agent", "Agent "+a.Name, "agents", struct {
-		Agent       store.Agent
-		Policy      host.AgentPolicy
-		Secrets     []string
-		Sessions    []service.SessionRow
-		More        bool
-		DeadLetters []store.DeadLetter
-	}{a, pol, secrets, rows, next != "", dls})
+		Agent        store.Agent
+		Policy       host.AgentPolicy
+		Secrets      []string
+		Sessions     []service.SessionRow
+		More         bool
+		DeadLetters  []store.DeadLetter
+		Versions     []store.AgentVersion
+		VersionsNext int64
+	}{a, pol, secrets, rows, next != "", dls, versions, versionsNext})
 }

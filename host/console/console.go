@@ -308,6 +308,9 @@ func funcs() template.FuncMap {
 			return s
 		},
 		"payload": payloadText,
+		// dur renders a duration to the millisecond; neg negates one.
+		"dur": func(d time.Duration) string { return d.Round(time.Millisecond).String() },
+		"neg": func(d time.Duration) time.Duration { return -d },
 		"bytes": func(n int64) string {
 			switch {
 			case n >= 1<<20:

@@ -41,7 +41,7 @@ func TestFigures(t *testing.T) {
 	}
 	t.Logf("created %d sessions in %s", n, time.Since(start).Round(time.Millisecond))
 	b := e.browser()
-	for _, p := range []string{"/ui/sessions", "/ui/sessions?agent=notes", "/ui/sessions?status=destroyed", "/ui/sessions?key=k-99990"} {
+	for _, p := range []string{"/ui/sessions", "/ui/sessions?agent=notes", "/ui/sessions?status=destroyed", "/ui/sessions?key=k-99990", "/ui/sessions?q=no-such-text"} {
 		for range 2 { // the second is warm
 			start := time.Now()
 			resp, body := b.get(p)

@@ -2,13 +2,14 @@ package console
 
 import (
 	"net/http"
-	"sort"
 	"strings"
 
 	"github.com/paddock-dev/paddock/host/service"
 )
 
-// overview shows this host, its pools and its figures.
+// overview shows this host, the hosts holding leases (by the store), the
+// pools in use with their waiting sessions, the remote workers, the turns
+// of the last minute and this host's figures.
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) error {
 	f, err := c.svc.Figures()
 	if err != nil {
@@ -30,14 +31,13 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
-	pools := make([]string, 0, len(f.Pools))
-	for name := range f.Pools {
-		pools = append(pools, name)
+	cl, err := c.svc.Cluster(r.Context())
+	if err != nil {
+		return err
 	}
-	sort.Strings(pools)
 	return c.render(w, r, http.StatusOK, "overview", "Overview", "overview", struct {
-		Figures   service.Figures
-		PoolNames []string
-		Metrics   []service.Metric
-	}{f, pools, ms})
+		Figures service.Figures
+		Cluster service.Cluster
+		Metrics []service.Metric
+	}{f, cl, ms})
 }

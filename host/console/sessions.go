@@ -23,10 +23,24 @@ const (
 	eventsPage = 50
 )
 
+// statusOptions are the status filter's choices: a status, or sleeping
+// with a reason ("sleeping:<reason>").
+var statusOptions = []string{
+	string(store.SessionActive), string(store.SessionSleeping),
+	"sleeping:" + store.SleepReasonCrash, "sleeping:" + store.SleepReasonCapacity, "sleeping:" + store.SleepReasonPendingTimeout,
+	"sleeping:" + store.SleepReasonAgent, "sleeping:" + store.SleepReasonFinish, "sleeping:" + store.SleepReasonWait,
+	"sleeping:" + store.SleepReasonApproval, service.FilterPending, string(store.SessionDestroyed),
+}
+
 // sessions lists sessions, filtered and paged (service.BrowseSessions).
 func (c *Console) sessions(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	f := service.SessionFilter{Agent: q.Get("agent"), Status: q.Get("status"), Key: q.Get("key"), Text: q.Get("q"), After: q.Get("after")}
+	f := service.SessionFilter{Agent: q.Get("agent"), Status: q.Get("status"), SleepReason: q.Get("reason"), Key: q.Get("key"),
+		Text: q.Get("q"), After: q.Get("after")}
+	// "sleeping:<reason>" is the status select's way to name a reason.
+	if st, reason, ok := strings.Cut(f.Status, ":"); ok && st == string(store.SessionSleeping) {
+		f.Status, f.SleepReason = st, reason
+	}
 	if n := q.Get("limit"); n != "" {
 		v, err := strconv.Atoi(n)
 		if err != nil {
@@ -44,10 +58,14 @@ func (c *Console) sessions(w http.ResponseWriter, r *http.Request) error {
 	}
 	// The pager's links keep the filters and the page size.
 	v := url.Values{}
-	for k, val := range map[string]string{"agent": f.Agent, "status": f.Status, "key": f.Key, "q": f.Text, "limit": q.Get("limit")} {
+	for k, val := range map[string]string{"agent": f.Agent, "status": f.Status, "reason": f.SleepReason, "key": f.Key, "q": f.Text, "limit": q.Get("limit")} {
 		if val != "" {
 			v.Set(k, val)
 		}
+	}
+	selected := f.Status
+	if f.SleepReason != "" {
+		selected += ":" + f.SleepReason
 	}
 	first := "/ui/sessions?" + v.Encode()
 	next := ""
@@ -61,7 +79,8 @@ func (c *Console) sessions(w http.ResponseWriter, r *http.Request) error {
 		Agents          []store.Agent
 		Statuses        []string
 		First, NextPage string
-	}{f, page, agents, []string{"active", "sleeping", "pending", "destroyed"}, first, next})
+		Selected        string
+	}{f, page, agents, statusOptions, first, next, selected})
 }
 
 // lookup resolves the agent and session a route names.
@@ -159,6 +178,11 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) error {
 	if len(turns) > 0 {
 		lastTurn = turns[len(turns)-1].TurnNo
 	}
+	// The current activation and its lease, by the DB clock.
+	act, err := c.svc.CurrentActivation(ctx, x)
+	if err != nil {
+		return err
+	}
 	// Links to the previous and next pages of turns (-1: none).
 	prevTurns, nextTurns := int64(-1), int64(-1)
 	if turnsAfter > 0 {
@@ -182,7 +206,8 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) error {
 		Alarms     []store.Alarm
 		Waits      []store.Wait
 		State      stateView
-	}{a, x, x.Status != store.SessionDestroyed && !older, prevTurns, nextTurns, c.svc.Running(x), head, lastTurn, turns, events, evNext, alarms, waits.Waits, viewState(state)})
+		Activation *store.ActivationInfo
+	}{a, x, x.Status != store.SessionDestroyed && !older, prevTurns, nextTurns, c.svc.Running(x), head, lastTurn, turns, events, evNext, alarms, waits.Waits, viewState(state), act})
 }
 
 // event is an event's page: its attempts' error chain and its journal of

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
@@ -22,23 +23,27 @@ import (
 // statuses active, sleeping and destroyed.
 const (
 	// FilterPending selects sessions waiting for capacity.
-	FilterPending = "pending"
+	FilterPending = store.StatusPending
 )
 
-// MaxBrowseScan bounds the sessions BrowseSessions reads from the store
-// for one page: a filter that matches few sessions returns a partial page
-// and a cursor to go on from, never a read of every session.
-const MaxBrowseScan = 5000
+// MaxBrowseScan bounds the sessions BrowseSessions reads for one page
+// when it filters by text (store.MaxBrowseScan): a text that matches few
+// returns a partial page and a cursor to go on from, never a read of
+// every session. The other filters are decided by indexes and fill pages.
+const MaxBrowseScan = store.MaxBrowseScan
 
 // SessionFilter selects a page of sessions for BrowseSessions.
 type SessionFilter struct {
-	// Agent is an agent's name ("": every agent, by name).
+	// Agent is an agent's name or uid ("": every agent).
 	Agent string
 	// Status is active, sleeping, pending, destroyed or "" (any).
 	Status string
+	// SleepReason, with Status sleeping, selects that reason (crash,
+	// capacity, …).
+	SleepReason string
 	// Key, when set, is the exact session key.
 	Key string
-	// Text, when set, must occur in the session id, key or sleep reason
+	// Text, when set, must occur in the session id or key
 	// (case-insensitive).
 	Text string
 	// After is the previous page's Next ("" to start).
@@ -59,105 +64,108 @@ type SessionBrowse struct {
 	Sessions []SessionRow
 	// Next is the cursor of the next page ("" after the last).
 	Next string
-	// Scanned is how many sessions were read to fill the page; Partial is
-	// set when MaxBrowseScan stopped the scan before the page was full.
+	// Scanned is how many sessions the indexed filters selected for the
+	// page; Partial is set when MaxBrowseScan stopped a text filter's read
+	// before the page was full.
 	Scanned int
 	Partial bool
 }
 
-// BrowseSessions pages sessions of one agent or of all (by agent name,
-// then session id), filtered by f. The cursor is "<agent>/<session id>".
-// It reads the store a page at a time (ListSessions) and stops at
-// MaxBrowseScan sessions read: a filter that matches little may return a
-// short page with a Next to go on. Refusals: *InvalidError (status,
-// limit, after), a *NotFoundError for an unknown agent.
-//
-// Missing store support: a filter by status, key or text in the query
-// itself (an index per agent and status; a lookup by key without
-// creating), which would make a filtered page one query.
+// BrowseSessions pages sessions of every agent or one, by agent uid then
+// session id, filtered by f in one store query (store.BrowseSessions:
+// agent, status, sleep reason, pending and key by index; text within at
+// most MaxBrowseScan of those). The cursor is "<agent uid>/<session id>".
+// Refusals: *InvalidError (status, sleep_reason, limit, after), a
+// *NotFoundError for an unknown agent.
 func (s *Service) BrowseSessions(ctx context.Context, f SessionFilter) (SessionBrowse, error) {
 	switch f.Status {
 	case "", string(store.SessionActive), string(store.SessionSleeping), string(store.SessionDestroyed), FilterPending:
 	default:
 		return SessionBrowse{}, invalid("status", "status %q must be active, sleeping, pending or destroyed", f.Status)
 	}
+	if f.SleepReason != "" && f.Status != string(store.SessionSleeping) {
+		return SessionBrowse{}, invalid("sleep_reason", "sleep_reason %q needs status sleeping", f.SleepReason)
+	}
 	n, err := pageSize(f.Limit, DefaultSessionLimit, MaxSessionLimit)
 	if err != nil {
 		return SessionBrowse{}, err
 	}
-	afterAgent, afterID, _ := strings.Cut(f.After, "/")
-	if f.After != "" && afterAgent == "" {
-		return SessionBrowse{}, invalid("after", "after %q must be <agent>/<session id>", f.After)
+	var after store.ActorKey
+	if f.After != "" {
+		var ok bool
+		after.AgentUID, after.SessionID, ok = strings.Cut(f.After, "/")
+		if !ok || after.AgentUID == "" || after.SessionID == "" {
+			return SessionBrowse{}, invalid("after", "after %q must be <agent uid>/<session id>", f.After)
+		}
 	}
-	var agents []store.Agent
+	agents, err := s.ListAgents(ctx)
+	if err != nil {
+		return SessionBrowse{}, err
+	}
+	names := make(map[string]string, len(agents))
+	for _, a := range agents {
+		names[a.UID] = a.Name
+	}
+	p := store.BrowseSessionsParams{Status: f.Status, SleepReason: f.SleepReason, Key: f.Key, Text: f.Text, After: after, Limit: n}
 	if f.Agent != "" {
 		a, err := s.GetAgent(ctx, f.Agent)
 		if err != nil {
 			return SessionBrowse{}, err
 		}
-		agents = []store.Agent{a}
-	} else if agents, err = s.ListAgents(ctx); err != nil {
-		return SessionBrowse{}, err
+		p.AgentUID, names[a.UID] = a.UID, a.Name
 	}
-	sort.Slice(agents, func(i, j int) bool { return agents[i].Name < agents[j].Name })
-	text := strings.ToLower(f.Text)
-	var out SessionBrowse
-	for _, a := range agents {
-		cursor := ""
-		switch {
-		case afterAgent != "" && a.Name < afterAgent:
-			continue
-		case a.Name == afterAgent:
-			cursor = afterID
-		}
-		for {
-			page := min(MaxSessionLimit, MaxBrowseScan-out.Scanned)
-			xs, err := s.st.ListSessions(ctx, store.ListSessionsParams{AgentUID: a.UID, After: cursor, Limit: page})
-			if err != nil {
-				return SessionBrowse{}, wrap("browse sessions", err)
-			}
-			for _, x := range xs {
-				out.Scanned++
-				cursor = x.SessionID
-				if matchSession(x, f, text) {
-					out.Sessions = append(out.Sessions, SessionRow{Agent: a.Name, Session: x})
-				}
-				if len(out.Sessions) == n || out.Scanned == MaxBrowseScan {
-					out.Next = a.Name + "/" + x.SessionID
-					out.Partial = len(out.Sessions) < n
-					return out, nil
-				}
-			}
-			if len(xs) < page {
-				break
-			}
-		}
+	page, err := s.st.BrowseSessions(ctx, p)
+	if err != nil {
+		return SessionBrowse{}, wrap("browse sessions", err)
+	}
+	out := SessionBrowse{Sessions: make([]SessionRow, 0, len(page.Sessions)), Scanned: page.Scanned, Partial: page.Partial}
+	for _, x := range page.Sessions {
+		out.Sessions = append(out.Sessions, SessionRow{Agent: names[x.AgentUID], Session: x})
+	}
+	if page.Next != (store.ActorKey{}) {
+		out.Next = page.Next.String()
 	}
 	return out, nil
 }
 
-// matchSession applies f's status, key and text filters (text already
-// lower case).
-func matchSession(x store.Session, f SessionFilter, text string) bool {
-	switch f.Status {
-	case "":
-	case FilterPending:
-		if x.PendingSince == nil || x.Status == store.SessionDestroyed {
-			return false
+// SessionByKey returns agent a's session of key k that is not destroyed
+// (the one a get-or-create would return), without creating one. None:
+// *NotFoundError (session).
+func (s *Service) SessionByKey(ctx context.Context, a store.Agent, k string) (store.Session, error) {
+	if k == "" {
+		return store.Session{}, missing("key", "key is empty")
+	}
+	page, err := s.st.BrowseSessions(ctx, store.BrowseSessionsParams{AgentUID: a.UID, Key: k, Limit: store.MaxPageLimit})
+	if err != nil {
+		return store.Session{}, wrap("session by key", err)
+	}
+	for _, x := range page.Sessions {
+		if x.Status != store.SessionDestroyed {
+			return x, nil
 		}
-	default:
-		if string(x.Status) != f.Status {
-			return false
-		}
 	}
-	if f.Key != "" && x.Key != f.Key {
-		return false
+	return store.Session{}, &NotFoundError{Resource: ResourceSession, Field: "key", Message: fmt.Sprintf("no live session of agent %q has key %q", a.Name, k)}
+}
+
+// AgentVersions pages agent a's versions, newest first
+// (store.ListAgentVersions); before is the last version of the previous
+// page (0: from the newest).
+func (s *Service) AgentVersions(ctx context.Context, a store.Agent, before int64, limit int) ([]store.AgentVersion, error) {
+	vs, err := s.st.ListAgentVersions(ctx, store.ListAgentVersionsParams{AgentUID: a.UID, Before: before, Limit: limit})
+	return vs, wrap("agent versions", err)
+}
+
+// CurrentActivation returns session x's live activation, or else its last
+// one, with the database clock (nil, nil: it never had one).
+func (s *Service) CurrentActivation(ctx context.Context, x store.Session) (*store.ActivationInfo, error) {
+	a, err := s.st.CurrentActivation(ctx, x.ActorKey)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
 	}
-	if text != "" && !strings.Contains(strings.ToLower(x.SessionID), text) &&
-		!strings.Contains(strings.ToLower(x.Key), text) && !strings.Contains(strings.ToLower(x.SleepReason), text) {
-		return false
+	if err != nil {
+		return nil, wrap("current activation", err)
 	}
-	return true
+	return &a, nil
 }
 
 // SessionState returns session x's committed state (nil: none committed
@@ -244,4 +252,131 @@ func labels(ls []*dto.LabelPair) string {
 		parts = append(parts, l.GetName()+"="+l.GetValue())
 	}
 	return strings.Join(parts, ", ")
+}
+
+// RemoteWorker is one remote worker session admitted by this host's
+// fabric broker, as the overview shows it.
+type RemoteWorker struct {
+	// ID is the worker's id; Pools the pools it serves.
+	ID    string
+	Pools []string
+	// Capacity is the turns it runs at once; InFlight the turns this host
+	// dispatched to it that have not finished; Free and Running are from
+	// its last heartbeat.
+	Capacity, InFlight, Free, Running int
+	// LastHeard is when this host last heard from it (host clock).
+	LastHeard time.Time
+}
+
+// WithWorkers sets the source of the remote workers the overview lists
+// (the fabric broker's; nil: this host runs no fabric). The service does
+// not depend on the fabric: the caller adapts its broker.
+func (s *Service) WithWorkers(workers func() []RemoteWorker) *Service {
+	s.workers = workers
+	return s
+}
+
+// HostLeases are the live activations one host holds (by the store).
+type HostLeases struct {
+	HostID string
+	// Live activations and, of those, Busy with a turn in flight.
+	Live, Busy int64
+	// FirstExpiry and LastExpiry are the earliest and latest lease expiry
+	// (DB clock); FirstLeft how long the earliest has left at Now.
+	FirstExpiry, LastExpiry time.Time
+	FirstLeft               time.Duration
+}
+
+// PoolUse is a capacity pool's use as the overview shows it.
+type PoolUse struct {
+	Name string
+	// Capacity is the pool's capacity on this host (0: not configured
+	// here, e.g. an agent's pool another host serves).
+	Capacity int
+	// Here and Everywhere count the live activations of the pool's agents
+	// on this host and on all hosts; Waiting the sessions of its agents
+	// pending capacity.
+	Here, Everywhere, Waiting int64
+}
+
+// Cluster is the store's side of the overview: hosts and their leases,
+// pools in use with waiting sessions, turns of the last minute, and this
+// host's remote workers.
+type Cluster struct {
+	// Now is the database clock of the read.
+	Now             time.Time
+	Hosts           []HostLeases
+	Pools           []PoolUse
+	TurnsLastMinute int64
+	// Fabric is set when this host runs a fabric broker; Workers are its
+	// admitted workers.
+	Fabric  bool
+	Workers []RemoteWorker
+}
+
+// Cluster reads the overview's figures from the store in one snapshot
+// (store.ClusterFigures) and maps agents to pools by this host's policy
+// (an agent's pool is its policy's Pool).
+func (s *Service) Cluster(ctx context.Context) (Cluster, error) {
+	f, err := s.st.ClusterFigures(ctx)
+	if err != nil {
+		return Cluster{}, wrap("cluster figures", err)
+	}
+	agents, err := s.ListAgents(ctx)
+	if err != nil {
+		return Cluster{}, err
+	}
+	pol := s.h.Policy()
+	poolOf := make(map[string]string, len(agents))
+	for _, a := range agents {
+		poolOf[a.UID] = pol.For(a.Name).Pool
+	}
+	pools := map[string]*PoolUse{}
+	use := func(name string) *PoolUse {
+		if pools[name] == nil {
+			pools[name] = &PoolUse{Name: name, Capacity: pol.Pools[name]}
+		}
+		return pools[name]
+	}
+	for name := range pol.Pools {
+		use(name)
+	}
+	out := Cluster{Now: f.Now, TurnsLastMinute: f.TurnsLastMinute}
+	hosts := map[string]*HostLeases{}
+	for _, l := range f.Live {
+		h := hosts[l.HostID]
+		if h == nil {
+			h = &HostLeases{HostID: l.HostID, FirstExpiry: l.FirstExpiry, LastExpiry: l.LastExpiry}
+			hosts[l.HostID] = h
+		}
+		h.Live += l.Live
+		h.Busy += l.Busy
+		if l.FirstExpiry.Before(h.FirstExpiry) {
+			h.FirstExpiry = l.FirstExpiry
+		}
+		if l.LastExpiry.After(h.LastExpiry) {
+			h.LastExpiry = l.LastExpiry
+		}
+		p := use(poolOf[l.AgentUID])
+		p.Everywhere += l.Live
+		if l.HostID == s.h.ID() {
+			p.Here += l.Live
+		}
+	}
+	for agent, n := range f.Pending {
+		use(poolOf[agent]).Waiting += n
+	}
+	for _, h := range hosts {
+		h.FirstLeft = h.FirstExpiry.Sub(f.Now)
+		out.Hosts = append(out.Hosts, *h)
+	}
+	sort.Slice(out.Hosts, func(i, j int) bool { return out.Hosts[i].HostID < out.Hosts[j].HostID })
+	for _, p := range pools {
+		out.Pools = append(out.Pools, *p)
+	}
+	sort.Slice(out.Pools, func(i, j int) bool { return out.Pools[i].Name < out.Pools[j].Name })
+	if s.workers != nil {
+		out.Fabric, out.Workers = true, s.workers()
+	}
+	return out, nil
 }

@@ -75,6 +75,7 @@ type Service struct {
 	plugins Plugins
 	sealer  Sealer
 	hub     *stream.Hub
+	workers func() []RemoteWorker
 }
 
 // New returns the service of h. modules inspects uploaded modules; plugins

@@ -113,24 +113,37 @@ func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (sto
 		return store.Agent{}, wrap("create agent", missing)
 	}
 	var a store.Agent
-	err = s.call(ctx, "create agent", func(ctx context.Context) error {
+	// One transaction: the agent row and, when store.NewAgentVersion says
+	// so, its next version (agent_versions). The row read under lock first
+	// is the previous definition.
+	err = s.tx(ctx, "create agent", func(ctx context.Context, tx pgx.Tx) error {
+		prev, err := lockAgentByName(ctx, tx, p.Name)
+		if err != nil {
+			return err
+		}
+		if prev != nil && !p.Upsert {
+			return fmt.Errorf("agent name %q: %w", p.Name, store.ErrConflict)
+		}
 		conflict := `DO NOTHING`
 		if p.Upsert {
 			conflict = `DO UPDATE SET kind = excluded.kind, module_digest = excluded.module_digest,
 				plugin = excluded.plugin, crash_policy = excluded.crash_policy, updated_at = clock_timestamp()`
 		}
-		var err error
 		// The foreign keys decide whether the module or plugin worker
 		// exists.
-		a, err = scanAgent(s.pool.QueryRow(ctx, `
+		a, err = scanAgent(tx.QueryRow(ctx, `
 			INSERT INTO agents (agent_uid, name, kind, module_digest, plugin, crash_policy)
 			VALUES ($1, $2, $3, $4, $5, $6)
 			ON CONFLICT (name) `+conflict+`
 			RETURNING `+agentCols,
 			p.UID, p.Name, kind, nullString(p.ModuleDigest), nullString(p.Plugin), p.CrashPolicy))
 		switch {
+		case err == nil && prev == nil && a.UID != p.UID:
+			// Created by another transaction since the read under lock:
+			// run again to compare with its definition.
+			return fmt.Errorf("agent %q created meanwhile: %w", p.Name, errLockRace)
 		case err == nil:
-			return nil
+			return appendAgentVersion(ctx, tx, prev, a)
 		case errors.Is(err, pgx.ErrNoRows):
 			return fmt.Errorf("agent name %q: %w", p.Name, store.ErrConflict)
 		case pgCode(err) == codeForeignKeyViolation:

@@ -198,6 +198,12 @@ func TestMigration00003AddsAgentKinds(t *testing.T) {
 	if a, err := s.GetAgent(ctx, "alpha"); err != nil || a.Kind != store.KindPlugin || a.Plugin != "coder" {
 		t.Fatalf("agent after a refused down: %+v, %v", a, err)
 	}
+	// The refused down rolled back the migrations above 3 before it
+	// stopped (agent_versions among them, which CreateAgent writes): up
+	// again.
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("up after the refused down: %v", err)
+	}
 	up.Kind, up.Plugin, up.ModuleDigest = store.KindWasm, "", "sha256:m1"
 	if _, err := s.CreateAgent(ctx, up); err != nil {
 		t.Fatal(err)

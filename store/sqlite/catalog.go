@@ -112,7 +112,14 @@ func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (sto
 		return store.Agent{}, fmt.Errorf("store/sqlite: create agent: %w", err)
 	}
 	var a store.Agent
+	// One write transaction: the agent row and, when store.NewAgentVersion
+	// says so, its next version (agent_versions), compared with the row
+	// read first.
 	err = s.write(ctx, "create agent", func(tx *txn) error {
+		prev, err := agentByName(tx, p.Name)
+		if err != nil {
+			return err
+		}
 		var one int
 		if kind == store.KindWasm {
 			if err := tx.queryRow(`SELECT 1 FROM modules WHERE digest = ?`, p.ModuleDigest).Scan(&one); err != nil {
@@ -124,7 +131,6 @@ func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (sto
 			}
 		}
 		digest, plugin := nullString(p.ModuleDigest), nullString(p.Plugin)
-		var err error
 		a, err = scanAgent(tx.queryRow(`
 			INSERT INTO agents (agent_uid, name, kind, module_digest, plugin, crash_policy, created_at, updated_at)
 			VALUES (?, ?, ?, ?, ?, ?, `+nowMS+`, `+nowMS+`)
@@ -133,7 +139,7 @@ func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (sto
 			p.UID, p.Name, kind, digest, plugin, p.CrashPolicy))
 		switch {
 		case err == nil:
-			return nil
+			return appendAgentVersion(tx, prev, a)
 		case isConstraint(err):
 			return fmt.Errorf("agent uid %s: %w", p.UID, store.ErrConflict)
 		case !errors.Is(err, sql.ErrNoRows):
@@ -146,7 +152,10 @@ func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (sto
 			WHERE name = ?
 			RETURNING `+agentCols,
 			kind, digest, plugin, p.CrashPolicy, p.Name))
-		return err
+		if err != nil {
+			return err
+		}
+		return appendAgentVersion(tx, prev, a)
 	})
 	return a, err
 }

@@ -71,6 +71,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) store.Store) {
 		hostCallCases(),
 		streamCases(),
 		hammerCases(),
+		consoleCases(),
 	}
 	for _, g := range groups {
 		for _, c := range g {

@@ -252,6 +252,11 @@ func TestClientAgainstTheRealAPI(t *testing.T) {
 	if e := wantCode(t, "ListSessions with limit 501", err, 400, client.CodeInvalidParameter); e.Field != "limit" {
 		t.Errorf("ListSessions 400 field %q, want limit", e.Field)
 	}
+	if byKey, err := c.SessionByKey(ctx, "notes", "k1"); err != nil || byKey.SessionID != g.SessionID {
+		t.Errorf("SessionByKey k1: %+v %v, want %s", byKey, err, g.SessionID)
+	}
+	_, err = c.SessionByKey(ctx, "notes", "no-such-key")
+	wantCode(t, "SessionByKey of an unknown key", err, 404, client.CodeSessionNotFound)
 	_, err = c.GetSession(ctx, "notes", "no-such-session")
 	if e := wantCode(t, "GetSession of an unknown session", err, 404, client.CodeSessionNotFound); e.Field != "session" {
 		t.Errorf("GetSession 404 field %q", e.Field)

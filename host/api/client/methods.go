@@ -161,6 +161,15 @@ func (c *Client) GetSession(ctx context.Context, agent, session string, opts ...
 	return out, err
 }
 
+// SessionByKey returns agent's session of key that is not destroyed,
+// without creating one (GET /v1/agents/{agent}/sessions-by-key/{key});
+// 404 agent_not_found or session_not_found.
+func (c *Client) SessionByKey(ctx context.Context, agent, key string, opts ...CallOption) (Session, error) {
+	var out Session
+	err := c.doJSON(ctx, "GET", agentPath(agent)+"/sessions-by-key/"+esc(key), nil, &out, opts)
+	return out, err
+}
+
 // ListSessions returns a page of agent's sessions (GET
 // /v1/agents/{agent}/sessions).
 func (c *Client) ListSessions(ctx context.Context, agent string, o ListSessionsOptions, opts ...CallOption) (SessionPage, error) {

@@ -171,14 +171,14 @@ type SessionPage struct {
 }
 
 // SessionBrowse is a page of GET /v1/sessions: sessions of every agent
-// (or one), filtered, by agent name then session id.
+// (or one), filtered, by agent uid then session id.
 type SessionBrowse struct {
 	// NextCursor continues the listing ("" after the last page).
 	NextCursor string    `json:"next_cursor,omitempty"`
 	Sessions   []Session `json:"sessions"`
-	// Scanned is how many sessions the host read for this page; Partial
-	// says it stopped at its bound before the page was full (go on from
-	// NextCursor).
+	// Scanned is how many sessions the indexed filters selected for this
+	// page; Partial says a text filter stopped at its bound before the page
+	// was full (go on from NextCursor).
 	Scanned int  `json:"scanned"`
 	Partial bool `json:"partial,omitempty"`
 }
