@@ -307,6 +307,14 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 		WriteTimeout: 2 * time.Minute,
 		IdleTimeout:  2 * time.Minute,
 	}
+	if cfg.AuthToken == "" {
+		if h, _, err := net.SplitHostPort(cfg.Listen); err == nil && api.LoopbackHost(h) {
+			// Open on loopback: refuse requests addressed to any other
+			// name, so that a DNS-rebinding page cannot use the API or the
+			// console as its own origin.
+			srv.Handler = api.LoopbackHostOnly(srv.Handler)
+		}
+	}
 	// Open streams never go idle: end them first so that Shutdown can
 	// finish (their clients reconnect to another host, or this one after
 	// a restart, with Last-Event-ID).

@@ -92,7 +92,14 @@ func New(o Options) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.mux.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", http.FileServerFS(static)))
+	files := http.StripPrefix("/ui/static/", http.FileServerFS(static))
+	c.mux.HandleFunc("GET /ui/static/", func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/") { // no directory listings
+			http.NotFound(w, r)
+			return
+		}
+		files.ServeHTTP(w, r)
+	})
 	c.mux.HandleFunc("GET /ui/login", c.loginPage)
 	c.mux.HandleFunc("POST /ui/login", c.login)
 	c.mux.HandleFunc("POST /ui/logout", c.logout)

@@ -289,6 +289,10 @@ func TestEveryPageHasTheCSPAndNoInlineScriptOrStyle(t *testing.T) {
 			t.Errorf("%s: %d, CSP %q", p, resp.StatusCode, resp.Header.Get("Content-Security-Policy"))
 		}
 	}
+	// No directory listing of the static files.
+	if resp, _ := b.get("/ui/static/"); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("/ui/static/: %d, want 404 (no listing)", resp.StatusCode)
+	}
 	// Every page is reachable from the navigation bar.
 	_, body := b.get("/ui/")
 	for _, p := range []string{"/ui/agents", "/ui/sessions", "/ui/dead-letters", "/ui/modules"} {

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host/service"
@@ -147,6 +148,7 @@ func (c *Console) session(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	shortenMessages(turns)
 	var evAfter int64
 	if v := r.URL.Query().Get("events_after"); v != "" {
 		if evAfter, err = strconv.ParseInt(v, 10, 64); err != nil {
@@ -364,4 +366,28 @@ func payloadText(p json.RawMessage) string {
 		return string(p[:300]) + "…"
 	}
 	return string(p)
+}
+
+// maxShownMessageBytes bounds one message on the session page: a turn's
+// result may be megabytes, and the page shows 50 turns. The rest is named
+// with the transcript route that has it whole.
+const maxShownMessageBytes = 8 << 10
+
+// shortenMessages cuts every message of turns longer than
+// maxShownMessageBytes at a UTF-8 boundary and says how much was left out.
+func shortenMessages(turns []store.Turn) {
+	for i := range turns {
+		for j := range turns[i].Messages {
+			m := &turns[i].Messages[j]
+			if len(m.Content) <= maxShownMessageBytes {
+				continue
+			}
+			cut := maxShownMessageBytes
+			for cut > 0 && !utf8.RuneStart(m.Content[cut]) {
+				cut--
+			}
+			m.Content = fmt.Sprintf("%s… [%d more bytes: the whole message is in GET /v1/agents/{agent}/sessions/{id}/transcript]",
+				m.Content[:cut], len(m.Content)-cut)
+		}
+	}
 }

@@ -115,7 +115,7 @@ func testEpochsIncrease(t *testing.T, b *bundle) {
 	d := b.next(a)
 	b.fail(d.Delivery.TurnRef(), true, 0, 10)
 
-	a = b.claim(key, ShortTTL)
+	a = b.claim(key, SetupTTL)
 	see(a, "claim after a failed attempt")
 	d = b.next(a)
 	wantEq(t, d.Attempt, 2, "attempt after a failure")

@@ -233,7 +233,7 @@ func testReplayAfterFailAttempt(t *testing.T, b *bundle) {
 func testReplayAfterExpiry(t *testing.T, b *bundle) {
 	key := b.session()
 	b.message(key, "slow")
-	a := b.claim(key, ShortTTL)
+	a := b.claim(key, SetupTTL)
 	late := b.next(a).Delivery.TurnRef()
 	b.waitExpired(a)
 	_, err := b.s.ExpireActivation(b.ctx, store.ExpireActivationParams{Ref: a.Ref(), MaxAttempts: 5})

@@ -221,7 +221,7 @@ func testHostCallAfterFailedAttempt(t *testing.T, b *bundle) {
 	wantEq(t, got.ActorEpoch, a2.ActorEpoch, "the retry's row epoch")
 
 	// After the watchdog failed an activation, its attempt is stale too.
-	key3, _, a3, ref3 := b.callTurn(ShortTTL)
+	key3, _, a3, ref3 := b.callTurn(SetupTTL)
 	b.waitExpired(a3)
 	_, err = b.s.ExpireActivation(b.ctx, store.ExpireActivationParams{Ref: a3.Ref(), MaxAttempts: 5})
 	noErr(t, err, "ExpireActivation")
@@ -232,7 +232,7 @@ func testHostCallAfterFailedAttempt(t *testing.T, b *bundle) {
 }
 
 func testHostCallExpiredLease(t *testing.T, b *bundle) {
-	key, ev, act, ref := b.callTurn(ShortTTL)
+	key, ev, act, ref := b.callTurn(SetupTTL)
 	b.waitExpired(act)
 	before := b.snapshot(key)
 	_, err := b.s.RecordHostCall(b.ctx, store.RecordHostCallParams{Ref: ref, Call: hostCall(1, 1, 1)})

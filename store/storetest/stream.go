@@ -401,7 +401,7 @@ func testStreamInvalidChunks(t *testing.T, b *bundle) {
 func testStreamLeaseExpired(t *testing.T, b *bundle) {
 	key := b.session()
 	ev := b.message(key, "slow")
-	act := b.claim(key, ShortTTL)
+	act := b.claim(key, SetupTTL)
 	b.next(act) // nothing more under the short lease: the machine may be slow
 	b.waitExpired(act)
 	fr, err := b.s.ExpireActivation(b.ctx, store.ExpireActivationParams{Ref: act.Ref(), Backoff: time.Hour, MaxAttempts: 5})
