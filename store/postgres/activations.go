@@ -438,18 +438,22 @@ func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsPa
 	}
 	var out []store.ActorKey
 	err := s.call(ctx, "runnable sessions", func(ctx context.Context) error {
+		// Session-driven: each awake (or capacity-sleeping) session's
+		// oldest open event is the first entry of actor_events_open, so the
+		// scan costs one index probe per such session, however many events
+		// wait behind each (a DISTINCT ON over every open event did not).
 		rows, err := s.pool.Query(ctx, `
-			SELECT o.agent_uid, o.session_id
-			FROM (SELECT DISTINCT ON (agent_uid, session_id) agent_uid, session_id, event_id, seq, next_attempt_at
-				FROM actor_events WHERE status = 'open' AND steer_of IS NULL
-				ORDER BY agent_uid, session_id, seq) o
-			JOIN sessions s ON s.agent_uid = o.agent_uid AND s.session_id = o.session_id
+			SELECT s.agent_uid, s.session_id
+			FROM sessions s
+			CROSS JOIN LATERAL (SELECT event_id, seq, next_attempt_at FROM actor_events
+				WHERE agent_uid = s.agent_uid AND session_id = s.session_id AND status = 'open' AND steer_of IS NULL
+				ORDER BY seq LIMIT 1) o
 			WHERE (s.status = 'active' OR (s.status = 'sleeping' AND s.sleep_reason = ANY($3::text[])))
 			  AND o.next_attempt_at <= clock_timestamp()
 			  AND NOT EXISTS (SELECT 1 FROM activations a
-				WHERE a.agent_uid = o.agent_uid AND a.session_id = o.session_id AND a.state IN `+liveStates+`)
-			  AND NOT (o.agent_uid = ANY($2::text[]) AND EXISTS (SELECT 1 FROM actor_events d
-				WHERE d.agent_uid = o.agent_uid AND d.session_id = o.session_id AND d.status = 'dead_letter'
+				WHERE a.agent_uid = s.agent_uid AND a.session_id = s.session_id AND a.state IN `+liveStates+`)
+			  AND NOT (s.agent_uid = ANY($2::text[]) AND EXISTS (SELECT 1 FROM actor_events d
+				WHERE d.agent_uid = s.agent_uid AND d.session_id = s.session_id AND d.status = 'dead_letter'
 				  AND d.seq < o.seq))
 			ORDER BY o.next_attempt_at, o.event_id
 			LIMIT $1`, store.PageLimit(p.Limit), blocked, store.CapacitySleepReasons())

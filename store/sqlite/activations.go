@@ -410,23 +410,26 @@ func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsPa
 	}
 	var out []store.ActorKey
 	err = s.read(ctx, "runnable sessions", func(tx *txn) error {
+		// Session-driven: each awake (or capacity-sleeping) session's
+		// oldest open event is the first entry of actor_events_open, so the
+		// scan costs one index probe per such session, however many events
+		// wait behind each (a scan of every open event did not).
 		rows, err := tx.query(`
-			SELECT e.agent_uid, e.session_id
-			FROM actor_events e
-			JOIN sessions s ON s.agent_uid = e.agent_uid AND s.session_id = e.session_id
-			WHERE e.status = 'open' AND e.steer_of IS NULL
-			  AND (s.status = 'active'
+			SELECT s.agent_uid, s.session_id
+			FROM sessions s
+			JOIN actor_events e ON e.event_id = (SELECT o.event_id FROM actor_events o
+				WHERE o.agent_uid = s.agent_uid AND o.session_id = s.session_id
+				  AND o.status = 'open' AND o.steer_of IS NULL
+				ORDER BY o.seq LIMIT 1)
+			WHERE (s.status = 'active'
 			       OR (s.status = 'sleeping' AND s.sleep_reason IN (SELECT value FROM json_each(?3))))
-			  AND e.seq = (SELECT min(o.seq) FROM actor_events o
-			               WHERE o.agent_uid = e.agent_uid AND o.session_id = e.session_id
-			                 AND o.status = 'open' AND o.steer_of IS NULL)
 			  AND e.next_attempt_at <= `+nowMS+`
 			  AND NOT EXISTS (SELECT 1 FROM activations a
-			                  WHERE a.agent_uid = e.agent_uid AND a.session_id = e.session_id
+			                  WHERE a.agent_uid = s.agent_uid AND a.session_id = s.session_id
 			                    AND a.state IN `+liveStates+`)
-			  AND NOT (e.agent_uid IN (SELECT value FROM json_each(?1))
+			  AND NOT (s.agent_uid IN (SELECT value FROM json_each(?1))
 			           AND EXISTS (SELECT 1 FROM actor_events dl
-			                       WHERE dl.agent_uid = e.agent_uid AND dl.session_id = e.session_id
+			                       WHERE dl.agent_uid = s.agent_uid AND dl.session_id = s.session_id
 			                         AND dl.status = 'dead_letter' AND dl.seq < e.seq))
 			ORDER BY e.next_attempt_at, e.event_id
 			LIMIT ?2`, string(blocked), store.PageLimit(p.Limit), string(capacity))
