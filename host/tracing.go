@@ -108,17 +108,18 @@ func (t *attemptTrace) end(c *controller, turnOutcome string, done bool) {
 }
 
 // workerKind is the kind of worker a binding runs on: remote (a pool
-// served by remote workers), plugin or wasm.
+// served by remote workers), plugin, wasm (a module digest), else other
+// (an embedder's own Runner).
 func workerKind(binding string) string {
 	switch {
 	case strings.HasPrefix(binding, "pool:"):
 		return "remote"
 	case strings.HasPrefix(binding, "plugin:"):
 		return "plugin"
-	case binding == "":
-		return ""
+	case strings.HasPrefix(binding, "sha256:"):
+		return "wasm"
 	}
-	return "wasm"
+	return "other"
 }
 
 // startCommit starts the span of a commit (Host.Commit) under ctx's span.
