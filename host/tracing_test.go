@@ -122,9 +122,11 @@ func TestTheSpanTreeOfASignalWhoseTurnFailsOnceThenCommits(t *testing.T) {
 		}
 		pol := testPolicy()
 		pol.Capabilities = calls.Capabilities{Models: []string{"chat"}}
+		refs := make(chan abi.TurnRef, 2)
 		f := runHost(t, host.Options{Store: st, Runner: funcRunner{map[string]abi.TurnFunc{
 			"flaky": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 				got := ask(ctx, "hello")
+				refs <- req.TurnRef
 				if req.Attempt == 1 {
 					return nil, errors.New("crash after the model answered")
 				}
@@ -150,11 +152,25 @@ func TestTheSpanTreeOfASignalWhoseTurnFailsOnceThenCommits(t *testing.T) {
 			t.Fatalf("signal: %d %s", resp.StatusCode, b)
 		}
 		f.waitFor("the retried turn to commit", func() bool { return f.get(key).TurnCount == 1 })
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		if err := tp.Shutdown(ctx); err != nil { // flushes the batch
-			t.Fatal(err)
+		// A late reply of the first attempt (a zombie worker) is refused by
+		// the fences: its commit span records why.
+		late := &abi.TurnResult{TurnRef: <-refs, Outcome: abi.OutcomeOK,
+			Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "late"}}}
+		var fe *store.FenceError
+		if _, err := f.h.Commit(context.Background(), late); !errors.As(err, &fe) {
+			t.Fatalf("late commit: %v, want a fence rejection", err)
 		}
+		// The second attempt's span ends just after its commit: flush until
+		// the receiver has both attempts and both commits.
+		f.waitFor("the spans to arrive", func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := tp.ForceFlush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return len(recv.named(tracing.SpanAttempt)) >= 2 && len(recv.named(tracing.SpanCommit)) >= 2
+		})
+		t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 
 		evs := f.events(key)
 		if len(evs) != 1 || !strings.HasPrefix(evs[0].Traceparent, "00-"+traceID+"-") || strings.Contains(evs[0].Traceparent, parentID) {
@@ -212,10 +228,21 @@ func TestTheSpanTreeOfASignalWhoseTurnFailsOnceThenCommits(t *testing.T) {
 			t.Errorf("both attempts ran at epoch %s; the retry takes a new activation", attr(first, "paddock.epoch"))
 		}
 
-		commits := recv.named(tracing.SpanCommit)
-		if len(commits) != 1 || hexID(commits[0].ParentSpanId) != hexID(second.SpanId) || hexID(commits[0].TraceId) != traceID ||
-			commits[0].Status.GetCode() != tracepb.Status_STATUS_CODE_OK || attr(commits[0], "paddock.turn.no") != "1" {
-			t.Errorf("commit spans = %v, want one ok commit of turn 1 under the second attempt %s", commits, hexID(second.SpanId))
+		var ok, fenced []*tracepb.Span
+		for _, c := range recv.named(tracing.SpanCommit) {
+			if attr(c, "paddock.fence.reason") != "" {
+				fenced = append(fenced, c)
+			} else {
+				ok = append(ok, c)
+			}
+		}
+		if len(ok) != 1 || hexID(ok[0].ParentSpanId) != hexID(second.SpanId) || hexID(ok[0].TraceId) != traceID ||
+			ok[0].Status.GetCode() != tracepb.Status_STATUS_CODE_OK || attr(ok[0], "paddock.turn.no") != "1" {
+			t.Errorf("commit spans = %v, want one ok commit of turn 1 under the second attempt %s", ok, hexID(second.SpanId))
+		}
+		if len(fenced) != 1 || attr(fenced[0], "paddock.fence.reason") != string(fe.Reason) ||
+			fenced[0].Status.GetCode() != tracepb.Status_STATUS_CODE_ERROR || attr(fenced[0], "paddock.event.id") != fmt.Sprint(evs[0].ID) {
+			t.Errorf("fenced commit spans = %v, want one failed with reason %s", fenced, fe.Reason)
 		}
 
 		hc := recv.named(tracing.SpanHostCall)

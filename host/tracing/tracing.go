@@ -107,6 +107,15 @@ func (p *Provider) Shutdown(ctx context.Context) error {
 	return p.sdk.Shutdown(ctx)
 }
 
+// ForceFlush exports the spans ended so far (at most until ctx ends). It is
+// a no-op for Off.
+func (p *Provider) ForceFlush(ctx context.Context) error {
+	if p == nil || p.sdk == nil {
+		return nil
+	}
+	return p.sdk.ForceFlush(ctx)
+}
+
 // Tracer returns Paddock's tracer of p (of Off when p is nil).
 func (p *Provider) Tracer() trace.Tracer {
 	if p == nil {
