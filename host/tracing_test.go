@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -123,6 +124,7 @@ func TestTheSpanTreeOfASignalWhoseTurnFailsOnceThenCommits(t *testing.T) {
 		pol := testPolicy()
 		pol.Capabilities = calls.Capabilities{Models: []string{"chat"}}
 		refs := make(chan abi.TurnRef, 2)
+		var logs syncBuffer
 		f := runHost(t, host.Options{Store: st, Runner: funcRunner{map[string]abi.TurnFunc{
 			"flaky": func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 				got := ask(ctx, "hello")
@@ -132,7 +134,7 @@ func TestTheSpanTreeOfASignalWhoseTurnFailsOnceThenCommits(t *testing.T) {
 				}
 				return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: got}}}, nil
 			},
-		}}, Policy: pol, Logger: quietLogger(), Calls: x, Tracing: tp})
+		}}, Policy: pol, Logger: slog.New(tracing.LogHandler(slog.NewTextHandler(&logs, nil))), Calls: x, Tracing: tp})
 		srv := httptest.NewServer(api.New(api.Options{Host: f.h, MaxBodyBytes: 4096, MaxModuleBytes: 1 << 20, Logger: quietLogger()}))
 		t.Cleanup(srv.Close)
 
@@ -245,6 +247,17 @@ func TestTheSpanTreeOfASignalWhoseTurnFailsOnceThenCommits(t *testing.T) {
 			t.Errorf("fenced commit spans = %v, want one failed with reason %s", fenced, fe.Reason)
 		}
 
+		// The failed attempt's log line carries its trace and span ids.
+		failedLine := ""
+		for line := range strings.SplitSeq(logs.String(), "\n") {
+			if strings.Contains(line, `msg="turn attempt failed"`) {
+				failedLine = line
+			}
+		}
+		if !strings.Contains(failedLine, "trace_id="+traceID) || !strings.Contains(failedLine, "span_id="+hexID(first.SpanId)) {
+			t.Errorf("the failed attempt's log line %q lacks trace_id=%s span_id=%s", failedLine, traceID, hexID(first.SpanId))
+		}
+
 		hc := recv.named(tracing.SpanHostCall)
 		if len(hc) != 2 {
 			t.Fatalf("got %d host call spans, want 2 (one per attempt)", len(hc))
@@ -261,4 +274,22 @@ func TestTheSpanTreeOfASignalWhoseTurnFailsOnceThenCommits(t *testing.T) {
 			}
 		}
 	})
+}
+
+// syncBuffer is a strings.Builder safe for concurrent writes (a log sink).
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
