@@ -16,8 +16,8 @@ import (
 	"github.com/paddock-dev/paddock/fabric/internal/workerhooks"
 	"github.com/paddock-dev/paddock/fabric/wire"
 	"github.com/paddock-dev/paddock/fabric/worker"
-	"github.com/paddock-dev/paddock/host/tracing"
 	"github.com/paddock-dev/paddock/plugins/pluginhost"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // hookBinding is a wasm binding no module stands behind: turns of it run

@@ -13,7 +13,7 @@ import (
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/fabric/internal/workerkind"
 	"github.com/paddock-dev/paddock/fabric/wire"
-	"github.com/paddock-dev/paddock/host/tracing"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // Instance runs turns of one binding on the workers of one pool. It holds

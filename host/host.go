@@ -19,8 +19,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paddock-dev/paddock/host/calls"
-	"github.com/paddock-dev/paddock/host/tracing"
 	"github.com/paddock-dev/paddock/store"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // AgentPolicy is what an agent's sessions run with (docs/DESIGN.md "Failure, retry

@@ -10,8 +10,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paddock-dev/paddock/abi"
-	"github.com/paddock-dev/paddock/host/tracing"
 	"github.com/paddock-dev/paddock/store"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // attemptTrace is the span of one turn attempt (docs/DESIGN.md

@@ -23,8 +23,8 @@ import (
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/host/api"
 	"github.com/paddock-dev/paddock/host/calls"
-	"github.com/paddock-dev/paddock/host/tracing"
 	"github.com/paddock-dev/paddock/store"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // otlpReceiver is a real OTLP/HTTP trace receiver: it decodes each

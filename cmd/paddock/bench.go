@@ -36,11 +36,11 @@ import (
 	"github.com/paddock-dev/paddock/host/api"
 	apiclient "github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/runner"
-	"github.com/paddock-dev/paddock/host/tracing"
 	plugins "github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/postgres"
 	"github.com/paddock-dev/paddock/store/sqlite"
+	"github.com/paddock-dev/paddock/tracing"
 	"github.com/paddock-dev/paddock/wasm"
 )
 

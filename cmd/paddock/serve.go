@@ -29,11 +29,11 @@ import (
 	"github.com/paddock-dev/paddock/host/runner"
 	"github.com/paddock-dev/paddock/host/service"
 	"github.com/paddock-dev/paddock/host/stream"
-	"github.com/paddock-dev/paddock/host/tracing"
 	"github.com/paddock-dev/paddock/plugins/pluginhost"
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/postgres"
 	"github.com/paddock-dev/paddock/store/sqlite"
+	"github.com/paddock-dev/paddock/tracing"
 	"github.com/paddock-dev/paddock/wasm"
 )
 

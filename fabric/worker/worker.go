@@ -18,8 +18,8 @@ import (
 	"github.com/paddock-dev/paddock/fabric/internal/workerhooks"
 	"github.com/paddock-dev/paddock/fabric/internal/workerkind"
 	"github.com/paddock-dev/paddock/fabric/wire"
-	"github.com/paddock-dev/paddock/host/tracing"
 	"github.com/paddock-dev/paddock/plugins/pluginhost"
+	"github.com/paddock-dev/paddock/tracing"
 	"github.com/paddock-dev/paddock/wasm"
 )
 

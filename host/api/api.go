@@ -25,7 +25,7 @@ import (
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/host/service"
 	"github.com/paddock-dev/paddock/host/stream"
-	"github.com/paddock-dev/paddock/host/tracing"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // OpenAPI is the OpenAPI 3 description of the routes, served at

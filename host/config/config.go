@@ -31,7 +31,7 @@ import (
 	"github.com/knadh/koanf/v2"
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host/calls"
-	"github.com/paddock-dev/paddock/host/tracing"
+	"github.com/paddock-dev/paddock/tracing"
 	"github.com/spf13/pflag"
 )
 

@@ -314,10 +314,10 @@ func TestTracingIsOffByDefaultAndChecked(t *testing.T) {
 	}
 	for body, key := range map[string]string{
 		"tracing:\n  endpoint: localhost:4318\n": "tracing.endpoint",
-		"tracing:\n  endpoint: grpc://x:4317\n": "tracing.endpoint",
-		"tracing:\n  sample_ratio: 1.5\n":       "tracing.sample_ratio",
-		"tracing:\n  sample_ratio: -1\n":        "tracing.sample_ratio",
-		"tracing:\n  sampling: 1\n":             "tracing.sampling",
+		"tracing:\n  endpoint: grpc://x:4317\n":  "tracing.endpoint",
+		"tracing:\n  sample_ratio: 1.5\n":        "tracing.sample_ratio",
+		"tracing:\n  sample_ratio: -1\n":         "tracing.sample_ratio",
+		"tracing:\n  sampling: 1\n":              "tracing.sampling",
 	} {
 		_, err := Load(Sources{File: writeFile(t, body)})
 		if err == nil || !strings.Contains(err.Error(), key) {

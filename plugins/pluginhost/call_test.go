@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/abi"
-	"github.com/paddock-dev/paddock/host/tracing"
 	"github.com/paddock-dev/paddock/plugins/pluginhost"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // scriptCaller is an abi.Caller that scripts results by URL path and

@@ -18,8 +18,8 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/paddock-dev/paddock/abi"
-	"github.com/paddock-dev/paddock/host/tracing"
 	"github.com/paddock-dev/paddock/plugins/internal/wire"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // Instance runs turns of one plugin binding (name and sha256). It holds no

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/paddock-dev/paddock/abi"
-	"github.com/paddock-dev/paddock/host/tracing"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // LogLevelEnv names the environment variable that sets the plugin's hclog

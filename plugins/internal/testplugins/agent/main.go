@@ -38,8 +38,8 @@ import (
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/examples/faulty"
-	"github.com/paddock-dev/paddock/host/tracing"
 	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 func main() { plugins.Serve(turn) }

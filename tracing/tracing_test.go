@@ -11,7 +11,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/paddock-dev/paddock/host/tracing"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // TestTraceparentRoundTrips: a traceparent taken into a context comes out
