@@ -17,6 +17,7 @@ import (
 	"github.com/paddock-dev/paddock/fabric/wire"
 	"github.com/paddock-dev/paddock/fabric/worker"
 	"github.com/paddock-dev/paddock/plugins/pluginhost"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // hookBinding is a wasm binding no module stands behind: turns of it run
@@ -368,4 +369,24 @@ func BenchmarkFabricHostCall(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*perTurn), "ns/call")
+}
+
+// TestTheTurnsTraceCrossesToARemotePlugin: the traceparent of the host's
+// turn ctx travels in the TURN frame to the remote worker, which puts it
+// in the turn's context; the plugin it runs gets it as gRPC metadata and
+// answers it (docs/DESIGN.md "Tracing", abi/FABRIC.md TURN). A turn
+// without one gives the plugin none.
+func TestTheTurnsTraceCrossesToARemotePlugin(t *testing.T) {
+	e := newEnv(t)
+	pc, binding := e.plugin("agent", "./plugins/internal/testplugins/agent")
+	e.startWorker("w1", func(c *worker.Config) { c.Plugins = []pluginhost.Config{pc} })
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	res, err := e.callTurn(tracing.WithTraceparent(context.Background(), tp), binding, nil, "traceparent")
+	if got := reply(t, res, err); got != tp {
+		t.Errorf("the remote plugin saw traceparent %q, want %q", got, tp)
+	}
+	res, err = e.callTurn(context.Background(), binding, nil, "traceparent")
+	if got := reply(t, res, err); got != "none" {
+		t.Errorf("without a trace the remote plugin saw %q, want none", got)
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/fabric/internal/workerkind"
 	"github.com/paddock-dev/paddock/fabric/wire"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // Instance runs turns of one binding on the workers of one pool. It holds
@@ -213,7 +214,8 @@ func (i *Instance) run(ctx context.Context, s *session, c *call, req *abi.TurnRe
 		deadlineMs = max(1, time.Until(dl).Milliseconds())
 	}
 	done := make(chan error, 1)
-	turn := wire.Turn{DeliveryID: c.deliveryID, TurnRef: req.TurnRef, Binding: i.binding, DeadlineMs: deadlineMs, Request: reqJSON}
+	turn := wire.Turn{DeliveryID: c.deliveryID, TurnRef: req.TurnRef, Binding: i.binding, DeadlineMs: deadlineMs, Request: reqJSON,
+		Traceparent: tracing.Traceparent(ctx)}
 	if err := b.enqueue(s, wire.KindTurn, turn, done, false); err != nil {
 		return nil, false, i.fail(s, KindSendFailed, "", false, err, req)
 	}

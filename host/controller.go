@@ -35,6 +35,8 @@ type controller struct {
 	// worker never got the turn, or no instance could be made): their
 	// retries back off like counted ones, up to BackoffMax.
 	notCharged int
+	// attempt is the span of the attempt being run (tracing.go).
+	attempt *attemptTrace
 }
 
 func newController(h *Host, key store.ActorKey) *controller {
@@ -447,6 +449,8 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 // done means the activation is over (retry is then what loop returns).
 func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.Duration, done bool) {
 	h, c := a.h, a.c
+	at := a.startAttempt(d)
+	defer func() { at.end(c, string(outcome), done) }()
 	// One stream buffer for the attempt, kept when a steer reruns it: the
 	// rerun restarts its stream (offsets from 0 after turn.retrying).
 	sb := newStreamBuf(h, d.Session.ActorKey, d.Delivery.TurnRef(), d.Attempt, a.log)
@@ -511,7 +515,7 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 		if err := res.Validate(); err != nil {
 			return "", c.fail(context.Background(), last, d.Attempt, a.pol, err, true, "invalid_result"), true
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(at.with(context.Background()), 10*time.Second)
 		turn, err := h.Commit(ctx, res)
 		cancel()
 		var fe *store.FenceError
@@ -560,12 +564,16 @@ func (a *activationRun) run(d store.Dispatch, sb *streamBuf) (res *abi.TurnResul
 	defer tcancel()
 	tctx = abi.WithSteers(tctx, steers)
 	tctx = WithInstanceScope(tctx, a.pol.InstanceReuse)
+	tctx = c.attempt.with(tctx) // plugins and remote workers get its traceparent
 	// Capabilities as configured now: a revoked grant holds from the next
 	// attempt, not from the next activation. Without an executor, every
 	// call but emit answers not_configured.
 	caps := h.Policy().For(a.agent.Name).Capabilities
 	jc := newJournalCaller(h, h.calls, a.agent, d.Session.ActorKey, caps, d.Delivery.TurnRef(), sb, a.log)
 	jc.onHold = tcancel
+	if c.attempt != nil {
+		jc.span = c.attempt.sc
+	}
 	tctx = abi.WithCaller(tctx, jc)
 	type reply struct {
 		res   *abi.TurnResult
@@ -665,8 +673,10 @@ func steerOf(ref abi.TurnRef, e store.Event) abi.Steer {
 // invariant 3). A rejected reply is counted by reason and logged, and the
 // *store.FenceError is returned; nothing was written. Every worker kind's
 // replies, late ones included, come through here.
-func (h *Host) Commit(ctx context.Context, res *abi.TurnResult) (store.Turn, error) {
-	turn, err := h.st.CommitTurn(ctx, store.CommitTurnParams{
+func (h *Host) Commit(ctx context.Context, res *abi.TurnResult) (turn store.Turn, err error) {
+	ctx, span := h.startCommit(ctx, res.TurnRef)
+	defer func() { endCommit(span, turn, err) }()
+	turn, err = h.st.CommitTurn(ctx, store.CommitTurnParams{
 		Ref: res.TurnRef, Messages: res.Messages, State: res.State, KeepState: res.State == nil,
 		Outcome: res.Outcome, Alarms: res.Alarms, Wait: store.WaitFromSpec(res.Wait, res.TurnRef.ActorEventID),
 	})
@@ -784,6 +794,7 @@ func (c *controller) hold(ref abi.TurnRef, pol AgentPolicy, w *store.WaitParams)
 		return c.fail(context.Background(), ref, 0, pol, fmt.Errorf("approval hold %s: %w", w.ID, err), false, "approval_hold")
 	}
 	h.metrics.ApprovalHolds.Inc()
+	c.attempt.failed("hold", nil)
 	h.notifyStream(c.key) // turn.retrying (approval), wait.opened
 	c.log.Info("turn holds for an approval", "event", ref.ActorEventID, "wait", w.ID, "for", w.For)
 	return 0
@@ -795,6 +806,7 @@ func (c *controller) hold(ref abi.TurnRef, pol AgentPolicy, w *store.WaitParams)
 // with the next event at once).
 func (c *controller) fail(ctx context.Context, ref abi.TurnRef, attempt int, pol AgentPolicy, cause error, counted bool, kind string) time.Duration {
 	h := c.h
+	c.attempt.failed(kind, cause)
 	n := attempt
 	if counted {
 		c.notCharged = 0
@@ -817,6 +829,7 @@ func (c *controller) fail(ctx context.Context, ref abi.TurnRef, attempt int, pol
 	case errors.As(err, &fe):
 		h.metrics.FenceRejections.WithLabelValues(string(fe.Reason)).Inc()
 		c.log.Warn("failed attempt fenced off", "reason", fe.Reason, "cause", cause)
+		c.attempt.fenced(fe.Reason)
 		return 0
 	case err != nil:
 		c.log.Error("record failed attempt", "err", err, "cause", cause)

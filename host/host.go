@@ -16,9 +16,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paddock-dev/paddock/host/calls"
 	"github.com/paddock-dev/paddock/store"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // AgentPolicy is what an agent's sessions run with (docs/DESIGN.md "Failure, retry
@@ -175,6 +177,9 @@ type Options struct {
 	// subscribers on this host wake at once (host/stream.Hub.Poke). It must
 	// not block.
 	StreamNotify func(store.ActorKey)
+	// Tracing exports the host's spans: each turn attempt, its host
+	// calls and its commit (docs/DESIGN.md "Tracing"). Nil: tracing.Off.
+	Tracing *tracing.Provider
 }
 
 // Host runs the controllers of one `paddock serve` process.
@@ -209,6 +214,8 @@ type Host struct {
 	calls    *calls.Executor
 	// streamNotify is Options.StreamNotify (nil: none).
 	streamNotify func(store.ActorKey)
+	// tracer starts the host's spans (Options.Tracing).
+	tracer trace.Tracer
 }
 
 // New creates a host. Call Run to start it.
@@ -249,7 +256,7 @@ func New(o Options) (*Host, error) {
 		log: o.Logger.With("host_id", o.HostID), metrics: o.Metrics,
 		ctrls: map[store.ActorKey]*controller{}, leases: map[string]*lease{}, forced: map[store.ActorKey]time.Time{}, pools: map[string]*pool{},
 		commitCh: make(chan struct{}), onCommit: o.OnCommit, calls: o.Calls, rescan: make(chan struct{}, 1),
-		streamNotify: o.StreamNotify,
+		streamNotify: o.StreamNotify, tracer: o.Tracing.Tracer(),
 	}
 	h.SetPolicy(o.Policy)
 	return h, nil
@@ -292,6 +299,10 @@ func (h *Host) ID() string { return h.id }
 
 // Metrics returns the host's metrics.
 func (h *Host) Metrics() *Metrics { return h.metrics }
+
+// Tracer returns the tracer of the host's spans (Options.Tracing); its
+// spans record nothing when tracing is off.
+func (h *Host) Tracer() trace.Tracer { return h.tracer }
 
 // Store returns the host's store.
 func (h *Host) Store() store.Store { return h.st }

@@ -13,6 +13,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host/calls"
 	"github.com/paddock-dev/paddock/store"
@@ -78,6 +80,8 @@ type journalCaller struct {
 	// the controller opens by ending the attempt as a hold.
 	onHold func()
 	hold   *store.WaitParams
+	// span is the attempt's span context: each call's span is its child.
+	span trace.SpanContext
 }
 
 // unusedRow finds a replayable row of the request digest that this
@@ -146,7 +150,10 @@ func (c *journalCaller) Call(ctx context.Context, req *abi.CallRequest) *abi.Cal
 	defer c.mu.Unlock()
 	c.seq++
 	seq := c.seq
-	return c.call(ctx, seq, req, digest)
+	ctx, span := c.h.startHostCall(ctx, c.span, seq, string(req.Kind))
+	res := c.call(ctx, seq, req, digest)
+	endHostCall(span, res)
+	return res
 }
 
 // call answers call seq: from the journal, or live and then recorded.

@@ -54,6 +54,11 @@
 // stream (gRPC cancellation) after its cancel grace
 // (pluginhost.Options.CancelGrace); frames are at most 9 MiB.
 //
+// When the turn is traced, the stream's gRPC metadata carries the W3C
+// "traceparent" of the host's attempt span; Serve makes it the remote
+// parent span context of the TurnFunc's ctx, so that spans a plugin starts
+// with OpenTelemetry join the signal's trace (docs/DESIGN.md "Tracing").
+//
 // # Host calls
 //
 // A turn reaches the outside world only through host calls (abi.CallHTTP,

@@ -192,6 +192,10 @@ type Event struct {
 	SteerOf int64 `json:"steer_of,omitempty"`
 	// Redrives counts how often the event was redriven from dead_letter.
 	Redrives int `json:"redrives,omitempty"`
+	// Traceparent is the W3C traceparent of the signal's acceptance
+	// (AppendEventParams.Traceparent): the turn's spans join that trace.
+	// Empty when none was given.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // AttemptError is one failed attempt of an event: its error chain entry.
@@ -652,6 +656,11 @@ type AppendEventParams struct {
 	// written) while the session has a turn in flight: its live
 	// activation has a current event (RefuseInFlight decides).
 	RefuseIfInFlight bool
+	// Traceparent is the W3C traceparent ("00-<32 hex>-<16 hex>-<2 hex>",
+	// at most 55 bytes) the event's turns continue (docs/DESIGN.md
+	// "Tracing"); empty stores NULL. A re-send of an idempotency key keeps
+	// the first event's.
+	Traceparent string
 }
 
 // ListEventsParams page a session's events.

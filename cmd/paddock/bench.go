@@ -40,6 +40,7 @@ import (
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/postgres"
 	"github.com/paddock-dev/paddock/store/sqlite"
+	"github.com/paddock-dev/paddock/tracing"
 	"github.com/paddock-dev/paddock/wasm"
 )
 
@@ -52,7 +53,8 @@ type benchOptions struct {
 	rate                                                  float64
 	storeKind, dsn, worker, signalPath                    string
 	module, plugin, schema, cpuProfile, dataDir           string
-	reuse                                                 string
+	reuse, traceEndpoint                                  string
+	traceRatio                                            float64
 	sqlStats                                              bool
 	timeout                                               time.Duration
 	idle                                                  time.Duration
@@ -220,6 +222,8 @@ func newBenchCmd() *cobra.Command {
 	f.StringVar(&o.module, "module", "examples/hasher/hasher.wasm", "the hasher wasm module (make examples)")
 	f.StringVar(&o.plugin, "plugin", "bin/hasher-plugin", "the hasher plugin binary (make plugins)")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured run to this file")
+	f.StringVar(&o.traceEndpoint, "trace-endpoint", "", "export OpenTelemetry spans over OTLP/HTTP to this URL (the cost of tracing); \"discard\": to a loopback receiver that reads and drops them; empty: tracing off")
+	f.Float64Var(&o.traceRatio, "trace-sample-ratio", 1, "with --trace-endpoint: the share of traces recorded (0 to 1)")
 	f.BoolVar(&o.sqlStats, "sql-stats", false, "print the statements sent per turn, most frequent first (PostgreSQL)")
 	f.DurationVar(&o.timeout, "timeout", 15*time.Minute, "give up after this long")
 	f.DurationVar(&o.idle, "idle-timeout", 30*time.Second, "sessions' idle timeout")
@@ -515,7 +519,16 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 
 	sink := &benchSink{committed: map[int64]time.Time{}, waiters: map[int64]chan struct{}{}}
 	metrics := host.NewMetrics()
-	h, err := host.New(host.Options{Store: st, Runner: r, Policy: pol, Logger: log, Metrics: metrics, OnCommit: sink.onCommit})
+	tp, err := benchTracing(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = tp.Shutdown(sctx)
+	}()
+	h, err := host.New(host.Options{Store: st, Runner: r, Policy: pol, Logger: log, Metrics: metrics, OnCommit: sink.onCommit, Tracing: tp})
 	if err != nil {
 		return nil, err
 	}
@@ -736,7 +749,12 @@ func benchSignaller(ctx context.Context, o benchOptions, h *host.Host, st store.
 			if err != nil {
 				return 0, err
 			}
-			e, _, err := st.AppendEvent(ctx, store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload})
+			// The acceptance span and the stored traceparent, as
+			// host/service does (nothing recorded with tracing off).
+			ctx, span := h.Tracer().Start(ctx, tracing.SpanSignal)
+			defer span.End()
+			e, _, err := st.AppendEvent(ctx, store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload,
+				Traceparent: tracing.Traceparent(ctx)})
 			if err != nil {
 				return 0, err
 			}
@@ -1010,3 +1028,23 @@ func memoryPhase(ctx context.Context, o benchOptions, st store.Store, h *host.Ho
 
 // rssMB is this process's resident set (VmRSS), in MiB.
 func rssMB() float64 { return procStatusMB("VmRSS:") }
+
+// benchTracing returns the tracer provider of --trace-endpoint: off when
+// empty; "discard" starts a loopback OTLP/HTTP receiver that reads each
+// export and answers 200 (it lives until the process ends).
+func benchTracing(ctx context.Context, o benchOptions) (*tracing.Provider, error) {
+	endpoint := o.traceEndpoint
+	if endpoint == "discard" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/x-protobuf")
+		})}
+		go func() { _ = srv.Serve(ln) }()
+		endpoint = "http://" + ln.Addr().String() + "/v1/traces"
+	}
+	return tracing.New(ctx, tracing.Config{Endpoint: endpoint, SampleRatio: o.traceRatio, ServiceName: "paddock-bench"})
+}

@@ -34,6 +34,7 @@ import (
 	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/postgres"
 	"github.com/paddock-dev/paddock/store/sqlite"
+	"github.com/paddock-dev/paddock/tracing"
 	"github.com/paddock-dev/paddock/wasm"
 )
 
@@ -76,10 +77,11 @@ func newLogger(c config.Log) *slog.Logger {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(c.Level))
 	opts := &slog.HandlerOptions{Level: lvl}
+	// A record logged under an active span carries its trace_id and span_id.
 	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+		return slog.New(tracing.LogHandler(slog.NewJSONHandler(os.Stderr, opts)))
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	return slog.New(tracing.LogHandler(slog.NewTextHandler(os.Stderr, opts)))
 }
 
 // openStore opens the configured store driver (migrations run at open).
@@ -262,8 +264,24 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	// hub polls the heads of watched sessions for other hosts' writes.
 	hub := stream.New(stream.Options{Store: st, PollInterval: cfg.Stream.PollInterval, Logger: log.With("component", "stream")})
 	defer hub.Close()
+	tp, err := tracing.New(ctx, tracing.Config{Endpoint: cfg.Tracing.Endpoint, Headers: cfg.Tracing.Headers,
+		SampleRatio: cfg.Tracing.SampleRatio, ServiceName: cfg.Tracing.ServiceName})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// The spans still queued are sent before the process exits.
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(sctx); err != nil {
+			log.Warn("tracing: flush at shutdown", "err", err)
+		}
+	}()
+	if tp.Enabled() {
+		log.Info("tracing on", "sample_ratio", cfg.Tracing.SampleRatio) // not the endpoint's headers
+	}
 	h, err := host.New(host.Options{Store: st, Runner: r, Policy: policyFromConfig(cfg), Logger: log, Metrics: metrics, Calls: exec,
-		StreamNotify: hub.Poke})
+		StreamNotify: hub.Poke, Tracing: tp})
 	if err != nil {
 		return err
 	}

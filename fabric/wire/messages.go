@@ -103,6 +103,10 @@ type Turn struct {
 	// DeadlineMs is how long the worker may run the turn (from receipt).
 	DeadlineMs int64           `json:"deadline_ms"`
 	Request    json.RawMessage `json:"request"`
+	// Traceparent is the W3C traceparent of the host's turn attempt span
+	// ("00-<trace id>-<span id>-<flags>"), absent when the turn is not
+	// traced: a worker continues the signal's trace under it.
+	Traceparent string `json:"traceparent,omitempty"`
 }
 
 // Accepted is the receipt of a TURN the worker runs.

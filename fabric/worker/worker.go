@@ -19,6 +19,7 @@ import (
 	"github.com/paddock-dev/paddock/fabric/internal/workerkind"
 	"github.com/paddock-dev/paddock/fabric/wire"
 	"github.com/paddock-dev/paddock/plugins/pluginhost"
+	"github.com/paddock-dev/paddock/tracing"
 	"github.com/paddock-dev/paddock/wasm"
 )
 
@@ -698,6 +699,9 @@ func (c *conn) startTurn(ctx context.Context, t wire.Turn, turns map[string]*run
 		tctx, cancel = context.WithTimeout(c.ctx, time.Duration(t.DeadlineMs)*time.Millisecond)
 	}
 	tctx = abi.WithCaller(tctx, hostCaller{c: c, deliveryID: t.DeliveryID})
+	// The host's attempt span: the turn's own spans (a plugin's, over
+	// gRPC metadata) continue the signal's trace.
+	tctx = tracing.WithTraceparent(tctx, t.Traceparent)
 	r := &running{cancel: cancel, steers: make(chan abi.Steer, 16)}
 	turns[t.DeliveryID] = r
 	w.turnsWG.Add(1)

@@ -25,6 +25,7 @@ import (
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/host/service"
 	"github.com/paddock-dev/paddock/host/stream"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // OpenAPI is the OpenAPI 3 description of the routes, served at
@@ -147,9 +148,10 @@ func New(o Options) *Server {
 		}
 		s.mux.Handle(r.Method+" "+r.Path, s.errors(r.handle))
 	}
-	s.handler = s.authenticate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// A request's W3C traceparent is the parent of the spans it starts.
+	s.handler = tracing.Middleware(s.authenticate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.mux.ServeHTTP(&muxErrors{ResponseWriter: w, s: s, r: r}, r)
-	}))
+	})))
 	return s
 }
 

@@ -31,6 +31,7 @@ import (
 	"github.com/knadh/koanf/v2"
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host/calls"
+	"github.com/paddock-dev/paddock/tracing"
 	"github.com/spf13/pflag"
 )
 
@@ -86,6 +87,26 @@ type Config struct {
 	// default) denies every host call (docs/DESIGN.md "Next: the agent
 	// layer"). Reloaded from the config file like policies.
 	Capabilities Capabilities `koanf:"capabilities"`
+	// Tracing exports OpenTelemetry traces over OTLP/HTTP (docs/DESIGN.md
+	// "Tracing"); off by default (restart to change).
+	Tracing Tracing `koanf:"tracing"`
+}
+
+// Tracing configures OpenTelemetry traces (README "Tracing").
+type Tracing struct {
+	// Endpoint is the OTLP/HTTP traces URL, e.g.
+	// http://localhost:4318/v1/traces. Empty (the default): no spans are
+	// exported; a signal's traceparent is still stored with its event.
+	Endpoint string `koanf:"endpoint"`
+	// Headers are sent with every export, e.g. an Authorization header.
+	// Their values are treated as secrets (never shown in errors).
+	Headers map[string]string `koanf:"headers"`
+	// SampleRatio is the share of new traces recorded, 0 to 1 (default
+	// 1). A trace begun by a caller's sampled (or unsampled) traceparent
+	// is recorded (or not) whatever the ratio.
+	SampleRatio float64 `koanf:"sample_ratio"`
+	// ServiceName is the service.name of the spans (default "paddock").
+	ServiceName string `koanf:"service_name"`
 }
 
 // ModelEndpoint is a named model endpoint (models.NAME).
@@ -449,6 +470,7 @@ func Default() Config {
 			AcceptTimeout: 5 * time.Second, SendTimeout: 2 * time.Second, MaxMessageBytes: 8 << 20,
 		},
 		HostCalls: HostCalls{Timeout: calls.DefaultTimeout, MaxResponseBytes: calls.DefaultMaxResponseBytes},
+		Tracing:   Tracing{SampleRatio: 1, ServiceName: "paddock"},
 	}
 }
 
@@ -542,6 +564,7 @@ func (c Config) RestartOnlyChanges(next Config) []string {
 	diff("secrets_key", c.SecretsKey, next.SecretsKey)
 	diff("secrets_key_file", c.SecretsKeyFile, next.SecretsKeyFile)
 	diff("host_calls", c.HostCalls, next.HostCalls)
+	diff("tracing", c.Tracing, next.Tracing)
 	return out
 }
 
@@ -692,7 +715,7 @@ func sensitiveKey(key string) bool {
 	case "auth_token", "secrets_key", "dsn":
 		return true
 	}
-	return strings.Contains(key, ".env.") || strings.HasSuffix(key, ".env")
+	return strings.Contains(key, ".env.") || strings.HasSuffix(key, ".env") || strings.HasPrefix(key, "tracing.headers")
 }
 
 // checkKeys refuses keys the Config struct does not have: one *KeyError
@@ -843,6 +866,14 @@ func (c Config) Validate() error {
 		if p.Capacity < 1 {
 			bad("pools."+name+".capacity", p.Capacity, "must be at least 1")
 		}
+	}
+	if c.Tracing.Endpoint != "" {
+		if err := tracing.CheckEndpoint(c.Tracing.Endpoint); err != nil {
+			bad("tracing.endpoint", c.Tracing.Endpoint, err.Error())
+		}
+	}
+	if c.Tracing.SampleRatio < 0 || c.Tracing.SampleRatio > 1 {
+		bad("tracing.sample_ratio", c.Tracing.SampleRatio, "must be between 0 and 1")
 	}
 	if c.Stream.FlushInterval < time.Millisecond || c.Stream.FlushInterval > 10*time.Second {
 		bad("stream.flush_interval", c.Stream.FlushInterval, "must be between 1ms and 10s")

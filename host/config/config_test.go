@@ -292,3 +292,41 @@ func TestStreamDefaultsAndLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestTracingIsOffByDefaultAndChecked: no endpoint by default (tracing
+// off), ratio 1; a file sets endpoint, headers and ratio; a bad endpoint
+// or ratio is refused naming the key; a header's value never shows in an
+// error.
+func TestTracingIsOffByDefaultAndChecked(t *testing.T) {
+	cfg, err := Load(Sources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr := cfg.Tracing; tr.Endpoint != "" || tr.SampleRatio != 1 || tr.ServiceName != "paddock" || len(tr.Headers) != 0 {
+		t.Errorf("tracing defaults %+v, want off, ratio 1, service paddock", tr)
+	}
+	cfg, err = Load(Sources{File: writeFile(t, "tracing:\n  endpoint: http://localhost:4318/v1/traces\n  sample_ratio: 0.25\n  headers:\n    Authorization: Bearer x\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr := cfg.Tracing; tr.Endpoint != "http://localhost:4318/v1/traces" || tr.SampleRatio != 0.25 || tr.Headers["Authorization"] != "Bearer x" {
+		t.Errorf("tracing from the file: %+v", tr)
+	}
+	for body, key := range map[string]string{
+		"tracing:\n  endpoint: localhost:4318\n": "tracing.endpoint",
+		"tracing:\n  endpoint: grpc://x:4317\n":  "tracing.endpoint",
+		"tracing:\n  sample_ratio: 1.5\n":        "tracing.sample_ratio",
+		"tracing:\n  sample_ratio: -1\n":         "tracing.sample_ratio",
+		"tracing:\n  sampling: 1\n":              "tracing.sampling",
+	} {
+		_, err := Load(Sources{File: writeFile(t, body)})
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%q: error %v, want one naming %s", body, err, key)
+		}
+	}
+	const planted = "sk-PLANTED-trace"
+	_, err = Load(Sources{File: writeFile(t, "tracing:\n  headers:\n    Authorization: ["+planted+"]\n")})
+	if err == nil || strings.Contains(err.Error(), planted) {
+		t.Errorf("a header of the wrong type: error %v, want one that does not show the value", err)
+	}
+}

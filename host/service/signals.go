@@ -8,10 +8,12 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/store"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // The signal kinds besides abi.EventMessage and abi.EventSteer.
@@ -83,7 +85,23 @@ type SignalResult struct {
 // store.ErrSessionDestroyed for a destroyed one; a cancel's refusals are
 // CancelEvent's. A message's mid_turn (p.MidTurn, else the agent's policy)
 // decides what it does while a turn is in flight: see midTurnMessage.
+//
+// The acceptance is a span (tracing.SpanSignal), a child of ctx's span
+// or remote span context (a request's traceparent, tracing.Middleware); a
+// message is stored with the traceparent of that span, so that its turns
+// join the trace (docs/DESIGN.md "Tracing").
 func (s *Service) Signal(ctx context.Context, a store.Agent, sessionID string, p SignalParams) (SignalResult, error) {
+	ctx, span := s.h.Tracer().Start(ctx, tracing.SpanSignal, trace.WithAttributes(
+		tracing.AttrAgent.String(a.Name), tracing.AttrSession.String(sessionID), tracing.AttrSignalKind.String(p.Kind)))
+	res, err := s.signal(ctx, a, sessionID, p)
+	if err == nil && res.Event.ID != 0 {
+		span.SetAttributes(tracing.AttrEventID.Int64(res.Event.ID), tracing.AttrCreated.Bool(res.Created))
+	}
+	tracing.End(span, err)
+	return res, err
+}
+
+func (s *Service) signal(ctx context.Context, a store.Agent, sessionID string, p SignalParams) (SignalResult, error) {
 	if p.Kind == "" {
 		p.Kind = abi.EventMessage
 	}
@@ -230,7 +248,8 @@ func sameSignal(e store.Event, kind string, payload []byte) bool {
 //     stays committed (the cancel finds it closed). The message runs
 //     after the events queued before it, as any message.
 func (s *Service) midTurnMessage(ctx context.Context, key store.ActorKey, payload json.RawMessage, idem string, res *SignalResult) error {
-	p := store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload, IdempotencyKey: idem}
+	p := store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload, IdempotencyKey: idem,
+		Traceparent: tracing.Traceparent(ctx)}
 	var err error
 	switch res.MidTurn {
 	case host.MidTurnSteer:

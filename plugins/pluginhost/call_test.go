@@ -13,6 +13,7 @@ import (
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/plugins/pluginhost"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // scriptCaller is an abi.Caller that scripts results by URL path and
@@ -254,4 +255,25 @@ func BenchmarkPluginHostCall(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*perTurn), "ns/call")
+}
+
+// TestTheTurnsTraceCrossesToThePlugin: the W3C traceparent of the turn's
+// ctx reaches the plugin process as gRPC metadata and is the span context
+// of its TurnFunc's ctx (docs/DESIGN.md "Tracing"); a turn without one
+// gives the plugin none.
+func TestTheTurnsTraceCrossesToThePlugin(t *testing.T) {
+	m, _ := newManager(t, pluginhost.Options{})
+	register(t, m, "agent", agentPkg, pluginhost.Config{})
+	inst := instance(t, m, "agent")
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	res, err := inst.Turn(tracing.WithTraceparent(context.Background(), tp), request("traceparent", 1, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := res.Messages[0].Content; got != tp {
+		t.Errorf("the plugin saw traceparent %q, want %q", got, tp)
+	}
+	if got := reply(t, inst, "traceparent"); got != "none" {
+		t.Errorf("without a trace the plugin saw %q, want none", got)
+	}
 }

@@ -13,11 +13,13 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/plugins/internal/wire"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // Instance runs turns of one plugin binding (name and sha256). It holds no
@@ -136,6 +138,11 @@ func (c *call) fail(kind string, err error) *TurnError {
 // run exchanges the frames of one turn.
 func (c *call) run(ctx context.Context, in *wrapperspb.BytesValue) (*abi.TurnResult, error) {
 	sctx, scancel := context.WithCancel(c.p.ctx)
+	if tp := tracing.Traceparent(ctx); tp != "" {
+		// The turn's trace crosses to the plugin process (docs/DESIGN.md
+		// "Tracing"): its SDK makes it the parent of the turn's context.
+		sctx = metadata.AppendToOutgoingContext(sctx, wire.TraceparentKey, tp)
+	}
 	stream, err := wire.NewTurnStream(sctx, c.p.conn)
 	if err != nil {
 		scancel()

@@ -16,14 +16,14 @@ import (
 // eventCols selects an event (unqualified columns of actor_events).
 const eventCols = `event_id, agent_uid, session_id, seq, kind, payload, coalesce(idempotency_key, ''), status,
 	attempts, next_attempt_at, coalesce(last_error, ''), coalesce(binding, ''), accepted_at, closed_at,
-	coalesce(steer_of, 0), redrives`
+	coalesce(steer_of, 0), redrives, coalesce(traceparent, '')`
 
 func scanEvent(row pgx.Row) (store.Event, error) {
 	var e store.Event
 	var payload string
 	var closed *time.Time
 	err := row.Scan(&e.ID, &e.AgentUID, &e.SessionID, &e.Seq, &e.Kind, &payload, &e.IdempotencyKey, &e.Status,
-		&e.Attempts, &e.NextAttemptAt, &e.LastError, &e.Binding, &e.AcceptedAt, &closed, &e.SteerOf, &e.Redrives)
+		&e.Attempts, &e.NextAttemptAt, &e.LastError, &e.Binding, &e.AcceptedAt, &closed, &e.SteerOf, &e.Redrives, &e.Traceparent)
 	e.Payload = json.RawMessage(payload)
 	e.NextAttemptAt, e.AcceptedAt, e.ClosedAt = utc(e.NextAttemptAt), utc(e.AcceptedAt), utcPtr(closed)
 	return e, err
@@ -82,6 +82,8 @@ type newEvent struct {
 	idempotencyKey string
 	// steerOf attaches a steer to the event in flight (0: none).
 	steerOf int64
+	// traceparent is stored as is ("" stores NULL).
+	traceparent string
 }
 
 // insertEventSQL appends the session's next event unless its idempotency
@@ -100,8 +102,8 @@ const insertEventSQL = `
 	now AS (SELECT clock_timestamp() AS t),
 	ins AS (
 		INSERT INTO actor_events (agent_uid, session_id, seq, kind, payload, idempotency_key,
-			next_attempt_at, accepted_at, steer_of)
-		SELECT $1, $2, seq.last_event_seq, $3, $4, $5, now.t, now.t, $6 FROM seq, now
+			next_attempt_at, accepted_at, steer_of, traceparent)
+		SELECT $1, $2, seq.last_event_seq, $3, $4, $5, now.t, now.t, $6, $7 FROM seq, now
 		RETURNING *)
 	SELECT ` + eventCols + ` FROM ins, LATERAL (SELECT pg_notify('` + notifyChannel + `', $1 || '/' || $2)) n`
 
@@ -117,7 +119,7 @@ func insertEventArgs(key store.ActorKey, ne newEvent) []any {
 	if ne.steerOf != 0 {
 		steerOf = &ne.steerOf
 	}
-	return []any{key.AgentUID, key.SessionID, ne.kind, ne.payload, nullString(ne.idempotencyKey), steerOf}
+	return []any{key.AgentUID, key.SessionID, ne.kind, ne.payload, nullString(ne.idempotencyKey), steerOf, nullString(ne.traceparent)}
 }
 
 // insertEvent appends the session's next event; the caller holds the
@@ -157,7 +159,7 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 		return store.Event{}, false, fmt.Errorf("store/postgres: append event: %w", err)
 	}
 	// Fast path: one statement, one round trip, its own transaction.
-	ne := newEvent{kind: p.Kind, payload: payload, idempotencyKey: p.IdempotencyKey}
+	ne := newEvent{kind: p.Kind, payload: payload, idempotencyKey: p.IdempotencyKey, traceparent: p.Traceparent}
 	var e store.Event
 	var created bool
 	if p.RefuseIfInFlight {

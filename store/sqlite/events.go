@@ -13,26 +13,27 @@ import (
 
 // eventCols selects an event; the table alias is e.
 const eventCols = `e.event_id, e.agent_uid, e.session_id, e.seq, e.kind, e.payload, e.idempotency_key, e.status,
-	e.attempts, e.next_attempt_at, e.last_error, e.binding, e.accepted_at, e.closed_at, e.steer_of, e.redrives`
+	e.attempts, e.next_attempt_at, e.last_error, e.binding, e.accepted_at, e.closed_at, e.steer_of, e.redrives,
+	e.traceparent`
 
 // eventReturning is eventCols for RETURNING, which takes no table alias.
 const eventReturning = `event_id, agent_uid, session_id, seq, kind, payload, idempotency_key, status,
-	attempts, next_attempt_at, last_error, binding, accepted_at, closed_at, steer_of, redrives`
+	attempts, next_attempt_at, last_error, binding, accepted_at, closed_at, steer_of, redrives, traceparent`
 
 func scanEvent(sc scanner) (store.Event, error) {
 	var ev store.Event
 	var payload string
-	var idem, lastErr, binding sql.NullString
+	var idem, lastErr, binding, tp sql.NullString
 	var next, accepted int64
 	var closed, steerOf sql.NullInt64
 	err := sc.Scan(&ev.ID, &ev.AgentUID, &ev.SessionID, &ev.Seq, &ev.Kind, &payload, &idem, &ev.Status,
-		&ev.Attempts, &next, &lastErr, &binding, &accepted, &closed, &steerOf, &ev.Redrives)
+		&ev.Attempts, &next, &lastErr, &binding, &accepted, &closed, &steerOf, &ev.Redrives, &tp)
 	if err != nil {
 		return ev, err
 	}
 	ev.SteerOf = steerOf.Int64
 	ev.Payload = json.RawMessage(payload)
-	ev.IdempotencyKey, ev.LastError, ev.Binding = idem.String, lastErr.String, binding.String
+	ev.IdempotencyKey, ev.LastError, ev.Binding, ev.Traceparent = idem.String, lastErr.String, binding.String, tp.String
 	ev.NextAttemptAt, ev.AcceptedAt, ev.ClosedAt = msTime(next), msTime(accepted), msPtr(closed)
 	return ev, nil
 }
@@ -80,7 +81,7 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 				return err
 			}
 		}
-		ev, created, err = appendEvent(tx, p.Key, p.Kind, payload, p.IdempotencyKey)
+		ev, created, err = appendEvent(tx, p.Key, p.Kind, payload, p.IdempotencyKey, p.Traceparent)
 		return err
 	})
 	if err != nil {
@@ -114,16 +115,22 @@ func refuseInFlight(tx *txn, p store.AppendEventParams) error {
 // the session if it sleeps, inside tx. An idempotency key already used in
 // the session returns the first event and created=false, writing nothing
 // (invariant 7); the single writer makes the look-up race-free.
-func appendEvent(tx *txn, key store.ActorKey, kind, payload, idem string) (store.Event, bool, error) {
+func appendEvent(tx *txn, key store.ActorKey, kind, payload, idem, traceparent string) (store.Event, bool, error) {
 	if _, err := sessionStatus(tx, key); err != nil {
 		return store.Event{}, false, err
 	}
-	return insertEvent(tx, key, kind, payload, idem)
+	return insertTracedEvent(tx, key, kind, payload, idem, traceparent)
 }
 
 // insertEvent is appendEvent for a caller that has checked, in tx, that
-// the session exists and is not destroyed.
+// the session exists and is not destroyed; the event has no traceparent.
 func insertEvent(tx *txn, key store.ActorKey, kind, payload, idem string) (store.Event, bool, error) {
+	return insertTracedEvent(tx, key, kind, payload, idem, "")
+}
+
+// insertTracedEvent is insertEvent with the event's traceparent ("" stores
+// NULL).
+func insertTracedEvent(tx *txn, key store.ActorKey, kind, payload, idem, traceparent string) (store.Event, bool, error) {
 	if idem != "" {
 		ev, err := scanEvent(tx.queryRow(`
 			SELECT `+eventCols+` FROM actor_events e
@@ -148,10 +155,10 @@ func insertEvent(tx *txn, key store.ActorKey, kind, payload, idem string) (store
 	}
 	ev, err := scanEvent(tx.queryRow(`
 		INSERT INTO actor_events (agent_uid, session_id, seq, kind, payload, idempotency_key,
-			status, attempts, next_attempt_at, accepted_at)
-		VALUES (?, ?, ?, ?, ?, ?, 'open', 0, `+nowMS+`, `+nowMS+`)
+			status, attempts, next_attempt_at, accepted_at, traceparent)
+		VALUES (?, ?, ?, ?, ?, ?, 'open', 0, `+nowMS+`, `+nowMS+`, ?)
 		RETURNING `+eventReturning,
-		key.AgentUID, key.SessionID, seq, kind, payload, nullString(idem)))
+		key.AgentUID, key.SessionID, seq, kind, payload, nullString(idem), nullString(traceparent)))
 	return ev, err == nil, err
 }
 

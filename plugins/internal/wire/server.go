@@ -15,10 +15,12 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // LogLevelEnv names the environment variable that sets the plugin's hclog
@@ -148,6 +150,12 @@ func (s *server) Turn(stream grpc.ServerStream) error {
 		callsOK: fr.Calls, slots: make(chan struct{}, MaxCallsInFlight), pending: map[uint64]chan *abi.CallResult{}}
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
+	if md, ok := metadata.FromIncomingContext(stream.Context()); ok {
+		if tp := md.Get(TraceparentKey); len(tp) == 1 {
+			// The host's turn span: a plugin's own spans continue its trace.
+			ctx = tracing.WithTraceparent(ctx, tp[0])
+		}
+	}
 	defer t.endCalls()
 	if err := t.send(TypeAccepted, nil); err != nil {
 		return err

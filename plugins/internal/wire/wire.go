@@ -29,6 +29,11 @@ const (
 	MagicCookieValue = "3d0c7a5e-paddock-turn-worker"
 )
 
+// TraceparentKey is the gRPC metadata key of a Turn stream that carries
+// the W3C traceparent of the host's turn attempt span (docs/DESIGN.md
+// "Tracing"); absent when the turn has none.
+const TraceparentKey = "traceparent"
+
 // PluginName is the name under which the turn service is dispensed.
 const PluginName = "turn"
 

@@ -2,6 +2,7 @@
 // is one command:
 //
 //	echo <text>     answers "echo: <text>"
+//	traceparent     answers the W3C traceparent of the turn's ctx, or "none"
 //	pid             answers the process id
 //	env <NAME>      answers "<NAME>=<value>" or "<NAME> unset"
 //	hang            blocks forever, ignoring cancellation
@@ -38,6 +39,7 @@ import (
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/examples/faulty"
 	"github.com/paddock-dev/paddock/plugins"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 func main() { plugins.Serve(turn) }
@@ -61,6 +63,11 @@ func turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 	switch verb {
 	case "echo":
 		return reply("echo: " + arg), nil
+	case "traceparent":
+		if tp := tracing.Traceparent(ctx); tp != "" {
+			return reply(tp), nil
+		}
+		return reply("none"), nil
 	case "pid":
 		return reply(strconv.Itoa(os.Getpid())), nil
 	case "env":
