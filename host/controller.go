@@ -118,10 +118,11 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	h := c.h
 	ctx, cancel := context.WithTimeout(runCtx, 10*time.Second)
 	agent, err := h.st.GetAgent(ctx, c.key.AgentUID)
-	var sess store.Session
+	var peek store.SessionPeek
 	if err == nil {
-		sess, err = h.st.GetSession(ctx, c.key)
+		peek, err = h.st.PeekSession(ctx, c.key)
 	}
+	sess := peek.Session
 	cancel()
 	if err != nil {
 		if !errors.Is(err, store.ErrNotFound) && runCtx.Err() == nil {
@@ -134,7 +135,7 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	if sess.Status != store.SessionActive && !forCapacity {
 		return 0 // sleeping or destroyed: a signal, a wake or a redrive resumes it
 	}
-	if sess.OpenEvents == 0 {
+	if !peek.AnyOpen {
 		// Nothing to run: neither a slot nor a claim (an activation that
 		// yielded its slot must not queue for one again, marked pending,
 		// with nothing due). The append of the next event wakes it.

@@ -139,6 +139,13 @@ type PluginWorker struct {
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
+// SessionPeek is PeekSession's answer: the session row without its
+// counters (OpenEvents and DeadLetters are 0) and whether any event is open.
+type SessionPeek struct {
+	Session Session
+	AnyOpen bool
+}
+
 // Session is a session row with its counters.
 type Session struct {
 	ActorKey
@@ -368,7 +375,14 @@ type Store interface {
 	// (CheckExistingSession). An unknown agent returns ErrNotFound.
 	CreateSession(ctx context.Context, p CreateSessionParams) (s Session, created bool, err error)
 	// GetSession returns the session with its counters, or ErrNotFound.
+	// The counters cost O(the session's open events); the host's own
+	// reads use PeekSession.
 	GetSession(ctx context.Context, key ActorKey) (Session, error)
+	// PeekSession returns the session without its counters and whether
+	// any of its events is open (the first entry of the open-events
+	// index), or ErrNotFound: what a controller reads before claiming,
+	// at a cost that does not grow with the events waiting.
+	PeekSession(ctx context.Context, key ActorKey) (SessionPeek, error)
 	// ListSessions pages an agent's sessions by session id.
 	ListSessions(ctx context.Context, p ListSessionsParams) ([]Session, error)
 	// SessionState returns the committed session state: nil before the

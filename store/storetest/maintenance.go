@@ -14,7 +14,35 @@ func maintenanceCases() []testCase {
 	return []testCase{
 		{"ExpireActivation/CountsAnAttemptOnlyForASentDelivery", testExpire},
 		{"RunnableSessions/DueOldestEventNoLiveActivationOldestDueFirst", testRunnable},
+		{"PeekSession/TheRowAndWhetherAnyEventIsOpenWithoutCounting", testPeekSession},
 	}
+}
+
+// testPeekSession: PeekSession answers the session's row (the counters
+// left at 0) and whether any event is open, before, during and after a
+// turn; an unknown session is ErrNotFound.
+func testPeekSession(t *testing.T, b *bundle) {
+	key := b.session()
+	p, err := b.s.PeekSession(b.ctx, key)
+	noErr(t, err, "PeekSession of a new session")
+	wantEq(t, p.AnyOpen, false, "AnyOpen with no event")
+	wantEq(t, p.Session.ActorKey, key, "Session key")
+	b.message(key, "one")
+	b.message(key, "two")
+	p, err = b.s.PeekSession(b.ctx, key)
+	noErr(t, err, "PeekSession with two events")
+	wantEq(t, p.AnyOpen, true, "AnyOpen with two open events")
+	wantEq(t, p.Session.OpenEvents, int64(0), "OpenEvents is not counted")
+	wantEq(t, p.Session.EventCount, int64(2), "EventCount")
+	act := b.claim(key, LongTTL)
+	b.commit(b.next(act).Delivery.TurnRef(), "1", "")
+	b.commit(b.next(act).Delivery.TurnRef(), "2", "")
+	p, err = b.s.PeekSession(b.ctx, key)
+	noErr(t, err, "PeekSession after both turns")
+	wantEq(t, p.AnyOpen, false, "AnyOpen once both committed")
+	wantEq(t, p.Session.TurnCount, int64(2), "TurnCount")
+	_, err = b.s.PeekSession(b.ctx, store.ActorKey{AgentUID: key.AgentUID, SessionID: "no-such-session"})
+	wantIs(t, err, store.ErrNotFound, "PeekSession of an unknown session")
 }
 
 func testExpire(t *testing.T, b *bundle) {
