@@ -23,7 +23,7 @@ import (
 )
 
 // chromium returns the path of Debian's chromium (or another Chrome on
-// PATH). Absent, the test is skipped, unless PADDOCK_REQUIRE_BROWSER=1
+// PATH). Absent, the test is skipped, unless REQUIRE_BROWSER_TEST=1
 // (CI installs it: .ci/run), where it fails.
 func chromium(t *testing.T) string {
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
@@ -31,10 +31,10 @@ func chromium(t *testing.T) string {
 			return p
 		}
 	}
-	if os.Getenv("PADDOCK_REQUIRE_BROWSER") == "1" {
-		t.Fatal("no chromium on PATH and PADDOCK_REQUIRE_BROWSER=1 (apt-get install chromium)")
+	if os.Getenv("REQUIRE_BROWSER_TEST") == "1" {
+		t.Fatal("no chromium on PATH and REQUIRE_BROWSER_TEST=1 (apt-get install chromium)")
 	}
-	t.Skip("no chromium on PATH: the browser test is skipped (apt-get install chromium; PADDOCK_REQUIRE_BROWSER=1 makes this a failure)")
+	t.Skip("no chromium on PATH: the browser test is skipped (apt-get install chromium; REQUIRE_BROWSER_TEST=1 makes this a failure)")
 	return ""
 }
 

@@ -18,15 +18,15 @@ import (
 // policy applied to a failing turn. The package is installed with npm ci
 // into a temporary directory (npm's cache under os.TempDir(), kept between
 // runs). Without node and npm the test is skipped, unless
-// PADDOCK_REQUIRE_NODE=1 (CI) makes that a failure.
+// REQUIRE_NODE_TEST=1 (CI) makes that a failure.
 func TestRivetClient(t *testing.T) {
 	t.Parallel()
 	node, errNode := exec.LookPath("node")
 	npm, errNpm := exec.LookPath("npm")
 	if errNode != nil || errNpm != nil {
 		msg := "node and npm are needed to run Rivet's TypeScript client (Debian: apt-get install nodejs npm)"
-		if os.Getenv("PADDOCK_REQUIRE_NODE") == "1" {
-			t.Fatal(msg + "; PADDOCK_REQUIRE_NODE=1")
+		if os.Getenv("REQUIRE_NODE_TEST") == "1" {
+			t.Fatal(msg + "; REQUIRE_NODE_TEST=1")
 		}
 		t.Skip(msg)
 	}
