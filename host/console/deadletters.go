@@ -27,7 +27,19 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	case len(as) > 0:
+		// No agent named: the first that has a dead letter (else the
+		// first), so that the page does not say "none" while one waits.
 		a = as[0]
+		for _, x := range as {
+			dl, err := c.svc.ListDeadLetters(ctx, x, "", service.Page{Limit: 1})
+			if err != nil {
+				return err
+			}
+			if len(dl) > 0 {
+				a = x
+				break
+			}
+		}
 	}
 	var after int64
 	if v := q.Get("after"); v != "" {
