@@ -2,6 +2,8 @@ package store
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -191,4 +193,53 @@ type ClusterFigures struct {
 	Pending map[string]int64
 	// TurnsLastMinute counts the turns committed in the minute before Now.
 	TurnsLastMinute int64
+}
+
+// BrowseWhere returns the indexed conditions of a BrowseSessions statement
+// for p, the rule both drivers apply (each holds the rest of the
+// statement): the status as a literal of the fixed set CheckBrowse admits,
+// so that the partial indexes apply under a generic plan; the cursor as a
+// bound on session_id alone when the agent is fixed (an index range after
+// the agent's equality), the row value across agents. Parameters are
+// written placeholder + their number from 1 ("$" for PostgreSQL, "?" for
+// SQLite), and args are their values in order.
+func BrowseWhere(p BrowseSessionsParams, placeholder string) (string, []any) {
+	var conds []string
+	var args []any
+	arg := func(v any) string {
+		args = append(args, v)
+		return placeholder + strconv.Itoa(len(args))
+	}
+	if p.AgentUID != "" {
+		conds = append(conds, "s.agent_uid = "+arg(p.AgentUID))
+	}
+	switch p.Status {
+	case string(SessionActive):
+		conds = append(conds, "s.status = 'active'")
+	case string(SessionSleeping):
+		conds = append(conds, "s.status = 'sleeping'")
+		if p.SleepReason != "" {
+			conds = append(conds, "s.sleep_reason = "+arg(p.SleepReason))
+		}
+	case string(SessionDestroyed):
+		conds = append(conds, "s.status = 'destroyed'")
+	case StatusPending:
+		conds = append(conds, "s.pending_since IS NOT NULL AND s.status <> 'destroyed'")
+	}
+	if p.Key != "" {
+		conds = append(conds, "s.key = "+arg(p.Key))
+	}
+	switch {
+	case p.After.AgentUID == "":
+	case p.AgentUID == "":
+		conds = append(conds, "(s.agent_uid, s.session_id) > ("+arg(p.After.AgentUID)+", "+arg(p.After.SessionID)+")")
+	case p.After.AgentUID == p.AgentUID:
+		conds = append(conds, "s.session_id > "+arg(p.After.SessionID))
+	case p.After.AgentUID > p.AgentUID:
+		conds = append(conds, "false")
+	}
+	if len(conds) == 0 {
+		return "true", args
+	}
+	return strings.Join(conds, " AND "), args
 }

@@ -100,53 +100,6 @@ func (s *Store) CurrentActivation(ctx context.Context, key store.ActorKey) (stor
 	return a, err
 }
 
-// browseWhere returns the indexed conditions of p (the status as a
-// literal of the fixed set CheckBrowse admits, so the partial indexes
-// apply) and their arguments, numbered from 1.
-func browseWhere(p store.BrowseSessionsParams) (string, []any) {
-	var conds []string
-	var args []any
-	arg := func(v any) string {
-		args = append(args, v)
-		return "?" + strconv.Itoa(len(args))
-	}
-	if p.AgentUID != "" {
-		conds = append(conds, "s.agent_uid = "+arg(p.AgentUID))
-	}
-	switch p.Status {
-	case string(store.SessionActive):
-		conds = append(conds, "s.status = 'active'")
-	case string(store.SessionSleeping):
-		conds = append(conds, "s.status = 'sleeping'")
-		if p.SleepReason != "" {
-			conds = append(conds, "s.sleep_reason = "+arg(p.SleepReason))
-		}
-	case string(store.SessionDestroyed):
-		conds = append(conds, "s.status = 'destroyed'")
-	case store.StatusPending:
-		conds = append(conds, "s.pending_since IS NOT NULL AND s.status <> 'destroyed'")
-	}
-	if p.Key != "" {
-		conds = append(conds, "s.key = "+arg(p.Key))
-	}
-	// The cursor: with the agent fixed, a bound on session_id alone (an
-	// index range after the agent's equality, which a row value is not
-	// in every planner); across agents, the row value.
-	switch {
-	case p.After.AgentUID == "":
-	case p.AgentUID == "":
-		conds = append(conds, "(s.agent_uid, s.session_id) > ("+arg(p.After.AgentUID)+", "+arg(p.After.SessionID)+")")
-	case p.After.AgentUID == p.AgentUID:
-		conds = append(conds, "s.session_id > "+arg(p.After.SessionID))
-	case p.After.AgentUID > p.AgentUID:
-		conds = append(conds, "0")
-	}
-	if len(conds) == 0 {
-		return "1", args
-	}
-	return strings.Join(conds, " AND "), args
-}
-
 // BrowseSessions pages filtered sessions in one statement; see
 // store.Store. CTE c reads at most store.BrowseScan rows through the
 // index the conditions pick (sessions_browse_*, or the primary key), m
@@ -190,7 +143,7 @@ func (s *Store) BrowseSessions(ctx context.Context, p store.BrowseSessionsParams
 
 // browseQuery returns BrowseSessions' statement for p and its arguments.
 func browseQuery(p store.BrowseSessionsParams) (string, []any) {
-	where, args := browseWhere(p)
+	where, args := store.BrowseWhere(p, "?")
 	text := "1"
 	if p.Text != "" {
 		args = append(args, strings.ToLower(p.Text))
