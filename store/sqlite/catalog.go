@@ -313,10 +313,9 @@ func (s *Store) PeekSession(ctx context.Context, key store.ActorKey) (store.Sess
 	var p store.SessionPeek
 	err := s.read(ctx, "peek session", func(tx *txn) (err error) {
 		p = store.SessionPeek{}
-		p.Session, err = scanSession(extraRow{tx.queryRow(`SELECT `+sessionNoCounters+`,
-				(SELECT seq FROM actor_events
+		p.Session, err = scanSession(prefixRow{tx.queryRow(`SELECT (SELECT seq FROM actor_events
 				 WHERE agent_uid = s.agent_uid AND session_id = s.session_id AND status = 'open'
-				 ORDER BY seq LIMIT 1) IS NOT NULL
+				 ORDER BY seq LIMIT 1) IS NOT NULL, `+sessionNoCounters+`
 			FROM sessions s WHERE s.agent_uid = ? AND s.session_id = ?`, key.AgentUID, key.SessionID), []any{&p.AnyOpen}})
 		if err != nil {
 			return fmt.Errorf("session %s: %w", key, notFound(err))
@@ -325,15 +324,6 @@ func (s *Store) PeekSession(ctx context.Context, key store.ActorKey) (store.Sess
 	})
 	return p, err
 }
-
-// extraRow is a row with columns after the ones its scanner knows: Scan
-// appends extra to the destinations.
-type extraRow struct {
-	row   scanner
-	extra []any
-}
-
-func (r extraRow) Scan(dest ...any) error { return r.row.Scan(append(dest, r.extra...)...) }
 
 // ListSessions pages an agent's sessions by session id.
 func (s *Store) ListSessions(ctx context.Context, p store.ListSessionsParams) ([]store.Session, error) {
