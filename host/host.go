@@ -106,9 +106,31 @@ type Policy struct {
 	Agents map[string]AgentPolicy
 	// Pools is the capacity of each pool on this host.
 	Pools map[string]int
+	// Namespaces are the namespaces declared besides "default" (which
+	// always exists), by name, with their quotas (config namespaces:,
+	// docs/DESIGN.md "Namespaces, tokens and roles"). Replaced by
+	// SetPolicy like the agent policies.
+	Namespaces map[string]NamespacePolicy
 	// Stream configures the session streams (host-wide, fixed at New);
 	// zero fields take DefaultStreamPolicy's.
 	Stream StreamPolicy
+}
+
+// NamespacePolicy is a namespace's configuration.
+type NamespacePolicy struct {
+	Quotas Quotas
+}
+
+// Quotas bound what a namespace may use; 0 means unlimited. Over a quota,
+// new work is refused (429 with Retry-After) and accepted work is kept.
+type Quotas struct {
+	// LiveSessions bounds the sessions that are not destroyed.
+	LiveSessions int64
+	// SignalsPerMinute bounds the signals accepted per minute.
+	SignalsPerMinute int64
+	// ModelTokensPerDay bounds the model tokens (input + output) its
+	// agents' model calls use per UTC day.
+	ModelTokensPerDay int64
 }
 
 // StreamPolicy configures the session streams (config stream:,
