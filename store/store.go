@@ -854,6 +854,9 @@ type SteerParams struct {
 	IdempotencyKey string
 	// DeliveryID is used for the new delivery when a turn is in flight.
 	DeliveryID string
+	// Traceparent is stored with the steer's event, as
+	// AppendEventParams.Traceparent ("" stores none).
+	Traceparent string
 }
 
 // SteerResult reports a steer.

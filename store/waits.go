@@ -98,6 +98,10 @@ type ResolveWaitParams struct {
 	// the data of the wait.resolved event appended to the session. JSON
 	// (null when empty).
 	Resolution json.RawMessage
+	// Traceparent is stored with the wait.resolved event a wait of kind
+	// wait appends, as AppendEventParams.Traceparent, so that the turn it
+	// runs joins the resolver's trace ("" stores none).
+	Traceparent string
 }
 
 // ListWaitsParams list waits of one agent, or one session when SessionID

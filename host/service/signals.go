@@ -187,7 +187,8 @@ func (s *Service) signal(ctx context.Context, a store.Agent, sessionID string, p
 	}
 	res := SignalResult{Kind: p.Kind}
 	if p.Kind == abi.EventSteer {
-		st, err := s.st.Steer(ctx, store.SteerParams{Key: key, Payload: payload, IdempotencyKey: p.IdempotencyKey, DeliveryID: uuid.NewString()})
+		st, err := s.st.Steer(ctx, store.SteerParams{Key: key, Payload: payload, IdempotencyKey: p.IdempotencyKey, DeliveryID: uuid.NewString(),
+			Traceparent: tracing.Traceparent(ctx)})
 		if err != nil {
 			return SignalResult{}, notFound(err)
 		}
@@ -253,7 +254,8 @@ func (s *Service) midTurnMessage(ctx context.Context, key store.ActorKey, payloa
 	var err error
 	switch res.MidTurn {
 	case host.MidTurnSteer:
-		st, err := s.st.Steer(ctx, store.SteerParams{Key: key, Payload: payload, IdempotencyKey: idem, DeliveryID: uuid.NewString()})
+		st, err := s.st.Steer(ctx, store.SteerParams{Key: key, Payload: payload, IdempotencyKey: idem, DeliveryID: uuid.NewString(),
+			Traceparent: p.Traceparent})
 		if err != nil {
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
+	"github.com/paddock-dev/paddock/tracing"
 )
 
 // ResourceWait is a session's wait (docs/DESIGN.md "Waits and approvals").
@@ -96,7 +97,8 @@ func (s *Service) ResolveWait(ctx context.Context, x store.Session, w store.Wait
 	if err != nil {
 		return store.Wait{}, err
 	}
-	w, err = s.st.ResolveWait(ctx, store.ResolveWaitParams{Key: x.ActorKey, WaitID: w.ID, Resolution: resolution})
+	w, err = s.st.ResolveWait(ctx, store.ResolveWaitParams{Key: x.ActorKey, WaitID: w.ID, Resolution: resolution,
+		Traceparent: tracing.Traceparent(ctx)})
 	if wc, ok := errors.AsType[*store.WaitClosedError](err); ok {
 		return store.Wait{}, closed(store.Wait{ID: wc.WaitID, Status: wc.Status})
 	}

@@ -342,7 +342,7 @@ func (s *Store) CompactStream(ctx context.Context, p store.CompactStreamParams) 
 // notifies), an approval releases its held event (due now), wakes the
 // session and notifies; then the wait.resolved frame (last: the lock
 // order). ok is false when the wait was no longer open. Two round trips.
-func closeWait(ctx context.Context, tx pgx.Tx, w store.Wait, status store.WaitStatus, resolution json.RawMessage) (store.Wait, bool, error) {
+func closeWait(ctx context.Context, tx pgx.Tx, w store.Wait, status store.WaitStatus, resolution json.RawMessage, traceparent string) (store.Wait, bool, error) {
 	var res *string
 	if status == store.WaitResolved {
 		r := string(resolution)
@@ -363,7 +363,7 @@ func closeWait(ctx context.Context, tx pgx.Tx, w store.Wait, status store.WaitSt
 	switch closed.Kind {
 	case store.WaitKindWait:
 		ne := newEvent{kind: store.WaitResolvedEventKind(status), payload: string(store.WaitEventPayload(closed)),
-			idempotencyKey: store.WaitIdempotencyKey(closed.ID)}
+			idempotencyKey: store.WaitIdempotencyKey(closed.ID), traceparent: traceparent}
 		b.Queue(insertEventSQL, insertEventArgs(key, ne)...).QueryRow(func(row pgx.Row) error {
 			// The key is the wait's own (ids are unique per session); should
 			// a client have sent an event with it, that event stands for
@@ -415,7 +415,7 @@ func (s *Store) ResolveWait(ctx context.Context, p store.ResolveWaitParams) (sto
 			return err
 		}
 		var ok bool
-		if w, ok, err = closeWait(ctx, tx, w, store.WaitResolved, resolution); err != nil {
+		if w, ok, err = closeWait(ctx, tx, w, store.WaitResolved, resolution, p.Traceparent); err != nil {
 			return err
 		} else if !ok {
 			return fmt.Errorf("wait %q of %s closed under its row lock: %w", p.WaitID, p.Key, errLockRace)
@@ -499,7 +499,7 @@ func (s *Store) ExpireDueWaits(ctx context.Context, limit int) ([]store.ActorKey
 			return err
 		}
 		for _, w := range due {
-			_, ok, err := closeWait(ctx, tx, w, store.WaitExpired, nil)
+			_, ok, err := closeWait(ctx, tx, w, store.WaitExpired, nil, "")
 			if err != nil {
 				return err
 			}

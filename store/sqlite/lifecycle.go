@@ -281,7 +281,7 @@ func (s *Store) Steer(ctx context.Context, p store.SteerParams) (store.SteerResu
 	var r store.SteerResult
 	err = s.write(ctx, "steer", func(tx *txn) error {
 		var err error
-		r.Event, r.Created, err = appendEvent(tx, p.Key, abi.EventSteer, payload, p.IdempotencyKey, "")
+		r.Event, r.Created, err = appendEvent(tx, p.Key, abi.EventSteer, payload, p.IdempotencyKey, p.Traceparent)
 		if err != nil || !r.Created {
 			return err
 		}

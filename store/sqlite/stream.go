@@ -93,7 +93,7 @@ func wake(tx *txn, key store.ActorKey) error {
 // wait.resolved or wait.expired), an approval releases its held event (due
 // now); either wakes a sleeping session. ok is false when the wait was
 // no longer open.
-func closeWait(tx *txn, w store.Wait, status store.WaitStatus, resolution json.RawMessage) (store.Wait, bool, error) {
+func closeWait(tx *txn, w store.Wait, status store.WaitStatus, resolution json.RawMessage, traceparent string) (store.Wait, bool, error) {
 	var res sql.NullString
 	if status == store.WaitResolved {
 		res = sql.NullString{String: string(resolution), Valid: true}
@@ -116,8 +116,8 @@ func closeWait(tx *txn, w store.Wait, status store.WaitStatus, resolution json.R
 		// insertEvent wakes the session. The key is the wait's own (ids are
 		// unique per session); should a client have sent an event with it,
 		// that event stands for this one and the session is woken anyway.
-		if _, _, err := insertEvent(tx, closed.ActorKey, store.WaitResolvedEventKind(status),
-			string(store.WaitEventPayload(closed)), store.WaitIdempotencyKey(closed.ID)); err != nil {
+		if _, _, err := insertTracedEvent(tx, closed.ActorKey, store.WaitResolvedEventKind(status),
+			string(store.WaitEventPayload(closed)), store.WaitIdempotencyKey(closed.ID), traceparent); err != nil {
 			return closed, false, err
 		}
 		if err := wake(tx, closed.ActorKey); err != nil {
@@ -343,7 +343,7 @@ func (s *Store) ResolveWait(ctx context.Context, p store.ResolveWaitParams) (sto
 			return err
 		}
 		var ok bool
-		if w, ok, err = closeWait(tx, w, store.WaitResolved, resolution); err != nil {
+		if w, ok, err = closeWait(tx, w, store.WaitResolved, resolution, p.Traceparent); err != nil {
 			return err
 		} else if !ok {
 			return errors.New("wait closed under the write lock") // unreachable: the single writer
@@ -426,7 +426,7 @@ func (s *Store) ExpireDueWaits(ctx context.Context, limit int) ([]store.ActorKey
 		}
 		seen := map[store.ActorKey]bool{}
 		for _, w := range due {
-			if _, ok, err := closeWait(tx, w, store.WaitExpired, nil); err != nil {
+			if _, ok, err := closeWait(tx, w, store.WaitExpired, nil, ""); err != nil {
 				return err
 			} else if ok && !seen[w.ActorKey] {
 				seen[w.ActorKey] = true

@@ -69,7 +69,9 @@ func testSteerInFlight(t *testing.T, b *bundle) {
 	wantEq(t, len(fl.Steers), 0, "InFlight steers before a steer")
 
 	newID := uuid.NewString()
-	sr, err := b.s.Steer(b.ctx, store.SteerParams{Key: key, Payload: msgPayload("make it short"), IdempotencyKey: "steer-1", DeliveryID: newID})
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	sr, err := b.s.Steer(b.ctx, store.SteerParams{Key: key, Payload: msgPayload("make it short"), IdempotencyKey: "steer-1", DeliveryID: newID,
+		Traceparent: tp})
 	noErr(t, err, "Steer")
 	wantEq(t, sr.Created, true, "Created")
 	wantEq(t, sr.InFlight, true, "InFlight")
@@ -81,6 +83,7 @@ func testSteerInFlight(t *testing.T, b *bundle) {
 	want.DeliveryID, want.Revision = newID, old.Revision+1
 	wantEq(t, sr.Ref, want, "the new turn_ref")
 	wantEq(t, b.event(key, sr.Event.ID).SteerOf, ev.ID, "listed SteerOf")
+	wantEq(t, b.event(key, sr.Event.ID).Traceparent, tp, "the steer's stored traceparent")
 
 	fl = b.inFlight(act)
 	wantEq(t, fl.Delivery.ID, newID, "InFlight delivery after a steer")

@@ -705,7 +705,8 @@ func testWaitResolve(t *testing.T, b *bundle) {
 	key, _, act := b.waitingSession(store.WaitParams{ID: "name", For: "your name"})
 	head := b.stream(key).Head
 	res := json.RawMessage(`{"name":"Ada"}`)
-	w, err := b.s.ResolveWait(b.ctx, store.ResolveWaitParams{Key: key, WaitID: "name", Resolution: res})
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	w, err := b.s.ResolveWait(b.ctx, store.ResolveWaitParams{Key: key, WaitID: "name", Resolution: res, Traceparent: tp})
 	noErr(t, err, "ResolveWait")
 	if w.Status != store.WaitResolved || !jsonEqual(w.Resolution, res) || w.ClosedAt == nil {
 		t.Fatalf("resolved wait = %s", renderWait(w))
@@ -723,6 +724,8 @@ func testWaitResolve(t *testing.T, b *bundle) {
 	if we.ID != "name" || we.For != "your name" || !jsonEqual(we.Data, res) {
 		t.Fatalf("wait event = %+v", we)
 	}
+	// Its turn joins the resolver's trace (docs/DESIGN.md "Tracing").
+	wantEq(t, last.Traceparent, tp, "traceparent of the wait.resolved event")
 	pg := b.stream(key)
 	wantGapFree(t, key, pg)
 	wantEq(t, pg.Head, head+1, "head after ResolveWait")
