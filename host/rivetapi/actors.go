@@ -1,9 +1,7 @@
 package rivetapi
 
 import (
-	"bytes"
 	"cmp"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -11,6 +9,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/google/uuid"
 
 	"github.com/paddock-dev/paddock/host/service"
 	"github.com/paddock-dev/paddock/store"
@@ -124,7 +125,8 @@ func (s *Server) namespace(r *http.Request, required bool) (string, error) {
 	return ns, s.svc.CheckNamespace(ns)
 }
 
-// decode reads r's JSON body into v: one object, no unknown fields.
+// decode reads r's JSON body into v: one object, no unknown or repeated
+// fields, names matched case-sensitively.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v *actorRequest) error {
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.MaxBodyBytes))
 	if err != nil {
@@ -133,13 +135,11 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v *actorRequest)
 		}
 		return badRequest("reading the body: %v", err)
 	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	// As Rivet's serde (deny_unknown_fields): one value, field names
+	// matched exactly (encoding/json would take "NAME" for "name"), a
+	// field given twice refused (encoding/json keeps the last one).
+	if err := jsonv2.Unmarshal(raw, v, jsonv2.RejectUnknownMembers(true)); err != nil {
 		return badRequest("the body is not a valid request: %s", strings.TrimPrefix(err.Error(), "json: "))
-	}
-	if dec.More() {
-		return badRequest("the body holds more than one JSON value")
 	}
 	return nil
 }
@@ -325,7 +325,16 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusOK, out)
 		return nil
 	}
-	if limit == 0 {
+	cursor := q.Get("cursor")
+	if cursor != "" && uuid.Validate(cursor) != nil {
+		// The cursor of a list by name is an actor id: anything else was
+		// not given by this API (and must not silently restart at the
+		// first page).
+		return badRequest("cursor=%q is not a cursor this API returned (an actor id)", cursor)
+	}
+	if limit == 0 || (q.Has("key") && key == "") {
+		// No actor has an empty key (they are refused at creation), so
+		// `key=` finds none — it is not "any key".
 		writeJSON(w, http.StatusOK, out)
 		return nil
 	}
@@ -340,7 +349,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 		return conv(err, reqKey{})
 	}
 	xs, _, err := s.svc.QuerySessions(r.Context(), a, service.SessionQuery{
-		Key: key, IncludeDestroyed: includeDestroyed, After: q.Get("cursor"), Limit: limit,
+		Key: key, IncludeDestroyed: includeDestroyed, After: cursor, Limit: limit,
 	})
 	if err != nil {
 		return conv(err, reqKey{})

@@ -68,7 +68,10 @@ func TestRefusalsAnswerRivetsErrorShapeAndCode(t *testing.T) {
 		{"other namespace on delete", "DELETE", "/actors/" + dupID + "?namespace=acme", "", 400, "namespace.not_found", nil, "acme"},
 		{"unknown field", "POST", "/actors?namespace=default", `{"runner":"x",` + ok + `}`, 400, "api.bad_request", nil, "runner"},
 		{"not JSON", "POST", "/actors?namespace=default", `{`, 400, "api.bad_request", nil, ""},
-		{"two values", "POST", "/actors?namespace=default", `{` + ok + `} {}`, 400, "api.bad_request", nil, "more than one"},
+		{"two values", "POST", "/actors?namespace=default", `{` + ok + `} {}`, 400, "api.bad_request", nil, "after top-level value"},
+		{"a field twice", "POST", "/actors?namespace=default", `{"name":"nobody",` + ok + `}`, 400, "api.bad_request", nil, "duplicate"},
+		{"a field in another case", "POST", "/actors?namespace=default", `{"NAME":"notes","runner_name_selector":"default","crash_policy":"sleep"}`, 400, "api.bad_request", nil, "NAME"},
+		{"a cursor it never gave", "GET", "/actors?namespace=default&name=notes&cursor=garbage", "", 400, "api.bad_request", nil, "cursor"},
 		{"missing name", "POST", "/actors?namespace=default", `{"runner_name_selector":"default","crash_policy":"sleep"}`, 400, "api.bad_request", nil, "`name`"},
 		{"missing runner_name_selector", "POST", "/actors?namespace=default", `{"name":"notes","crash_policy":"sleep"}`, 400, "api.bad_request", nil, "`runner_name_selector`"},
 		{"missing crash_policy", "POST", "/actors?namespace=default", `{"name":"notes","runner_name_selector":"default"}`, 400, "api.bad_request", nil, "`crash_policy`"},
@@ -213,4 +216,22 @@ func mustAgent(t *testing.T, e *env, name string) store.Agent {
 		t.Fatal(err)
 	}
 	return a
+}
+
+func TestAnEmptyKeyListsNoActor(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	code, body := e.do("POST", "/actors?namespace=default", `{"key":"k1","name":"notes","runner_name_selector":"default","crash_policy":"sleep"}`)
+	if code != 200 {
+		t.Fatalf("create: %d %v", code, body)
+	}
+	code, body = e.do("GET", "/actors?namespace=default&name=notes", "")
+	if n := len(body["actors"].([]any)); code != 200 || n != 1 {
+		t.Fatalf("list by name: %d, %d actors, want 200 and 1: %v", code, n, body)
+	}
+	// `key=` is a key no actor can have, not "any key".
+	code, body = e.do("GET", "/actors?namespace=default&name=notes&key=", "")
+	if n := len(body["actors"].([]any)); code != 200 || n != 0 {
+		t.Fatalf("list with key= : %d, %d actors, want 200 and none: %v", code, n, body)
+	}
 }
