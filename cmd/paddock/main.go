@@ -8,6 +8,8 @@
 //	paddock transcript notes <session> --follow
 //	paddock session stream notes <session>
 //	paddock wait list notes --status open
+//	paddock token create --namespace default --role client
+//	paddock audit --limit 20
 package main
 
 import (
