@@ -48,6 +48,11 @@ type Metrics struct {
 	WaitsExpired prometheus.Counter
 	// ApprovalHolds counts attempts ended to wait for an approval.
 	ApprovalHolds prometheus.Counter
+	// APIRefused counts requests refused by the front doors'
+	// authentication or authorization, by reason: unauthenticated (401),
+	// role or namespace (403) (docs/DESIGN.md "Tokens, roles and the audit
+	// log").
+	APIRefused *prometheus.CounterVec
 }
 
 // NewMetrics creates and registers the metrics.
@@ -106,6 +111,12 @@ func NewMetrics() *Metrics {
 		PendingSessions: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paddock_pending_sessions", Help: "Sessions waiting for pool capacity on this host.",
 		}),
+		APIRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paddock_api_refused_total", Help: "Requests refused by authentication (unauthenticated) or authorization (role, namespace).",
+		}, []string{"reason"}),
+	}
+	for _, r := range []string{"unauthenticated", "role", "namespace"} {
+		m.APIRefused.WithLabelValues(r)
 	}
 	for _, r := range store.FenceReasons() {
 		m.HostCallsFenced.WithLabelValues(string(r))
@@ -114,6 +125,6 @@ func NewMetrics() *Metrics {
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Registry.MustRegister(m.FenceRejections, m.Turns, m.FailedAttempts, m.DeadLetters,
 		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.PendingSessions,
-		m.HostCallsReplayed, m.HostCallsFenced, m.StreamFrames, m.WaitsExpired, m.ApprovalHolds)
+		m.HostCallsReplayed, m.HostCallsFenced, m.StreamFrames, m.WaitsExpired, m.ApprovalHolds, m.APIRefused)
 	return m
 }

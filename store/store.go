@@ -545,6 +545,26 @@ type Store interface {
 	// DeleteSecret deletes a secret, or returns ErrNotFound.
 	DeleteSecret(ctx context.Context, name string) error
 
+	// CreateToken stores a token (CheckToken: ErrInvalid); an id that
+	// exists: ErrConflict. CreatedAt is the database clock.
+	CreateToken(ctx context.Context, p CreateTokenParams) (Token, error)
+	// GetToken returns a token by id, revoked or not (with its Hash: the
+	// authentication reads it), or ErrNotFound.
+	GetToken(ctx context.Context, id string) (Token, error)
+	// ListTokens returns the tokens of namespace ("" = every namespace),
+	// revoked ones included, oldest first, without their hashes.
+	ListTokens(ctx context.Context, namespace string) ([]Token, error)
+	// RevokeToken revokes a token and returns it. Revoking a revoked token
+	// changes nothing and returns it with its first RevokedAt. Unknown id:
+	// ErrNotFound.
+	RevokeToken(ctx context.Context, id string) (Token, error)
+	// AppendAudit appends a row to the audit log (CheckAudit: ErrInvalid)
+	// stamped with the database clock.
+	AppendAudit(ctx context.Context, p AppendAuditParams) (AuditEntry, error)
+	// ListAudit returns a page of the audit log, newest first
+	// (CheckListAudit: ErrInvalid).
+	ListAudit(ctx context.Context, p ListAuditParams) ([]AuditEntry, error)
+
 	// AppendChunks appends one chunk frame (a batch of the attempt's
 	// chunks, body from CheckChunks) to the session stream under the
 	// attempt's fences (as RecordHostCall): a stale attempt's chunks are

@@ -167,7 +167,7 @@ func TestClientCommandsAgainstTheRealAPI(t *testing.T) {
 	}{
 		{[]string{"session", "get", "nope", "s1"}, `agent_not_found (HTTP 404): no agent named "nope" [field agent]`},
 		{[]string{"session", "create", "notes", "--key", "has space"}, `invalid_field (HTTP 400): key must be 1–200 printable ASCII characters without spaces [field key]`},
-		{[]string{"--token", "wrong", "agent", "list"}, `unauthenticated (HTTP 401): missing or wrong bearer token (Authorization: Bearer <token>)`},
+		{[]string{"--token", "wrong", "agent", "list"}, `unauthenticated (HTTP 401): unknown, revoked or malformed bearer token`},
 		{[]string{"--server", "http://127.0.0.1:1", "agent", "list"}, "cannot reach the Paddock API at http://127.0.0.1:1 (is `paddock serve` running?): "},
 	} {
 		_, err := run(c.args...)

@@ -8,6 +8,8 @@
 //	paddock transcript notes <session> --follow
 //	paddock session stream notes <session>
 //	paddock wait list notes --status open
+//	paddock token create --namespace default --role client
+//	paddock audit --limit 20
 package main
 
 import (
@@ -71,7 +73,8 @@ func newRoot() *cobra.Command {
 	pf.StringVar(&cl.token, "token", "", "bearer token (default: env PADDOCK_TOKEN)")
 	pf.StringVarP(&cl.output, "output", "o", "text", "output format of client commands: text or json")
 	root.AddCommand(newServe(), newWorkerCmd(), newBenchCmd(), newModuleCmd(cl), newPluginCmd(cl), newAgentCmd(cl), newSessionCmd(cl), newSignalCmd(cl),
-		newTranscriptCmd(cl), newEventsCmd(cl), newEventCmd(cl), newDeadLettersCmd(cl), newSecretCmd(cl), newWaitCmd(cl))
+		newTranscriptCmd(cl), newEventsCmd(cl), newEventCmd(cl), newDeadLettersCmd(cl), newSecretCmd(cl), newWaitCmd(cl),
+		newTokenCmd(cl), newAuditCmd(cl))
 	return root
 }
 

@@ -287,7 +287,15 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	}
 	// The one way into the runtime: the config's registrations and the
 	// HTTP API go through the same operations and rules.
-	svc := service.New(h, r, r).WithSecrets(secrets).WithStream(hub)
+	svc := service.New(h, r, r).WithSecrets(secrets).WithStream(hub).WithAuthToken(cfg.AuthToken)
+	if cfg.AuthToken == "" {
+		// An open host: every request acts as the anonymous admin, and
+		// stored tokens are not checked (docs/DESIGN.md "Tokens, roles
+		// and the audit log").
+		if ts, err := st.ListTokens(ctx, ""); err == nil && len(ts) > 0 {
+			log.Warn("auth: no auth_token is set, so the host is open and its stored API tokens are not checked; set auth_token to enforce them", "stored_tokens", len(ts))
+		}
+	}
 	if err := registerPlugins(ctx, cfg, svc, log); err != nil {
 		return err
 	}

@@ -12,7 +12,6 @@
 package api
 
 import (
-	"crypto/subtle"
 	_ "embed"
 	"fmt"
 	"log/slog"
@@ -50,9 +49,12 @@ type Options struct {
 	// Service, when set, is the service the handlers call; when nil, New
 	// builds one from Host, Modules and Plugins.
 	Service *service.Service
-	// AuthToken, when set, is required as "Authorization: Bearer <token>"
-	// on every /v1 route (a GET also takes the web console's session
-	// cookie, SessionCookie).
+	// AuthToken, when set, is the bootstrap admin token: New gives it to
+	// the service (Service.WithAuthToken). Once the service has one, every
+	// /v1 route needs "Authorization: Bearer <token>" of it or of a stored
+	// token (a GET also takes the web console's login cookie,
+	// SessionCookie), and the token's role and namespace must allow the
+	// route's op.
 	AuthToken string
 	// Stream is the hub session streams are served from when New builds
 	// the service (nil: New makes one on Host's store). With Service set,
@@ -76,54 +78,61 @@ type Server struct {
 	handler http.Handler
 }
 
-// Route is one API route: method and net/http pattern path.
+// Route is one API route: method and net/http pattern path, and the
+// operation it calls (service.OpRules says which role may call it and
+// whether it is audited).
 type Route struct {
 	Method, Path string
+	Op           service.Op
 	handle       func(*Server, http.ResponseWriter, *http.Request) error
 }
 
 // Routes lists the API's routes (the OpenAPI test compares them).
 func Routes() []Route {
 	return []Route{
-		{"GET", "/healthz", (*Server).health},
-		{"GET", "/readyz", (*Server).ready},
-		{"GET", "/metrics", nil},
-		{"GET", "/v1/openapi.yaml", (*Server).openapi},
-		{"POST", "/v1/modules", (*Server).uploadModule},
-		{"GET", "/v1/modules", (*Server).listModules},
-		{"GET", "/v1/modules/{digest}", (*Server).getModule},
-		{"POST", "/v1/plugins", (*Server).registerPlugin},
-		{"GET", "/v1/plugins", (*Server).listPlugins},
-		{"GET", "/v1/plugins/{plugin}", (*Server).getPlugin},
-		{"GET", "/v1/sessions", (*Server).browseSessions},
-		{"POST", "/v1/agents", (*Server).createAgent},
-		{"GET", "/v1/agents", (*Server).listAgents},
-		{"GET", "/v1/agents/{agent}", (*Server).getAgent},
-		{"PUT", "/v1/agents/{agent}", (*Server).updateAgent},
-		{"POST", "/v1/agents/{agent}/sessions", (*Server).createSession},
-		{"PUT", "/v1/agents/{agent}/sessions", (*Server).getOrCreateSession},
-		{"GET", "/v1/agents/{agent}/sessions", (*Server).listSessions},
-		{"GET", "/v1/agents/{agent}/dead-letters", (*Server).listAgentDeadLetters},
-		{"GET", "/v1/agents/{agent}/sessions-by-key/{key}", (*Server).sessionByKey},
-		{"GET", "/v1/agents/{agent}/sessions/{session}", (*Server).getSession},
-		{"DELETE", "/v1/agents/{agent}/sessions/{session}", (*Server).destroySession},
-		{"POST", "/v1/agents/{agent}/sessions/{session}/signals", (*Server).sendSignal},
-		{"GET", "/v1/agents/{agent}/sessions/{session}/events", (*Server).listEvents},
-		{"GET", "/v1/agents/{agent}/sessions/{session}/events/{event}", (*Server).getEvent},
-		{"POST", "/v1/agents/{agent}/sessions/{session}/events/{event}/redrive", (*Server).redriveEvent},
-		{"POST", "/v1/agents/{agent}/sessions/{session}/events/{event}/discard", (*Server).discardEvent},
-		{"POST", "/v1/agents/{agent}/sessions/{session}/events/{event}/cancel", (*Server).cancelEvent},
-		{"GET", "/v1/agents/{agent}/sessions/{session}/dead-letters", (*Server).listSessionDeadLetters},
-		{"GET", "/v1/agents/{agent}/sessions/{session}/alarms", (*Server).listAlarms},
-		{"GET", "/v1/agents/{agent}/sessions/{session}/transcript", (*Server).transcript},
-		{"GET", "/v1/agents/{agent}/sessions/{session}/stream", (*Server).streamSession},
-		{"GET", "/v1/agents/{agent}/sessions/{session}/waits", (*Server).listSessionWaits},
-		{"GET", "/v1/agents/{agent}/sessions/{session}/waits/{wait}", (*Server).getWait},
-		{"POST", "/v1/agents/{agent}/sessions/{session}/waits/{wait}", (*Server).resolveWait},
-		{"GET", "/v1/agents/{agent}/waits", (*Server).listAgentWaits},
-		{"GET", "/v1/secrets", (*Server).listSecrets},
-		{"PUT", "/v1/secrets/{name}", (*Server).putSecret},
-		{"DELETE", "/v1/secrets/{name}", (*Server).deleteSecret},
+		{"GET", "/healthz", service.OpHealth, (*Server).health},
+		{"GET", "/readyz", service.OpReady, (*Server).ready},
+		{"GET", "/metrics", service.OpMetrics, nil},
+		{"GET", "/v1/openapi.yaml", service.OpOpenAPI, (*Server).openapi},
+		{"POST", "/v1/modules", service.OpModuleUpload, (*Server).uploadModule},
+		{"GET", "/v1/modules", service.OpModuleRead, (*Server).listModules},
+		{"GET", "/v1/modules/{digest}", service.OpModuleRead, (*Server).getModule},
+		{"POST", "/v1/plugins", service.OpPluginRegister, (*Server).registerPlugin},
+		{"GET", "/v1/plugins", service.OpPluginRead, (*Server).listPlugins},
+		{"GET", "/v1/plugins/{plugin}", service.OpPluginRead, (*Server).getPlugin},
+		{"GET", "/v1/sessions", service.OpSessionRead, (*Server).browseSessions},
+		{"POST", "/v1/agents", service.OpAgentCreate, (*Server).createAgent},
+		{"GET", "/v1/agents", service.OpAgentRead, (*Server).listAgents},
+		{"GET", "/v1/agents/{agent}", service.OpAgentRead, (*Server).getAgent},
+		{"PUT", "/v1/agents/{agent}", service.OpAgentUpdate, (*Server).updateAgent},
+		{"POST", "/v1/agents/{agent}/sessions", service.OpSessionCreate, (*Server).createSession},
+		{"PUT", "/v1/agents/{agent}/sessions", service.OpSessionCreate, (*Server).getOrCreateSession},
+		{"GET", "/v1/agents/{agent}/sessions", service.OpSessionRead, (*Server).listSessions},
+		{"GET", "/v1/agents/{agent}/dead-letters", service.OpEventRead, (*Server).listAgentDeadLetters},
+		{"GET", "/v1/agents/{agent}/sessions-by-key/{key}", service.OpSessionRead, (*Server).sessionByKey},
+		{"GET", "/v1/agents/{agent}/sessions/{session}", service.OpSessionRead, (*Server).getSession},
+		{"DELETE", "/v1/agents/{agent}/sessions/{session}", service.OpSessionDestroy, (*Server).destroySession},
+		{"POST", "/v1/agents/{agent}/sessions/{session}/signals", service.OpSignalSend, (*Server).sendSignal},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/events", service.OpEventRead, (*Server).listEvents},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/events/{event}", service.OpEventRead, (*Server).getEvent},
+		{"POST", "/v1/agents/{agent}/sessions/{session}/events/{event}/redrive", service.OpEventRedrive, (*Server).redriveEvent},
+		{"POST", "/v1/agents/{agent}/sessions/{session}/events/{event}/discard", service.OpEventDiscard, (*Server).discardEvent},
+		{"POST", "/v1/agents/{agent}/sessions/{session}/events/{event}/cancel", service.OpEventCancel, (*Server).cancelEvent},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/dead-letters", service.OpEventRead, (*Server).listSessionDeadLetters},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/alarms", service.OpSessionRead, (*Server).listAlarms},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/transcript", service.OpSessionRead, (*Server).transcript},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/stream", service.OpStreamRead, (*Server).streamSession},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/waits", service.OpWaitRead, (*Server).listSessionWaits},
+		{"GET", "/v1/agents/{agent}/sessions/{session}/waits/{wait}", service.OpWaitRead, (*Server).getWait},
+		{"POST", "/v1/agents/{agent}/sessions/{session}/waits/{wait}", service.OpWaitResolve, (*Server).resolveWait},
+		{"GET", "/v1/agents/{agent}/waits", service.OpWaitRead, (*Server).listAgentWaits},
+		{"GET", "/v1/secrets", service.OpSecretRead, (*Server).listSecrets},
+		{"PUT", "/v1/secrets/{name}", service.OpSecretPut, (*Server).putSecret},
+		{"DELETE", "/v1/secrets/{name}", service.OpSecretDelete, (*Server).deleteSecret},
+		{"POST", "/v1/tokens", service.OpTokenCreate, (*Server).createToken},
+		{"GET", "/v1/tokens", service.OpTokenRead, (*Server).listTokens},
+		{"DELETE", "/v1/tokens/{id}", service.OpTokenRevoke, (*Server).revokeToken},
+		{"GET", "/v1/audit", service.OpAuditRead, (*Server).listAudit},
 	}
 }
 
@@ -140,13 +149,16 @@ func New(o Options) *Server {
 		}
 		o.Service = service.New(o.Host, o.Modules, o.Plugins).WithStream(o.Stream)
 	}
+	if o.AuthToken != "" {
+		o.Service.WithAuthToken(o.AuthToken)
+	}
 	s := &Server{o: o, svc: o.Service, log: o.Logger, mux: http.NewServeMux()}
 	for _, r := range Routes() {
 		if r.handle == nil {
 			s.mux.Handle(r.Method+" "+r.Path, promhttp.HandlerFor(o.Host.Metrics().Registry, promhttp.HandlerOpts{}))
 			continue
 		}
-		s.mux.Handle(r.Method+" "+r.Path, s.errors(r.handle))
+		s.mux.Handle(r.Method+" "+r.Path, s.authorize(r.Op, s.errors(r.handle)))
 	}
 	// A request's W3C traceparent is the parent of the spans it starts.
 	s.handler = tracing.Middleware(s.authenticate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -168,44 +180,6 @@ func (s *Server) errors(h func(*Server, http.ResponseWriter, *http.Request) erro
 // ServeHTTP authenticates /v1 requests and routes them.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.handler.ServeHTTP(w, r)
-}
-
-// authenticate is the middleware that requires the bearer token, when one
-// is configured, on every /v1 route.
-func (s *Server) authenticate(next http.Handler) http.Handler {
-	if s.o.AuthToken == "" {
-		return next
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/v1/") {
-			// A read by the web console: the browser's EventSource (the
-			// session stream) cannot send a header, so its session cookie
-			// (HttpOnly, SameSite=Strict: never sent by another site's
-			// page) stands for the token on GET. Writes still need the
-			// header.
-			if (r.Method == http.MethodGet || r.Method == http.MethodHead) && ValidSession(r, s.o.AuthToken) {
-				next.ServeHTTP(w, r)
-				return
-			}
-			if !BearerOK(r, s.o.AuthToken) {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="paddock"`)
-				s.writeError(w, r, &Error{Status: http.StatusUnauthorized, Code: "unauthenticated",
-					Message: "missing or wrong bearer token (Authorization: Bearer <token>)"})
-				return
-			}
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-// BearerOK reports whether r carries "Authorization: Bearer <token>"
-// (the scheme case-insensitive, RFC 9110 11.1; the token compared in
-// constant time). Every front door that takes the API's token checks it
-// with this.
-func BearerOK(r *http.Request, token string) bool {
-	scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-	got = strings.TrimLeft(got, " ")
-	return strings.EqualFold(scheme, "Bearer") && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
 }
 
 // muxErrors turns the router's own plain-text 404 and 405 answers into the

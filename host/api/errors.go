@@ -26,6 +26,8 @@ func badRequest(code, field, format string, args ...any) *Error {
 // passes on) to the API's status and code; nil for an unexpected error.
 func asError(err error) *Error {
 	var (
+		unauth   *service.UnauthenticatedError
+		denied   *service.ForbiddenError
 		e        *Error
 		invalid  *service.InvalidError
 		tooLarge *service.TooLargeError
@@ -37,6 +39,10 @@ func asError(err error) *Error {
 	switch {
 	case errors.As(err, &e):
 		return e
+	case errors.As(err, &unauth):
+		return &Error{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: unauth.Message}
+	case errors.As(err, &denied):
+		return &Error{Status: http.StatusForbidden, Code: "forbidden", Message: denied.Message}
 	case errors.As(err, &invalid) && invalid.Missing:
 		return badRequest("missing_field", invalid.Field, "%s", invalid.Message)
 	case errors.As(err, &invalid):
@@ -112,6 +118,12 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	if e == nil {
 		s.log.Error("api: internal error", "method", r.Method, "path", r.URL.Path, "err", err)
 		e = &Error{Status: http.StatusInternalServerError, Code: "internal", Message: "internal error"}
+	}
+	if a, ok := w.(*auditWriter); ok {
+		a.code = e.Code
+	}
+	if e.Status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="paddock"`)
 	}
 	_ = writeJSON(w, e.Status, client.ErrorBody{Error: e})
 }

@@ -35,7 +35,7 @@ var (
 )
 
 // runtime returns one wasm runtime shared by the tests of this binary.
-func runtime(t *testing.T) *wasm.Runtime {
+func runtime(t testing.TB) *wasm.Runtime {
 	rtOnce.Do(func() {
 		rt, rtErr = wasm.New(context.Background(), wasm.Config{
 			CacheDir: wasmtest.CacheDir(t), MemoryLimitPages: 1024, TurnTimeout: time.Minute,

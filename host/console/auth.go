@@ -4,11 +4,13 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/base64"
+	"errors"
 	"net/http"
 	"net/url"
 	"strings"
 
 	"github.com/paddock-dev/paddock/host/api"
+	"github.com/paddock-dev/paddock/host/service"
 )
 
 // CSRFCookie holds a browser's CSRF token (HttpOnly, SameSite=Strict); a
@@ -18,10 +20,14 @@ const (
 	CSRFField  = "csrf"
 )
 
-// authenticated reports whether r may see the console: no token is
-// configured, or r carries the session cookie for it.
-func (c *Console) authenticated(r *http.Request) bool {
-	return c.o.AuthToken == "" || api.ValidSession(r, c.o.AuthToken)
+// caller returns the caller of r's console login (the anonymous admin on
+// an open host), or an *service.UnauthenticatedError.
+func (c *Console) caller(r *http.Request) (service.Caller, error) {
+	var id string
+	if ck, err := r.Cookie(api.SessionCookie); err == nil {
+		id = ck.Value
+	}
+	return c.svc.ConsoleCaller(r.Context(), id)
 }
 
 // setCookie sets an HttpOnly, SameSite=Strict cookie for the whole site
@@ -81,7 +87,7 @@ func (c *Console) checkCSRF(r *http.Request) error {
 // loginPage shows the login form (or the overview when no token is
 // configured or the browser is logged in).
 func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
-	if c.authenticated(r) {
+	if _, err := c.caller(r); err == nil {
 		http.Redirect(w, r, Prefix, http.StatusSeeOther)
 		return
 	}
@@ -94,23 +100,29 @@ func (c *Console) renderLogin(w http.ResponseWriter, r *http.Request, status int
 	}
 }
 
-// login checks the token posted by the login form and sets the session
-// cookie (api.SessionValue of the token, never the token itself).
+// login checks the token posted by the login form (the auth_token or a
+// stored token) and sets the login cookie (the id of a console login,
+// never the token itself).
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	if err := c.checkCSRF(r); err != nil {
 		c.fail(w, r, err)
 		return
 	}
-	if c.o.AuthToken == "" {
+	if c.svc.Open() {
 		http.Redirect(w, r, Prefix, http.StatusSeeOther)
 		return
 	}
-	got := r.PostForm.Get("token")
-	if subtle.ConstantTimeCompare([]byte(got), []byte(c.o.AuthToken)) != 1 {
+	id, _, err := c.svc.ConsoleLogin(r.Context(), r.PostForm.Get("token"))
+	var un *service.UnauthenticatedError
+	if errors.As(err, &un) {
 		c.renderLogin(w, r, http.StatusUnauthorized, "wrong token")
 		return
 	}
-	setCookie(w, r, api.SessionCookie, api.SessionValue(c.o.AuthToken), 0)
+	if err != nil {
+		c.fail(w, r, err)
+		return
+	}
+	setCookie(w, r, api.SessionCookie, id, 0)
 	http.Redirect(w, r, safeNext(r.PostForm.Get("next")), http.StatusSeeOther)
 }
 
@@ -119,6 +131,9 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	if err := c.checkCSRF(r); err != nil {
 		c.fail(w, r, err)
 		return
+	}
+	if ck, err := r.Cookie(api.SessionCookie); err == nil {
+		c.svc.ConsoleLogout(ck.Value)
 	}
 	setCookie(w, r, api.SessionCookie, "", -1)
 	http.Redirect(w, r, "/ui/login", http.StatusSeeOther)

@@ -7,8 +7,13 @@
 // Everything it serves is embedded (go:embed): no Node toolchain, no CDN.
 // Security:
 //   - Auth: when an auth token is configured, every page needs the
-//     session cookie (api.SessionCookie, HttpOnly, SameSite=Strict) set
-//     by the login form; without a token the console is open like the API.
+//     login cookie (api.SessionCookie, HttpOnly, SameSite=Strict) set by
+//     the login form, which takes the auth_token or a stored token; the
+//     cookie holds the id of a login kept in the host's memory
+//     (service.ConsoleLogin), never a token. Pages need a reader, each
+//     action its op's role (service.OpRules; 403 page otherwise, nothing
+//     written), and each action is audited. Without a token the console
+//     is open like the API.
 //   - CSRF: every POST carries a token equal to the HttpOnly csrf cookie
 //     (double submit), and a cross-site Origin is refused; a refused POST
 //     writes nothing (403).
@@ -20,6 +25,7 @@ package console
 
 import (
 	"bytes"
+	"context"
 	"embed"
 	"errors"
 	"fmt"
@@ -50,8 +56,10 @@ const CSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 's
 type Options struct {
 	// Service is the runtime the console calls (required).
 	Service *service.Service
-	// AuthToken, when set, is the token the login form asks for (the
-	// API's bearer token).
+	// AuthToken, when set, is the bootstrap admin token: New gives it to
+	// the service (Service.WithAuthToken). The login form then takes it or
+	// any stored token, and each page and action needs the token's role
+	// (service.OpRules: pages are reads, each action its op).
 	AuthToken string
 	// Logger logs internal errors (nil: slog.Default()).
 	Logger *slog.Logger
@@ -71,6 +79,9 @@ type Console struct {
 func New(o Options) (*Console, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.AuthToken != "" {
+		o.Service.WithAuthToken(o.AuthToken)
 	}
 	c := &Console{o: o, svc: o.Service, log: o.Logger, pages: map[string]*template.Template{}, mux: http.NewServeMux()}
 	names, err := fs.Glob(assets, "assets/templates/*.html")
@@ -103,21 +114,22 @@ func New(o Options) (*Console, error) {
 	c.mux.HandleFunc("GET /ui/login", c.loginPage)
 	c.mux.HandleFunc("POST /ui/login", c.login)
 	c.mux.HandleFunc("POST /ui/logout", c.logout)
-	c.handle("GET /ui/{$}", c.overview)
-	c.handle("GET /ui/agents", c.agents)
-	c.handle("GET /ui/agents/{agent}", c.agent)
-	c.handle("POST /ui/agents/{agent}/sessions", c.createSession)
-	c.handle("GET /ui/sessions", c.sessions)
-	c.handle("GET /ui/agents/{agent}/sessions/{session}", c.session)
-	c.handle("GET /ui/agents/{agent}/sessions/{session}/events/{event}", c.event)
-	c.handle("POST /ui/agents/{agent}/sessions/{session}/signal", c.signal)
-	c.handle("GET /ui/agents/{agent}/sessions/{session}/destroy", c.destroyPage)
-	c.handle("POST /ui/agents/{agent}/sessions/{session}/destroy", c.destroy)
-	c.handle("POST /ui/agents/{agent}/sessions/{session}/waits/{wait}", c.resolveWait)
-	c.handle("GET /ui/dead-letters", c.deadLetters)
-	c.handle("POST /ui/agents/{agent}/dead-letters", c.deadLetterAction)
-	c.handle("GET /ui/modules", c.modules)
-	c.handle("/ui/", func(http.ResponseWriter, *http.Request) error {
+	c.handle("GET /ui/{$}", read, c.overview)
+	c.handle("GET /ui/agents", read, c.agents)
+	c.handle("GET /ui/agents/{agent}", read, c.agent)
+	c.handle("POST /ui/agents/{agent}/sessions", op(service.OpSessionCreate), c.createSession)
+	c.handle("GET /ui/sessions", read, c.sessions)
+	c.handle("GET /ui/agents/{agent}/sessions/{session}", read, c.session)
+	c.handle("GET /ui/agents/{agent}/sessions/{session}/events/{event}", read, c.event)
+	// A signal's kind is authorized by the service (SignalOp).
+	c.handle("POST /ui/agents/{agent}/sessions/{session}/signal", op(service.OpSignalSend), c.signal)
+	c.handle("GET /ui/agents/{agent}/sessions/{session}/destroy", read, c.destroyPage)
+	c.handle("POST /ui/agents/{agent}/sessions/{session}/destroy", op(service.OpSessionDestroy), c.destroy)
+	c.handle("POST /ui/agents/{agent}/sessions/{session}/waits/{wait}", op(service.OpWaitResolve), c.resolveWait)
+	c.handle("GET /ui/dead-letters", read, c.deadLetters)
+	c.handle("POST /ui/agents/{agent}/dead-letters", deadLetterOp, c.deadLetterAction)
+	c.handle("GET /ui/modules", read, c.modules)
+	c.handle("/ui/", read, func(http.ResponseWriter, *http.Request) error {
 		return &pageError{Status: http.StatusNotFound, Message: "no such page"}
 	})
 	return c, nil
@@ -147,28 +159,79 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.mux.ServeHTTP(w, r)
 }
 
-// handle registers a page or action that needs a logged-in browser (when
-// a token is configured) and, for a POST, a valid CSRF token.
-func (c *Console) handle(pattern string, f func(http.ResponseWriter, *http.Request) error) {
+// read is the op of every console page.
+func read(*http.Request) service.Op { return service.OpConsoleRead }
+
+// op returns a route's fixed op.
+func op(o service.Op) func(*http.Request) service.Op {
+	return func(*http.Request) service.Op { return o }
+}
+
+// deadLetterOp is the op of a dead-letter action (its form's op, read
+// after checkCSRF parsed the form).
+func deadLetterOp(r *http.Request) service.Op {
+	if strings.HasPrefix(r.PostForm.Get("op"), "discard") {
+		return service.OpEventDiscard
+	}
+	return service.OpEventRedrive
+}
+
+// handle registers a page or action: it needs a logged-in browser (when
+// the host has a token), and, for a POST, a valid CSRF token; the
+// caller's role must allow the route's op (a 403 page otherwise, before
+// anything is written). An action of a mutating op appends one audit row.
+func (c *Console) handle(pattern string, opOf func(*http.Request) service.Op, f func(http.ResponseWriter, *http.Request) error) {
 	c.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		if !c.authenticated(r) {
-			if r.Method != http.MethodGet {
+		caller, err := c.caller(r)
+		if err != nil {
+			var un *service.UnauthenticatedError
+			switch {
+			case !errors.As(err, &un):
+				c.fail(w, r, err)
+			case r.Method != http.MethodGet:
 				c.fail(w, r, &pageError{Status: http.StatusUnauthorized, Message: "log in first"})
-				return
+			default:
+				http.Redirect(w, r, "/ui/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 			}
-			http.Redirect(w, r, "/ui/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 			return
 		}
+		r = r.WithContext(service.WithCaller(r.Context(), caller))
 		if r.Method == http.MethodPost {
 			if err := c.checkCSRF(r); err != nil {
 				c.fail(w, r, err)
 				return
 			}
 		}
-		if err := f(w, r); err != nil {
+		o := opOf(r)
+		if err := c.svc.Authorize(r.Context(), o); err != nil {
+			c.fail(w, r, err)
+			return
+		}
+		err = f(w, r)
+		if rule, _ := o.Rule(); rule.Mutates {
+			c.audit(r, o, err)
+		}
+		if err != nil {
 			c.fail(w, r, err)
 		}
 	})
+}
+
+// audit appends the audit row of an action that ended with err (none
+// for a refusal of the caller's role or namespace).
+func (c *Console) audit(r *http.Request, o service.Op, err error) {
+	result, status := "ok", http.StatusSeeOther
+	if err != nil {
+		status, _ = c.status(err)
+		var denied *service.ForbiddenError
+		if errors.As(err, &denied) {
+			return
+		}
+		result = strings.ReplaceAll(strings.ToLower(http.StatusText(status)), " ", "_")
+	}
+	if aerr := c.svc.Audit(context.WithoutCancel(r.Context()), o, r.URL.Path, result, status); aerr != nil {
+		c.log.Error("console: audit row not written", "op", o, "err", aerr)
+	}
 }
 
 // page is what every template gets.
@@ -192,7 +255,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, nam
 	if !ok {
 		return fmt.Errorf("console: no template %q", name)
 	}
-	p := page{Title: title, Nav: nav, CSRF: c.csrfToken(w, r), Auth: c.o.AuthToken != "", Flash: takeFlash(w, r), Data: data}
+	p := page{Title: title, Nav: nav, CSRF: c.csrfToken(w, r), Auth: !c.svc.Open(), Flash: takeFlash(w, r), Data: data}
 	var buf bytes.Buffer
 	if err := t.ExecuteTemplate(&buf, "layout", p); err != nil {
 		return fmt.Errorf("console: render %s: %w", name, err)
@@ -211,32 +274,47 @@ type pageError struct {
 
 func (e *pageError) Error() string { return e.Message }
 
-// fail answers err as an error page: the service's typed errors with their
-// status and message, anything else as a 500 whose detail is only logged.
-func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
-	status, msg := http.StatusInternalServerError, "internal error (see the host's log)"
+// status returns the status and message err is answered with: the
+// service's typed errors with theirs, anything else 500 (known false: its
+// detail is only logged).
+func (c *Console) status(err error) (status int, msg string) {
 	var pe *pageError
 	var inv *service.InvalidError
 	var nf *service.NotFoundError
 	var cf *service.ConflictError
 	var gone *service.GoneError
 	var tl *service.TooLargeError
+	var denied *service.ForbiddenError
+	var un *service.UnauthenticatedError
 	switch {
 	case errors.As(err, &pe):
-		status, msg = pe.Status, pe.Message
+		return pe.Status, pe.Message
+	case errors.As(err, &denied):
+		return http.StatusForbidden, "refused: " + denied.Message
+	case errors.As(err, &un):
+		return http.StatusUnauthorized, un.Message
 	case errors.As(err, &inv):
-		status, msg = http.StatusBadRequest, inv.Error()
+		return http.StatusBadRequest, inv.Error()
 	case errors.As(err, &tl):
-		status, msg = http.StatusRequestEntityTooLarge, tl.Error()
+		return http.StatusRequestEntityTooLarge, tl.Error()
 	case errors.As(err, &nf):
-		status, msg = http.StatusNotFound, nf.Error()
+		return http.StatusNotFound, nf.Error()
 	case errors.As(err, &cf):
-		status, msg = http.StatusConflict, cf.Error()
+		return http.StatusConflict, cf.Error()
 	case errors.As(err, &gone):
-		status, msg = http.StatusGone, gone.Error()
+		return http.StatusGone, gone.Error()
 	case errors.Is(err, store.ErrSessionDestroyed):
-		status, msg = http.StatusConflict, "the session is destroyed"
-	default:
+		return http.StatusConflict, "the session is destroyed"
+	}
+	return http.StatusInternalServerError, ""
+}
+
+// fail answers err as an error page: the service's typed errors with their
+// status and message, anything else as a 500 whose detail is only logged.
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, msg := c.status(err)
+	if msg == "" {
+		msg = "internal error (see the host's log)"
 		c.log.Error("console: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	if rerr := c.render(w, r, status, "error", http.StatusText(status), "", struct {

@@ -140,13 +140,13 @@ func TestSessionCookieOpensTheAPIOnlyForReads(t *testing.T) {
 	}
 	// A forged cookie opens nothing.
 	req, _ = http.NewRequest("GET", e.url+"/v1/agents", nil)
-	req.AddCookie(&http.Cookie{Name: api.SessionCookie, Value: api.SessionValue("other-token")})
+	req.AddCookie(&http.Cookie{Name: api.SessionCookie, Value: "forged-login-id"})
 	if resp, err = http.DefaultClient.Do(req); err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("GET with a cookie for another token: %d, want 401", resp.StatusCode)
+		t.Fatalf("GET with a forged cookie: %d, want 401", resp.StatusCode)
 	}
 }
 

@@ -61,6 +61,8 @@ func asError(err error, rq reqKey) *Error {
 		invalid  *service.InvalidError
 		notFound *service.NotFoundError
 		conflict *service.ConflictError
+		unauth   *service.UnauthenticatedError
+		denied   *service.ForbiddenError
 	)
 	switch {
 	case errors.As(err, &e):
@@ -99,6 +101,10 @@ func asError(err error, rq reqKey) *Error {
 			Metadata: map[string]any{"key": rq.key, "existing_actor_id": conflict.Existing}}
 	case errors.As(err, &conflict):
 		return invalidInput("%s", conflict.Message)
+	case errors.As(err, &unauth):
+		return &Error{Status: http.StatusUnauthorized, Group: "api", Code: "unauthorized", Message: "Authentication required: " + unauth.Message}
+	case errors.As(err, &denied):
+		return &Error{Status: http.StatusForbidden, Group: "api", Code: "forbidden", Message: denied.Message}
 	case errors.Is(err, store.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		return &Error{Status: http.StatusServiceUnavailable, Group: "guard", Code: "service_unavailable",
 			Message: "Service unavailable: the store cannot be reached; retry later."}
@@ -114,6 +120,9 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 
 func (s *Server) writeErrorFor(w http.ResponseWriter, r *http.Request, err error, rq reqKey) {
 	e := asError(err, rq)
+	if e != nil && e.Status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="paddock"`)
+	}
 	if e == nil {
 		s.log.Error("rivetapi: internal error", "method", r.Method, "path", r.URL.Path, "err", err)
 		e = &Error{Status: http.StatusInternalServerError, Group: "core", Code: "internal_error", Message: "An internal error occurred"}

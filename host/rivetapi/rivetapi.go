@@ -25,6 +25,8 @@
 package rivetapi
 
 import (
+	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"log/slog"
@@ -53,8 +55,11 @@ const DefaultListLimit = 100
 type Options struct {
 	// Service is the runtime's front-door operations (required).
 	Service *service.Service
-	// AuthToken, when set, is required as "Authorization: Bearer <token>"
-	// on every route (the same token as /v1).
+	// AuthToken, when set, is the bootstrap admin token: New gives it to
+	// the service (Service.WithAuthToken). Every route then needs
+	// "Authorization: Bearer <token>" of it or of a stored token, whose
+	// role and namespace must allow the route's op (the same tokens and
+	// rules as /v1).
 	AuthToken string
 	// MaxBodyBytes caps request bodies (0: DefaultMaxBodyBytes).
 	MaxBodyBytes int64
@@ -82,11 +87,14 @@ func New(opts Options) *Server {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if opts.AuthToken != "" {
+		opts.Service.WithAuthToken(opts.AuthToken)
+	}
 	s := &Server{o: opts, svc: opts.Service, log: opts.Logger, mux: http.NewServeMux()}
-	s.mux.Handle("POST /actors", s.handle((*Server).create))
-	s.mux.Handle("PUT /actors", s.handle((*Server).getOrCreate))
-	s.mux.Handle("GET /actors", s.handle((*Server).list))
-	s.mux.Handle("DELETE /actors/{actor_id}", s.handle((*Server).destroy))
+	s.mux.Handle("POST /actors", s.handleOp(service.OpSessionCreate, (*Server).create))
+	s.mux.Handle("PUT /actors", s.handleOp(service.OpSessionCreate, (*Server).getOrCreate))
+	s.mux.Handle("GET /actors", s.handleOp(service.OpSessionRead, (*Server).list))
+	s.mux.Handle("DELETE /actors/{actor_id}", s.handleOp(service.OpSessionDestroy, (*Server).destroy))
 	s.mux.Handle("/", s.handle(func(_ *Server, _ http.ResponseWriter, r *http.Request) error {
 		return &Error{Status: http.StatusNotFound, Group: "api", Code: "not_found",
 			Message: "The requested resource was not found: Paddock serves POST, PUT and GET /actors and DELETE /actors/{actor_id} of Rivet's API, not " + r.Method + " " + r.URL.Path}
@@ -105,11 +113,16 @@ func (s *Server) Mount(next http.Handler) http.Handler {
 
 // ServeHTTP authenticates and routes a request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if s.o.AuthToken != "" && !api.BearerOK(r, s.o.AuthToken) {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="paddock"`)
-		s.writeError(w, r, &Error{Status: http.StatusUnauthorized, Group: "api", Code: "unauthorized", Message: "Authentication required"})
+	c, err := s.svc.Authenticate(r.Context(), api.Bearer(r))
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
+	ctx := service.WithCaller(r.Context(), c)
+	if ns := r.URL.Query().Get("namespace"); ns != "" {
+		ctx = service.WithNamespace(ctx, ns)
+	}
+	r = r.WithContext(ctx)
 	// The mux answers a known path with another method 405 in plain text;
 	// Rivet answers api.method_not_allowed.
 	if _, pattern := s.mux.Handler(r); pattern == "/" && (r.URL.Path == "/actors" || isActorPath(r.URL.Path)) && r.URL.Path != "/actors/names" {
@@ -131,6 +144,61 @@ func isActorPath(p string) bool {
 		}
 	}
 	return true
+}
+
+// handleOp serves a route of op: the caller must be allowed op
+// (Authorize: 403 api.forbidden, writing nothing), and a call of a
+// mutating op appends one audit row before its answer is sent.
+func (s *Server) handleOp(op service.Op, h func(*Server, http.ResponseWriter, *http.Request) error) http.Handler {
+	rule, _ := op.Rule()
+	inner := s.handle(h)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := s.svc.Authorize(r.Context(), op); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if !rule.Mutates {
+			inner.ServeHTTP(w, r)
+			return
+		}
+		rec := &recorder{header: w.Header(), status: http.StatusOK}
+		inner.ServeHTTP(rec, r)
+		result := "ok"
+		if rec.status >= 400 {
+			var e Error
+			_ = json.Unmarshal(rec.body.Bytes(), &e)
+			result = e.Group + "." + e.Code
+		}
+		if result != "api.forbidden" && result != "api.unauthorized" {
+			if err := s.svc.Audit(context.WithoutCancel(r.Context()), op, r.URL.Path, result, rec.status); err != nil {
+				s.log.Error("rivetapi: audit row not written", "op", op, "err", err)
+			}
+		}
+		w.WriteHeader(rec.status)
+		_, _ = w.Write(rec.body.Bytes())
+	})
+}
+
+// recorder holds a mutating route's answer until its audit row is
+// written.
+type recorder struct {
+	header http.Header
+	status int
+	wrote  bool
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(code int) {
+	if !r.wrote {
+		r.status, r.wrote = code, true
+	}
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.wrote = true
+	return r.body.Write(b)
 }
 
 func (s *Server) handle(h func(*Server, http.ResponseWriter, *http.Request) error) http.Handler {

@@ -67,7 +67,8 @@ const (
 )
 
 // Service runs the front-door operations against one host and its store.
-// It holds no state of its own; it is safe for concurrent use.
+// Its only state of its own is the web console's logins (ConsoleLogin); it
+// is safe for concurrent use.
 type Service struct {
 	h       *host.Host
 	st      store.Store
@@ -76,13 +77,16 @@ type Service struct {
 	sealer  Sealer
 	hub     *stream.Hub
 	workers func() []RemoteWorker
+	// bootstrap is sha256 of the config's auth_token (nil: an open host).
+	bootstrap []byte
+	logins    *consoleLogins
 }
 
 // New returns the service of h. modules inspects uploaded modules; plugins
 // checks plugin registrations (nil: this host runs no plugin workers, and
 // RegisterPlugin returns ErrPluginsDisabled).
 func New(h *host.Host, modules Modules, plugins Plugins) *Service {
-	return &Service{h: h, st: h.Store(), modules: modules, plugins: plugins}
+	return &Service{h: h, st: h.Store(), modules: modules, plugins: plugins, logins: newConsoleLogins()}
 }
 
 // Health is what a health check reports.

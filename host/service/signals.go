@@ -83,7 +83,8 @@ type SignalResult struct {
 // ConflictTurnInFlight for a message under mid_turn reject while a turn is
 // in flight, a *NotFoundError for an unknown session, and
 // store.ErrSessionDestroyed for a destroyed one; a cancel's refusals are
-// CancelEvent's. A message's mid_turn (p.MidTurn, else the agent's policy)
+// CancelEvent's. A caller whose role is below the signal's op (SignalOp)
+// is refused with a *ForbiddenError before anything is written. A message's mid_turn (p.MidTurn, else the agent's policy)
 // decides what it does while a turn is in flight: see midTurnMessage.
 //
 // The acceptance is a span (tracing.SpanSignal), a child of ctx's span
@@ -104,6 +105,11 @@ func (s *Service) Signal(ctx context.Context, a store.Agent, sessionID string, p
 func (s *Service) signal(ctx context.Context, a store.Agent, sessionID string, p SignalParams) (SignalResult, error) {
 	if p.Kind == "" {
 		p.Kind = abi.EventMessage
+	}
+	// A message is a client's; a steer, cancel, wake, forced allocation
+	// or mid_turn override that steers or cancels, an operator's.
+	if err := s.Authorize(ctx, SignalOp(p)); err != nil {
+		return SignalResult{}, err
 	}
 	if string(p.Data) == "null" {
 		p.Data = nil

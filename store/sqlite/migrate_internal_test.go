@@ -94,7 +94,7 @@ func gooseOn(t *testing.T, path string) (*sql.DB, *goose.Provider) {
 }
 
 // latestVersion is the goose version of the newest migration.
-const latestVersion = "8"
+const latestVersion = "10"
 
 // dumpQueries read every row of every table but agents and plugin_workers,
 // in a stable order, and the schema of every object except those two

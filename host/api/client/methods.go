@@ -371,3 +371,43 @@ func (c *Client) ResolveWait(ctx context.Context, agent, session, id string, in 
 	err := c.doJSON(ctx, "POST", waitPath(agent, session, id), in, &out, opts)
 	return out, err
 }
+
+// ---- tokens and the audit log
+
+// CreateToken creates an API token (POST /v1/tokens; admins) and returns
+// it with its value, which is answered this once. Errors: 400
+// invalid_field or missing_field (role, name), 403 forbidden (a caller of
+// another namespace, or a role above the caller's), 404
+// namespace_not_found.
+func (c *Client) CreateToken(ctx context.Context, in CreateTokenRequest, opts ...CallOption) (NewToken, error) {
+	var out NewToken
+	err := c.doJSON(ctx, "POST", "/v1/tokens", in, &out, opts)
+	return out, err
+}
+
+// ListTokens lists the tokens, revoked ones included, without their
+// values (GET /v1/tokens; admins).
+func (c *Client) ListTokens(ctx context.Context, opts ...CallOption) ([]Token, error) {
+	var out TokenList
+	err := c.doJSON(ctx, "GET", "/v1/tokens", nil, &out, opts)
+	return out.Tokens, err
+}
+
+// RevokeToken revokes a token (DELETE /v1/tokens/{id}; admins) and
+// returns it; revoking it again answers it unchanged. 404 token_not_found
+// for an unknown id.
+func (c *Client) RevokeToken(ctx context.Context, id string, opts ...CallOption) (Token, error) {
+	var out Token
+	err := c.doJSON(ctx, "DELETE", "/v1/tokens/"+esc(id), nil, &out, opts)
+	return out, err
+}
+
+// ListAudit returns a page of the audit log, newest first (GET /v1/audit;
+// admins): rows before the id before (0: from the newest), at most limit
+// (0: 100, at most 1000).
+func (c *Client) ListAudit(ctx context.Context, before int64, limit int, opts ...CallOption) (AuditPage, error) {
+	var out AuditPage
+	q := query("before", itoa(before), "limit", itoa(int64(limit)))
+	err := c.doJSON(ctx, "GET", "/v1/audit"+q, nil, &out, opts)
+	return out, err
+}

@@ -569,3 +569,62 @@ type ResolveWaitRequest struct {
 	Approved *bool           `json:"approved,omitempty"`
 	Reason   string          `json:"reason,omitempty"`
 }
+
+// Token is a stored API token as listed: never its value.
+type Token struct {
+	ID        string `json:"id"`
+	Namespace string `json:"namespace"`
+	// Role is reader, client, operator or admin.
+	Role      string    `json:"role"`
+	Name      string    `json:"name,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	// CreatedBy is the token id of its creator ("bootstrap" for the
+	// config's auth_token).
+	CreatedBy string     `json:"created_by"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+}
+
+// CreateTokenRequest is the body of CreateToken (POST /v1/tokens).
+type CreateTokenRequest struct {
+	// Namespace is the token's namespace ("": the one the request
+	// addresses, ?namespace= or the caller's, else default).
+	Namespace string `json:"namespace,omitempty"`
+	// Role is reader, client, operator or admin.
+	Role string `json:"role"`
+	// Name describes the token (at most 200 bytes).
+	Name string `json:"name,omitempty"`
+}
+
+// NewToken is the answer of CreateToken: the token and, this once, its
+// value (the host keeps only a hash of it).
+type NewToken struct {
+	Token
+	// Token is the bearer token's value, "pdk_<id>_<secret>".
+	Value string `json:"token"`
+}
+
+// TokenList is the answer of ListTokens (GET /v1/tokens).
+type TokenList struct {
+	Tokens []Token `json:"tokens"`
+}
+
+// AuditEntry is one row of the audit log: who (a token id), what (an
+// operation such as "session.destroy"), which object (the addressed
+// path), when, and the result ("ok" or the error code) and status.
+type AuditEntry struct {
+	ID        int64     `json:"id"`
+	At        time.Time `json:"at"`
+	TokenID   string    `json:"token_id"`
+	Namespace string    `json:"namespace"`
+	Action    string    `json:"action"`
+	Object    string    `json:"object"`
+	Result    string    `json:"result"`
+	Status    int       `json:"status"`
+}
+
+// AuditPage is the answer of ListAudit (GET /v1/audit): rows newest first
+// and the cursor of the next page (NextBefore, 0 when this was the last).
+type AuditPage struct {
+	Entries    []AuditEntry `json:"entries"`
+	NextBefore int64        `json:"next_before,omitempty"`
+}

@@ -1,0 +1,55 @@
+package service
+
+import (
+	"context"
+
+	"github.com/paddock-dev/paddock/store"
+)
+
+// Audit appends one row to the audit log: ctx's caller's token id (the
+// host's own, HostTokenID, without a caller), the namespace ctx addresses,
+// op, the object (the addressed resource's path), result ("ok" or the
+// error code answered) and the front door's status (0 when it has none).
+// Front doors call it for every call of a mutating op (OpRule.Mutates)
+// that passed Authorize; refused calls write nothing, not even this row.
+func (s *Service) Audit(ctx context.Context, op Op, object, result string, status int) error {
+	_, err := s.st.AppendAudit(ctx, store.AppendAuditParams{
+		TokenID: callerOf(ctx).TokenID, Namespace: NamespaceOf(ctx), Action: string(op),
+		Object: object, Result: result, Status: status,
+	})
+	return wrap("audit", err)
+}
+
+// AuditPage selects a page of the audit log, newest first.
+type AuditPage struct {
+	// Before is the id of the previous page's last row (0: the newest).
+	Before int64
+	// Limit is the page size: 0 means store.DefaultAuditLimit, at most
+	// store.MaxAuditLimit.
+	Limit int
+}
+
+// ListAudit returns a page of the audit log (OpAuditRead: admins): a
+// namespace's caller reads its namespace's rows, a caller of every
+// namespace the rows of the namespace its request named, else all.
+// Refusals: *InvalidError (before, limit). next is the cursor of the
+// following page (0: this was the last).
+func (s *Service) ListAudit(ctx context.Context, p AuditPage) (rows []store.AuditEntry, next int64, err error) {
+	if err := s.Authorize(ctx, OpAuditRead); err != nil {
+		return nil, 0, err
+	}
+	if p.Before < 0 {
+		return nil, 0, invalid("before", "before=%d must not be negative", p.Before)
+	}
+	if p.Limit, err = pageSize(p.Limit, store.DefaultAuditLimit, store.MaxAuditLimit); err != nil {
+		return nil, 0, err
+	}
+	rows, err = s.st.ListAudit(ctx, store.ListAuditParams{Namespace: scope(ctx), Before: p.Before, Limit: p.Limit})
+	if err != nil {
+		return nil, 0, wrap("list audit", err)
+	}
+	if len(rows) == p.Limit {
+		next = rows[len(rows)-1].ID
+	}
+	return rows, next, nil
+}

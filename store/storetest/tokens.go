@@ -1,0 +1,209 @@
+package storetest
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/paddock-dev/paddock/store"
+)
+
+func tokenCases() []testCase {
+	return []testCase{
+		{"Tokens/CreateGetListRevokeRoundTrip", testTokens},
+		{"Tokens/RevokeIsIdempotentAndKeepsTheFirstTime", testTokenRevokeTwice},
+		{"Tokens/InvalidInputsAreRefusedAndStoreNothing", testTokensInvalid},
+		{"Audit/AppendedRowsPageNewestFirstByNamespace", testAudit},
+		{"Audit/InvalidRowsAndPagesAreRefused", testAuditInvalid},
+	}
+}
+
+func tokenParams(id, ns, role string) store.CreateTokenParams {
+	h := sha256.Sum256([]byte("secret of " + id))
+	return store.CreateTokenParams{ID: id, Namespace: ns, Role: role, Name: "token " + id, CreatedBy: "bootstrap", Hash: h[:]}
+}
+
+func testTokens(t *testing.T, b *bundle) {
+	p := tokenParams("00000000000000a1", "team-a", "operator")
+	tok, err := b.s.CreateToken(b.ctx, p)
+	noErr(t, err, "CreateToken")
+	wantEq(t, tok.ID, p.ID, "ID")
+	wantEq(t, tok.Namespace, "team-a", "Namespace")
+	wantEq(t, tok.Role, "operator", "Role")
+	wantEq(t, tok.Name, p.Name, "Name")
+	wantEq(t, tok.CreatedBy, "bootstrap", "CreatedBy")
+	if tok.CreatedAt.IsZero() || tok.RevokedAt != nil || tok.Hash != nil {
+		t.Fatalf("created token: %+v (want a creation time, no revocation, no hash)", tok)
+	}
+	_, err = b.s.CreateToken(b.ctx, p)
+	wantIs(t, err, store.ErrConflict, "CreateToken of an existing id")
+
+	got, err := b.s.GetToken(b.ctx, p.ID)
+	noErr(t, err, "GetToken")
+	wantBytes(t, got.Hash, p.Hash, "GetToken's hash")
+	if !got.CreatedAt.Equal(tok.CreatedAt) || got.Role != "operator" || got.Namespace != "team-a" {
+		t.Fatalf("GetToken = %+v, created %+v", got, tok)
+	}
+	_, err = b.s.GetToken(b.ctx, "00000000000000ff")
+	wantIs(t, err, store.ErrNotFound, "GetToken of an unknown id")
+
+	time.Sleep(2 * time.Millisecond) // created_at orders the list, at ms precision
+	_, err = b.s.CreateToken(b.ctx, tokenParams("00000000000000b1", "team-b", "reader"))
+	noErr(t, err, "CreateToken b1")
+	time.Sleep(2 * time.Millisecond)
+	_, err = b.s.CreateToken(b.ctx, tokenParams("00000000000000a2", "team-a", "admin"))
+	noErr(t, err, "CreateToken a2")
+
+	ids := func(ns string) string {
+		t.Helper()
+		list, err := b.s.ListTokens(b.ctx, ns)
+		noErr(t, err, "ListTokens "+ns)
+		var out []string
+		for _, tk := range list {
+			if tk.Hash != nil {
+				t.Fatalf("ListTokens answered a hash: %+v", tk)
+			}
+			out = append(out, tk.ID)
+		}
+		return strings.Join(out, ",")
+	}
+	wantEq(t, ids("team-a"), "00000000000000a1,00000000000000a2", "tokens of team-a")
+	wantEq(t, ids("team-b"), "00000000000000b1", "tokens of team-b")
+	wantEq(t, ids(""), "00000000000000a1,00000000000000b1,00000000000000a2", "every token")
+	wantEq(t, ids("team-c"), "", "tokens of an empty namespace")
+
+	rev, err := b.s.RevokeToken(b.ctx, p.ID)
+	noErr(t, err, "RevokeToken")
+	if rev.RevokedAt == nil || rev.RevokedAt.Before(tok.CreatedAt) {
+		t.Fatalf("revoked token: %+v", rev)
+	}
+	got, err = b.s.GetToken(b.ctx, p.ID)
+	noErr(t, err, "GetToken of a revoked token")
+	if got.RevokedAt == nil || !got.RevokedAt.Equal(*rev.RevokedAt) {
+		t.Fatalf("GetToken of a revoked token: revoked_at %s, want %s", tsp(got.RevokedAt), tsp(rev.RevokedAt))
+	}
+	_, err = b.s.RevokeToken(b.ctx, "00000000000000ff")
+	wantIs(t, err, store.ErrNotFound, "RevokeToken of an unknown id")
+	list, err := b.s.ListTokens(b.ctx, "team-a")
+	noErr(t, err, "ListTokens after the revoke")
+	if len(list) != 2 || list[0].RevokedAt == nil || list[1].RevokedAt != nil {
+		t.Fatalf("ListTokens after the revoke: %+v", list)
+	}
+}
+
+func testTokenRevokeTwice(t *testing.T, b *bundle) {
+	p := tokenParams("0123456789abcdef", "default", "client")
+	_, err := b.s.CreateToken(b.ctx, p)
+	noErr(t, err, "CreateToken")
+	first, err := b.s.RevokeToken(b.ctx, p.ID)
+	noErr(t, err, "RevokeToken")
+	time.Sleep(3 * time.Millisecond)
+	again, err := b.s.RevokeToken(b.ctx, p.ID)
+	noErr(t, err, "RevokeToken again")
+	if first.RevokedAt == nil || again.RevokedAt == nil || !again.RevokedAt.Equal(*first.RevokedAt) {
+		t.Fatalf("revoked twice: first %s, again %s", tsp(first.RevokedAt), tsp(again.RevokedAt))
+	}
+}
+
+func testTokensInvalid(t *testing.T, b *bundle) {
+	ok := tokenParams("00000000000000c1", "default", "reader")
+	for _, tc := range []struct {
+		what string
+		edit func(p *store.CreateTokenParams)
+	}{
+		{"a short id", func(p *store.CreateTokenParams) { p.ID = "abc" }},
+		{"an uppercase id", func(p *store.CreateTokenParams) { p.ID = "00000000000000C1" }},
+		{"no namespace", func(p *store.CreateTokenParams) { p.Namespace = "" }},
+		{"an unknown role", func(p *store.CreateTokenParams) { p.Role = "root" }},
+		{"a long name", func(p *store.CreateTokenParams) { p.Name = strings.Repeat("n", store.MaxTokenNameLen+1) }},
+		{"no creator", func(p *store.CreateTokenParams) { p.CreatedBy = "" }},
+		{"a short hash", func(p *store.CreateTokenParams) { p.Hash = p.Hash[:16] }},
+	} {
+		p := ok
+		p.Hash = bytes.Clone(ok.Hash)
+		tc.edit(&p)
+		_, err := b.s.CreateToken(b.ctx, p)
+		wantIs(t, err, store.ErrInvalid, "CreateToken with "+tc.what)
+	}
+	for _, id := range []string{"", "x", "../etc/passwd", strings.Repeat("a", 17)} {
+		_, err := b.s.GetToken(b.ctx, id)
+		wantIs(t, err, store.ErrInvalid, fmt.Sprintf("GetToken(%q)", id))
+		_, err = b.s.RevokeToken(b.ctx, id)
+		wantIs(t, err, store.ErrInvalid, fmt.Sprintf("RevokeToken(%q)", id))
+	}
+	list, err := b.s.ListTokens(b.ctx, "")
+	noErr(t, err, "ListTokens")
+	wantEq(t, len(list), 0, "tokens stored by refused creates")
+}
+
+func testAudit(t *testing.T, b *bundle) {
+	before := time.Now().Add(-time.Minute)
+	var ids []int64
+	for i := range 5 {
+		ns := "team-a"
+		if i%2 == 1 {
+			ns = "team-b"
+		}
+		e, err := b.s.AppendAudit(b.ctx, store.AppendAuditParams{
+			TokenID: fmt.Sprintf("tok%d", i), Namespace: ns, Action: "session.destroy",
+			Object: fmt.Sprintf("/v1/agents/a/sessions/s%d", i), Result: "ok", Status: 200,
+		})
+		noErr(t, err, "AppendAudit")
+		if e.ID <= 0 || e.At.Before(before) || e.Namespace != ns || e.TokenID != fmt.Sprintf("tok%d", i) || e.Status != 200 {
+			t.Fatalf("appended %+v", e)
+		}
+		if len(ids) > 0 && e.ID <= ids[len(ids)-1] {
+			t.Fatalf("audit ids not increasing: %d after %v", e.ID, ids)
+		}
+		ids = append(ids, e.ID)
+	}
+	page := func(p store.ListAuditParams) []int64 {
+		t.Helper()
+		es, err := b.s.ListAudit(b.ctx, p)
+		noErr(t, err, fmt.Sprintf("ListAudit(%+v)", p))
+		out := []int64{}
+		for _, e := range es {
+			out = append(out, e.ID)
+		}
+		return out
+	}
+	same := func(got, want []int64, what string) {
+		t.Helper()
+		wantEq(t, fmt.Sprint(got), fmt.Sprint(want), what)
+	}
+	same(page(store.ListAuditParams{}), []int64{ids[4], ids[3], ids[2], ids[1], ids[0]}, "every row, newest first")
+	same(page(store.ListAuditParams{Limit: 2}), []int64{ids[4], ids[3]}, "first page of 2")
+	same(page(store.ListAuditParams{Limit: 2, Before: ids[3]}), []int64{ids[2], ids[1]}, "second page of 2")
+	same(page(store.ListAuditParams{Limit: 2, Before: ids[1]}), []int64{ids[0]}, "last page")
+	same(page(store.ListAuditParams{Namespace: "team-b"}), []int64{ids[3], ids[1]}, "team-b's rows")
+	same(page(store.ListAuditParams{Namespace: "team-a", Before: ids[4]}), []int64{ids[2], ids[0]}, "team-a's rows before the newest")
+	same(page(store.ListAuditParams{Namespace: "nobody"}), []int64{}, "an empty namespace's rows")
+	es, err := b.s.ListAudit(b.ctx, store.ListAuditParams{Limit: 1})
+	noErr(t, err, "ListAudit")
+	e := es[0]
+	if e.Action != "session.destroy" || e.Object != "/v1/agents/a/sessions/s4" || e.Result != "ok" || e.TokenID != "tok4" {
+		t.Fatalf("read back %+v", e)
+	}
+}
+
+func testAuditInvalid(t *testing.T, b *bundle) {
+	for _, p := range []store.AppendAuditParams{
+		{Action: "x", Result: "ok"},
+		{TokenID: "t", Result: "ok"},
+		{TokenID: "t", Action: "x"},
+		{TokenID: "t", Action: "x", Result: "ok", Object: strings.Repeat("o", 1025)},
+	} {
+		_, err := b.s.AppendAudit(b.ctx, p)
+		wantIs(t, err, store.ErrInvalid, fmt.Sprintf("AppendAudit(%+v)", p))
+	}
+	for _, p := range []store.ListAuditParams{{Limit: -1}, {Limit: store.MaxAuditLimit + 1}, {Before: -1}} {
+		_, err := b.s.ListAudit(b.ctx, p)
+		wantIs(t, err, store.ErrInvalid, fmt.Sprintf("ListAudit(%+v)", p))
+	}
+	es, err := b.s.ListAudit(b.ctx, store.ListAuditParams{})
+	noErr(t, err, "ListAudit")
+	wantEq(t, len(es), 0, "rows stored by refused appends")
+}
