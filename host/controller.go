@@ -155,10 +155,13 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	if forCapacity {
 		// Asleep for lack of capacity with a due event (the scan listed it,
 		// docs/DESIGN.md invariant 11): take a slot if one frees within a scan
-		// interval — idle holders yield to a waiter — then wake the session.
-		// Without a slot it stays asleep and the next scan tries again.
-		if retry, ok := c.wakeForCapacity(runCtx, slots); !ok {
-			return retry
+		// interval — idle holders yield to a waiter — then the claim wakes
+		// the session in its own transaction (WakeForCapacity), so one
+		// slept meanwhile for another reason (the crash policy's sleep)
+		// stays asleep. Without a slot it stays asleep and the next scan
+		// tries again.
+		if !c.slotForCapacity(runCtx, slots) {
+			return 0
 		}
 	} else if !slots.tryAcquire() {
 		if retry, ok := c.waitForCapacity(runCtx, slots, pol, sess); !ok {
@@ -172,10 +175,14 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	ctx, cancel = context.WithTimeout(runCtx, 10*time.Second)
 	act, err := h.st.ClaimActivation(ctx, store.ClaimActivationParams{
 		Key: c.key, UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: h.id, LeaseTTL: h.set.LeaseTTL,
+		WakeForCapacity: forCapacity,
 	})
 	cancel()
 	switch {
 	case err == nil:
+		if forCapacity {
+			c.log.Info("capacity free: session asleep for capacity woken")
+		}
 	case errors.Is(err, store.ErrActivationLive), errors.Is(err, store.ErrNotFound),
 		errors.Is(err, store.ErrSessionDestroyed), errors.Is(err, store.ErrSessionSleeping):
 		// Another controller (here or on another host) owns the session, or
@@ -200,32 +207,16 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	return a.loop(runCtx)
 }
 
-// wakeForCapacity takes a slot for a session asleep for lack of capacity
-// (store.WaitsForCapacity), waiting at most one scan interval, and wakes
-// the session. ok is true when a slot is held and the session is active.
-func (c *controller) wakeForCapacity(runCtx context.Context, slots *pool) (retry time.Duration, ok bool) {
-	h := c.h
-	if !slots.tryAcquire() {
-		wctx, cancel := context.WithTimeout(runCtx, h.set.ScanInterval)
-		err := slots.acquire(wctx)
-		cancel()
-		if err != nil {
-			return 0, false
-		}
+// slotForCapacity takes a slot for a session asleep for lack of capacity
+// (store.WaitsForCapacity), waiting at most one scan interval; it reports
+// whether a slot is held. The claim that follows wakes the session.
+func (c *controller) slotForCapacity(runCtx context.Context, slots *pool) bool {
+	if slots.tryAcquire() {
+		return true
 	}
-	ctx, cancel := context.WithTimeout(runCtx, 10*time.Second)
-	_, err := h.st.WakeSession(ctx, c.key)
-	cancel()
-	if err != nil {
-		slots.release(false)
-		if !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrSessionDestroyed) && runCtx.Err() == nil {
-			c.log.Warn("wake a session asleep for capacity", "err", err)
-			return time.Second, false
-		}
-		return 0, false
-	}
-	c.log.Info("capacity free: session asleep for capacity woken")
-	return 0, true
+	wctx, cancel := context.WithTimeout(runCtx, c.h.set.ScanInterval)
+	defer cancel()
+	return slots.acquire(wctx) == nil
 }
 
 // waitForCapacity handles a full pool: a sleep-policy session sleeps at

@@ -665,14 +665,14 @@ func (h *Host) fireAlarms(ctx context.Context) {
 func (h *Host) scan(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	blocked, err := h.blockedAgents(sctx)
+	blocked, skip, err := h.scanFilters(sctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			h.log.Warn("scan: agents", "err", err)
 		}
 		return
 	}
-	keys, err := h.st.RunnableSessions(sctx, store.RunnableSessionsParams{Limit: 256, BlockedAgents: blocked})
+	keys, err := h.st.RunnableSessions(sctx, store.RunnableSessionsParams{Limit: 256, BlockedAgents: blocked, SkipAgents: skip})
 	if err != nil {
 		if ctx.Err() == nil {
 			h.log.Warn("scan: runnable sessions", "err", err)
@@ -684,28 +684,46 @@ func (h *Host) scan(ctx context.Context) {
 	}
 }
 
-// blockedAgents returns the uids of agents whose dead-letter policy is
-// "block" (nil, without a store call, when no policy blocks).
-func (h *Host) blockedAgents(ctx context.Context) ([]string, error) {
+// scanFilters returns the agents the runnable scan treats apart: blocked,
+// those whose dead-letter policy is "block", and skip, those whose pool
+// this host cannot run now (Placer), left out so that their sessions cannot
+// fill the scan's page and hide the sessions it can run (docs/DESIGN.md
+// "Remote pools across hosts"). Both nil, without a store call, when no
+// policy blocks and no pool of the policy may be refused.
+func (h *Host) scanFilters(ctx context.Context) (blocked, skip []string, err error) {
 	pol := h.pol.Load()
-	any := pol.BlockOnDeadLetter
-	for _, a := range pol.Agents {
-		any = any || a.BlockOnDeadLetter
+	placer, _ := h.runner.(Placer)
+	mayRefuse := func(pool string) bool {
+		if placer == nil {
+			return false
+		}
+		if ps, ok := placer.(PoolScope); ok {
+			return ps.MayRefuse(pool)
+		}
+		return true
 	}
-	if !any {
-		return nil, nil
+	anyBlock, anySkip := pol.BlockOnDeadLetter, mayRefuse(pol.Pool)
+	for _, a := range pol.Agents {
+		anyBlock = anyBlock || a.BlockOnDeadLetter
+		anySkip = anySkip || mayRefuse(a.Pool)
+	}
+	if !anyBlock && !anySkip {
+		return nil, nil, nil
 	}
 	agents, err := h.st.ListAgents(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []string
 	for _, a := range agents {
-		if pol.For(a.Name).BlockOnDeadLetter {
-			out = append(out, a.UID)
+		ap := pol.For(a.Name)
+		if ap.BlockOnDeadLetter {
+			blocked = append(blocked, a.UID)
+		}
+		if mayRefuse(ap.Pool) && !h.placeable(ctx, a, ap.Pool) {
+			skip = append(skip, a.UID)
 		}
 	}
-	return out, nil
+	return blocked, skip, nil
 }
 
 // Backoff computes the bounded exponential backoff after n failed attempts

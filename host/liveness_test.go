@@ -2,7 +2,9 @@ package host_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,5 +146,56 @@ func TestFinishParksTheSessionWithoutAnIdleActivationAndASignalWakesIt(t *testin
 			s := f.get(key)
 			return s.Status == store.SessionSleeping && s.SleepReason == store.SleepReasonFinish && f.openEvents(key) == 0
 		})
+	})
+}
+
+// crashSleepsInTheWindow is the store seen by a host, which between a
+// controller's look at a session asleep for capacity and its claim lets
+// another host's work happen: the session is woken, run and slept by the
+// crash policy (here through the store's own writes).
+type crashSleepsInTheWindow struct {
+	store.Store
+	key   store.ActorKey
+	fired atomic.Bool
+}
+
+func (s *crashSleepsInTheWindow) PeekSession(ctx context.Context, key store.ActorKey) (store.SessionPeek, error) {
+	p, err := s.Store.PeekSession(ctx, key)
+	if err == nil && key == s.key && store.WaitsForCapacity(p.Session) && s.fired.CompareAndSwap(false, true) {
+		if _, err := s.WakeSession(ctx, key); err != nil {
+			return p, err
+		}
+		if _, err := s.SleepSession(ctx, store.SleepSessionParams{Key: key, Reason: store.SleepReasonCrash}); err != nil {
+			return p, err
+		}
+	}
+	return p, err
+}
+
+// A session the scan found asleep for capacity, but slept by the crash
+// policy before this host's claim, stays asleep with its event open: the
+// wake is part of the claim, which wakes only a session that still sleeps
+// for capacity (docs/DESIGN.md invariant 11). It used to be woken by a
+// separate WakeSession and run.
+func TestACrashSleptSessionIsNotWokenByACapacityWake(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		f := &fixture{t: t, st: st}
+		key := f.session(f.agent("counter"))
+		payload, _ := json.Marshal(map[string]string{"message": "accepted"})
+		if _, _, err := st.AppendEvent(context.Background(), store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.SleepSession(context.Background(), store.SleepSessionParams{Key: key, Reason: store.SleepReasonCapacity}); err != nil {
+			t.Fatal(err)
+		}
+		racy := &crashSleepsInTheWindow{Store: st, key: key}
+		f = runHost(t, host.Options{Store: racy, Runner: funcRunner{map[string]abi.TurnFunc{"counter": counter}}, Policy: livenessPolicy(1), Logger: quietLogger()})
+		f.waitFor("the scan to find the session and the controller to look", racy.fired.Load)
+		f.waitFor("the controller to let go", func() bool { return !f.h.Running(key) })
+		s := f.get(key)
+		if s.Status != store.SessionSleeping || s.SleepReason != store.SleepReasonCrash || s.TurnCount != 0 || f.openEvents(key) != 1 {
+			t.Fatalf("session %s (%s), %d turns, %d open events; want asleep for crash, its event open and unrun",
+				s.Status, s.SleepReason, s.TurnCount, f.openEvents(key))
+		}
 	})
 }

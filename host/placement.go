@@ -22,6 +22,15 @@ type Placer interface {
 	CanRun(ctx context.Context, agent store.Agent, pool string) bool
 }
 
+// PoolScope is an optional part of a Placer: MayRefuse reports whether
+// CanRun can answer no for pool at all (a remote pool). The runnable scan
+// asks CanRun, once per scan, for the agents of such pools only, and
+// leaves out the sessions of those this host cannot run now; a Placer
+// without it has every agent asked (one agent listing per scan).
+type PoolScope interface {
+	MayRefuse(pool string) bool
+}
+
 // placeable reports whether this host may claim an activation of agent's
 // session in pool now (Placer).
 func (h *Host) placeable(ctx context.Context, agent store.Agent, pool string) bool {

@@ -2,6 +2,8 @@ package host_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -101,6 +103,68 @@ func TestSessionRunsOnlyWhereItsPoolCanRun(t *testing.T) {
 		}
 		if s := f.get(key); s.ActorEpoch > 4 {
 			t.Errorf("epoch %d after 4 events, want ≤ 4", s.ActorEpoch)
+		}
+	})
+}
+
+// poolRunner is a funcRunner that cannot run the pool "remote" (as a host
+// without a live worker of a remote pool) and says which pools it may
+// refuse (host.PoolScope).
+type poolRunner struct{ funcRunner }
+
+func (poolRunner) CanRun(_ context.Context, _ store.Agent, pool string) bool { return pool != "remote" }
+func (poolRunner) MayRefuse(pool string) bool                                { return pool == "remote" }
+
+// More due sessions of a pool this host cannot run than the runnable
+// scan's page (256) must not hide a session it can run, that only the scan
+// can find (signalled while no host ran): the scan leaves the unrunnable
+// pool's agents out (docs/DESIGN.md "Remote pools across hosts").
+func TestScanPageIsNotFilledByAPoolThisHostCannotRun(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		f := &fixture{t: t, st: st}
+		remote, local := f.agent("counter"), f.agent("counter")
+		signal := func(key store.ActorKey, msg string) { // no host runs yet: no Ensure
+			t.Helper()
+			payload, _ := json.Marshal(map[string]string{"message": msg})
+			if _, _, err := st.AppendEvent(context.Background(), store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var parked []store.ActorKey
+		for i := range 300 {
+			key := f.session(remote)
+			signal(key, fmt.Sprint("for a worker elsewhere ", i))
+			parked = append(parked, key)
+		}
+		key := f.session(local)
+		signal(key, "runs here")
+
+		pol := testPolicy()
+		pol.Pools = map[string]int{"default": 8, "remote": 8}
+		rp := pol.AgentPolicy
+		rp.Pool = "remote"
+		pol.Agents = map[string]host.AgentPolicy{remote.Name: rp}
+		h, err := host.New(host.Options{
+			Store: st, Runner: poolRunner{funcRunner{map[string]abi.TurnFunc{"counter": counter}}}, Policy: pol, Logger: quietLogger(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.h = h
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- h.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("host.Run: %v", err)
+			}
+		})
+		f.waitFor("the local pool's session to run", func() bool { return f.get(key).TurnCount == 1 })
+		for _, k := range parked[:10] {
+			if s := f.get(k); s.ActorEpoch != 0 {
+				t.Fatalf("a session of the pool this host cannot run was claimed (epoch %d)", s.ActorEpoch)
+			}
 		}
 	})
 }

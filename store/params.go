@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/paddock-dev/paddock/abi"
@@ -126,6 +127,20 @@ func ClaimRefusal(key ActorKey, status SessionStatus) error {
 		return fmt.Errorf("session %s: %w", key, ErrSessionSleeping)
 	}
 	return fmt.Errorf("session %s: status %q", key, status)
+}
+
+// ClaimWake is ClaimActivation's rule for a session in status, asleep with
+// sleepReason: wake is true when the claim wakes it in its transaction
+// (wakeForCapacity is set and the session sleeps only for lack of
+// capacity: CapacitySleepReasons, docs/DESIGN.md invariant 11); otherwise
+// err is ClaimRefusal's answer. A session asleep for any other reason (the
+// crash policy's sleep, the agent's sleep or finish, a wait) is never
+// woken by a claim: ErrSessionSleeping.
+func ClaimWake(key ActorKey, status SessionStatus, sleepReason string, wakeForCapacity bool) (wake bool, err error) {
+	if wakeForCapacity && status == SessionSleeping && slices.Contains(CapacitySleepReasons(), sleepReason) {
+		return true, nil
+	}
+	return false, ClaimRefusal(key, status)
 }
 
 // CheckModule refuses a module without a digest, wrapping ErrInvalid.

@@ -451,7 +451,8 @@ type Store interface {
 	// activation that are active or asleep for lack of capacity
 	// (CapacitySleepReasons: the host wakes them when it has a slot, docs/DESIGN.md
 	// invariant 11), oldest due first; sessions of p.BlockedAgents that
-	// hold a dead letter are left out (dead-letter policy "block").
+	// hold a dead letter are left out (dead-letter policy "block"), and
+	// sessions of p.SkipAgents altogether.
 	RunnableSessions(ctx context.Context, p RunnableSessionsParams) ([]ActorKey, error)
 	// Transcript pages committed turns with their messages, by turn number.
 	Transcript(ctx context.Context, p TranscriptParams) ([]Turn, error)
@@ -713,6 +714,13 @@ type ClaimActivationParams struct {
 	LeaseID  string
 	HostID   string
 	LeaseTTL time.Duration
+	// WakeForCapacity lets the claim take a session asleep only for lack
+	// of capacity (CapacitySleepReasons): the same transaction wakes it
+	// (status active, sleep cleared) and claims it, so a session slept for
+	// another reason meanwhile (the crash policy's sleep) is refused with
+	// ErrSessionSleeping and stays asleep (ClaimWake; docs/DESIGN.md
+	// invariant 11). Without it a sleeping session is refused.
+	WakeForCapacity bool
 }
 
 // RenewLeasesParams are RenewLeases' inputs.
@@ -848,6 +856,11 @@ type RunnableSessionsParams struct {
 	Limit int
 	// BlockedAgents are agent uids whose dead-letter policy is "block".
 	BlockedAgents []string
+	// SkipAgents are agent uids whose sessions are left out: the caller
+	// cannot run their pool now (a remote pool without a live worker on
+	// this host), so they must not fill the page and hide the sessions it
+	// can run (docs/DESIGN.md "Remote pools across hosts").
+	SkipAgents []string
 }
 
 // SleepSessionParams are SleepSession's inputs.

@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // cacheFiles lists the regular files under the compilation cache dir (the
@@ -34,13 +35,19 @@ func (r *Runtime) cacheFiles() map[string]bool {
 // compilation made for a module refused after compiling (its start failed,
 // or it speaks another ABI version), which would otherwise stay in the
 // cache for ever (wazero's CompilationCache has no per-module delete). The
-// caller holds compileMu, so no other compilation's artefact is new.
+// caller holds compileMu, so no other compilation of this Runtime wrote a
+// new artefact. Files still being written ("*.tmp": wazero writes a temp
+// file and renames it) are left alone: they belong to a compilation in
+// another Runtime or process sharing the directory, whose rename would
+// fail, and with it that compilation, if the file vanished. A finished
+// artefact of such a compilation removed here costs it only a recompile
+// on its next cold load.
 func (r *Runtime) evictNew(before map[string]bool) {
 	if before == nil {
 		return
 	}
 	for p := range r.cacheFiles() {
-		if !before[p] {
+		if !before[p] && !strings.HasSuffix(p, ".tmp") {
 			if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
 				r.log.Warn("wasm: evict a refused module's compiled artefact", "path", p, "err", err)
 			}

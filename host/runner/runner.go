@@ -80,6 +80,10 @@ func (r *Runner) current(ctx context.Context, a store.Agent, pool string) (strin
 	return r.Binding(b, pool)
 }
 
+// MayRefuse reports whether CanRun can refuse pool: only a remote pool
+// (host.PoolScope).
+func (r *Runner) MayRefuse(pool string) bool { return r.remote[pool] }
+
 // CanRun reports whether a turn of agent in pool could be dispatched on
 // this host now (host.Placer): always for a local pool; for a remote pool,
 // only while a live worker connected to this host's broker announces the

@@ -28,33 +28,39 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 	a := store.Activation{UID: p.UID, ActorKey: key, LeaseID: p.LeaseID, State: store.ActivationActive, HostID: p.HostID}
 	err := s.tx(ctx, "claim activation", func(ctx context.Context, tx pgx.Tx) error {
 		var status store.SessionStatus
+		var reason string
 		var live bool
 		err := tx.QueryRow(ctx, `
-			SELECT s.status, EXISTS (SELECT 1 FROM activations a
+			SELECT s.status, coalesce(s.sleep_reason, ''), EXISTS (SELECT 1 FROM activations a
 				WHERE a.agent_uid = s.agent_uid AND a.session_id = s.session_id AND a.state IN `+liveStates+`)
 			FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`,
-			key.AgentUID, key.SessionID).Scan(&status, &live)
+			key.AgentUID, key.SessionID).Scan(&status, &reason, &live)
 		if err != nil {
 			return fmt.Errorf("session %s: %w", key, notFound(err))
 		}
-		if err := store.ClaimRefusal(key, status); err != nil {
+		if _, err := store.ClaimWake(key, status, reason, p.WakeForCapacity); err != nil {
 			return err
 		}
 		if live {
 			return fmt.Errorf("session %s: %w", key, store.ErrActivationLive)
 		}
-		// The session lock; the status is checked again under it (a sleep
-		// or destroy may have committed since the read above).
+		// The session lock; the status (and, for a wake, the sleep reason:
+		// store.ClaimWake) is checked again under it (a sleep or destroy
+		// may have committed since the read above). A session asleep for
+		// capacity is woken here when p.WakeForCapacity says so.
 		err = tx.QueryRow(ctx, `
-			UPDATE sessions SET actor_epoch = actor_epoch + 1
-			WHERE agent_uid = $1 AND session_id = $2 AND status = 'active'
-			RETURNING actor_epoch`, key.AgentUID, key.SessionID).Scan(&a.ActorEpoch)
+			UPDATE sessions SET actor_epoch = actor_epoch + 1, status = 'active',
+				sleep_ts = CASE WHEN status = 'sleeping' THEN NULL ELSE sleep_ts END,
+				sleep_reason = CASE WHEN status = 'sleeping' THEN NULL ELSE sleep_reason END
+			WHERE agent_uid = $1 AND session_id = $2
+			  AND (status = 'active' OR ($3 AND status = 'sleeping' AND sleep_reason = ANY($4::text[])))
+			RETURNING actor_epoch`, key.AgentUID, key.SessionID, p.WakeForCapacity, store.CapacitySleepReasons()).Scan(&a.ActorEpoch)
 		if errors.Is(err, pgx.ErrNoRows) {
-			if err := tx.QueryRow(ctx, `SELECT status FROM sessions WHERE agent_uid = $1 AND session_id = $2`,
-				key.AgentUID, key.SessionID).Scan(&status); err != nil {
+			if err := tx.QueryRow(ctx, `SELECT status, coalesce(sleep_reason, '') FROM sessions WHERE agent_uid = $1 AND session_id = $2`,
+				key.AgentUID, key.SessionID).Scan(&status, &reason); err != nil {
 				return fmt.Errorf("session %s: %w", key, notFound(err))
 			}
-			if status == store.SessionActive {
+			if _, err := store.ClaimWake(key, status, reason, p.WakeForCapacity); err == nil {
 				// Slept and woken again while this claim waited for the
 				// session row: run it again.
 				return fmt.Errorf("session %s changed status: %w", key, errLockRace)
@@ -436,6 +442,10 @@ func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsPa
 	if blocked == nil {
 		blocked = []string{} // = ANY(NULL) would be NULL
 	}
+	skip := p.SkipAgents
+	if skip == nil {
+		skip = []string{}
+	}
 	var out []store.ActorKey
 	err := s.call(ctx, "runnable sessions", func(ctx context.Context) error {
 		// Session-driven: each awake (or capacity-sleeping) session's
@@ -455,8 +465,9 @@ func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsPa
 			  AND NOT (s.agent_uid = ANY($2::text[]) AND EXISTS (SELECT 1 FROM actor_events d
 				WHERE d.agent_uid = s.agent_uid AND d.session_id = s.session_id AND d.status = 'dead_letter'
 				  AND d.seq < o.seq))
+			  AND NOT s.agent_uid = ANY($4::text[])
 			ORDER BY o.next_attempt_at, o.event_id
-			LIMIT $1`, store.PageLimit(p.Limit), blocked, store.CapacitySleepReasons())
+			LIMIT $1`, store.PageLimit(p.Limit), blocked, store.CapacitySleepReasons(), skip)
 		if err != nil {
 			return err
 		}

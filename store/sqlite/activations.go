@@ -34,18 +34,25 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 	}
 	var a store.Activation
 	err := s.write(ctx, "claim activation", func(tx *txn) error {
-		status, err := sessionStatus(tx, p.Key)
+		var status store.SessionStatus
+		var reason string
+		if err := tx.queryRow(`SELECT status, coalesce(sleep_reason, '') FROM sessions WHERE agent_uid = ? AND session_id = ?`,
+			p.Key.AgentUID, p.Key.SessionID).Scan(&status, &reason); err != nil {
+			return fmt.Errorf("session %s: %w", p.Key, notFound(err))
+		}
+		wake, err := store.ClaimWake(p.Key, status, reason, p.WakeForCapacity)
 		if err != nil {
 			return err
 		}
-		if err := store.ClaimRefusal(p.Key, status); err != nil {
-			return err
-		}
+		// A session asleep only for capacity is woken in this transaction
+		// (the write lock is held since the read above).
 		var epoch int64
 		if err := tx.queryRow(`
-			UPDATE sessions SET actor_epoch = actor_epoch + 1
-			WHERE agent_uid = ? AND session_id = ? AND status = 'active'
-			RETURNING actor_epoch`, p.Key.AgentUID, p.Key.SessionID).Scan(&epoch); err != nil {
+			UPDATE sessions SET actor_epoch = actor_epoch + 1, status = 'active',
+				sleep_ts = CASE WHEN ?3 THEN NULL ELSE sleep_ts END,
+				sleep_reason = CASE WHEN ?3 THEN NULL ELSE sleep_reason END
+			WHERE agent_uid = ?1 AND session_id = ?2 AND (status = 'active' OR (?3 AND status = 'sleeping'))
+			RETURNING actor_epoch`, p.Key.AgentUID, p.Key.SessionID, wake).Scan(&epoch); err != nil {
 			return err
 		}
 		a, err = scanActivation(tx.queryRow(`
@@ -408,6 +415,10 @@ func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsPa
 	if err != nil {
 		return nil, fmt.Errorf("store/sqlite: runnable sessions: %w", err)
 	}
+	skip, err := json.Marshal(append([]string{}, p.SkipAgents...))
+	if err != nil {
+		return nil, fmt.Errorf("store/sqlite: runnable sessions: %w", err)
+	}
 	var out []store.ActorKey
 	err = s.read(ctx, "runnable sessions", func(tx *txn) error {
 		// Session-driven: each awake (or capacity-sleeping) session's
@@ -431,8 +442,9 @@ func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsPa
 			           AND EXISTS (SELECT 1 FROM actor_events dl
 			                       WHERE dl.agent_uid = s.agent_uid AND dl.session_id = s.session_id
 			                         AND dl.status = 'dead_letter' AND dl.seq < e.seq))
+			  AND s.agent_uid NOT IN (SELECT value FROM json_each(?4))
 			ORDER BY e.next_attempt_at, e.event_id
-			LIMIT ?2`, string(blocked), store.PageLimit(p.Limit), string(capacity))
+			LIMIT ?2`, string(blocked), store.PageLimit(p.Limit), string(capacity), string(skip))
 		if err != nil {
 			return err
 		}

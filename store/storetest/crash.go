@@ -36,6 +36,8 @@ func sleepCases() []testCase {
 		{"Sleep/CommitWithOutcomeSleepParksSessionWithoutOpenEvents", testCommitOutcomeSleep},
 		{"Sleep/CommitWithOutcomeFinishParksSessionUntilTheNextSignal", testCommitOutcomeFinish},
 		{"Liveness/SessionAsleepForCapacityWithADueEventIsRunnable", testCapacitySleeperRunnable},
+		{"Liveness/ClaimWakesOnlyASessionAsleepForCapacity", testClaimWakesCapacitySleeper},
+		{"Liveness/RunnableSessionsLeavesOutSkippedAgents", testRunnableSkipsAgents},
 	}
 }
 
@@ -600,4 +602,107 @@ func testCapacitySleeperRunnable(t *testing.T, b *bundle) {
 		t.Fatalf("a session with a live activation is runnable")
 	}
 	b.commit(b.next(act).Delivery.TurnRef(), "ran", "")
+}
+
+// testClaimWakesCapacitySleeper: a claim with WakeForCapacity wakes and
+// claims, in one transaction, a session asleep only for lack of capacity;
+// a session asleep for another reason — the crash policy's sleep, which a
+// capacity sleeper can become between the scan and the claim — is refused
+// and stays asleep with its reason and epoch (docs/DESIGN.md invariant 11).
+// Without WakeForCapacity a capacity sleeper is refused as before.
+func testClaimWakesCapacitySleeper(t *testing.T, b *bundle) {
+	park := func(reason string) store.ActorKey {
+		t.Helper()
+		key := b.session()
+		b.message(key, "accepted")
+		_, err := b.s.SleepSession(b.ctx, store.SleepSessionParams{Key: key, Reason: reason})
+		noErr(t, err, "SleepSession "+reason)
+		return key
+	}
+	claim := func(key store.ActorKey, wake bool) (store.Activation, error) {
+		return b.s.ClaimActivation(b.ctx, store.ClaimActivationParams{
+			Key: key, UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: b.host, LeaseTTL: LongTTL,
+			WakeForCapacity: wake,
+		})
+	}
+
+	// Asleep for capacity when the scan listed it, then woken, run and
+	// slept by the crash policy before this host's claim: refused.
+	crashed := park(store.SleepReasonCapacity)
+	_, err := b.s.WakeSession(b.ctx, crashed)
+	noErr(t, err, "WakeSession")
+	_, err = b.s.SleepSession(b.ctx, store.SleepSessionParams{Key: crashed, Reason: store.SleepReasonCrash})
+	noErr(t, err, "SleepSession crash")
+	before := b.getSession(crashed)
+	_, err = claim(crashed, true)
+	wantIs(t, err, store.ErrSessionSleeping, "claim with WakeForCapacity of a crash-slept session")
+	after := b.getSession(crashed)
+	wantSleeping(t, after, store.SleepReasonCrash, "the crash-slept session after the claim")
+	wantEq(t, after.ActorEpoch, before.ActorEpoch, "the crash-slept session's epoch")
+
+	for _, reason := range []string{store.SleepReasonAgent, store.SleepReasonFinish} {
+		key := park(reason)
+		_, err = claim(key, true)
+		wantIs(t, err, store.ErrSessionSleeping, "claim with WakeForCapacity of a session asleep for "+reason)
+		wantSleeping(t, b.getSession(key), reason, "asleep for "+reason+" after the claim")
+	}
+
+	for _, reason := range store.CapacitySleepReasons() {
+		key := park(reason)
+		before := b.getSession(key)
+		_, err = claim(key, false)
+		wantIs(t, err, store.ErrSessionSleeping, "claim without WakeForCapacity of a session asleep for "+reason)
+		wantSleeping(t, b.getSession(key), reason, "asleep for "+reason+" after a plain claim")
+
+		act, err := claim(key, true)
+		noErr(t, err, "claim with WakeForCapacity of a session asleep for "+reason)
+		got := b.getSession(key)
+		wantActive(t, got, "woken by the claim ("+reason+")")
+		wantEq(t, act.ActorEpoch, before.ActorEpoch+1, "the claim's epoch")
+		wantEq(t, got.ActorEpoch, act.ActorEpoch, "the session's epoch after the claim")
+		b.commit(b.next(act).Delivery.TurnRef(), "ran", "")
+	}
+
+	// An active session claims as usual with the flag set.
+	active := b.session()
+	b.message(active, "m")
+	act, err := claim(active, true)
+	noErr(t, err, "claim with WakeForCapacity of an active session")
+	b.commit(b.next(act).Delivery.TurnRef(), "ran", "")
+}
+
+// testRunnableSkipsAgents: RunnableSessions leaves out every session of
+// p.SkipAgents — those of a pool the caller cannot run — so that they
+// cannot fill its page ahead of sessions it can run.
+func testRunnableSkipsAgents(t *testing.T, b *bundle) {
+	other := b.newAgent("skip-"+uuid.NewString()[:8], b.agent.ModuleDigest, store.CrashRestart)
+	var skipped []store.ActorKey
+	for range 3 {
+		k := b.sessionOf(other.UID, store.CrashRestart)
+		b.message(k, "can't run here")
+		skipped = append(skipped, k)
+	}
+	runnable := b.session()
+	b.message(runnable, "runs here")
+
+	all := b.runnable()
+	for _, k := range append(skipped, runnable) {
+		if !slices.Contains(all, k) {
+			t.Fatalf("RunnableSessions = %v: %v is missing", all, k)
+		}
+	}
+	got, err := b.s.RunnableSessions(b.ctx, store.RunnableSessionsParams{Limit: 1000, SkipAgents: []string{other.UID}})
+	noErr(t, err, "RunnableSessions with SkipAgents")
+	if !slices.Contains(got, runnable) {
+		t.Fatalf("RunnableSessions(SkipAgents) = %v: %v is missing", got, runnable)
+	}
+	for _, k := range got {
+		if k.AgentUID == other.UID {
+			t.Fatalf("RunnableSessions(SkipAgents) = %v: lists %v of a skipped agent", got, k)
+		}
+	}
+	for _, k := range append(skipped, runnable) {
+		act := b.claim(k, LongTTL)
+		b.commit(b.next(act).Delivery.TurnRef(), "ran", "")
+	}
 }
