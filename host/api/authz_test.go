@@ -182,7 +182,7 @@ var minRole = map[string]string{
 	"GET /healthz": "", "GET /readyz": "", "GET /metrics": "",
 	"GET /v1/openapi.yaml": "reader",
 	"POST /v1/modules":     "admin", "GET /v1/modules": "reader", "GET /v1/modules/{digest}": "reader",
-	"POST /v1/plugins": "admin", "GET /v1/plugins": "reader", "GET /v1/plugins/{plugin}": "reader",
+	"POST /v1/plugins": "cluster", "GET /v1/plugins": "reader", "GET /v1/plugins/{plugin}": "reader",
 	"GET /v1/sessions": "reader",
 	"POST /v1/agents":  "admin", "GET /v1/agents": "reader", "GET /v1/agents/{agent}": "reader", "PUT /v1/agents/{agent}": "admin",
 	"POST /v1/agents/{agent}/sessions": "client", "PUT /v1/agents/{agent}/sessions": "client",
@@ -213,7 +213,10 @@ var minRole = map[string]string{
 	"GET /v1/audit":                                                     "admin",
 }
 
-var roleRank = map[string]int{"": 0, "reader": 1, "client": 2, "operator": 3, "admin": 4}
+// roleRank orders the spec's roles; "cluster" is an admin of every
+// namespace (the auth_token): registering a plugin runs a binary of the
+// host's machine, which no namespace's token may do.
+var roleRank = map[string]int{"": 0, "reader": 1, "client": 2, "operator": 3, "admin": 4, "cluster": 5}
 
 // request returns a request of route r: on the real objects (so that a
 // refusal that failed would write), or, harmless, on objects that do not
@@ -277,7 +280,11 @@ func TestEachRoleIsRefusedExactlyWhatItMayNotDoOnEveryRoute(t *testing.T) {
 		if !ok {
 			t.Fatalf("route %s %s: op %q is not in service.OpRules", r.Method, r.Path, r.Op)
 		}
-		if rule.Role.String() != want && !(want == "" && rule.Role == service.RoleNone) {
+		if want == "cluster" {
+			if !rule.Cluster || rule.Role != service.RoleAdmin {
+				t.Errorf("route %s %s: op %s is not for a cluster admin only", r.Method, r.Path, r.Op)
+			}
+		} else if rule.Cluster || rule.Role.String() != want && !(want == "" && rule.Role == service.RoleNone) {
 			t.Errorf("route %s %s: op %s needs %s, the spec says %q", r.Method, r.Path, r.Op, rule.Role, want)
 		}
 		if rule.Mutates != (r.Method != "GET") {

@@ -82,6 +82,11 @@ type OpRule struct {
 	// Mutates: the op writes, so a front door appends an audit row for
 	// each call that reached it.
 	Mutates bool
+	// Cluster: only a caller of every namespace (the bootstrap admin) may
+	// call it, whatever the role of a namespace's token — registering a
+	// plugin runs a binary of the host's machine with an environment the
+	// caller chooses (LD_PRELOAD…), which is power over every namespace.
+	Cluster bool
 }
 
 // opTable is the rule (read-only): who may call what. Reader reads;
@@ -90,40 +95,40 @@ type OpRule struct {
 // admin also registers modules, plugins, agents and secrets, and manages
 // tokens and reads the audit log.
 var opTable = [...]OpRule{
-	{OpHealth, RoleNone, false},
-	{OpReady, RoleNone, false},
-	{OpMetrics, RoleNone, false},
-	{OpOpenAPI, RoleReader, false},
-	{OpModuleRead, RoleReader, false},
-	{OpPluginRead, RoleReader, false},
-	{OpAgentRead, RoleReader, false},
-	{OpSessionRead, RoleReader, false},
-	{OpEventRead, RoleReader, false},
-	{OpStreamRead, RoleReader, false},
-	{OpWaitRead, RoleReader, false},
-	{OpSecretRead, RoleReader, false},
-	{OpConsoleRead, RoleReader, false},
-	{OpSessionCreate, RoleClient, true},
-	{OpSignalSend, RoleClient, true},
-	{OpSignalSteer, RoleOperator, true},
-	{OpSignalCancel, RoleOperator, true},
-	{OpSignalWake, RoleOperator, true},
-	{OpSignalForce, RoleOperator, true},
-	{OpSessionDestroy, RoleOperator, true},
-	{OpEventRedrive, RoleOperator, true},
-	{OpEventDiscard, RoleOperator, true},
-	{OpEventCancel, RoleOperator, true},
-	{OpWaitResolve, RoleOperator, true},
-	{OpModuleUpload, RoleAdmin, true},
-	{OpPluginRegister, RoleAdmin, true},
-	{OpAgentCreate, RoleAdmin, true},
-	{OpAgentUpdate, RoleAdmin, true},
-	{OpSecretPut, RoleAdmin, true},
-	{OpSecretDelete, RoleAdmin, true},
-	{OpTokenCreate, RoleAdmin, true},
-	{OpTokenRevoke, RoleAdmin, true},
-	{OpTokenRead, RoleAdmin, false},
-	{OpAuditRead, RoleAdmin, false},
+	{OpHealth, RoleNone, false, false},
+	{OpReady, RoleNone, false, false},
+	{OpMetrics, RoleNone, false, false},
+	{OpOpenAPI, RoleReader, false, false},
+	{OpModuleRead, RoleReader, false, false},
+	{OpPluginRead, RoleReader, false, false},
+	{OpAgentRead, RoleReader, false, false},
+	{OpSessionRead, RoleReader, false, false},
+	{OpEventRead, RoleReader, false, false},
+	{OpStreamRead, RoleReader, false, false},
+	{OpWaitRead, RoleReader, false, false},
+	{OpSecretRead, RoleReader, false, false},
+	{OpConsoleRead, RoleReader, false, false},
+	{OpSessionCreate, RoleClient, true, false},
+	{OpSignalSend, RoleClient, true, false},
+	{OpSignalSteer, RoleOperator, true, false},
+	{OpSignalCancel, RoleOperator, true, false},
+	{OpSignalWake, RoleOperator, true, false},
+	{OpSignalForce, RoleOperator, true, false},
+	{OpSessionDestroy, RoleOperator, true, false},
+	{OpEventRedrive, RoleOperator, true, false},
+	{OpEventDiscard, RoleOperator, true, false},
+	{OpEventCancel, RoleOperator, true, false},
+	{OpWaitResolve, RoleOperator, true, false},
+	{OpModuleUpload, RoleAdmin, true, false},
+	{OpPluginRegister, RoleAdmin, true, true},
+	{OpAgentCreate, RoleAdmin, true, false},
+	{OpAgentUpdate, RoleAdmin, true, false},
+	{OpSecretPut, RoleAdmin, true, false},
+	{OpSecretDelete, RoleAdmin, true, false},
+	{OpTokenCreate, RoleAdmin, true, false},
+	{OpTokenRevoke, RoleAdmin, true, false},
+	{OpTokenRead, RoleAdmin, false, false},
+	{OpAuditRead, RoleAdmin, false, false},
 }
 
 // OpRules returns the operation table (a copy).
@@ -207,6 +212,11 @@ func (s *Service) Authorize(ctx context.Context, op Op) error {
 	if c.Role < rule.Role {
 		s.refused(refusedRole)
 		return forbidden(c, rule.Role, ns)
+	}
+	if rule.Cluster && c.Namespace != "" {
+		s.refused(refusedRole)
+		return &ForbiddenError{Need: rule.Role, Namespace: ns,
+			Message: fmt.Sprintf("%s needs an admin of every namespace (the auth_token); a token of namespace %q may not", op, c.Namespace)}
 	}
 	return nil
 }
