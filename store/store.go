@@ -747,11 +747,12 @@ type NextDeliveryParams struct {
 	MarkSent bool
 	// TailMessages is how many recent transcript messages to return.
 	TailMessages int
-	// ExpectDue says the caller knows an event is open (the commit before
-	// said so: Turn.NextOpen), so a driver skips any cheaper read it would
-	// make first to answer "nothing due" without a transaction (PostgreSQL:
-	// one round trip fewer per turn of a busy session). The answer is the
-	// same either way.
+	// ExpectDue says the caller knows or expects an event to be open (the
+	// commit before said so: Turn.NextOpen; or a wake-up said one was
+	// written), so a driver skips any cheaper read it would make first to
+	// answer "nothing due" without a transaction (PostgreSQL: one round
+	// trip fewer per turn, one more when nothing is due after all). The
+	// answer is the same either way.
 	ExpectDue bool
 }
 
