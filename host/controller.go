@@ -202,7 +202,8 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	h.holdLease(act.Ref(), leaseLost)
 	defer h.dropLease(act.UID)
 
-	a = &activationRun{c: c, h: h, act: act, agent: agent, pol: pol, log: log, runCtx: runCtx, leaseCtx: leaseCtx, slots: slots}
+	a = &activationRun{c: c, h: h, act: act, agent: agent, pol: pol, log: log, runCtx: runCtx, leaseCtx: leaseCtx, slots: slots,
+		nextOpen: true} // peek.AnyOpen
 	defer a.closeInstance()
 	return a.loop(runCtx)
 }
@@ -290,8 +291,10 @@ type activationRun struct {
 	inst        Instance
 	instBinding string
 	// nothingOpen: the last commit saw no other open event, so the next
-	// look at the store waits for a wake-up (Turn.NextOpen); nextOpen: it
-	// saw one, so the next look goes straight to the dispatch
+	// look at the store waits for a wake-up (Turn.NextOpen); nextOpen: an
+	// event is open or was likely just written — the last commit saw one,
+	// the claim's PeekSession saw one, or a wake-up ended an idle wait —
+	// so the next look goes straight to the dispatch
 	// (NextDeliveryParams.ExpectDue).
 	nothingOpen, nextOpen bool
 	// slots is the pool whose slot the activation holds; yielded records
@@ -393,6 +396,13 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			}
 			select {
 			case <-c.wake:
+				// Woken after a look that found nothing: an event was
+				// appended, released or redriven for this session (a
+				// wake-up for nothing is rare since a host's own appends
+				// wake it once, host/wakeups.go), so dispatch at once. The
+				// dispatch answers "nothing due" too, at one round trip
+				// more than the probe it skips.
+				a.nextOpen = true
 			case <-time.After(wait):
 				if !due {
 					a.log.Debug("activation idle, stopping")

@@ -238,6 +238,10 @@ type Host struct {
 	streamNotify func(store.ActorKey)
 	// tracer starts the host's spans (Options.Tracing).
 	tracer trace.Tracer
+	// echoes: the store's wake-ups come back to their sender
+	// (store.EchoSubscriber); echoSet pairs an append's two (wakeups.go).
+	echoes  bool
+	echoSet echoSet
 }
 
 // New creates a host. Call Run to start it.
@@ -280,6 +284,7 @@ func New(o Options) (*Host, error) {
 		commitCh: make(chan struct{}), onCommit: o.OnCommit, calls: o.Calls, rescan: make(chan struct{}, 1),
 		streamNotify: o.StreamNotify, tracer: o.Tracing.Tracer(),
 	}
+	_, h.echoes = o.Store.(store.EchoSubscriber)
 	h.SetPolicy(o.Policy)
 	return h, nil
 }
@@ -356,7 +361,7 @@ func (h *Host) Run(ctx context.Context) error {
 	h.runCtx, h.turnCtx = runCtx, turnCtx
 	h.mu.Unlock()
 
-	wakeups, err := h.st.Subscribe(runCtx)
+	wakeups, err := h.subscribe(runCtx)
 	if err != nil {
 		stopRun()
 		return fmt.Errorf("host: subscribe to store wake-ups: %w", err)
@@ -370,12 +375,7 @@ func (h *Host) Run(ctx context.Context) error {
 	go func() { defer loops.Done(); h.renewLoop(renewCtx) }()
 	go func() { defer loops.Done(); h.scanLoop(runCtx) }()
 	go func() { defer loops.Done(); h.compactLoop(runCtx) }()
-	go func() {
-		defer loops.Done()
-		for key := range wakeups {
-			h.Ensure(key)
-		}
-	}()
+	go func() { defer loops.Done(); <-wakeups }()
 	h.log.Info("host running", "store", h.st.Driver())
 
 	<-ctx.Done()

@@ -193,11 +193,13 @@ func (f *fixture) session(a store.Agent) store.ActorKey {
 func (f *fixture) signal(key store.ActorKey, msg string) store.Event {
 	f.t.Helper()
 	payload, _ := json.Marshal(map[string]string{"message": msg})
-	e, _, err := f.st.AppendEvent(context.Background(), store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload})
+	e, created, err := f.st.AppendEvent(context.Background(), store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload})
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	f.h.Ensure(key)
+	if created {
+		f.h.Appended(e) // as host/service does
+	}
 	return e
 }
 

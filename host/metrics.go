@@ -34,6 +34,10 @@ type Metrics struct {
 	Cancelled prometheus.Counter
 	// Steers counts steers handed to running turns.
 	Steers prometheus.Counter
+	// WakeupsDeduplicated counts wake-ups dropped as the second of one
+	// append's two (host.Host.Appended and the echo of the store's
+	// notification): the first had woken the controller after the commit.
+	WakeupsDeduplicated prometheus.Counter
 	// PendingSessions is the number of sessions waiting for capacity.
 	PendingSessions prometheus.Gauge
 	// HostCallsReplayed counts host calls answered from the journal
@@ -93,6 +97,9 @@ func NewMetrics() *Metrics {
 		Steers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paddock_steers_delivered_total", Help: "Steers handed to running turns.",
 		}),
+		WakeupsDeduplicated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paddock_wakeups_deduplicated_total", Help: "Wake-ups dropped as the second of one append's two (in-process, and the store notification's echo).",
+		}),
 		HostCallsReplayed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paddock_host_calls_replayed_total", Help: "Host calls answered from the event's journal instead of being sent again, by agent.",
 		}, []string{"agent"}),
@@ -124,7 +131,7 @@ func NewMetrics() *Metrics {
 	}
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Registry.MustRegister(m.FenceRejections, m.Turns, m.FailedAttempts, m.DeadLetters,
-		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.PendingSessions,
+		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.WakeupsDeduplicated, m.PendingSessions,
 		m.HostCallsReplayed, m.HostCallsFenced, m.StreamFrames, m.WaitsExpired, m.ApprovalHolds, m.APIRefused)
 	return m
 }

@@ -634,6 +634,27 @@ type Store interface {
 	Subscribe(ctx context.Context) (<-chan ActorKey, error)
 }
 
+// EchoSubscriber is a Store whose wake-ups also come back to the process
+// that wrote (postgres: a NOTIFY reaches the sender's own listener too).
+// A host that already woke its controller for an append it made need not
+// act on that append's echo (host.Host.Appended); the other hints it must.
+type EchoSubscriber interface {
+	// SubscribeEchoes is Subscribe whose hints say which ones are the echo
+	// of an AppendEvent or Steer that appended an event through this very
+	// Store value (Wakeup.EchoSeq).
+	SubscribeEchoes(ctx context.Context) (<-chan Wakeup, error)
+}
+
+// Wakeup is one of SubscribeEchoes' hints: Key received events.
+type Wakeup struct {
+	Key ActorKey
+	// EchoSeq is the seq of the event whose append, made through the
+	// subscribing Store value by AppendEvent or Steer, sent this hint; 0
+	// for every other hint (another process's writes, and writes other than
+	// those appends).
+	EchoSeq int64
+}
+
 // PutModuleParams are PutModule's inputs.
 type PutModuleParams struct {
 	Digest     string
@@ -754,11 +775,12 @@ type NextDeliveryParams struct {
 	MarkSent bool
 	// TailMessages is how many recent transcript messages to return.
 	TailMessages int
-	// ExpectDue says the caller knows an event is open (the commit before
-	// said so: Turn.NextOpen), so a driver skips any cheaper read it would
-	// make first to answer "nothing due" without a transaction (PostgreSQL:
-	// one round trip fewer per turn of a busy session). The answer is the
-	// same either way.
+	// ExpectDue says the caller knows or expects an event to be open (the
+	// commit before said so: Turn.NextOpen; or a wake-up said one was
+	// written), so a driver skips any cheaper read it would make first to
+	// answer "nothing due" without a transaction (PostgreSQL: one round
+	// trip fewer per turn, one more when nothing is due after all). The
+	// answer is the same either way.
 	ExpectDue bool
 }
 

@@ -753,12 +753,14 @@ func benchSignaller(ctx context.Context, o benchOptions, h *host.Host, st store.
 			// host/service does (nothing recorded with tracing off).
 			ctx, span := h.Tracer().Start(ctx, tracing.SpanSignal)
 			defer span.End()
-			e, _, err := st.AppendEvent(ctx, store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload,
+			e, created, err := st.AppendEvent(ctx, store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload,
 				Traceparent: tracing.Traceparent(ctx)})
 			if err != nil {
 				return 0, err
 			}
-			h.Ensure(key)
+			if created {
+				h.Appended(e)
+			}
 			return e.ID, nil
 		}, func() {}, nil
 	}

@@ -223,7 +223,7 @@ func (s *Service) signal(ctx context.Context, a store.Agent, sessionID string, p
 			Message: fmt.Sprintf("idempotency_key %q was used for a different signal (event %d); use a new key", p.IdempotencyKey, res.Event.ID)}
 	}
 	if res.Created {
-		s.h.Ensure(key)
+		s.h.Appended(res.Event)
 	}
 	return res, nil
 }

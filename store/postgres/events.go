@@ -84,6 +84,9 @@ type newEvent struct {
 	steerOf int64
 	// traceparent is stored as is ("" stores NULL).
 	traceparent string
+	// origin, when set, tags the notification with it and the event's seq
+	// (Store.origin: the echo of this Store value's own append).
+	origin string
 }
 
 // insertEventSQL appends the session's next event unless its idempotency
@@ -105,7 +108,8 @@ const insertEventSQL = `
 			next_attempt_at, accepted_at, steer_of, traceparent)
 		SELECT $1, $2, seq.last_event_seq, $3, $4, $5, now.t, now.t, $6, $7 FROM seq, now
 		RETURNING *)
-	SELECT ` + eventCols + ` FROM ins, LATERAL (SELECT pg_notify('` + notifyChannel + `', $1 || '/' || $2)) n`
+	SELECT ` + eventCols + ` FROM ins, LATERAL (SELECT pg_notify('` + notifyChannel + `',
+		CASE WHEN $8::text = '' THEN '' ELSE $8 || ':' || ins.seq || ':' END || $1 || '/' || $2)) n`
 
 // appendEventSQL is insertEventSQL for a caller that holds no lock: it
 // also requires the session not to be destroyed, so that it can run alone,
@@ -119,7 +123,7 @@ func insertEventArgs(key store.ActorKey, ne newEvent) []any {
 	if ne.steerOf != 0 {
 		steerOf = &ne.steerOf
 	}
-	return []any{key.AgentUID, key.SessionID, ne.kind, ne.payload, nullString(ne.idempotencyKey), steerOf, nullString(ne.traceparent)}
+	return []any{key.AgentUID, key.SessionID, ne.kind, ne.payload, nullString(ne.idempotencyKey), steerOf, nullString(ne.traceparent), ne.origin}
 }
 
 // insertEvent appends the session's next event; the caller holds the
@@ -159,7 +163,7 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 		return store.Event{}, false, fmt.Errorf("store/postgres: append event: %w", err)
 	}
 	// Fast path: one statement, one round trip, its own transaction.
-	ne := newEvent{kind: p.Kind, payload: payload, idempotencyKey: p.IdempotencyKey, traceparent: p.Traceparent}
+	ne := newEvent{kind: p.Kind, payload: payload, idempotencyKey: p.IdempotencyKey, traceparent: p.Traceparent, origin: s.origin}
 	var e store.Event
 	var created bool
 	if p.RefuseIfInFlight {

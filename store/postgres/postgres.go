@@ -38,9 +38,12 @@
 //     pg_notify('paddock_events', 'agent_uid/session_id') in its transaction
 //     (sent at commit): AppendEvent, Steer, CancelEvent, RedriveEvent,
 //     DiscardEvent, WakeSession, DestroySession and each alarm firing.
-//     Subscribe listens on a dedicated connection outside the pool and
-//     reconnects with backoff. It is a wake-up hint only: RunnableSessions
-//     is the truth.
+//     AppendEvent's and Steer's payload is tagged
+//     'origin:seq:agent_uid/session_id' (origin: this Store value's random
+//     id, seq: the event's), so that SubscribeEchoes tells this process's
+//     own appends from the rest. Subscribe listens on a dedicated connection
+//     outside the pool and reconnects with backoff. It is a wake-up hint
+//     only: RunnableSessions is the truth.
 //   - Deadlines. Every call runs under a context deadline (the caller's, or
 //     the store's call timeout when the caller set none), because pgxpool has
 //     no acquire timeout.
@@ -116,6 +119,10 @@ type Store struct {
 	// groupCommit sends concurrent appends in shared batches (appends).
 	groupCommit bool
 	appends     appendGroup
+
+	// origin tags the notifications of this Store value's appends, so that
+	// its own listeners tell their echoes from other writers' (subscribe.go).
+	origin string
 }
 
 var _ store.Store = (*Store)(nil)
@@ -221,6 +228,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		closedCtx:   closedCtx,
 		closeCtx:    closeCtx,
 		groupCommit: !cfg.noGroupCommit,
+		origin:      fmt.Sprintf("%016x", rand.Uint64()),
 	}
 	s.appends.s = s
 	return s, nil

@@ -176,6 +176,74 @@ func TestSubscribeSeesAppends(t *testing.T) {
 	}
 }
 
+// TestSubscribeEchoesTellsOwnAppends: SubscribeEchoes marks the
+// notification of an event appended through the same Store value with the
+// event's seq — whichever path appended it (group commit, the locked path,
+// a steer) — and another Store value's appends (another host's) with 0;
+// Subscribe, on the same tagged notifications, sees just the key.
+func TestSubscribeEchoesTellsOwnAppends(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s1, err := postgres.Open(ctx, dsn)
+	must(t, err, "Open")
+	t.Cleanup(func() { _ = s1.Close() })
+	s2, err := postgres.Open(ctx, dsn, postgres.WithoutGroupCommit())
+	must(t, err, "Open a second store")
+	t.Cleanup(func() { _ = s2.Close() })
+	f := newFixtureOn(t, s1)
+	echoes, err := s1.SubscribeEchoes(ctx)
+	must(t, err, "SubscribeEchoes")
+	keys, err := s1.Subscribe(ctx)
+	must(t, err, "Subscribe")
+	next := func(what string, want store.Wakeup) {
+		t.Helper()
+		select {
+		case w := <-echoes:
+			if w != want {
+				t.Fatalf("%s: wake-up %+v, want %+v", what, w, want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: no wake-up within 30s", what)
+		}
+		select {
+		case k := <-keys:
+			if k != want.Key {
+				t.Fatalf("%s: Subscribe got %v, want %v", what, k, want.Key)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: Subscribe got nothing within 30s", what)
+		}
+	}
+	msg := []byte(`{"message":"m"}`)
+	e := f.append("group commit")
+	next("own append", store.Wakeup{Key: f.key, EchoSeq: e.Seq})
+	e, _, err = s1.AppendEvent(ctx, store.AppendEventParams{Key: f.key, Kind: abi.EventMessage, Payload: msg, RefuseIfInFlight: true})
+	must(t, err, "AppendEvent (locked path)")
+	next("own append, locked path", store.Wakeup{Key: f.key, EchoSeq: e.Seq})
+	st, err := s1.Steer(ctx, store.SteerParams{Key: f.key, Payload: msg, DeliveryID: uuid.NewString()})
+	must(t, err, "Steer")
+	next("own steer", store.Wakeup{Key: f.key, EchoSeq: st.Event.Seq})
+	_, _, err = s2.AppendEvent(ctx, store.AppendEventParams{Key: f.key, Kind: abi.EventMessage, Payload: msg})
+	must(t, err, "AppendEvent through another store")
+	next("another store's append", store.Wakeup{Key: f.key})
+	// An idempotent re-send appends nothing and notifies nothing: the next
+	// wake-up after the first keyed append's is the following append's.
+	keyed, _, err := s1.AppendEvent(ctx, store.AppendEventParams{Key: f.key, Kind: abi.EventMessage, Payload: msg, IdempotencyKey: "k"})
+	must(t, err, "AppendEvent with a key")
+	for range 2 {
+		_, created, err := s1.AppendEvent(ctx, store.AppendEventParams{Key: f.key, Kind: abi.EventMessage, Payload: msg, IdempotencyKey: "k"})
+		must(t, err, "AppendEvent re-sent")
+		if created {
+			t.Fatal("a re-send appended")
+		}
+	}
+	e = f.append("after the re-sends")
+	next("keyed append", store.Wakeup{Key: f.key, EchoSeq: keyed.Seq})
+	next("own append after re-sends", store.Wakeup{Key: f.key, EchoSeq: e.Seq})
+}
+
 // TestSubscribeEndsOnClose checks that Close ends subscriptions.
 func TestSubscribeEndsOnClose(t *testing.T) {
 	t.Parallel()

@@ -55,7 +55,7 @@ func (s *Store) Steer(ctx context.Context, p store.SteerParams) (store.SteerResu
 				return err
 			}
 		}
-		ne := newEvent{kind: abi.EventSteer, payload: payload, idempotencyKey: p.IdempotencyKey, traceparent: p.Traceparent}
+		ne := newEvent{kind: abi.EventSteer, payload: payload, idempotencyKey: p.IdempotencyKey, traceparent: p.Traceparent, origin: s.origin}
 		if sent != nil {
 			ne.steerOf = act.current
 		}

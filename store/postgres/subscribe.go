@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -35,6 +36,19 @@ const (
 // the store is closed. A slow reader delays the listener, not the writers:
 // PostgreSQL queues the notifications.
 func (s *Store) Subscribe(ctx context.Context) (<-chan store.ActorKey, error) {
+	return subscribe(ctx, s, func(w store.Wakeup) store.ActorKey { return w.Key })
+}
+
+// SubscribeEchoes is Subscribe with each hint's EchoSeq: the seq of the
+// event when the notification's origin tag is this Store value's (its own
+// AppendEvent or Steer), else 0; see store.EchoSubscriber.
+func (s *Store) SubscribeEchoes(ctx context.Context) (<-chan store.Wakeup, error) {
+	return subscribe(ctx, s, func(w store.Wakeup) store.Wakeup { return w })
+}
+
+// subscribe runs Subscribe's listener, sending as(hint) for each
+// notification.
+func subscribe[T any](ctx context.Context, s *Store, as func(store.Wakeup) T) (<-chan T, error) {
 	// Register with Close before doing anything, so that Close waits for
 	// this subscription or Subscribe sees the store closed.
 	s.mu.Lock()
@@ -52,7 +66,7 @@ func (s *Store) Subscribe(ctx context.Context) (<-chan store.ActorKey, error) {
 		return nil, fmt.Errorf("store/postgres: subscribe: %w", err)
 	}
 	ctx, stop := context.WithCancel(ctx)
-	ch := make(chan store.ActorKey, subscribeBuffer)
+	ch := make(chan T, subscribeBuffer)
 	go func() {
 		defer s.subs.Done()
 		defer close(ch)
@@ -60,7 +74,12 @@ func (s *Store) Subscribe(ctx context.Context) (<-chan store.ActorKey, error) {
 		// End with the store too.
 		unregister := context.AfterFunc(s.closedCtx, stop)
 		defer unregister()
-		s.listenLoop(ctx, conn, ch)
+		s.listenLoop(ctx, conn, func(w store.Wakeup) {
+			select {
+			case ch <- as(w):
+			case <-ctx.Done():
+			}
+		})
 	}()
 	return ch, nil
 }
@@ -80,9 +99,9 @@ func (s *Store) listen(ctx context.Context) (*pgx.Conn, error) {
 	return conn, nil
 }
 
-// listenLoop forwards notifications to ch until ctx ends, reconnecting when
-// the connection fails. It owns conn.
-func (s *Store) listenLoop(ctx context.Context, conn *pgx.Conn, ch chan<- store.ActorKey) {
+// listenLoop forwards notifications to send until ctx ends, reconnecting
+// when the connection fails. It owns conn.
+func (s *Store) listenLoop(ctx context.Context, conn *pgx.Conn, send func(store.Wakeup)) {
 	defer func() {
 		if conn != nil {
 			closeConn(conn)
@@ -109,14 +128,11 @@ func (s *Store) listenLoop(ctx context.Context, conn *pgx.Conn, ch chan<- store.
 		cancel()
 		switch {
 		case err == nil:
-			key, ok := parseKey(n.Payload)
+			w, ok := s.parseWakeup(n.Payload)
 			if !ok {
 				continue
 			}
-			select {
-			case ch <- key:
-			case <-ctx.Done():
-			}
+			send(w)
 		case ctx.Err() != nil:
 			return
 		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():
@@ -135,13 +151,39 @@ func (s *Store) listenLoop(ctx context.Context, conn *pgx.Conn, ch chan<- store.
 	}
 }
 
-// parseKey splits a notification payload "agent_uid/session_id".
-func parseKey(payload string) (store.ActorKey, bool) {
+// parseWakeup reads a notification payload: "agent_uid/session_id", or
+// "origin:seq:agent_uid/session_id" from AppendEvent and Steer (an agent
+// uid has no ':'). EchoSeq is seq when origin is this Store value's.
+func (s *Store) parseWakeup(payload string) (store.Wakeup, bool) {
 	agent, session, ok := strings.Cut(payload, "/")
 	if !ok || agent == "" || session == "" {
-		return store.ActorKey{}, false
+		return store.Wakeup{}, false
 	}
-	return store.ActorKey{AgentUID: agent, SessionID: session}, true
+	var w store.Wakeup
+	if tag, uid, tagged := cutLast(agent, ":"); tagged {
+		origin, seq, ok := strings.Cut(tag, ":")
+		if !ok || uid == "" {
+			return store.Wakeup{}, false
+		}
+		if origin == s.origin {
+			n, err := strconv.ParseInt(seq, 10, 64)
+			if err != nil || n <= 0 {
+				return store.Wakeup{}, false
+			}
+			w.EchoSeq = n
+		}
+		agent = uid
+	}
+	w.Key = store.ActorKey{AgentUID: agent, SessionID: session}
+	return w, true
+}
+
+// cutLast is strings.Cut at the last sep.
+func cutLast(s, sep string) (before, after string, found bool) {
+	if i := strings.LastIndex(s, sep); i >= 0 {
+		return s[:i], s[i+len(sep):], true
+	}
+	return s, "", false
 }
 
 // closeConn closes a listener connection under a short deadline.
