@@ -109,7 +109,7 @@ func (s *Service) Ready(ctx context.Context) error {
 	defer cancel()
 	// A lookup by primary key of a name no agent can have (names are
 	// lowercase): one index probe, answered ErrNotFound.
-	_, err := s.st.GetAgent(ctx, "READY-PROBE")
+	_, err := s.st.GetAgent(ctx, DefaultNamespace, "READY-PROBE")
 	if err == nil || errors.Is(err, store.ErrNotFound) {
 		return nil
 	}

@@ -195,7 +195,7 @@ func (s *Service) signal(ctx context.Context, a store.Agent, sessionID string, p
 	} else {
 		res.MidTurn = p.MidTurn
 		if res.MidTurn == "" {
-			res.MidTurn = s.h.Policy().For(a.Name).MidTurn
+			res.MidTurn = s.h.Policy().ForAgent(a).MidTurn
 		}
 		if res.MidTurn == "" {
 			res.MidTurn = host.MidTurnQueue

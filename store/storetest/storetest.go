@@ -72,6 +72,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) store.Store) {
 		streamCases(),
 		hammerCases(),
 		consoleCases(),
+		namespaceCases(),
 	}
 	for _, g := range groups {
 		for _, c := range g {
