@@ -556,6 +556,13 @@ type Store interface {
 	// journal rows started at or after since (set-aside rows included: they
 	// were paid for).
 	AgentTokensSince(ctx context.Context, agentUID string, since time.Time) (int64, error)
+	// NamespaceTokensSince is AgentTokensSince summed over the agents of
+	// namespace (its model_tokens_per_day quota).
+	NamespaceTokensSince(ctx context.Context, namespace string, since time.Time) (int64, error)
+	// LiveSessionsUpTo counts the sessions of namespace's agents that are
+	// not destroyed, reading at most limit of them: min(count, limit), the
+	// cost of a live_sessions quota check bounded by the quota.
+	LiveSessionsUpTo(ctx context.Context, namespace string, limit int64) (int64, error)
 
 	// PutSecret stores a secret's sealed value (encrypted by the caller;
 	// the store never sees the plain value) in namespace ("" default),

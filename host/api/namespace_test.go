@@ -3,7 +3,9 @@ package api_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strings"
 	"testing"
@@ -261,4 +263,77 @@ func TestNamespaceParameter(t *testing.T) {
 	if list, _ := m["agents"].([]any); code != 200 || len(list) != 1 {
 		t.Fatalf("GET /v1/agents?namespace=a = %d %v", code, m)
 	}
+}
+
+// TestQuotasAnswer429WithRetryAfter: over a namespace's live_sessions or
+// signals_per_minute quota, new work is 429 quota_exceeded (field: the
+// quota) with Retry-After, nothing is written, and what exists still
+// answers (a get-or-create of an existing key; reads).
+func TestQuotasAnswer429WithRetryAfter(t *testing.T) {
+	t.Parallel()
+	e := &nsEnv{stillEnv: newStillEnv(t, func(p *host.Policy) {
+		p.Namespaces = map[string]host.NamespacePolicy{"q": {Quotas: host.Quotas{LiveSessions: 1, SignalsPerMinute: 2}}}
+	}, nil)}
+	_, wasm := wasmtest.BuildExample(t, wasmtest.Notes)
+	code, m := e.do("POST", "/v1/modules?namespace=q", "application/wasm", wasm)
+	if code != 201 {
+		t.Fatalf("upload: %d %v", code, m)
+	}
+	if code, m = e.json("POST", "/v1/agents?namespace=q", fmt.Sprintf(`{"name":"notes","module":%q}`, m["digest"])); code != 201 {
+		t.Fatalf("agent: %d %v", code, m)
+	}
+	code, m = e.json("PUT", "/v1/agents/notes/sessions?namespace=q", `{"key":"only"}`)
+	if code != 201 {
+		t.Fatalf("first session: %d %v", code, m)
+	}
+	id := m["session_id"].(string)
+	over := func(method, path, body, quota string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, e.url+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		code, field, _ := errorOf(out)
+		if resp.StatusCode != 429 || code != "quota_exceeded" || field != quota || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("%s %s = %d %v (Retry-After %q), want 429 quota_exceeded %s with Retry-After",
+				method, path, resp.StatusCode, out, resp.Header.Get("Retry-After"), quota)
+		}
+	}
+	over("POST", "/v1/agents/notes/sessions?namespace=q", `{}`, "live_sessions")
+	over("PUT", "/v1/agents/notes/sessions?namespace=q", `{"key":"other"}`, "live_sessions")
+	if code, m = e.json("PUT", "/v1/agents/notes/sessions?namespace=q", `{"key":"only"}`); code != 200 || m["session_id"] != id {
+		t.Fatalf("get-or-create of the existing key over the quota: %d %v", code, m)
+	}
+	if code, m = e.json("GET", "/v1/sessions?namespace=q", ""); code != 200 {
+		t.Fatalf("browse: %d %v", code, m)
+	} else if list, _ := m["sessions"].([]any); len(list) != 1 {
+		t.Fatalf("sessions of q after the refusals: %v", m)
+	}
+
+	sig := "/v1/agents/notes/sessions/" + id + "/signals?namespace=q"
+	for i := range 2 {
+		if code, m = e.json("POST", sig, fmt.Sprintf(`{"message":"m%d"}`, i)); code >= 300 {
+			t.Fatalf("signal %d: %d %v", i, code, m)
+		}
+	}
+	over("POST", sig, `{"message":"one too many"}`, "signals_per_minute")
+	evs, err := e.st.ListEvents(context.Background(), store.ListEventsParams{
+		Key: store.ActorKey{AgentUID: mustAgent(t, e, "q", "notes"), SessionID: id}, Limit: 10})
+	if err != nil || len(evs) != 2 {
+		t.Fatalf("events after the refused signal: %d, %v (want the 2 accepted)", len(evs), err)
+	}
+}
+
+func mustAgent(t *testing.T, e *nsEnv, ns, name string) string {
+	t.Helper()
+	a, err := e.st.GetAgent(context.Background(), ns, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a.UID
 }

@@ -67,8 +67,10 @@ const (
 )
 
 // Service runs the front-door operations against one host and its store.
-// It holds no state of its own; it is safe for concurrent use.
+// Its only state of its own is the signals_per_minute buckets of this host
+// (quota.go); it is safe for concurrent use.
 type Service struct {
+	signals *signalBuckets
 	h       *host.Host
 	st      store.Store
 	modules Modules
@@ -82,7 +84,7 @@ type Service struct {
 // checks plugin registrations (nil: this host runs no plugin workers, and
 // RegisterPlugin returns ErrPluginsDisabled).
 func New(h *host.Host, modules Modules, plugins Plugins) *Service {
-	return &Service{h: h, st: h.Store(), modules: modules, plugins: plugins}
+	return &Service{h: h, st: h.Store(), modules: modules, plugins: plugins, signals: &signalBuckets{}}
 }
 
 // Health is what a health check reports.

@@ -79,6 +79,16 @@ func (s *Service) putSession(ctx context.Context, a store.Agent, p SessionParams
 	if _, err := policy(p.CrashPolicy, def); err != nil {
 		return store.Session{}, false, err
 	}
+	if err := s.checkLiveSessions(ctx, a.Namespace); err != nil {
+		// Over the quota, a get-or-create still answers with the session
+		// its key already has (nothing new is created).
+		if !getOrCreate {
+			return store.Session{}, false, err
+		}
+		if _, kerr := s.SessionByKey(ctx, a, p.Key); kerr != nil {
+			return store.Session{}, false, err
+		}
+	}
 	x, created, err := s.st.CreateSession(ctx, store.CreateSessionParams{
 		AgentUID: a.UID, SessionID: uuid.NewString(), Key: p.Key, Input: p.Input,
 		CrashPolicy: store.CrashPolicy(p.CrashPolicy), DefaultCrashPolicy: def, GetOrCreate: getOrCreate,

@@ -125,6 +125,9 @@ func (s *Service) signal(ctx context.Context, a store.Agent, sessionID string, p
 			return SignalResult{}, invalid("mid_turn", "mid_turn is only for message signals, not %s", p.Kind)
 		}
 	}
+	if err := s.checkSignal(ctx, a.Namespace); err != nil {
+		return SignalResult{}, err
+	}
 	key := store.ActorKey{AgentUID: a.UID, SessionID: sessionID}
 	var payload json.RawMessage
 	switch p.Kind {

@@ -191,6 +191,32 @@ func (s *Store) AgentTokensSince(ctx context.Context, agentUID string, since tim
 	return n, err
 }
 
+// NamespaceTokensSince sums AgentTokensSince over the agents of namespace
+// ns (index host_calls_agent_started per agent); see store.Store.
+func (s *Store) NamespaceTokensSince(ctx context.Context, ns string, since time.Time) (int64, error) {
+	var n int64
+	err := s.call(ctx, "namespace tokens since", func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, `
+			SELECT coalesce(sum(h.input_tokens + h.output_tokens), 0)::bigint FROM agents a
+			JOIN host_calls h ON h.agent_uid = a.agent_uid AND h.started_at >= $1
+			WHERE a.namespace = $2`, since, ns).Scan(&n)
+	})
+	return n, err
+}
+
+// LiveSessionsUpTo counts up to limit sessions of namespace ns that are not
+// destroyed; see store.Store.
+func (s *Store) LiveSessionsUpTo(ctx context.Context, ns string, limit int64) (int64, error) {
+	var n int64
+	err := s.call(ctx, "live sessions", func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, `
+			SELECT count(*) FROM (SELECT 1 FROM agents a
+				JOIN sessions s ON s.agent_uid = a.agent_uid AND s.status <> 'destroyed'
+				WHERE a.namespace = $1 LIMIT $2) l`, ns, limit).Scan(&n)
+	})
+	return n, err
+}
+
 // PutSecret stores a secret's sealed value, creating or replacing it
 // (created false; CreatedAt kept, UpdatedAt the database's now); see
 // store.Store. One statement: an upsert, created when its two timestamps

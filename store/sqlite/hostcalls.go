@@ -190,6 +190,32 @@ func (s *Store) AgentTokensSince(ctx context.Context, agentUID string, since tim
 	return n, err
 }
 
+// NamespaceTokensSince sums AgentTokensSince over the agents of namespace
+// ns (index host_calls_agent_started per agent); see store.Store.
+func (s *Store) NamespaceTokensSince(ctx context.Context, ns string, since time.Time) (int64, error) {
+	var n int64
+	err := s.read(ctx, "namespace tokens since", func(tx *txn) error {
+		return tx.queryRow(`
+			SELECT coalesce(sum(h.input_tokens + h.output_tokens), 0) FROM agents a
+			JOIN host_calls h ON h.agent_uid = a.agent_uid AND h.started_at >= ?
+			WHERE a.namespace = ?`, since.UnixMilli(), ns).Scan(&n)
+	})
+	return n, err
+}
+
+// LiveSessionsUpTo counts up to limit sessions of namespace ns that are not
+// destroyed; see store.Store.
+func (s *Store) LiveSessionsUpTo(ctx context.Context, ns string, limit int64) (int64, error) {
+	var n int64
+	err := s.read(ctx, "live sessions", func(tx *txn) error {
+		return tx.queryRow(`
+			SELECT count(*) FROM (SELECT 1 FROM agents a
+				JOIN sessions s ON s.agent_uid = a.agent_uid AND s.status <> 'destroyed'
+				WHERE a.namespace = ? LIMIT ?)`, ns, limit).Scan(&n)
+	})
+	return n, err
+}
+
 // PutSecret stores a secret's sealed value, creating or replacing it
 // (created false; CreatedAt kept, UpdatedAt the database's now); see
 // store.Store.

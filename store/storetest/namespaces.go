@@ -3,6 +3,7 @@ package storetest
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -18,6 +19,7 @@ func namespaceCases() []testCase {
 		{"Namespaces/NothingReadAcross", testNamespacesNothingAcross},
 		{"Namespaces/BindingNeedsVisibility", testNamespacesBinding},
 		{"Namespaces/InvalidIsRefused", testNamespacesInvalid},
+		{"Namespaces/QuotaReadsCountTheirNamespace", testNamespacesQuotaReads},
 	}
 }
 
@@ -201,4 +203,26 @@ func testNamespacesInvalid(t *testing.T, b *bundle) {
 		_, _, err = b.s.PutPluginWorker(b.ctx, store.PluginWorker{Namespace: ns, Name: "tool", Path: "/p", SHA256: sha256A, Processes: 1})
 		wantIs(t, err, store.ErrInvalid, fmt.Sprintf("PutPluginWorker in namespace %q", ns))
 	}
+}
+
+func testNamespacesQuotaReads(t *testing.T, b *bundle) {
+	m, _ := b.nsModule("team-a", "quota")
+	a, err := b.s.CreateAgent(b.ctx, store.CreateAgentParams{UID: uuid.NewString(), Namespace: "team-a",
+		Name: "counted", ModuleDigest: m.Digest, CrashPolicy: store.CrashRestart})
+	noErr(t, err, "CreateAgent in team-a")
+	keys := []store.ActorKey{b.sessionOf(a.UID, store.CrashRestart), b.sessionOf(a.UID, store.CrashRestart), b.sessionOf(a.UID, store.CrashRestart)}
+	b.session() // the default namespace's, not counted in team-a
+	_, err = b.s.DestroySession(b.ctx, keys[0])
+	noErr(t, err, "DestroySession")
+	for limit, want := range map[int64]int64{1: 1, 2: 2, 10: 2} {
+		n, err := b.s.LiveSessionsUpTo(b.ctx, "team-a", limit)
+		noErr(t, err, "LiveSessionsUpTo")
+		wantEq(t, n, want, fmt.Sprintf("team-a's live sessions up to %d", limit))
+	}
+	n, err := b.s.LiveSessionsUpTo(b.ctx, "team-b", 10)
+	noErr(t, err, "LiveSessionsUpTo of an empty namespace")
+	wantEq(t, n, int64(0), "team-b's live sessions")
+	tokens, err := b.s.NamespaceTokensSince(b.ctx, "team-a", time.Now().Add(-time.Hour))
+	noErr(t, err, "NamespaceTokensSince")
+	wantEq(t, tokens, int64(0), "team-a's tokens without model calls")
 }
