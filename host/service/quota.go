@@ -74,7 +74,7 @@ func (s *Service) checkSignal(ctx context.Context, ns string) error {
 		if used >= q.ModelTokensPerDay {
 			return &QuotaError{Namespace: ns, Quota: QuotaModelTokensPerDay,
 				RetryAfter: int64(math.Ceil(day.Add(24 * time.Hour).Sub(now).Seconds())),
-				Message: fmt.Sprintf("namespace %q used its %d model tokens of the day (model_tokens_per_day); new signals are accepted from 00:00 UTC", ns, q.ModelTokensPerDay)}
+				Message:    fmt.Sprintf("namespace %q used its %d model tokens of the day (model_tokens_per_day); new signals are accepted from 00:00 UTC", ns, q.ModelTokensPerDay)}
 		}
 	}
 	if q.SignalsPerMinute > 0 {
