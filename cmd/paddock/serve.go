@@ -501,6 +501,10 @@ func logLeftAlone(log *slog.Logger, kind, name string, diff []string) {
 // difference from the config is logged by field name, never rolled back.
 func registerAgents(ctx context.Context, cfg config.Config, svc *service.Service, log *slog.Logger) error {
 	for i, a := range cfg.Agents {
+		// "team-a/chat" is agent chat of namespace team-a: its module is
+		// uploaded there, its plugin worker is team-a's.
+		ns, name := store.SplitQualified(a.Name)
+		ctx := service.WithNamespace(ctx, ns)
 		b := service.Binding{Plugin: a.Plugin, CrashPolicy: cfg.AgentPolicy(a.Name).CrashPolicy}
 		if a.Plugin == "" {
 			if a.ModuleFile == "" {
@@ -520,9 +524,6 @@ func registerAgents(ctx context.Context, cfg config.Config, svc *service.Service
 			}
 			b.Module = m.Digest
 		}
-		// "team-a/chat" is agent chat of namespace team-a.
-		ns, name := store.SplitQualified(a.Name)
-		ctx := service.WithNamespace(ctx, ns)
 		ag, err := svc.CreateAgent(ctx, name, b)
 		var conflict *service.ConflictError
 		if errors.As(err, &conflict) && conflict.Reason == service.ConflictAgentExists {
@@ -536,7 +537,7 @@ func registerAgents(ctx context.Context, cfg config.Config, svc *service.Service
 		if err != nil {
 			return fmt.Errorf("register agent %s: %w", a.Name, err)
 		}
-		log.Info("agent registered from config", "agent", ag.Name, "module", ag.ModuleDigest, "plugin", ag.Plugin, "crash_policy", ag.CrashPolicy)
+		log.Info("agent registered from config", "agent", store.QualifiedName(ag.Namespace, ag.Name), "module", ag.ModuleDigest, "plugin", ag.Plugin, "crash_policy", ag.CrashPolicy)
 	}
 	return nil
 }
