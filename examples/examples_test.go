@@ -149,7 +149,7 @@ func startHostOpts(t testing.TB, path string, o hostOpts) *world {
 	broker, err := fabric.NewBroker(ctx, fabric.BrokerConfig{
 		Endpoint: "tcp://127.0.0.1:0", Workers: map[string][]byte{"w1": key},
 		Modules: func(ctx context.Context, digest string) ([]byte, error) {
-			m, err := st.GetModule(ctx, digest)
+			m, err := st.GetModule(ctx, store.DefaultNamespace, digest)
 			return m.Bytes, err
 		},
 	}, log)

@@ -117,7 +117,7 @@ func (c *controller) runSafely(runCtx, turnCtx context.Context) (retryIn time.Du
 func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	h := c.h
 	ctx, cancel := context.WithTimeout(runCtx, 10*time.Second)
-	agent, err := h.st.GetAgent(ctx, c.key.AgentUID)
+	agent, err := h.st.GetAgent(ctx, store.AnyNamespace, c.key.AgentUID)
 	var peek store.SessionPeek
 	if err == nil {
 		peek, err = h.st.PeekSession(ctx, c.key)
@@ -141,7 +141,7 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 		// with nothing due). The append of the next event wakes it.
 		return 0
 	}
-	pol := h.Policy().For(agent.Name)
+	pol := h.Policy().ForAgent(agent)
 	c.pol = pol
 	if !h.placeable(runCtx, agent, pol.Pool) {
 		// Remote pool without a live worker here: leave the session to a
@@ -570,7 +570,8 @@ func (a *activationRun) run(d store.Dispatch, sb *streamBuf) (res *abi.TurnResul
 	// Capabilities as configured now: a revoked grant holds from the next
 	// attempt, not from the next activation. Without an executor, every
 	// call but emit answers not_configured.
-	caps := h.Policy().For(a.agent.Name).Capabilities
+	caps := h.Policy().ForAgent(a.agent).Capabilities
+	caps.Namespace = a.agent.Namespace
 	jc := newJournalCaller(h, h.calls, a.agent, d.Session.ActorKey, caps, d.Delivery.TurnRef(), sb, a.log)
 	jc.onHold = tcancel
 	if c.attempt != nil {

@@ -101,8 +101,9 @@ type Policy struct {
 
 	// AgentPolicy is the default agent policy.
 	AgentPolicy
-	// Agents are per-agent policies by agent name (already merged over the
-	// default).
+	// Agents are per-agent policies by qualified agent name
+	// (store.QualifiedName: "chat" in the default namespace, "team-a/chat"
+	// in team-a), already merged over the default.
 	Agents map[string]AgentPolicy
 	// Pools is the capacity of each pool on this host.
 	Pools map[string]int
@@ -153,12 +154,19 @@ func DefaultStreamPolicy() StreamPolicy {
 	return StreamPolicy{FlushInterval: 100 * time.Millisecond, Retention: 24 * time.Hour, MaxBytesPerTurn: 8 << 20}
 }
 
-// For returns the policy of the named agent.
-func (p *Policy) For(agentName string) AgentPolicy {
-	if a, ok := p.Agents[agentName]; ok {
+// For returns the policy of the agent named qualified: its name in the
+// default namespace, "namespace/name" in another (store.QualifiedName;
+// the spelling of the config's agents: keys).
+func (p *Policy) For(qualified string) AgentPolicy {
+	if a, ok := p.Agents[qualified]; ok {
 		return a
 	}
 	return p.AgentPolicy
+}
+
+// ForAgent returns the policy of agent a, of its namespace (For).
+func (p *Policy) ForAgent(a store.Agent) AgentPolicy {
+	return p.For(store.QualifiedName(a.Namespace, a.Name))
 }
 
 // DefaultPolicy returns the defaults of the configuration.
@@ -710,12 +718,12 @@ func (h *Host) scanFilters(ctx context.Context) (blocked, skip []string, err err
 	if !anyBlock && !anySkip {
 		return nil, nil, nil
 	}
-	agents, err := h.st.ListAgents(ctx)
+	agents, err := h.st.ListAgents(ctx, store.AnyNamespace)
 	if err != nil {
 		return nil, nil, err
 	}
 	for _, a := range agents {
-		ap := pol.For(a.Name)
+		ap := pol.ForAgent(a)
 		if ap.BlockOnDeadLetter {
 			blocked = append(blocked, a.UID)
 		}

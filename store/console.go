@@ -99,6 +99,9 @@ const MaxBrowseScan = 5000
 // BrowseSessionsParams select a page of sessions, in (agent uid, session
 // id) order.
 type BrowseSessionsParams struct {
+	// Namespace, when set, is the only namespace whose agents' sessions
+	// are read (AnyNamespace: every namespace).
+	Namespace string
 	// AgentUID, when set, is the only agent whose sessions are read.
 	AgentUID string
 	// Status is active, sleeping, destroyed, pending (StatusPending) or ""
@@ -212,6 +215,10 @@ func BrowseWhere(p BrowseSessionsParams, placeholder string) (string, []any) {
 	}
 	if p.AgentUID != "" {
 		conds = append(conds, "s.agent_uid = "+arg(p.AgentUID))
+	}
+	if p.Namespace != "" {
+		// The agents of one namespace: the (namespace, name) index.
+		conds = append(conds, "s.agent_uid IN (SELECT agent_uid FROM agents WHERE namespace = "+arg(p.Namespace)+")")
 	}
 	switch p.Status {
 	case string(SessionActive):

@@ -77,6 +77,8 @@ type RecordHostCallParams struct {
 // Secret is a secret's metadata; its value never leaves the store
 // unencrypted and never leaves the host (docs/DESIGN.md invariant 13).
 type Secret struct {
+	// Namespace is the secret's namespace; Name is unique within it.
+	Namespace string    `json:"namespace"`
 	Name      string    `json:"name"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`

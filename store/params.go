@@ -51,6 +51,11 @@ func CheckLeaseTTL(ttl time.Duration) error {
 // "" too) or KindPlugin. Errors wrap ErrInvalid. Whether the named module
 // or plugin worker exists is the database's foreign key's to decide.
 func AgentKind(p CreateAgentParams) (string, error) {
+	if p.Namespace != "" {
+		if err := CheckNamespace(p.Namespace); err != nil {
+			return "", err
+		}
+	}
 	if !p.CrashPolicy.Valid() {
 		return "", fmt.Errorf("crash policy %q: %w", p.CrashPolicy, ErrInvalid)
 	}
@@ -75,6 +80,11 @@ func AgentKind(p CreateAgentParams) (string, error) {
 func PluginEnv(p PluginWorker) (string, error) {
 	if p.Name == "" {
 		return "", fmt.Errorf("empty plugin worker name: %w", ErrInvalid)
+	}
+	if p.Namespace != "" {
+		if err := CheckNamespace(p.Namespace); err != nil {
+			return "", err
+		}
 	}
 	if p.Processes < 1 {
 		return "", fmt.Errorf("plugin worker %q: processes %d, want at least 1: %w", p.Name, p.Processes, ErrInvalid)
@@ -143,10 +153,14 @@ func ClaimWake(key ActorKey, status SessionStatus, sleepReason string, wakeForCa
 	return false, ClaimRefusal(key, status)
 }
 
-// CheckModule refuses a module without a digest, wrapping ErrInvalid.
+// CheckModule refuses a module without a digest or with an invalid
+// namespace, wrapping ErrInvalid.
 func CheckModule(p PutModuleParams) error {
 	if p.Digest == "" {
 		return fmt.Errorf("empty module digest: %w", ErrInvalid)
+	}
+	if p.Namespace != "" {
+		return CheckNamespace(p.Namespace)
 	}
 	return nil
 }

@@ -91,11 +91,17 @@ const OutcomeCancelled abi.Outcome = "cancelled"
 
 // Module is an uploaded wasm agent module, content-addressed by sha256.
 type Module struct {
+	// Namespace is the namespace the module was read in ("" from a read
+	// of AnyNamespace): a module is stored once by digest and visible in
+	// each namespace it was uploaded to.
+	Namespace string `json:"namespace,omitempty"`
 	// Digest is "sha256:" + lowercase hex of the module bytes.
-	Digest     string    `json:"digest"`
-	Size       int64     `json:"size"`
-	ABIVersion int       `json:"abi_version"`
-	CreatedAt  time.Time `json:"created_at"`
+	Digest     string `json:"digest"`
+	Size       int64  `json:"size"`
+	ABIVersion int    `json:"abi_version"`
+	// CreatedAt is when it was first uploaded to Namespace (to any
+	// namespace, from a read of AnyNamespace).
+	CreatedAt time.Time `json:"created_at"`
 	// Bytes is the module binary; empty in list results.
 	Bytes []byte `json:"-"`
 }
@@ -108,8 +114,10 @@ const (
 
 // Agent is a registered agent definition.
 type Agent struct {
-	UID  string `json:"uid"`
-	Name string `json:"name"`
+	UID string `json:"uid"`
+	// Namespace is the agent's namespace; Name is unique within it.
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
 	// Kind is the worker kind that runs the agent: wasm or plugin.
 	Kind string `json:"kind"`
 	// ModuleDigest is the wasm module a wasm agent runs ("" otherwise).
@@ -125,7 +133,11 @@ type Agent struct {
 // PluginWorker is a registered plugin worker: a binary on the host's
 // machine that serves agents over hashicorp/go-plugin.
 type PluginWorker struct {
-	Name string `json:"name"`
+	// Namespace is the registration's namespace ("" when put: the
+	// default); Name is unique within it, and agents of that namespace
+	// name it.
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
 	// Path is the binary's path on the host.
 	Path string `json:"path"`
 	// SHA256 is the lowercase hex sha256 of the binary, checked at every
@@ -341,29 +353,39 @@ type Store interface {
 	// Close releases connections.
 	Close() error
 
-	// PutModule stores a module by digest; created is false when it existed.
+	// PutModule stores a module by digest and makes it visible in
+	// p.Namespace; created is false when it was visible there already.
 	PutModule(ctx context.Context, p PutModuleParams) (m Module, created bool, err error)
-	// GetModule returns the module with its bytes, or ErrNotFound.
-	GetModule(ctx context.Context, digest string) (Module, error)
-	// ListModules returns every module without bytes, newest first.
-	ListModules(ctx context.Context) ([]Module, error)
+	// GetModule returns the module with its bytes if it is visible in
+	// namespace (AnyNamespace: the runtime's read by digest), or
+	// ErrNotFound.
+	GetModule(ctx context.Context, namespace, digest string) (Module, error)
+	// ListModules returns the modules visible in namespace (AnyNamespace:
+	// every module) without bytes, newest first.
+	ListModules(ctx context.Context, namespace string) ([]Module, error)
 
 	// CreateAgent registers an agent. A name already taken returns
 	// ErrConflict unless p.Upsert, which updates binding and policy instead.
 	// An unknown module digest returns ErrNotFound.
 	CreateAgent(ctx context.Context, p CreateAgentParams) (Agent, error)
-	// GetAgent finds an agent by name or uid, or returns ErrNotFound.
-	GetAgent(ctx context.Context, nameOrUID string) (Agent, error)
-	// ListAgents returns every agent by name.
-	ListAgents(ctx context.Context) ([]Agent, error)
+	// GetAgent finds an agent of namespace by name or uid, or returns
+	// ErrNotFound (also for an agent of another namespace). AnyNamespace
+	// finds an agent of any namespace by uid only.
+	GetAgent(ctx context.Context, namespace, nameOrUID string) (Agent, error)
+	// ListAgents returns the agents of namespace (AnyNamespace: of every
+	// namespace) by name.
+	ListAgents(ctx context.Context, namespace string) ([]Agent, error)
 
-	// PutPluginWorker registers a plugin worker, or replaces the
-	// registration of that name (created false).
+	// PutPluginWorker registers a plugin worker in p.Namespace (""
+	// default), or replaces the registration of that name there (created
+	// false).
 	PutPluginWorker(ctx context.Context, p PluginWorker) (w PluginWorker, created bool, err error)
-	// GetPluginWorker returns a plugin worker by name, or ErrNotFound.
-	GetPluginWorker(ctx context.Context, name string) (PluginWorker, error)
-	// ListPluginWorkers returns every plugin worker by name.
-	ListPluginWorkers(ctx context.Context) ([]PluginWorker, error)
+	// GetPluginWorker returns a plugin worker of namespace by name, or
+	// ErrNotFound.
+	GetPluginWorker(ctx context.Context, namespace, name string) (PluginWorker, error)
+	// ListPluginWorkers returns the plugin workers of namespace
+	// (AnyNamespace: of every namespace) by namespace and name.
+	ListPluginWorkers(ctx context.Context, namespace string) ([]PluginWorker, error)
 
 	// CreateSession creates a session. A Key is unique per agent among
 	// sessions that are not destroyed (a destroyed session's key makes a
@@ -535,16 +557,26 @@ type Store interface {
 	// journal rows started at or after since (set-aside rows included: they
 	// were paid for).
 	AgentTokensSince(ctx context.Context, agentUID string, since time.Time) (int64, error)
+	// NamespaceTokensSince is AgentTokensSince summed over the agents of
+	// namespace (its model_tokens_per_day quota).
+	NamespaceTokensSince(ctx context.Context, namespace string, since time.Time) (int64, error)
+	// LiveSessionsUpTo counts the sessions of namespace's agents that are
+	// not destroyed, reading at most limit of them: min(count, limit), the
+	// cost of a live_sessions quota check bounded by the quota.
+	LiveSessionsUpTo(ctx context.Context, namespace string, limit int64) (int64, error)
 
 	// PutSecret stores a secret's sealed value (encrypted by the caller;
-	// the store never sees the plain value), creating or replacing it.
-	PutSecret(ctx context.Context, name string, sealed []byte) (s Secret, created bool, err error)
-	// SealedSecret returns a secret's sealed value, or ErrNotFound.
-	SealedSecret(ctx context.Context, name string) ([]byte, error)
-	// ListSecrets returns every secret's metadata by name.
-	ListSecrets(ctx context.Context) ([]Secret, error)
-	// DeleteSecret deletes a secret, or returns ErrNotFound.
-	DeleteSecret(ctx context.Context, name string) error
+	// the store never sees the plain value) in namespace ("" default),
+	// creating or replacing it.
+	PutSecret(ctx context.Context, namespace, name string, sealed []byte) (s Secret, created bool, err error)
+	// SealedSecret returns the sealed value of a secret of namespace, or
+	// ErrNotFound.
+	SealedSecret(ctx context.Context, namespace, name string) ([]byte, error)
+	// ListSecrets returns the metadata of namespace's secrets
+	// (AnyNamespace: of every namespace) by namespace and name.
+	ListSecrets(ctx context.Context, namespace string) ([]Secret, error)
+	// DeleteSecret deletes a secret of namespace, or returns ErrNotFound.
+	DeleteSecret(ctx context.Context, namespace, name string) error
 
 	// CreateToken stores a token (CheckToken: ErrInvalid); an id that
 	// exists: ErrConflict. CreatedAt is the database clock.
@@ -657,6 +689,8 @@ type Wakeup struct {
 
 // PutModuleParams are PutModule's inputs.
 type PutModuleParams struct {
+	// Namespace is where the module becomes visible ("" default).
+	Namespace  string
 	Digest     string
 	ABIVersion int
 	Bytes      []byte
@@ -667,7 +701,10 @@ type PutModuleParams struct {
 // an existing plugin worker (else ErrNotFound).
 type CreateAgentParams struct {
 	// UID is generated by the caller (a UUID).
-	UID          string
+	UID string
+	// Namespace is the agent's namespace ("" default); its module or
+	// plugin worker must be visible there.
+	Namespace    string
 	Name         string
 	Kind         string
 	ModuleDigest string
@@ -789,6 +826,8 @@ type NextDeliveryParams struct {
 // binary's lowercase hex sha256 (plugin; "" when the plugin worker is not
 // registered).
 type AgentBinding struct {
+	// Namespace is the agent's (its plugin worker is of it).
+	Namespace    string
 	Kind         string
 	ModuleDigest string
 	Plugin       string

@@ -809,7 +809,7 @@ func startBenchFabric(ctx context.Context, st store.Store, r *runner.Runner, o b
 	b, err := fabric.NewBroker(ctx, fabric.BrokerConfig{
 		Endpoint: endpoint, Workers: map[string][]byte{"bench-1": key},
 		Modules: func(ctx context.Context, digest string) ([]byte, error) {
-			m, err := st.GetModule(ctx, digest)
+			m, err := st.GetModule(ctx, store.AnyNamespace, digest)
 			return m.Bytes, err
 		},
 	}, log)

@@ -24,6 +24,9 @@ import (
 // client holds the global flags of the client commands.
 type client struct {
 	server, token, output string
+	// namespace is --namespace (env PADDOCK_NAMESPACE): the namespace the
+	// client commands act in.
+	namespace string
 	// maxModule is --max-module-bytes of the commands uploading modules.
 	maxModule int64
 }
@@ -35,13 +38,14 @@ func (c *client) maxModuleFlag(cmd *cobra.Command) {
 		"refuse module files over this size before reading them (default: the host's default api.max_module_bytes; 0: no limit here; the host's own limit answers 413)")
 }
 
-// api returns the API client for --server and --token.
+// api returns the API client for --server, --token and --namespace.
 func (c *client) api() *apiclient.Client {
 	token := c.token
 	if token == "" {
 		token = os.Getenv("PADDOCK_TOKEN")
 	}
-	return apiclient.New(c.server, apiclient.WithToken(token), apiclient.WithUserAgent("paddock-cli"))
+	return apiclient.New(c.server, apiclient.WithToken(token), apiclient.WithNamespace(c.namespace),
+		apiclient.WithUserAgent("paddock-cli"))
 }
 
 // reach names the server when the API could not be reached at all; API

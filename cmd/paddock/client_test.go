@@ -175,4 +175,31 @@ func TestClientCommandsAgainstTheRealAPI(t *testing.T) {
 			t.Errorf("paddock %s: %v, want %s", strings.Join(c.args, " "), err, c.want)
 		}
 	}
+
+	// --namespace (-n) and PADDOCK_NAMESPACE: the commands act in that
+	// namespace; an undeclared one is refused.
+	pol := *h.Policy()
+	pol.Namespaces = map[string]host.NamespacePolicy{"team-a": {}}
+	h.SetPolicy(pol)
+	if _, err := run("-n", "team-a", "agent", "create", "notes", "--module", strings.TrimSpace(digest)); err == nil ||
+		!strings.HasPrefix(err.Error(), "unknown_module (HTTP 400)") {
+		t.Fatalf("agent create in team-a before the module was uploaded there: %v", err)
+	}
+	if _, err := run("--namespace", "team-a", "module", "upload", path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run("--namespace", "team-a", "agent", "create", "notes", "--module", strings.TrimSpace(digest)); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PADDOCK_NAMESPACE", "team-a")
+	out, err = run("agent", "list", "--output", "json")
+	if err != nil || !strings.Contains(out, `"namespace": "team-a"`) || strings.Contains(out, `"namespace": "default"`) {
+		t.Fatalf("agent list with PADDOCK_NAMESPACE=team-a: %s %v", out, err)
+	}
+	if out, err = run("-n", "default", "agent", "list", "--output", "json"); err != nil || strings.Contains(out, "team-a") {
+		t.Fatalf("agent list -n default: %s %v", out, err)
+	}
+	if _, err := run("-n", "nowhere", "agent", "list"); err == nil || !strings.HasPrefix(err.Error(), "namespace_not_found (HTTP 404)") {
+		t.Fatalf("agent list -n nowhere: %v", err)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/paddock-dev/paddock/host/calls"
+	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/store/sqlite"
 )
 
@@ -32,7 +33,7 @@ func TestStartWarnsOfSecretsAnotherKeySealed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := st.PutSecret(ctx, "api_key", sealed); err != nil {
+	if _, _, err := st.PutSecret(ctx, store.DefaultNamespace, "api_key", sealed); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {

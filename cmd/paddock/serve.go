@@ -146,7 +146,7 @@ func newExecutor(cfg config.Config, st store.Store, m *host.Metrics, log *slog.L
 func checkSealedSecrets(ctx context.Context, st store.Store, secrets *calls.Secrets, haveKey bool, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	list, err := st.ListSecrets(ctx)
+	list, err := st.ListSecrets(ctx, store.AnyNamespace)
 	if err != nil || len(list) == 0 {
 		return
 	}
@@ -156,12 +156,13 @@ func checkSealedSecrets(ctx context.Context, st store.Store, secrets *calls.Secr
 	}
 	var bad []string
 	for _, sec := range list {
-		sealed, err := st.SealedSecret(ctx, sec.Name)
+		q := calls.Qualified(sec.Namespace, sec.Name)
+		sealed, err := st.SealedSecret(ctx, sec.Namespace, sec.Name)
 		if err == nil {
-			_, err = secrets.Open(sec.Name, sealed)
+			_, err = secrets.Open(q, sealed)
 		}
 		if err != nil {
-			bad = append(bad, sec.Name)
+			bad = append(bad, q)
 		}
 	}
 	if len(bad) > 0 {
@@ -184,6 +185,12 @@ func policyFromConfig(cfg config.Config) host.Policy {
 		ap := agentPolicy(cfg.AgentPolicy(a.Name))
 		ap.Capabilities = cfg.AgentCapabilities(a.Name)
 		p.Agents[a.Name] = ap
+	}
+	p.Namespaces = map[string]host.NamespacePolicy{}
+	for name, n := range cfg.Namespaces {
+		q := n.Quotas
+		p.Namespaces[name] = host.NamespacePolicy{Quotas: host.Quotas{LiveSessions: q.LiveSessions,
+			SignalsPerMinute: q.SignalsPerMinute, ModelTokensPerDay: q.ModelTokensPerDay}}
 	}
 	p.Pools = map[string]int{}
 	for name, pl := range cfg.Pools {
@@ -409,7 +416,7 @@ func startBroker(ctx context.Context, cfg config.Config, st store.Store, log *sl
 		AcceptTimeout: cfg.Fabric.AcceptTimeout, SendTimeout: cfg.Fabric.SendTimeout,
 		MaxMessageBytes: cfg.Fabric.MaxMessageBytes,
 		Modules: func(ctx context.Context, digest string) ([]byte, error) {
-			m, err := st.GetModule(ctx, digest)
+			m, err := st.GetModule(ctx, store.AnyNamespace, digest)
 			return m.Bytes, err
 		},
 		LateResult: lateResult,
@@ -435,8 +442,11 @@ func registerPlugins(ctx context.Context, cfg config.Config, svc *service.Servic
 		if err != nil {
 			return fmt.Errorf("config: plugins[%d]: %w", i, err)
 		}
-		want := service.PluginParams{Name: p.Name, Path: p.Path, SHA256: sum, Env: p.Env, Processes: p.Processes}
-		old, err := svc.GetPlugin(ctx, p.Name)
+		// "team-a/tool" is plugin worker tool of namespace team-a.
+		ns, name := store.SplitQualified(p.Name)
+		ctx := service.WithNamespace(ctx, ns)
+		want := service.PluginParams{Name: name, Path: p.Path, SHA256: sum, Env: p.Env, Processes: p.Processes}
+		old, err := svc.GetPlugin(ctx, name)
 		var notFound *service.NotFoundError
 		switch {
 		case err == nil:
@@ -499,6 +509,10 @@ func logLeftAlone(log *slog.Logger, kind, name string, diff []string) {
 // difference from the config is logged by field name, never rolled back.
 func registerAgents(ctx context.Context, cfg config.Config, svc *service.Service, log *slog.Logger) error {
 	for i, a := range cfg.Agents {
+		// "team-a/chat" is agent chat of namespace team-a: its module is
+		// uploaded there, its plugin worker is team-a's.
+		ns, name := store.SplitQualified(a.Name)
+		ctx := service.WithNamespace(ctx, ns)
 		b := service.Binding{Plugin: a.Plugin, CrashPolicy: cfg.AgentPolicy(a.Name).CrashPolicy}
 		if a.Plugin == "" {
 			if a.ModuleFile == "" {
@@ -518,10 +532,10 @@ func registerAgents(ctx context.Context, cfg config.Config, svc *service.Service
 			}
 			b.Module = m.Digest
 		}
-		ag, err := svc.CreateAgent(ctx, a.Name, b)
+		ag, err := svc.CreateAgent(ctx, name, b)
 		var conflict *service.ConflictError
 		if errors.As(err, &conflict) && conflict.Reason == service.ConflictAgentExists {
-			old, err := svc.GetAgent(ctx, a.Name)
+			old, err := svc.GetAgent(ctx, name)
 			if err != nil {
 				return fmt.Errorf("look up agent %s: %w", a.Name, err)
 			}
@@ -531,7 +545,7 @@ func registerAgents(ctx context.Context, cfg config.Config, svc *service.Service
 		if err != nil {
 			return fmt.Errorf("register agent %s: %w", a.Name, err)
 		}
-		log.Info("agent registered from config", "agent", ag.Name, "module", ag.ModuleDigest, "plugin", ag.Plugin, "crash_policy", ag.CrashPolicy)
+		log.Info("agent registered from config", "agent", store.QualifiedName(ag.Namespace, ag.Name), "module", ag.ModuleDigest, "plugin", ag.Plugin, "crash_policy", ag.CrashPolicy)
 	}
 	return nil
 }

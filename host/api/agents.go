@@ -13,7 +13,7 @@ import (
 // toAgent answers agent a with its capabilities as the host's config sets
 // them now (service.Capabilities).
 func (s *Server) toAgent(a store.Agent) client.Agent {
-	return client.Agent{UID: a.UID, Name: a.Name, Kind: a.Kind, Module: a.ModuleDigest, Plugin: a.Plugin,
+	return client.Agent{UID: a.UID, Namespace: a.Namespace, Name: a.Name, Kind: a.Kind, Module: a.ModuleDigest, Plugin: a.Plugin,
 		CrashPolicy: a.CrashPolicy, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt,
 		Capabilities: toCapabilities(s.svc.Capabilities(a))}
 }

@@ -161,9 +161,9 @@ func New(o Options) *Server {
 		s.mux.Handle(r.Method+" "+r.Path, s.authorize(r.Op, s.errors(r.handle)))
 	}
 	// A request's W3C traceparent is the parent of the spans it starts.
-	s.handler = tracing.Middleware(s.authenticate(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s.handler = tracing.Middleware(s.authenticate(s.namespace(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.mux.ServeHTTP(&muxErrors{ResponseWriter: w, s: s, r: r}, r)
-	})))
+	}))))
 	return s
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/paddock-dev/paddock/host/api"
 	"github.com/paddock-dev/paddock/host/service"
+	"github.com/paddock-dev/paddock/store"
 )
 
 func TestBadInputGetsA4xxNamingTheProblemAndWritesNothing(t *testing.T) {
@@ -54,7 +55,7 @@ func TestBadInputGetsA4xxNamingTheProblemAndWritesNothing(t *testing.T) {
 			}
 		}
 		// Nothing was written by any of them.
-		mods, _ := e.st.ListModules(context.Background())
+		mods, _ := e.st.ListModules(context.Background(), store.DefaultNamespace)
 		if len(mods) != 1 {
 			t.Errorf("%d modules stored, want only the notes example", len(mods))
 		}

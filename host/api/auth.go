@@ -43,8 +43,8 @@ func Authenticate(ctx context.Context, svc *service.Service, r *http.Request) (s
 
 // authenticate is the middleware that resolves the caller of every /v1
 // request (Authenticate) into its context, or answers 401 with
-// WWW-Authenticate; it also carries the namespace a request names
-// (?namespace=) into the context. Routes outside /v1 (/healthz, /readyz,
+// WWW-Authenticate (the namespace middleware, which runs after it, reads
+// ?namespace=). Routes outside /v1 (/healthz, /readyz,
 // /metrics) are public.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -57,11 +57,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			s.writeError(w, r, err)
 			return
 		}
-		ctx := service.WithCaller(r.Context(), c)
-		if ns := r.URL.Query().Get("namespace"); ns != "" {
-			ctx = service.WithNamespace(ctx, ns)
-		}
-		next.ServeHTTP(w, r.WithContext(ctx))
+		next.ServeHTTP(w, r.WithContext(service.WithCaller(r.Context(), c)))
 	})
 }
 

@@ -127,7 +127,7 @@ func (e *authEnv) state() string {
 			e.t.Fatal(err)
 		}
 	}
-	agents, err := e.st.ListAgents(ctx)
+	agents, err := e.st.ListAgents(ctx, store.AnyNamespace)
 	must(err)
 	for _, a := range agents {
 		fmt.Fprintf(&b, "agent %s %s %s;", a.Name, a.ModuleDigest, a.UpdatedAt)
@@ -145,9 +145,9 @@ func (e *authEnv) state() string {
 			}
 		}
 	}
-	mods, err := e.st.ListModules(ctx)
+	mods, err := e.st.ListModules(ctx, store.AnyNamespace)
 	must(err)
-	secs, err := e.st.ListSecrets(ctx)
+	secs, err := e.st.ListSecrets(ctx, store.AnyNamespace)
 	must(err)
 	toks, err := e.st.ListTokens(ctx, "")
 	must(err)

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/paddock-dev/paddock/host/api"
+	"github.com/paddock-dev/paddock/store"
 )
 
 // TestPluginEnvValuesAreNeverReturned: a plugin's env holds secrets; the
@@ -29,7 +30,7 @@ func TestPluginEnvValuesAreNeverReturned(t *testing.T) {
 	if names, _ := json.Marshal(one["env_names"]); string(names) != `["API_KEY","B"]` {
 		t.Errorf("get: env_names = %s, want [\"API_KEY\",\"B\"]", names)
 	}
-	if p, _ := e.st.GetPluginWorker(t.Context(), "p"); p.Env["API_KEY"] != "s3cret-value" {
+	if p, _ := e.st.GetPluginWorker(t.Context(), store.DefaultNamespace, "p"); p.Env["API_KEY"] != "s3cret-value" {
 		t.Errorf("stored env = %v, want the value kept", p.Env)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 
 	"github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/service"
@@ -35,6 +36,7 @@ func asError(err error) *Error {
 		conflict *service.ConflictError
 		rejected *service.RejectedError
 		gone     *service.GoneError
+		quota    *service.QuotaError
 	)
 	switch {
 	case errors.As(err, &e):
@@ -56,6 +58,9 @@ func asError(err error) *Error {
 		return &Error{Status: http.StatusNotFound, Code: string(notFound.Resource) + "_not_found", Field: notFound.Field, Message: notFound.Message}
 	case errors.As(err, &conflict):
 		return &Error{Status: http.StatusConflict, Code: string(conflict.Reason), Field: conflict.Field, Message: conflict.Message}
+	case errors.As(err, &quota):
+		// writeError adds Retry-After.
+		return &Error{Status: http.StatusTooManyRequests, Code: "quota_exceeded", Field: quota.Quota, Message: quota.Message}
 	case errors.As(err, &gone):
 		return &Error{Status: http.StatusGone, Code: string(gone.Reason), Field: gone.Field, Message: gone.Message}
 	case errors.As(err, &rejected):
@@ -115,6 +120,10 @@ func asParam(err error) error {
 // logged and answered 500 internal.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	e := asError(err)
+	var quota *service.QuotaError
+	if errors.As(err, &quota) {
+		w.Header().Set("Retry-After", strconv.FormatInt(max(quota.RetryAfter, 1), 10))
+	}
 	if e == nil {
 		s.log.Error("api: internal error", "method", r.Method, "path", r.URL.Path, "err", err)
 		e = &Error{Status: http.StatusInternalServerError, Code: "internal", Message: "internal error"}

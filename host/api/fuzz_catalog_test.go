@@ -41,7 +41,7 @@ func FuzzAgent(f *testing.F) {
 		if !update && name != str(in, "name") {
 			t.Fatalf("registered %q, sent %q", name, str(in, "name"))
 		}
-		a, err := e.st.GetAgent(context.Background(), name)
+		a, err := e.st.GetAgent(context.Background(), store.DefaultNamespace, name)
 		if err != nil {
 			t.Fatalf("accepted agent %q does not read back: %v", name, err)
 		}
@@ -79,7 +79,7 @@ func FuzzPlugin(f *testing.F) {
 		}
 		in := decodeLoose(body)
 		name, _ := out["name"].(string)
-		p, err := e.st.GetPluginWorker(context.Background(), name)
+		p, err := e.st.GetPluginWorker(context.Background(), store.DefaultNamespace, name)
 		if err != nil {
 			t.Fatalf("accepted plugin %q does not read back: %v", name, err)
 		}

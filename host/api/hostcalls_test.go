@@ -199,7 +199,7 @@ func TestSecretsCRUDNeverShowTheValue(t *testing.T) {
 	}
 
 	// The stored bytes are sealed, not the value.
-	sealed, err := e.st.SealedSecret(context.Background(), "API_KEY")
+	sealed, err := e.st.SealedSecret(context.Background(), store.DefaultNamespace, "API_KEY")
 	if err != nil || bytes.Contains(sealed, []byte("planted")) {
 		t.Fatalf("stored: %q %v", sealed, err)
 	}

@@ -44,6 +44,10 @@ type Capabilities struct {
 	// decision before they go out (the host's journal caller asks; the
 	// executor does not look at it).
 	Approval ApprovalRules
+	// Namespace is the namespace of the agent granted these (set by the
+	// host from the agent, not by the config): its "{{secret:NAME}}"
+	// placeholders resolve there and nowhere else.
+	Namespace string
 }
 
 // Limits bound host calls. A zero field sets no limit of its own: the

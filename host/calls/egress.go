@@ -508,7 +508,7 @@ func fillSecrets(ctx context.Context, call HTTPCall, rule HTTPRule, v string, sc
 		if cerr := call.Caps.checkSecretFor(rule, name); cerr != nil {
 			return "", false, cerr
 		}
-		val, err := call.Secrets.Resolve(ctx, name)
+		val, err := call.Secrets.ResolveIn(ctx, call.Caps.Namespace, name)
 		if err != nil {
 			// The error names the secret and its source, never a value.
 			return "", false, callErr(abi.CallNotConfigured, "%v", err)

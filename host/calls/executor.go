@@ -268,6 +268,9 @@ func (x *Executor) doModel(ctx context.Context, caps Capabilities, r *abi.ModelR
 	}()
 	mc := &modelCall{ep: ep, name: r.Endpoint, model: model, req: r, maxBytes: maxBytes, opts: opts, scrub: &scrubber{}}
 	if ep.Secret != "" {
+		// An endpoint's key is the operator's (config models:), never an
+		// agent's: it resolves in the default namespace whatever the
+		// calling agent's (docs/DESIGN.md "Namespaces").
 		key, err := x.secrets.Resolve(ctx, ep.Secret)
 		if err != nil {
 			return fail(callErr(abi.CallNotConfigured, "model endpoint %q: its API key: %v", r.Endpoint, err))

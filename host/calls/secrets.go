@@ -38,10 +38,31 @@ type SecretSource struct {
 // SecretsConfig.NotFound (e.g. errors.Is(err, store.ErrNotFound)) holds,
 // or a nil slice with a nil error.
 type SealedSource interface {
-	SealedSecret(ctx context.Context, name string) ([]byte, error)
+	// SealedSecret returns the sealed value of the secret name of
+	// namespace ns.
+	SealedSecret(ctx context.Context, ns, name string) ([]byte, error)
 }
 
-// Secrets resolves secret names to values. Config-declared secrets
+// defaultNamespace is store.DefaultNamespace (this package does not
+// import the store).
+const defaultNamespace = "default"
+
+// Qualified is how a secret of namespace ns is named where secrets of
+// every namespace share one space (store.QualifiedName): the config's
+// secrets: keys and the additional data a value is sealed with. A secret
+// of the default namespace keeps its plain name, so values sealed before
+// namespaces still open; one of namespace "team-a" is "team-a/NAME"
+// (names hold no '/').
+func Qualified(ns, name string) string {
+	if ns == "" || ns == defaultNamespace {
+		return name
+	}
+	return ns + "/" + name
+}
+
+// Secrets resolves secret names of a namespace to values (docs/DESIGN.md
+// "Namespaces": an agent's placeholders resolve in its own namespace,
+// never another's). Config-declared secrets
 // (SecretSource) win over API-set ones of the same name: the operator's
 // file is the source of truth, and an API caller cannot shadow a secret
 // the operator declared. API-set secrets are sealed with AES-256-GCM under
@@ -60,7 +81,9 @@ type Secrets struct {
 
 // SecretsConfig configures NewSecrets.
 type SecretsConfig struct {
-	// Declared are the config's secrets (secrets: in the config file).
+	// Declared are the config's secrets (secrets: in the config file), by
+	// qualified name (Qualified: "NAME" in the default namespace,
+	// "team-a/NAME" in namespace team-a).
 	Declared map[string]SecretSource
 	// Key is the 32-byte AES-256 key sealing API-set secrets; nil means
 	// API-set secrets cannot be sealed or opened.
@@ -139,22 +162,38 @@ func (s *Secrets) Open(name string, sealed []byte) ([]byte, error) {
 	return v, nil
 }
 
-// Declared reports whether name is declared in the config.
+// Declared reports whether the secret of qualified name (Qualified) is
+// declared in the config.
 func (s *Secrets) Declared(name string) bool {
 	_, ok := s.declared[name]
 	return ok
 }
 
-// Resolve returns the value of the named secret: a config-declared one
-// (env read now, file read now and trimmed of one trailing newline) or,
-// failing that, an API-set one opened with the secrets key. An unknown
-// name is ErrSecretNotFound (wrapped); a declared secret whose variable is
-// unset or whose file cannot be read is an error too.
+// Resolve returns the value of the named secret of the default namespace
+// (ResolveIn).
 func (s *Secrets) Resolve(ctx context.Context, name string) (string, error) {
+	return s.ResolveIn(ctx, defaultNamespace, name)
+}
+
+// ResolveIn returns the value of the secret name of namespace ns: a
+// config-declared one (env read now, file read now and trimmed of one
+// trailing newline) or, failing that, an API-set one of ns opened with the
+// secrets key. An unknown name is ErrSecretNotFound (wrapped); a declared
+// secret whose variable is unset or whose file cannot be read is an error
+// too. A secret of another namespace is never read.
+func (s *Secrets) ResolveIn(ctx context.Context, ns, name string) (string, error) {
 	if s == nil {
 		return "", fmt.Errorf("secret %q: %w (no secrets configured)", name, ErrSecretNotFound)
 	}
-	if src, ok := s.declared[name]; ok {
+	// Names hold no '/': "b/X" asked in namespace a must not find b's X.
+	if strings.Contains(name, "/") {
+		return "", fmt.Errorf("secret %q: %w", name, ErrSecretNotFound)
+	}
+	if ns == "" {
+		ns = defaultNamespace
+	}
+	q := Qualified(ns, name)
+	if src, ok := s.declared[q]; ok {
 		if src.Env != "" {
 			v, ok := s.getenv(src.Env)
 			if !ok {
@@ -171,7 +210,7 @@ func (s *Secrets) Resolve(ctx context.Context, name string) (string, error) {
 	if s.sealed == nil {
 		return "", fmt.Errorf("secret %q: %w", name, ErrSecretNotFound)
 	}
-	sealed, err := s.sealed.SealedSecret(ctx, name)
+	sealed, err := s.sealed.SealedSecret(ctx, ns, name)
 	if err != nil {
 		if errors.Is(err, ErrSecretNotFound) || (s.notFound != nil && s.notFound(err)) {
 			return "", fmt.Errorf("secret %q: %w", name, ErrSecretNotFound)
@@ -181,7 +220,7 @@ func (s *Secrets) Resolve(ctx context.Context, name string) (string, error) {
 	if sealed == nil {
 		return "", fmt.Errorf("secret %q: %w", name, ErrSecretNotFound)
 	}
-	v, err := s.Open(name, sealed)
+	v, err := s.Open(q, sealed)
 	if err != nil {
 		return "", err
 	}

@@ -18,7 +18,7 @@ type sealedTable map[string][]byte
 
 var errTableNotFound = errors.New("table: not found")
 
-func (s sealedTable) SealedSecret(_ context.Context, name string) ([]byte, error) {
+func (s sealedTable) SealedSecret(_ context.Context, _, name string) ([]byte, error) {
 	v, ok := s[name]
 	if !ok {
 		return nil, fmt.Errorf("secret %s: %w", name, errTableNotFound)

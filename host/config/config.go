@@ -31,6 +31,7 @@ import (
 	"github.com/knadh/koanf/v2"
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host/calls"
+	"github.com/paddock-dev/paddock/store"
 	"github.com/paddock-dev/paddock/tracing"
 	"github.com/spf13/pflag"
 )
@@ -67,13 +68,22 @@ type Config struct {
 	// Plugins are plugin workers registered (or updated) at start.
 	Plugins []PluginSpec `koanf:"plugins"`
 	// Agents are registered (or updated) at start from module files or
-	// plugin workers, and/or given per-agent policy overrides.
+	// plugin workers, and/or given per-agent policy overrides. A name of
+	// the default namespace is plain ("chat"); one of a declared namespace
+	// is "namespace/name" ("team-a/chat"), and its plugin names a plugin
+	// worker of that namespace.
 	Agents []AgentSpec `koanf:"agents"`
+	// Namespaces declares the namespaces besides "default" by name, with
+	// their quotas (docs/DESIGN.md "Namespaces"); reloaded without a
+	// restart.
+	Namespaces map[string]Namespace `koanf:"namespaces"`
 	// Models are the named model endpoints host calls may reach (restart
 	// to change).
 	Models map[string]ModelEndpoint `koanf:"models"`
 	// Secrets are config-declared secrets, by name (restart to change);
-	// they win over API-set secrets of the same name.
+	// they win over API-set secrets of the same name. A plain name is a
+	// secret of the default namespace; "namespace/NAME" one of a declared
+	// namespace (only that namespace's agents can use it).
 	Secrets map[string]SecretSpec `koanf:"secrets"`
 	// SecretsKey is the base64 of the 32-byte AES-256 key that seals
 	// API-set secrets; SecretsKeyFile names a file holding it. At most one;
@@ -680,7 +690,7 @@ func decodeErrors(k *koanf.Koanf, err error) error {
 // ClientEnv are the PADDOCK_ variables of the client commands; the host's
 // configuration ignores them (every other PADDOCK_ variable must be a
 // configuration key).
-var ClientEnv = []string{"PADDOCK_SERVER", "PADDOCK_TOKEN"}
+var ClientEnv = []string{"PADDOCK_SERVER", "PADDOCK_TOKEN", "PADDOCK_NAMESPACE"}
 
 // envKey maps PADDOCK_STORE__DSN to store.dsn; single underscores stay.
 func envKey(k, v string) (string, any) {
@@ -896,8 +906,8 @@ func (c Config) Validate() error {
 	seen := map[string]bool{}
 	for i, a := range c.Agents {
 		key := fmt.Sprintf("agents[%d]", i)
-		if !agentNameRE.MatchString(a.Name) {
-			bad(key+".name", a.Name, "must match "+agentNameRE.String()+" (as the API requires)")
+		if r := c.checkQualified(a.Name, agentNameRE.MatchString, agentNameRE.String()); r != "" {
+			bad(key+".name", a.Name, r+" (as the API requires)")
 		}
 		if seen[a.Name] {
 			bad(key+".name", a.Name, "names an agent listed twice")
@@ -906,8 +916,9 @@ func (c Config) Validate() error {
 		if a.ModuleFile != "" && a.Plugin != "" {
 			bad(key+".plugin", a.Plugin, "an agent runs either a module_file or a plugin, not both")
 		}
-		if a.Plugin != "" && !slices.ContainsFunc(c.Plugins, func(p PluginSpec) bool { return p.Name == a.Plugin }) {
-			bad(key+".plugin", a.Plugin, "is not listed under plugins")
+		ns, _ := store.SplitQualified(a.Name)
+		if p := store.QualifiedName(ns, a.Plugin); a.Plugin != "" && !slices.ContainsFunc(c.Plugins, func(s PluginSpec) bool { return s.Name == p }) {
+			bad(key+".plugin", a.Plugin, fmt.Sprintf("is not listed under plugins (as %q: an agent's plugin worker is of its namespace)", p))
 		}
 		errs = append(errs, a.Policy.validate(key+".policy", c.Pools, false)...)
 		if eff := c.AgentPolicy(a.Name); eff.BackoffMax < eff.BackoffMin {
@@ -952,11 +963,12 @@ func (c Config) Validate() error {
 		bad("fabric.listen", `""`, "a pool is remote: set fabric.listen so that workers can connect")
 	}
 	errs = append(errs, c.validateHostCalls()...)
+	c.validateNamespaces(bad)
 	seenPlugins := map[string]bool{}
 	for i, p := range c.Plugins {
 		key := fmt.Sprintf("plugins[%d]", i)
-		if !agentNameRE.MatchString(p.Name) {
-			bad(key+".name", p.Name, "must match "+agentNameRE.String())
+		if r := c.checkQualified(p.Name, agentNameRE.MatchString, agentNameRE.String()); r != "" {
+			bad(key+".name", p.Name, r)
 		}
 		if seenPlugins[p.Name] {
 			bad(key+".name", p.Name, "names a plugin listed twice")

@@ -61,7 +61,7 @@ agents:
 	}
 	cfg, err := Load(Sources{
 		File:     file,
-		Environ:  []string{"PADDOCK_STORE__DSN=postgres://env", "PADDOCK_DATA_DIR=/tmp/from-env", "PADDOCK_POLICY__MAX_ATTEMPTS=7", "HOME=/root", "PADDOCK_SERVER=http://elsewhere", "PADDOCK_TOKEN=t"},
+		Environ:  []string{"PADDOCK_STORE__DSN=postgres://env", "PADDOCK_DATA_DIR=/tmp/from-env", "PADDOCK_POLICY__MAX_ATTEMPTS=7", "HOME=/root", "PADDOCK_SERVER=http://elsewhere", "PADDOCK_TOKEN=t", "PADDOCK_NAMESPACE=team-a"},
 		Flags:    fs,
 		FlagKeys: map[string]string{"data-dir": "data_dir", "listen": "listen"},
 	})

@@ -65,8 +65,8 @@ func (c Config) validateHostCalls() []error {
 	for _, name := range sortedKeys(c.Secrets) {
 		s := c.Secrets[name]
 		key := "secrets." + name
-		if !secretNameRE.MatchString(name) {
-			bad(key, name, "a secret name must match "+secretNameRE.String())
+		if r := c.checkQualified(name, secretNameRE.MatchString, secretNameRE.String()); r != "" {
+			bad(key, name, "a secret name "+r)
 		}
 		if (s.Env == "") == (s.File == "") {
 			bad(key, "…", "give exactly one of env and file")

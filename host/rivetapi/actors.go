@@ -68,7 +68,7 @@ func msPtr(t *time.Time) *int64 {
 // toActor maps agent a's session x, which runs in pool.
 func toActor(a store.Agent, pool string, x store.Session) Actor {
 	out := Actor{
-		ActorID: x.SessionID, Name: a.Name, NamespaceID: service.DefaultNamespace, Datacenter: Datacenter,
+		ActorID: x.SessionID, Name: a.Name, NamespaceID: a.Namespace, Datacenter: Datacenter,
 		RunnerNameSelector: pool, CrashPolicy: string(x.CrashPolicy), CreateTS: x.CreatedAt.UnixMilli(),
 		StartTS: ms(x.CreatedAt), DestroyTS: msPtr(x.DestroyTS),
 	}
@@ -112,17 +112,23 @@ type actorRequest struct {
 	CrashPolicy        *string `json:"crash_policy"`
 }
 
-// namespace reads the required ?namespace= and checks it.
-func (s *Server) namespace(r *http.Request, required bool) (string, error) {
+// namespace reads ?namespace= (required or not) and checks it: Rivet's
+// namespace is Paddock's (docs/DESIGN.md "Namespaces"), so r's operations
+// act in it (service.WithNamespace) and an actor of another namespace is
+// not found. It returns r with that namespace.
+func (s *Server) namespace(r *http.Request, required bool) (*http.Request, string, error) {
 	q := r.URL.Query()
 	if !q.Has("namespace") {
 		if required {
-			return "", badRequest("missing field `namespace`")
+			return r, "", badRequest("missing field `namespace`")
 		}
-		return "", nil
+		return r, "", nil
 	}
 	ns := q.Get("namespace")
-	return ns, s.svc.CheckNamespace(ns)
+	if err := s.svc.CheckNamespace(ns); err != nil {
+		return r, ns, err
+	}
+	return r.WithContext(service.WithNamespace(r.Context(), ns)), ns, nil
 }
 
 // decode reads r's JSON body into v: one object, no unknown or repeated
@@ -199,7 +205,7 @@ func (s *Server) getOrCreate(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) put(w http.ResponseWriter, r *http.Request, getOrCreate bool) error {
-	ns, err := s.namespace(r, true)
+	r, ns, err := s.namespace(r, true)
 	if err != nil {
 		return err
 	}
@@ -254,7 +260,8 @@ type listPage struct {
 // cursor (Paddock's order: by session id).
 func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	if _, err := s.namespace(r, true); err != nil {
+	r, _, err := s.namespace(r, true)
+	if err != nil {
 		return conv(err, reqKey{})
 	}
 	var ids []string
@@ -371,7 +378,8 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
 // destroy is DELETE /actors/{actor_id}: destroys the session (idempotent:
 // a destroyed one answers {} again). A namespace, when given, must exist.
 func (s *Server) destroy(w http.ResponseWriter, r *http.Request) error {
-	if _, err := s.namespace(r, false); err != nil {
+	r, _, err := s.namespace(r, false)
+	if err != nil {
 		return conv(err, reqKey{})
 	}
 	id := r.PathValue("actor_id")

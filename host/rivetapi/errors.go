@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host/service"
@@ -63,10 +64,16 @@ func asError(err error, rq reqKey) *Error {
 		conflict *service.ConflictError
 		unauth   *service.UnauthenticatedError
 		denied   *service.ForbiddenError
+		quota    *service.QuotaError
 	)
 	switch {
 	case errors.As(err, &e):
 		return e
+	case errors.As(err, &quota):
+		// Paddock's namespace quotas (docs/DESIGN.md "Namespaces");
+		// writeErrorFor adds Retry-After.
+		return &Error{Status: http.StatusTooManyRequests, Group: "quota", Code: quota.Quota, Message: quota.Message,
+			Metadata: map[string]any{"namespace": quota.Namespace, "retry_after": quota.RetryAfter}}
 	case errors.As(err, &invalid):
 		switch invalid.Field {
 		case "key":
@@ -122,6 +129,10 @@ func (s *Server) writeErrorFor(w http.ResponseWriter, r *http.Request, err error
 	e := asError(err, rq)
 	if e != nil && e.Status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="paddock"`)
+	}
+	var quota *service.QuotaError
+	if errors.As(err, &quota) {
+		w.Header().Set("Retry-After", strconv.FormatInt(max(quota.RetryAfter, 1), 10))
 	}
 	if e == nil {
 		s.log.Error("rivetapi: internal error", "method", r.Method, "path", r.URL.Path, "err", err)

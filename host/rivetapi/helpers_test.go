@@ -49,6 +49,7 @@ func runtime(t *testing.T) *wasm.Runtime {
 type env struct {
 	t   *testing.T
 	svc *service.Service
+	h   *host.Host
 	url string
 }
 
@@ -89,7 +90,7 @@ func newEnv(t *testing.T) *env {
 	rv := rivetapi.New(rivetapi.Options{Service: svc, AuthToken: token, Logger: log})
 	srv := httptest.NewServer(rv.Mount(v1))
 	t.Cleanup(func() { srv.Close(); cancel(); <-done })
-	return &env{t: t, svc: svc, url: srv.URL}
+	return &env{t: t, svc: svc, h: h, url: srv.URL}
 }
 
 // do sends a request with the token and returns the status and the

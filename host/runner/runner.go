@@ -56,7 +56,10 @@ func (r *Runner) Binding(b store.AgentBinding, pool string) (string, error) {
 		if b.PluginSHA256 == "" {
 			return "", fmt.Errorf("runner: plugin worker %q is not registered", b.Plugin)
 		}
-		inner = pluginhost.Binding(b.Plugin, b.PluginSHA256)
+		// The plugin worker of the agent's namespace: its qualified name
+		// (the plain name in the default namespace, so bindings recorded
+		// before namespaces still run).
+		inner = pluginhost.Binding(store.QualifiedName(b.Namespace, b.Plugin), b.PluginSHA256)
 	}
 	if inner == "" {
 		return "", fmt.Errorf("runner: the agent (%s) has no module", b.Kind)
@@ -69,9 +72,9 @@ func (r *Runner) Binding(b store.AgentBinding, pool string) (string, error) {
 
 // current is the binding agent a runs now, read from the store.
 func (r *Runner) current(ctx context.Context, a store.Agent, pool string) (string, error) {
-	b := store.AgentBinding{Kind: a.Kind, ModuleDigest: a.ModuleDigest, Plugin: a.Plugin}
+	b := store.AgentBinding{Namespace: a.Namespace, Kind: a.Kind, ModuleDigest: a.ModuleDigest, Plugin: a.Plugin}
 	if a.Kind == store.KindPlugin {
-		w, err := r.st.GetPluginWorker(ctx, a.Plugin)
+		w, err := r.st.GetPluginWorker(ctx, a.Namespace, a.Plugin)
 		if err != nil {
 			return "", fmt.Errorf("runner: plugin worker %s: %w", a.Plugin, err)
 		}
@@ -127,7 +130,8 @@ func (r *Runner) Instantiate(ctx context.Context, binding string) (host.Instance
 		return r.Wasm.Instantiate(ctx, binding)
 	}
 	if cfg, ok := r.plugins.Registered(name); !ok || cfg.SHA256 != sum {
-		w, err := r.st.GetPluginWorker(ctx, name)
+		ns, plain := store.SplitQualified(name)
+		w, err := r.st.GetPluginWorker(ctx, ns, plain)
 		if err != nil {
 			return nil, fmt.Errorf("runner: plugin worker %s: %w", name, err)
 		}
@@ -153,5 +157,5 @@ func (r *Runner) CheckPlugin(ctx context.Context, w store.PluginWorker) error {
 }
 
 func pluginConfig(w store.PluginWorker) pluginhost.Config {
-	return pluginhost.Config{Name: w.Name, Path: w.Path, SHA256: w.SHA256, Env: w.Env, Processes: w.Processes}
+	return pluginhost.Config{Name: store.QualifiedName(w.Namespace, w.Name), Path: w.Path, SHA256: w.SHA256, Env: w.Env, Processes: w.Processes}
 }

@@ -139,7 +139,9 @@ func (e notSentError) TurnSent() bool { return false }
 // load makes sure the module binding is compiled in the runtime.
 func (w *Wasm) load(ctx context.Context, binding string) error {
 	if !w.rt.Loaded(binding) {
-		m, err := w.st.GetModule(ctx, binding)
+		// The runtime's read: the binding was checked visible in the
+		// agent's namespace when the agent was bound.
+		m, err := w.st.GetModule(ctx, store.AnyNamespace, binding)
 		if err != nil {
 			return fmt.Errorf("runner: module %s: %w", binding, err)
 		}

@@ -15,10 +15,15 @@ import (
 
 // ---- modules
 
-// UploadModule inspects b (raw wasm) and stores it by digest; created is
-// false when a module with that digest was stored already. An empty or
-// refused module is a *RejectedError.
+// UploadModule inspects b (raw wasm) and stores it by digest, visible in
+// the namespace of ctx; created is false when a module with that digest
+// was visible there already. An empty or refused module is a
+// *RejectedError.
 func (s *Service) UploadModule(ctx context.Context, b []byte) (m store.Module, created bool, err error) {
+	ns, err := s.namespace(ctx)
+	if err != nil {
+		return m, false, err
+	}
 	if len(b) == 0 {
 		return m, false, &RejectedError{Resource: ResourceModule, Err: errors.New("the module is empty")}
 	}
@@ -26,20 +31,29 @@ func (s *Service) UploadModule(ctx context.Context, b []byte) (m store.Module, c
 	if err != nil {
 		return m, false, &RejectedError{Resource: ResourceModule, Err: err}
 	}
-	m, created, err = s.st.PutModule(ctx, store.PutModuleParams{Digest: digest, ABIVersion: version, Bytes: b})
+	m, created, err = s.st.PutModule(ctx, store.PutModuleParams{Namespace: ns, Digest: digest, ABIVersion: version, Bytes: b})
 	return m, created, wrap("upload module", err)
 }
 
-// ListModules returns every module without its bytes, newest first.
+// ListModules returns the modules visible in the namespace of ctx without
+// their bytes, newest first.
 func (s *Service) ListModules(ctx context.Context) ([]store.Module, error) {
-	ms, err := s.st.ListModules(ctx)
+	ns, err := s.namespace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ms, err := s.st.ListModules(ctx, ns)
 	return ms, wrap("list modules", err)
 }
 
-// GetModule returns the module with the digest ("sha256:<hex>"), or a
-// *NotFoundError for field "digest".
+// GetModule returns the module with the digest ("sha256:<hex>") visible
+// in the namespace of ctx, or a *NotFoundError for field "digest".
 func (s *Service) GetModule(ctx context.Context, digest string) (store.Module, error) {
-	m, err := s.st.GetModule(ctx, digest)
+	ns, err := s.namespace(ctx)
+	if err != nil {
+		return store.Module{}, err
+	}
+	m, err := s.st.GetModule(ctx, ns, digest)
 	if errors.Is(err, store.ErrNotFound) {
 		return m, &NotFoundError{Resource: ResourceModule, Field: "digest", Message: fmt.Sprintf("no module with digest %q", digest)}
 	}
@@ -69,10 +83,15 @@ var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // RegisterPlugin checks p on this host (Plugins.CheckPlugin) and registers
-// it, or replaces the registration of that name (created false). Refusals:
+// it in the namespace of ctx, or replaces the registration of that name
+// there (created false). Refusals:
 // *InvalidError for name, path, sha256, env or processes;
 // ErrPluginsDisabled; *RejectedError when the check fails.
 func (s *Service) RegisterPlugin(ctx context.Context, p PluginParams) (w store.PluginWorker, created bool, err error) {
+	ns, err := s.namespace(ctx)
+	if err != nil {
+		return w, false, err
+	}
 	switch {
 	case !nameRE.MatchString(p.Name):
 		return w, false, checkName(p.Name)
@@ -98,7 +117,7 @@ func (s *Service) RegisterPlugin(ctx context.Context, p PluginParams) (w store.P
 			return w, false, invalid("env", "env %s holds a NUL character", k)
 		}
 	}
-	w = store.PluginWorker{Name: p.Name, Path: p.Path, SHA256: p.SHA256, Env: p.Env, Processes: max(p.Processes, 1)}
+	w = store.PluginWorker{Namespace: ns, Name: p.Name, Path: p.Path, SHA256: p.SHA256, Env: p.Env, Processes: max(p.Processes, 1)}
 	if s.plugins == nil {
 		return w, false, ErrPluginsDisabled
 	}
@@ -109,19 +128,28 @@ func (s *Service) RegisterPlugin(ctx context.Context, p PluginParams) (w store.P
 	return w, created, wrap("register plugin", err)
 }
 
-// ListPlugins returns every plugin worker by name (never nil).
+// ListPlugins returns the plugin workers of the namespace of ctx by name
+// (never nil).
 func (s *Service) ListPlugins(ctx context.Context) ([]store.PluginWorker, error) {
-	ps, err := s.st.ListPluginWorkers(ctx)
+	ns, err := s.namespace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ps, err := s.st.ListPluginWorkers(ctx, ns)
 	if ps == nil {
 		ps = []store.PluginWorker{}
 	}
 	return ps, wrap("list plugins", err)
 }
 
-// GetPlugin returns the plugin worker of that name, or a *NotFoundError
-// for field "plugin".
+// GetPlugin returns the plugin worker of that name of the namespace of
+// ctx, or a *NotFoundError for field "plugin".
 func (s *Service) GetPlugin(ctx context.Context, name string) (store.PluginWorker, error) {
-	p, err := s.st.GetPluginWorker(ctx, name)
+	ns, err := s.namespace(ctx)
+	if err != nil {
+		return store.PluginWorker{}, err
+	}
+	p, err := s.st.GetPluginWorker(ctx, ns, name)
 	if errors.Is(err, store.ErrNotFound) {
 		return p, &NotFoundError{Resource: ResourcePlugin, Field: "plugin", Message: fmt.Sprintf("no plugin worker named %q", name)}
 	}
@@ -140,7 +168,9 @@ type Binding struct {
 	CrashPolicy string
 }
 
-// CreateAgent registers an agent named name with binding b. Refusals:
+// CreateAgent registers an agent named name with binding b in the
+// namespace of ctx (its module must be visible, its plugin worker
+// registered, there). Refusals:
 // *InvalidError (name, module, plugin, crash_policy); a *ConflictError
 // ConflictAgentExists (field "name") when the name is taken; a
 // *NotFoundError with Referenced when the module or plugin does not exist.
@@ -158,6 +188,12 @@ func (s *Service) UpdateAgent(ctx context.Context, a store.Agent, b Binding) (st
 	if b.CrashPolicy == "" {
 		b.CrashPolicy = string(a.CrashPolicy)
 	}
+	if ns, err := s.namespace(ctx); err != nil {
+		return store.Agent{}, err
+	} else if ns != a.Namespace {
+		// a came from GetAgent of another namespace: never reachable here.
+		return store.Agent{}, notFoundAgent(a.Name)
+	}
 	return s.putAgent(ctx, a.Name, b, true)
 }
 
@@ -173,6 +209,10 @@ func checkNewName(name string) error {
 }
 
 func (s *Service) putAgent(ctx context.Context, name string, b Binding, update bool) (store.Agent, error) {
+	ns, err := s.namespace(ctx)
+	if err != nil {
+		return store.Agent{}, err
+	}
 	if err := checkName(name); err != nil {
 		return store.Agent{}, err
 	}
@@ -187,12 +227,12 @@ func (s *Service) putAgent(ctx context.Context, name string, b Binding, update b
 	}
 	// The one configured default (docs/DESIGN.md "Crash policy"), or the agent's
 	// override in the config.
-	pol, err := policy(b.CrashPolicy, s.h.Policy().For(name).CrashPolicy)
+	pol, err := policy(b.CrashPolicy, s.h.Policy().For(store.QualifiedName(ns, name)).CrashPolicy)
 	if err != nil {
 		return store.Agent{}, err
 	}
 	a, err := s.st.CreateAgent(ctx, store.CreateAgentParams{
-		UID: uuid.NewString(), Name: name, Kind: kind, ModuleDigest: b.Module, Plugin: b.Plugin, CrashPolicy: pol,
+		UID: uuid.NewString(), Namespace: ns, Name: name, Kind: kind, ModuleDigest: b.Module, Plugin: b.Plugin, CrashPolicy: pol,
 		Upsert: update,
 	})
 	switch {
@@ -209,18 +249,34 @@ func (s *Service) putAgent(ctx context.Context, name string, b Binding, update b
 	return a, wrap("put agent", err)
 }
 
-// ListAgents returns every agent by name.
+// ListAgents returns the agents of the namespace of ctx by name.
 func (s *Service) ListAgents(ctx context.Context) ([]store.Agent, error) {
-	as, err := s.st.ListAgents(ctx)
+	ns, err := s.namespace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	as, err := s.st.ListAgents(ctx, ns)
 	return as, wrap("list agents", err)
 }
 
-// GetAgent returns the agent named (or with the uid) nameOrUID, or a
-// *NotFoundError for field "agent".
+// GetAgent returns the agent named (or with the uid) nameOrUID of the
+// namespace of ctx, or a *NotFoundError for field "agent" (also for an
+// agent of another namespace, by name or by uid: the same answer as a
+// missing one).
 func (s *Service) GetAgent(ctx context.Context, nameOrUID string) (store.Agent, error) {
-	a, err := s.st.GetAgent(ctx, nameOrUID)
+	ns, err := s.namespace(ctx)
+	if err != nil {
+		return store.Agent{}, err
+	}
+	a, err := s.st.GetAgent(ctx, ns, nameOrUID)
 	if errors.Is(err, store.ErrNotFound) {
-		return a, &NotFoundError{Resource: ResourceAgent, Field: "agent", Message: fmt.Sprintf("no agent named %q", nameOrUID)}
+		return a, notFoundAgent(nameOrUID)
 	}
 	return a, wrap("get agent", err)
+}
+
+// notFoundAgent is the answer for an agent that is not in the namespace
+// asked, missing or of another namespace alike.
+func notFoundAgent(nameOrUID string) error {
+	return &NotFoundError{Resource: ResourceAgent, Field: "agent", Message: fmt.Sprintf("no agent named %q", nameOrUID)}
 }

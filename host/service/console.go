@@ -106,7 +106,7 @@ func (s *Service) BrowseSessions(ctx context.Context, f SessionFilter) (SessionB
 	for _, a := range agents {
 		names[a.UID] = a.Name
 	}
-	p := store.BrowseSessionsParams{Status: f.Status, SleepReason: f.SleepReason, Key: f.Key, Text: f.Text, After: after, Limit: n}
+	p := store.BrowseSessionsParams{Namespace: NamespaceOf(ctx), Status: f.Status, SleepReason: f.SleepReason, Key: f.Key, Text: f.Text, After: after, Limit: n}
 	if f.Agent != "" {
 		a, err := s.GetAgent(ctx, f.Agent)
 		if err != nil {
@@ -194,7 +194,7 @@ func (s *Service) Running(x store.Session) bool { return s.h.Running(x.ActorKey)
 
 // AgentPolicy returns the policy agent a runs under on this host now (the
 // config's defaults and its override for the agent).
-func (s *Service) AgentPolicy(a store.Agent) host.AgentPolicy { return s.h.Policy().For(a.Name) }
+func (s *Service) AgentPolicy(a store.Agent) host.AgentPolicy { return s.h.Policy().ForAgent(a) }
 
 // Figures are the host's own figures for an overview.
 type Figures struct {
@@ -329,7 +329,7 @@ func (s *Service) Cluster(ctx context.Context) (Cluster, error) {
 	pol := s.h.Policy()
 	poolOf := make(map[string]string, len(agents))
 	for _, a := range agents {
-		poolOf[a.UID] = pol.For(a.Name).Pool
+		poolOf[a.UID] = pol.ForAgent(a).Pool
 	}
 	pools := map[string]*PoolUse{}
 	use := func(name string) *PoolUse {

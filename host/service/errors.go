@@ -53,7 +53,8 @@ const (
 	ResourceEvent   Resource = "event"
 	// ResourcePool is a capacity pool of the host's configuration.
 	ResourcePool Resource = "pool"
-	// ResourceNamespace is a namespace (only DefaultNamespace exists).
+	// ResourceNamespace is a namespace (DefaultNamespace, or one the config
+	// declares).
 	ResourceNamespace Resource = "namespace"
 )
 

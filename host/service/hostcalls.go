@@ -36,7 +36,8 @@ func (s *Service) WithSecrets(sealer Sealer) *Service {
 	return s
 }
 
-// PutSecret seals value and stores it as the secret name, creating or
+// PutSecret seals value and stores it as the secret name of the namespace
+// of ctx, creating or
 // replacing it; the value is never returned or logged (docs/DESIGN.md
 // invariant 13). Errors: *InvalidError ("name": 1–128 of [A-Za-z0-9_.-];
 // "value": empty), *TooLargeError ("value", over MaxSecretBytes),
@@ -53,43 +54,60 @@ func (s *Service) PutSecret(ctx context.Context, name string, value []byte) (sto
 		return store.Secret{}, false, &TooLargeError{Field: "value", Size: len(value), Limit: MaxSecretBytes,
 			Message: fmt.Sprintf("the secret's value is %d bytes, more than the limit of %d", len(value), MaxSecretBytes)}
 	}
+	ns, err := s.namespace(ctx)
+	if err != nil {
+		return store.Secret{}, false, err
+	}
 	if s.sealer == nil {
 		return store.Secret{}, false, ErrSecretsDisabled
 	}
-	if s.sealer.Declared(name) {
+	// Sealed and declared under the qualified name: the namespace is bound
+	// into the sealed value (a value copied to another namespace does not
+	// open), and the default namespace's keep their plain names.
+	q := calls.Qualified(ns, name)
+	if s.sealer.Declared(q) {
 		return store.Secret{}, false, &ConflictError{Reason: ConflictSecretDeclared, Field: "name", Message: fmt.Sprintf("secret %q is declared in the host's config, which wins over the API: change it there", name)}
 	}
-	sealed, err := s.sealer.Seal(name, value)
+	sealed, err := s.sealer.Seal(q, value)
 	if err != nil {
 		if errors.Is(err, calls.ErrNoKey) {
 			return store.Secret{}, false, ErrSecretsDisabled
 		}
 		return store.Secret{}, false, fmt.Errorf("seal secret %q: %w", name, err)
 	}
-	sec, created, err := s.st.PutSecret(ctx, name, sealed)
+	sec, created, err := s.st.PutSecret(ctx, ns, name, sealed)
 	if err != nil {
 		return store.Secret{}, false, wrap("put secret", err)
 	}
 	return sec, created, nil
 }
 
-// ListSecrets returns the secrets set through the API, by name, without
-// values.
+// ListSecrets returns the secrets of the namespace of ctx set through the
+// API, by name, without values.
 func (s *Service) ListSecrets(ctx context.Context) ([]store.Secret, error) {
-	out, err := s.st.ListSecrets(ctx)
+	ns, err := s.namespace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out, err := s.st.ListSecrets(ctx, ns)
 	if err != nil {
 		return nil, wrap("list secrets", err)
 	}
 	return out, nil
 }
 
-// DeleteSecret deletes a secret set through the API. Unknown: a
+// DeleteSecret deletes a secret of the namespace of ctx set through the
+// API. Unknown (or of another namespace): a
 // *NotFoundError for "name".
 func (s *Service) DeleteSecret(ctx context.Context, name string) error {
 	if err := store.CheckSecretName(name); err != nil {
 		return invalid("name", "secret name %q: 1 to %d characters of A-Z, a-z, 0-9, '_', '.', '-'", name, store.MaxSecretNameLen)
 	}
-	err := s.st.DeleteSecret(ctx, name)
+	ns, err := s.namespace(ctx)
+	if err != nil {
+		return err
+	}
+	err = s.st.DeleteSecret(ctx, ns, name)
 	if errors.Is(err, store.ErrNotFound) {
 		return &NotFoundError{Resource: ResourceSecret, Field: "name", Message: fmt.Sprintf("no secret %q was set through the API", name)}
 	}
@@ -116,5 +134,5 @@ func (s *Service) EventCalls(ctx context.Context, x store.Session, id int64) ([]
 // Capabilities returns agent a's host-call grants as this host's config
 // sets them now (secret names only, never values).
 func (s *Service) Capabilities(a store.Agent) calls.Capabilities {
-	return s.h.Policy().For(a.Name).Capabilities
+	return s.h.Policy().ForAgent(a).Capabilities
 }

@@ -1,18 +1,44 @@
 package service
 
-import "fmt"
+import (
+	"context"
+	"fmt"
 
-// DefaultNamespace is the one namespace that exists today: every agent and
-// session belongs to it (docs/DESIGN.md has no namespaces yet; a later
-// change adds them and replaces CheckNamespace's rule).
-const DefaultNamespace = "default"
+	"github.com/paddock-dev/paddock/store"
+)
+
+// DefaultNamespace is the namespace every request acts in when it names
+// none (docs/DESIGN.md "Namespaces"); it always exists.
+const DefaultNamespace = store.DefaultNamespace
 
 // CheckNamespace refuses a namespace that does not exist: a *NotFoundError
-// (ResourceNamespace, field "namespace") for any name but DefaultNamespace.
+// (ResourceNamespace, field "namespace") for any name but DefaultNamespace
+// and the namespaces the host's config declares (host.Policy.Namespaces,
+// hot-reloaded), and an *InvalidError (field "namespace") for a name that
+// breaks the name rule (store.CheckNamespace).
 func (s *Service) CheckNamespace(name string) error {
 	if name == DefaultNamespace {
 		return nil
 	}
+	if store.CheckNamespace(name) != nil {
+		return invalid("namespace", "namespace %q must be 1 to 63 of a-z, 0-9, '_' and '-', starting with a letter or digit", name)
+	}
+	if _, ok := s.h.Policy().Namespaces[name]; ok {
+		return nil
+	}
 	return &NotFoundError{Resource: ResourceNamespace, Field: "namespace",
-		Message: fmt.Sprintf("no namespace %q (only %q exists)", name, DefaultNamespace)}
+		Message: fmt.Sprintf("no namespace %q (declare it in the host's config: namespaces:)", name)}
+}
+
+// namespace returns the namespace the operations of ctx act in
+// (NamespaceOf), refused by CheckNamespace when it does not exist. Every
+// operation that looks a name up, lists or creates starts with it, so an
+// object of another namespace is never found: it is answered as a missing
+// one (no existence leak), whatever id the request copied.
+func (s *Service) namespace(ctx context.Context) (string, error) {
+	ns := NamespaceOf(ctx)
+	if err := s.CheckNamespace(ns); err != nil {
+		return "", err
+	}
+	return ns, nil
 }

@@ -113,7 +113,9 @@ func TestFindSessionAndQuerySessions(t *testing.T) {
 	}
 }
 
-func TestOnlyTheDefaultNamespaceExists(t *testing.T) {
+// TestOnlyDeclaredNamespacesExist: default always, others once the
+// host's policy declares them (the config's namespaces:).
+func TestOnlyDeclaredNamespacesExist(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	if err := f.svc.CheckNamespace(service.DefaultNamespace); err != nil {

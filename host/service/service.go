@@ -67,9 +67,11 @@ const (
 )
 
 // Service runs the front-door operations against one host and its store.
-// Its only state of its own is the web console's logins (ConsoleLogin); it
-// is safe for concurrent use.
+// Its only state of its own is the web console's logins (ConsoleLogin) and
+// the signals_per_minute buckets of this host (quota.go); it is safe for
+// concurrent use.
 type Service struct {
+	signals *signalBuckets
 	h       *host.Host
 	st      store.Store
 	modules Modules
@@ -86,7 +88,7 @@ type Service struct {
 // checks plugin registrations (nil: this host runs no plugin workers, and
 // RegisterPlugin returns ErrPluginsDisabled).
 func New(h *host.Host, modules Modules, plugins Plugins) *Service {
-	return &Service{h: h, st: h.Store(), modules: modules, plugins: plugins, logins: newConsoleLogins()}
+	return &Service{h: h, st: h.Store(), modules: modules, plugins: plugins, logins: newConsoleLogins(), signals: &signalBuckets{}}
 }
 
 // Health is what a health check reports.
@@ -113,7 +115,7 @@ func (s *Service) Ready(ctx context.Context) error {
 	defer cancel()
 	// A lookup by primary key of a name no agent can have (names are
 	// lowercase): one index probe, answered ErrNotFound.
-	_, err := s.st.GetAgent(ctx, "READY-PROBE")
+	_, err := s.st.GetAgent(ctx, DefaultNamespace, "READY-PROBE")
 	if err == nil || errors.Is(err, store.ErrNotFound) {
 		return nil
 	}

@@ -70,7 +70,7 @@ func (s *Service) putSession(ctx context.Context, a store.Agent, p SessionParams
 		return store.Session{}, false, err
 	}
 	def := a.CrashPolicy
-	if ap, ok := s.h.Policy().Agents[a.Name]; ok {
+	if ap, ok := s.h.Policy().Agents[store.QualifiedName(a.Namespace, a.Name)]; ok {
 		def = ap.CrashPolicy // the config's override for this agent
 	}
 	// The policy asked for is passed as given ("" when none), so that a
@@ -78,6 +78,16 @@ func (s *Service) putSession(ctx context.Context, a store.Agent, p SessionParams
 	// existing session's; def applies to a new session.
 	if _, err := policy(p.CrashPolicy, def); err != nil {
 		return store.Session{}, false, err
+	}
+	if err := s.checkLiveSessions(ctx, a.Namespace); err != nil {
+		// Over the quota, a get-or-create still answers with the session
+		// its key already has (nothing new is created).
+		if !getOrCreate {
+			return store.Session{}, false, err
+		}
+		if _, kerr := s.SessionByKey(ctx, a, p.Key); kerr != nil {
+			return store.Session{}, false, err
+		}
 	}
 	x, created, err := s.st.CreateSession(ctx, store.CreateSessionParams{
 		AgentUID: a.UID, SessionID: uuid.NewString(), Key: p.Key, Input: p.Input,
@@ -120,7 +130,7 @@ func (s *Service) checkPool(a store.Agent, pool string) error {
 		return nil
 	}
 	pol := s.h.Policy()
-	want := pol.For(a.Name).Pool
+	want := pol.ForAgent(a).Pool
 	if pool == want {
 		return nil
 	}
@@ -133,7 +143,7 @@ func (s *Service) checkPool(a store.Agent, pool string) error {
 
 // AgentPool returns the capacity pool agent a's sessions run in (its
 // policy's; Rivet's runner_name_selector).
-func (s *Service) AgentPool(a store.Agent) string { return s.h.Policy().For(a.Name).Pool }
+func (s *Service) AgentPool(a store.Agent) string { return s.h.Policy().ForAgent(a).Pool }
 
 // FindSession returns the session with id, whatever its agent, with that
 // agent, or a *NotFoundError for field "session". Session ids are UUIDs,
@@ -145,7 +155,13 @@ func (s *Service) FindSession(ctx context.Context, id string) (store.Agent, stor
 	if id == "" {
 		return store.Agent{}, store.Session{}, &NotFoundError{Resource: ResourceSession, Field: "session", Message: "no session \"\""}
 	}
-	as, err := s.st.ListAgents(ctx)
+	ns, err := s.namespace(ctx)
+	if err != nil {
+		return store.Agent{}, store.Session{}, err
+	}
+	// The agents of the namespace only: a session id copied from another
+	// namespace is not found.
+	as, err := s.st.ListAgents(ctx, ns)
 	if err != nil {
 		return store.Agent{}, store.Session{}, wrap("find session", err)
 	}

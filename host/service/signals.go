@@ -131,6 +131,9 @@ func (s *Service) signal(ctx context.Context, a store.Agent, sessionID string, p
 			return SignalResult{}, invalid("mid_turn", "mid_turn is only for message signals, not %s", p.Kind)
 		}
 	}
+	if err := s.checkSignal(ctx, a.Namespace); err != nil {
+		return SignalResult{}, err
+	}
 	key := store.ActorKey{AgentUID: a.UID, SessionID: sessionID}
 	var payload json.RawMessage
 	switch p.Kind {
@@ -202,7 +205,7 @@ func (s *Service) signal(ctx context.Context, a store.Agent, sessionID string, p
 	} else {
 		res.MidTurn = p.MidTurn
 		if res.MidTurn == "" {
-			res.MidTurn = s.h.Policy().For(a.Name).MidTurn
+			res.MidTurn = s.h.Policy().ForAgent(a).MidTurn
 		}
 		if res.MidTurn == "" {
 			res.MidTurn = host.MidTurnQueue

@@ -90,7 +90,9 @@ func (o Options) withDefaults() Options {
 
 // Config is one plugin worker registration.
 type Config struct {
-	// Name identifies the plugin: 1–100 bytes of [A-Za-z0-9._-].
+	// Name identifies the plugin: 1–100 bytes of [A-Za-z0-9._/-] (a
+	// host names the plugin worker of a namespace other than the default
+	// "namespace/name", store.QualifiedName).
 	Name string
 	// Path is the plugin binary; a relative path is made absolute against
 	// the working directory at registration.
@@ -126,7 +128,7 @@ func normalize(cfg Config) (Config, []byte, error) {
 		return Config{}, nil, &ConfigError{Plugin: cfg.Name, Field: field, Value: value, Err: fmt.Errorf(format, args...)}
 	}
 	if !validName(cfg.Name) {
-		return bad("name", cfg.Name, "must be 1–100 bytes of letters, digits, '.', '_' or '-'")
+		return bad("name", cfg.Name, "must be 1–100 bytes of letters, digits, '.', '_', '/' or '-'")
 	}
 	sum := strings.ToLower(strings.TrimPrefix(strings.TrimSpace(cfg.SHA256), "sha256:"))
 	raw, err := hex.DecodeString(sum)
@@ -226,7 +228,7 @@ func validName(s string) bool {
 	}
 	for _, r := range s {
 		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-':
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '_', r == '-', r == '/':
 		default:
 			return false
 		}

@@ -49,7 +49,7 @@ func benchSession(b *testing.B, f *fixture, agentUID string, n int) store.Activa
 // one open event at a time, as an interactive session does.
 func BenchmarkCommitTurn(b *testing.B) {
 	f := newFixture(b)
-	agent, err := f.s.GetAgent(f.ctx, "agent")
+	agent, err := f.s.GetAgent(f.ctx, store.DefaultNamespace, "agent")
 	must(b, err, "GetAgent")
 	a := benchSession(b, f, agent.UID, 0)
 	state := make([]byte, 256)
@@ -72,7 +72,7 @@ func BenchmarkCommitTurn(b *testing.B) {
 // contend for the pool and the server rather than for rows.
 func BenchmarkCommitTurnParallel(b *testing.B) {
 	f := newFixture(b)
-	agent, err := f.s.GetAgent(f.ctx, "agent")
+	agent, err := f.s.GetAgent(f.ctx, store.DefaultNamespace, "agent")
 	must(b, err, "GetAgent")
 	// RunParallel starts parallelism*GOMAXPROCS goroutines: about 16,
 	// each with a session of its own.

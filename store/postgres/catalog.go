@@ -17,29 +17,34 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// PutModule stores a module by digest; created is false when it existed.
+// PutModule stores a module by digest and makes it visible in
+// p.Namespace; created is false when it was visible there already.
 func (s *Store) PutModule(ctx context.Context, p store.PutModuleParams) (store.Module, bool, error) {
+	p.Namespace = store.NamespaceOr(p.Namespace)
 	if err := store.CheckModule(p); err != nil {
 		return store.Module{}, false, fmt.Errorf("store/postgres: put module: %w", err)
 	}
-	m := store.Module{Digest: p.Digest, ABIVersion: p.ABIVersion, Size: int64(len(p.Bytes)), Bytes: p.Bytes}
+	m := store.Module{Namespace: p.Namespace, Digest: p.Digest, ABIVersion: p.ABIVersion, Size: int64(len(p.Bytes)), Bytes: p.Bytes}
 	created := false
-	err := s.call(ctx, "put module", func(ctx context.Context) error {
-		err := s.pool.QueryRow(ctx, `
+	err := s.tx(ctx, "put module", func(ctx context.Context, tx pgx.Tx) error {
+		// Content-addressed: a digest stored already holds these bytes.
+		if _, err := tx.Exec(ctx, `
 			INSERT INTO modules (digest, abi_version, size, bytes) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (digest) DO NOTHING
-			RETURNING created_at`, p.Digest, p.ABIVersion, m.Size, p.Bytes).Scan(&m.CreatedAt)
-		if err == nil {
-			created = true
-			m.CreatedAt = utc(m.CreatedAt)
-			return nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+			ON CONFLICT (digest) DO NOTHING`, p.Digest, p.ABIVersion, m.Size, p.Bytes); err != nil {
 			return err
 		}
-		// The digest exists: content-addressed, so the bytes are the same.
-		err = s.pool.QueryRow(ctx, `SELECT abi_version, size, created_at FROM modules WHERE digest = $1`,
-			p.Digest).Scan(&m.ABIVersion, &m.Size, &m.CreatedAt)
+		err := tx.QueryRow(ctx, `
+			INSERT INTO module_namespaces (namespace, digest) VALUES ($1, $2)
+			ON CONFLICT (namespace, digest) DO NOTHING
+			RETURNING created_at`, p.Namespace, p.Digest).Scan(&m.CreatedAt)
+		created = err == nil
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		err = tx.QueryRow(ctx, `
+			SELECT m.abi_version, m.size, v.created_at FROM modules m
+			JOIN module_namespaces v ON v.digest = m.digest AND v.namespace = $1
+			WHERE m.digest = $2`, p.Namespace, p.Digest).Scan(&m.ABIVersion, &m.Size, &m.CreatedAt)
 		m.CreatedAt = utc(m.CreatedAt)
 		return err
 	})
@@ -49,13 +54,20 @@ func (s *Store) PutModule(ctx context.Context, p store.PutModuleParams) (store.M
 	return m, created, nil
 }
 
-// GetModule returns the module with its bytes, or ErrNotFound.
-func (s *Store) GetModule(ctx context.Context, digest string) (store.Module, error) {
-	var m store.Module
+// GetModule returns the module with its bytes if it is visible in
+// namespace ns (store.AnyNamespace: any module), or ErrNotFound.
+func (s *Store) GetModule(ctx context.Context, ns, digest string) (store.Module, error) {
+	m := store.Module{Namespace: ns}
 	err := s.call(ctx, "get module", func(ctx context.Context) error {
-		err := s.pool.QueryRow(ctx, `
-			SELECT digest, abi_version, size, bytes, created_at FROM modules WHERE digest = $1`, digest).Scan(
-			&m.Digest, &m.ABIVersion, &m.Size, &m.Bytes, &m.CreatedAt)
+		// The first upload's time: to ns, or to any namespace.
+		q, args := `SELECT digest, abi_version, size, bytes, created_at FROM modules WHERE digest = $1`, []any{digest}
+		if ns != store.AnyNamespace {
+			q = `SELECT m.digest, m.abi_version, m.size, m.bytes, v.created_at FROM modules m
+				JOIN module_namespaces v ON v.digest = m.digest AND v.namespace = $2
+				WHERE m.digest = $1`
+			args = append(args, ns)
+		}
+		err := s.pool.QueryRow(ctx, q, args...).Scan(&m.Digest, &m.ABIVersion, &m.Size, &m.Bytes, &m.CreatedAt)
 		if err != nil {
 			return fmt.Errorf("module %s: %w", digest, notFound(err))
 		}
@@ -65,17 +77,27 @@ func (s *Store) GetModule(ctx context.Context, digest string) (store.Module, err
 	return m, err
 }
 
-// ListModules returns every module without bytes, newest first.
-func (s *Store) ListModules(ctx context.Context) ([]store.Module, error) {
+// ListModules returns the modules visible in namespace ns
+// (store.AnyNamespace: every module) without bytes, newest first.
+func (s *Store) ListModules(ctx context.Context, ns string) ([]store.Module, error) {
 	var out []store.Module
 	err := s.call(ctx, "list modules", func(ctx context.Context) error {
-		rows, err := s.pool.Query(ctx, `
-			SELECT digest, abi_version, size, created_at FROM modules ORDER BY created_at DESC, digest`)
+		var rows pgx.Rows
+		var err error
+		if ns == store.AnyNamespace {
+			rows, err = s.pool.Query(ctx, `
+				SELECT digest, abi_version, size, created_at FROM modules ORDER BY created_at DESC, digest`)
+		} else {
+			rows, err = s.pool.Query(ctx, `
+				SELECT m.digest, m.abi_version, m.size, v.created_at
+				FROM module_namespaces v JOIN modules m ON m.digest = v.digest
+				WHERE v.namespace = $1 ORDER BY v.created_at DESC, v.digest`, ns)
+		}
 		if err != nil {
 			return err
 		}
 		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Module, error) {
-			var m store.Module
+			m := store.Module{Namespace: ns}
 			err := r.Scan(&m.Digest, &m.ABIVersion, &m.Size, &m.CreatedAt)
 			m.CreatedAt = utc(m.CreatedAt)
 			return m, err
@@ -85,12 +107,12 @@ func (s *Store) ListModules(ctx context.Context) ([]store.Module, error) {
 	return out, err
 }
 
-const agentCols = `agent_uid, name, kind, coalesce(module_digest, ''), coalesce(plugin, ''), crash_policy,
+const agentCols = `agent_uid, namespace, name, kind, coalesce(module_digest, ''), coalesce(plugin, ''), crash_policy,
 	created_at, updated_at`
 
 func scanAgent(row pgx.Row) (store.Agent, error) {
 	var a store.Agent
-	err := row.Scan(&a.UID, &a.Name, &a.Kind, &a.ModuleDigest, &a.Plugin, &a.CrashPolicy, &a.CreatedAt, &a.UpdatedAt)
+	err := row.Scan(&a.UID, &a.Namespace, &a.Name, &a.Kind, &a.ModuleDigest, &a.Plugin, &a.CrashPolicy, &a.CreatedAt, &a.UpdatedAt)
 	a.CreatedAt, a.UpdatedAt = utc(a.CreatedAt), utc(a.UpdatedAt)
 	return a, err
 }
@@ -112,12 +134,13 @@ func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (sto
 	if name == "" {
 		return store.Agent{}, wrap("create agent", missing)
 	}
+	ns := store.NamespaceOr(p.Namespace)
 	var a store.Agent
 	// One transaction: the agent row and, when store.NewAgentVersion says
 	// so, its next version (agent_versions). The row read under lock first
 	// is the previous definition.
 	err = s.tx(ctx, "create agent", func(ctx context.Context, tx pgx.Tx) error {
-		prev, err := lockAgentByName(ctx, tx, p.Name)
+		prev, err := lockAgentByName(ctx, tx, ns, p.Name)
 		if err != nil {
 			return err
 		}
@@ -129,14 +152,14 @@ func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (sto
 			conflict = `DO UPDATE SET kind = excluded.kind, module_digest = excluded.module_digest,
 				plugin = excluded.plugin, crash_policy = excluded.crash_policy, updated_at = clock_timestamp()`
 		}
-		// The foreign keys decide whether the module or plugin worker
-		// exists.
+		// The foreign keys decide whether the module is visible, or the
+		// plugin worker registered, in the agent's namespace.
 		a, err = scanAgent(tx.QueryRow(ctx, `
-			INSERT INTO agents (agent_uid, name, kind, module_digest, plugin, crash_policy)
-			VALUES ($1, $2, $3, $4, $5, $6)
-			ON CONFLICT (name) `+conflict+`
+			INSERT INTO agents (agent_uid, name, kind, module_digest, plugin, crash_policy, namespace)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)
+			ON CONFLICT (namespace, name) `+conflict+`
 			RETURNING `+agentCols,
-			p.UID, p.Name, kind, nullString(p.ModuleDigest), nullString(p.Plugin), p.CrashPolicy))
+			p.UID, p.Name, kind, nullString(p.ModuleDigest), nullString(p.Plugin), p.CrashPolicy, ns))
 		switch {
 		case err == nil && prev == nil && a.UID != p.UID:
 			// Created by another transaction since the read under lock:
@@ -156,15 +179,20 @@ func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (sto
 	return a, err
 }
 
-// GetAgent finds an agent by uid or name (a uid match wins), or returns
-// ErrNotFound.
-func (s *Store) GetAgent(ctx context.Context, nameOrUID string) (store.Agent, error) {
+// GetAgent finds an agent of namespace ns by uid or name (a uid match
+// wins), or returns ErrNotFound; store.AnyNamespace finds any agent by
+// uid.
+func (s *Store) GetAgent(ctx context.Context, ns, nameOrUID string) (store.Agent, error) {
 	var a store.Agent
 	err := s.call(ctx, "get agent", func(ctx context.Context) error {
 		var err error
-		a, err = scanAgent(s.pool.QueryRow(ctx, `
-			SELECT `+agentCols+` FROM agents WHERE agent_uid = $1 OR name = $1
-			ORDER BY agent_uid = $1 DESC LIMIT 1`, nameOrUID))
+		if ns == store.AnyNamespace {
+			a, err = scanAgent(s.pool.QueryRow(ctx, `SELECT `+agentCols+` FROM agents WHERE agent_uid = $1`, nameOrUID))
+		} else {
+			a, err = scanAgent(s.pool.QueryRow(ctx, `
+				SELECT `+agentCols+` FROM agents WHERE namespace = $2 AND (agent_uid = $1 OR name = $1)
+				ORDER BY agent_uid = $1 DESC LIMIT 1`, nameOrUID, ns))
+		}
 		if err != nil {
 			return fmt.Errorf("agent %q: %w", nameOrUID, notFound(err))
 		}
@@ -173,11 +201,13 @@ func (s *Store) GetAgent(ctx context.Context, nameOrUID string) (store.Agent, er
 	return a, err
 }
 
-// ListAgents returns every agent by name.
-func (s *Store) ListAgents(ctx context.Context) ([]store.Agent, error) {
+// ListAgents returns the agents of namespace ns (store.AnyNamespace: of
+// every namespace) by name.
+func (s *Store) ListAgents(ctx context.Context, ns string) ([]store.Agent, error) {
 	var out []store.Agent
 	err := s.call(ctx, "list agents", func(ctx context.Context) error {
-		rows, err := s.pool.Query(ctx, `SELECT `+agentCols+` FROM agents ORDER BY name`)
+		rows, err := s.pool.Query(ctx, `SELECT `+agentCols+` FROM agents WHERE $1 = '' OR namespace = $1
+			ORDER BY name, namespace`, ns)
 		if err != nil {
 			return err
 		}

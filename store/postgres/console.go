@@ -17,9 +17,11 @@ import (
 // The console's reads (store/console.go) and the agent-version write of
 // CreateAgent. Migration 00008_console.sql holds their table and indexes.
 
-// lockAgentByName reads the agent named name under a row lock (nil: none).
-func lockAgentByName(ctx context.Context, tx pgx.Tx, name string) (*store.Agent, error) {
-	a, err := scanAgent(tx.QueryRow(ctx, `SELECT `+agentCols+` FROM agents WHERE name = $1 FOR UPDATE`, name))
+// lockAgentByName reads the agent of namespace ns named name under a row
+// lock (nil: none).
+func lockAgentByName(ctx context.Context, tx pgx.Tx, ns, name string) (*store.Agent, error) {
+	a, err := scanAgent(tx.QueryRow(ctx, `SELECT `+agentCols+` FROM agents WHERE namespace = $1 AND name = $2 FOR UPDATE`,
+		ns, name))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

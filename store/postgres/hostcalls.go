@@ -191,22 +191,52 @@ func (s *Store) AgentTokensSince(ctx context.Context, agentUID string, since tim
 	return n, err
 }
 
+// NamespaceTokensSince sums AgentTokensSince over the agents of namespace
+// ns (index host_calls_agent_started per agent); see store.Store.
+func (s *Store) NamespaceTokensSince(ctx context.Context, ns string, since time.Time) (int64, error) {
+	var n int64
+	err := s.call(ctx, "namespace tokens since", func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, `
+			SELECT coalesce(sum(h.input_tokens + h.output_tokens), 0)::bigint FROM agents a
+			JOIN host_calls h ON h.agent_uid = a.agent_uid AND h.started_at >= $1
+			WHERE a.namespace = $2`, since, ns).Scan(&n)
+	})
+	return n, err
+}
+
+// LiveSessionsUpTo counts up to limit sessions of namespace ns that are not
+// destroyed; see store.Store.
+func (s *Store) LiveSessionsUpTo(ctx context.Context, ns string, limit int64) (int64, error) {
+	var n int64
+	err := s.call(ctx, "live sessions", func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, `
+			SELECT count(*) FROM (SELECT 1 FROM agents a
+				JOIN sessions s ON s.agent_uid = a.agent_uid AND s.status <> 'destroyed'
+				WHERE a.namespace = $1 LIMIT $2) l`, ns, limit).Scan(&n)
+	})
+	return n, err
+}
+
 // PutSecret stores a secret's sealed value, creating or replacing it
 // (created false; CreatedAt kept, UpdatedAt the database's now); see
 // store.Store. One statement: an upsert, created when its two timestamps
 // are the one now of the insert.
-func (s *Store) PutSecret(ctx context.Context, name string, sealed []byte) (store.Secret, bool, error) {
+func (s *Store) PutSecret(ctx context.Context, ns, name string, sealed []byte) (store.Secret, bool, error) {
+	ns = store.NamespaceOr(ns)
 	if err := store.CheckSecret(name, sealed); err != nil {
 		return store.Secret{}, false, fmt.Errorf("store/postgres: put secret: %w", err)
 	}
-	sec := store.Secret{Name: name}
+	if err := store.CheckNamespace(ns); err != nil {
+		return store.Secret{}, false, fmt.Errorf("store/postgres: put secret: %w", err)
+	}
+	sec := store.Secret{Namespace: ns, Name: name}
 	var created bool
 	err := s.call(ctx, "put secret", func(ctx context.Context) error {
 		err := s.pool.QueryRow(ctx, `
-			INSERT INTO secrets (name, sealed, created_at, updated_at)
-			SELECT $1, $2, t, t FROM (SELECT clock_timestamp() AS t) c
-			ON CONFLICT (name) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at
-			RETURNING created_at, updated_at, created_at = updated_at`, name, sealed).Scan(
+			INSERT INTO secrets (namespace, name, sealed, created_at, updated_at)
+			SELECT $1, $2, $3, t, t FROM (SELECT clock_timestamp() AS t) c
+			ON CONFLICT (namespace, name) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at
+			RETURNING created_at, updated_at, created_at = updated_at`, ns, name, sealed).Scan(
 			&sec.CreatedAt, &sec.UpdatedAt, &created)
 		sec.CreatedAt, sec.UpdatedAt = utc(sec.CreatedAt), utc(sec.UpdatedAt)
 		return err
@@ -217,14 +247,16 @@ func (s *Store) PutSecret(ctx context.Context, name string, sealed []byte) (stor
 	return sec, created, nil
 }
 
-// SealedSecret returns a secret's sealed value, or store.ErrNotFound.
-func (s *Store) SealedSecret(ctx context.Context, name string) ([]byte, error) {
+// SealedSecret returns the sealed value of a secret of namespace ns, or
+// store.ErrNotFound.
+func (s *Store) SealedSecret(ctx context.Context, ns, name string) ([]byte, error) {
 	if err := store.CheckSecretName(name); err != nil {
 		return nil, fmt.Errorf("store/postgres: sealed secret: %w", err)
 	}
 	var sealed []byte
 	err := s.call(ctx, "sealed secret", func(ctx context.Context) error {
-		err := s.pool.QueryRow(ctx, `SELECT sealed FROM secrets WHERE name = $1`, name).Scan(&sealed)
+		err := s.pool.QueryRow(ctx, `SELECT sealed FROM secrets WHERE namespace = $1 AND name = $2`,
+			store.NamespaceOr(ns), name).Scan(&sealed)
 		if err != nil {
 			return fmt.Errorf("secret %q: %w", name, notFound(err))
 		}
@@ -233,17 +265,19 @@ func (s *Store) SealedSecret(ctx context.Context, name string) ([]byte, error) {
 	return sealed, err
 }
 
-// ListSecrets returns every secret's metadata (no values) by name.
-func (s *Store) ListSecrets(ctx context.Context) ([]store.Secret, error) {
+// ListSecrets returns the metadata (no values) of namespace ns's secrets
+// (store.AnyNamespace: every namespace's) by namespace and name.
+func (s *Store) ListSecrets(ctx context.Context, ns string) ([]store.Secret, error) {
 	var out []store.Secret
 	err := s.call(ctx, "list secrets", func(ctx context.Context) error {
-		rows, err := s.pool.Query(ctx, `SELECT name, created_at, updated_at FROM secrets ORDER BY name`)
+		rows, err := s.pool.Query(ctx, `SELECT namespace, name, created_at, updated_at FROM secrets
+			WHERE $1 = '' OR namespace = $1 ORDER BY namespace, name`, ns)
 		if err != nil {
 			return err
 		}
 		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Secret, error) {
 			var sec store.Secret
-			err := r.Scan(&sec.Name, &sec.CreatedAt, &sec.UpdatedAt)
+			err := r.Scan(&sec.Namespace, &sec.Name, &sec.CreatedAt, &sec.UpdatedAt)
 			sec.CreatedAt, sec.UpdatedAt = utc(sec.CreatedAt), utc(sec.UpdatedAt)
 			return sec, err
 		})
@@ -252,13 +286,14 @@ func (s *Store) ListSecrets(ctx context.Context) ([]store.Secret, error) {
 	return out, err
 }
 
-// DeleteSecret deletes a secret, or returns store.ErrNotFound.
-func (s *Store) DeleteSecret(ctx context.Context, name string) error {
+// DeleteSecret deletes a secret of namespace ns, or returns
+// store.ErrNotFound.
+func (s *Store) DeleteSecret(ctx context.Context, ns, name string) error {
 	if err := store.CheckSecretName(name); err != nil {
 		return fmt.Errorf("store/postgres: delete secret: %w", err)
 	}
 	return s.call(ctx, "delete secret", func(ctx context.Context) error {
-		tag, err := s.pool.Exec(ctx, `DELETE FROM secrets WHERE name = $1`, name)
+		tag, err := s.pool.Exec(ctx, `DELETE FROM secrets WHERE namespace = $1 AND name = $2`, store.NamespaceOr(ns), name)
 		if err != nil {
 			return err
 		}

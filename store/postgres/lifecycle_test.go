@@ -89,7 +89,7 @@ func TestFireDueAlarmsRaceAcrossHosts(t *testing.T) {
 	t.Parallel()
 	_, stores := openN(t, 4)
 	f := newFixtureOn(t, stores[0])
-	agent, err := f.s.GetAgent(f.ctx, "agent")
+	agent, err := f.s.GetAgent(f.ctx, store.DefaultNamespace, "agent")
 	must(t, err, "GetAgent")
 	const sessions, perSession = 50, 20
 	base := time.Now().Add(-time.Hour).Truncate(time.Millisecond).UTC()
@@ -350,7 +350,7 @@ func TestLifecycleHammerHasNoDeadlocks(t *testing.T) {
 	t.Parallel()
 	dsn, stores := openN(t, 2)
 	f := newFixtureOn(t, stores[0])
-	agent, err := f.s.GetAgent(f.ctx, "agent")
+	agent, err := f.s.GetAgent(f.ctx, store.DefaultNamespace, "agent")
 	must(t, err, "GetAgent")
 	policies := []store.CrashPolicy{store.CrashRestart, store.CrashRestart, store.CrashRestart, store.CrashSleep,
 		store.CrashSleep, store.CrashDestroy}

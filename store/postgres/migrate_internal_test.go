@@ -124,7 +124,7 @@ func TestMigration00003AddsAgentKinds(t *testing.T) {
 		t.Fatalf("Open: %v", err)
 	}
 	defer s.Close()
-	list, err := s.ListAgents(ctx)
+	list, err := s.ListAgents(ctx, store.DefaultNamespace)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,8 +132,8 @@ func TestMigration00003AddsAgentKinds(t *testing.T) {
 		t.Fatalf("agents after the upgrade: %+v", list)
 	}
 	for i, want := range []store.Agent{
-		{UID: "a1", Name: "alpha", Kind: store.KindWasm, ModuleDigest: "sha256:m1", CrashPolicy: store.CrashSleep},
-		{UID: "a2", Name: "beta", Kind: store.KindWasm, ModuleDigest: "sha256:m2", CrashPolicy: store.CrashRestart},
+		{UID: "a1", Namespace: store.DefaultNamespace, Name: "alpha", Kind: store.KindWasm, ModuleDigest: "sha256:m1", CrashPolicy: store.CrashSleep},
+		{UID: "a2", Namespace: store.DefaultNamespace, Name: "beta", Kind: store.KindWasm, ModuleDigest: "sha256:m2", CrashPolicy: store.CrashRestart},
 	} {
 		got := list[i]
 		got.CreatedAt, got.UpdatedAt = time.Time{}, time.Time{}
@@ -142,7 +142,7 @@ func TestMigration00003AddsAgentKinds(t *testing.T) {
 		}
 	}
 	// The old columns are untouched.
-	rows, err = pool.Query(ctx, `SELECT (row_to_json(a)::jsonb - 'kind' - 'plugin')::text FROM agents a ORDER BY agent_uid`)
+	rows, err = pool.Query(ctx, `SELECT (row_to_json(a)::jsonb - 'kind' - 'plugin' - 'namespace')::text FROM agents a ORDER BY agent_uid`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,8 +195,12 @@ func TestMigration00003AddsAgentKinds(t *testing.T) {
 	if _, err := p.DownTo(ctx, 2); err == nil {
 		t.Fatal("down to 2 with a plugin agent: no error")
 	}
-	if a, err := s.GetAgent(ctx, "alpha"); err != nil || a.Kind != store.KindPlugin || a.Plugin != "coder" {
-		t.Fatalf("agent after a refused down: %+v, %v", a, err)
+	// Read by SQL: the refused down took the namespaces (00010) away,
+	// which the driver's reads need.
+	var kind, plugin string
+	if err := pool.QueryRow(ctx, `SELECT kind, plugin FROM agents WHERE name = 'alpha'`).Scan(&kind, &plugin); err != nil ||
+		kind != store.KindPlugin || plugin != "coder" {
+		t.Fatalf("agent after a refused down: %s %s, %v", kind, plugin, err)
 	}
 	// The refused down rolled back the migrations above 3 before it
 	// stopped (agent_versions among them, which CreateAgent writes): up
@@ -304,7 +308,7 @@ func TestMigration00006AddsTheJournal(t *testing.T) {
 	if turn.TurnNo != 2 || turn.Usage != (abi.Usage{InputTokens: 3, OutputTokens: 4}) {
 		t.Fatalf("turn after the upgrade = %+v", turn)
 	}
-	if _, _, err := s.PutSecret(ctx, "k", []byte("sealed")); err != nil {
+	if _, _, err := s.PutSecret(ctx, store.DefaultNamespace, "k", []byte("sealed")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := p.DownTo(ctx, 5); err != nil {

@@ -10,12 +10,12 @@ import (
 	"github.com/paddock-dev/paddock/store"
 )
 
-const pluginWorkerCols = `name, path, sha256, env, processes, created_at, updated_at`
+const pluginWorkerCols = `namespace, name, path, sha256, env, processes, created_at, updated_at`
 
 func scanPluginWorker(row pgx.Row) (store.PluginWorker, error) {
 	var w store.PluginWorker
 	var env string
-	if err := row.Scan(&w.Name, &w.Path, &w.SHA256, &env, &w.Processes, &w.CreatedAt, &w.UpdatedAt); err != nil {
+	if err := row.Scan(&w.Namespace, &w.Name, &w.Path, &w.SHA256, &env, &w.Processes, &w.CreatedAt, &w.UpdatedAt); err != nil {
 		return w, err
 	}
 	var err error
@@ -31,6 +31,7 @@ func scanPluginWorker(row pgx.Row) (store.PluginWorker, error) {
 // new name race safely: the second INSERT waits for the first and then
 // updates its row.
 func (s *Store) PutPluginWorker(ctx context.Context, p store.PluginWorker) (store.PluginWorker, bool, error) {
+	p.Namespace = store.NamespaceOr(p.Namespace)
 	env, err := store.PluginEnv(p)
 	if err != nil {
 		return store.PluginWorker{}, false, fmt.Errorf("store/postgres: put plugin worker: %w", err)
@@ -41,11 +42,11 @@ func (s *Store) PutPluginWorker(ctx context.Context, p store.PluginWorker) (stor
 		created = false
 		var err error
 		w, err = scanPluginWorker(tx.QueryRow(ctx, `
-			INSERT INTO plugin_workers (name, path, sha256, env, processes, created_at, updated_at)
-			SELECT $1, $2, $3, $4, $5, t, t FROM (SELECT clock_timestamp() AS t) c
-			ON CONFLICT (name) DO NOTHING
+			INSERT INTO plugin_workers (name, path, sha256, env, processes, created_at, updated_at, namespace)
+			SELECT $1, $2, $3, $4, $5, t, t, $6 FROM (SELECT clock_timestamp() AS t) c
+			ON CONFLICT (namespace, name) DO NOTHING
 			RETURNING `+pluginWorkerCols,
-			p.Name, p.Path, p.SHA256, env, p.Processes))
+			p.Name, p.Path, p.SHA256, env, p.Processes, p.Namespace))
 		if err == nil {
 			created = true
 			return nil
@@ -55,9 +56,9 @@ func (s *Store) PutPluginWorker(ctx context.Context, p store.PluginWorker) (stor
 		}
 		w, err = scanPluginWorker(tx.QueryRow(ctx, `
 			UPDATE plugin_workers SET path = $2, sha256 = $3, env = $4, processes = $5, updated_at = clock_timestamp()
-			WHERE name = $1
+			WHERE namespace = $6 AND name = $1
 			RETURNING `+pluginWorkerCols,
-			p.Name, p.Path, p.SHA256, env, p.Processes))
+			p.Name, p.Path, p.SHA256, env, p.Processes, p.Namespace))
 		return err
 	})
 	if err != nil {
@@ -66,13 +67,14 @@ func (s *Store) PutPluginWorker(ctx context.Context, p store.PluginWorker) (stor
 	return w, created, nil
 }
 
-// GetPluginWorker returns a plugin worker by name, or ErrNotFound.
-func (s *Store) GetPluginWorker(ctx context.Context, name string) (store.PluginWorker, error) {
+// GetPluginWorker returns a plugin worker of namespace ns by name, or
+// ErrNotFound.
+func (s *Store) GetPluginWorker(ctx context.Context, ns, name string) (store.PluginWorker, error) {
 	var w store.PluginWorker
 	err := s.call(ctx, "get plugin worker", func(ctx context.Context) error {
 		var err error
 		w, err = scanPluginWorker(s.pool.QueryRow(ctx, `
-			SELECT `+pluginWorkerCols+` FROM plugin_workers WHERE name = $1`, name))
+			SELECT `+pluginWorkerCols+` FROM plugin_workers WHERE namespace = $1 AND name = $2`, store.NamespaceOr(ns), name))
 		if err != nil {
 			return fmt.Errorf("plugin worker %q: %w", name, notFound(err))
 		}
@@ -81,11 +83,13 @@ func (s *Store) GetPluginWorker(ctx context.Context, name string) (store.PluginW
 	return w, err
 }
 
-// ListPluginWorkers returns every plugin worker by name.
-func (s *Store) ListPluginWorkers(ctx context.Context) ([]store.PluginWorker, error) {
+// ListPluginWorkers returns the plugin workers of namespace ns
+// (store.AnyNamespace: of every namespace) by namespace and name.
+func (s *Store) ListPluginWorkers(ctx context.Context, ns string) ([]store.PluginWorker, error) {
 	var out []store.PluginWorker
 	err := s.call(ctx, "list plugin workers", func(ctx context.Context) error {
-		rows, err := s.pool.Query(ctx, `SELECT `+pluginWorkerCols+` FROM plugin_workers ORDER BY name`)
+		rows, err := s.pool.Query(ctx, `SELECT `+pluginWorkerCols+` FROM plugin_workers
+			WHERE $1 = '' OR namespace = $1 ORDER BY namespace, name`, ns)
 		if err != nil {
 			return err
 		}

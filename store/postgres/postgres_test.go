@@ -273,7 +273,7 @@ func TestOpenTwiceMigratesOnce(t *testing.T) {
 		wg.Go(func() {
 			s, err := postgres.Open(context.Background(), dsn)
 			if err == nil {
-				_, err = s.ListModules(context.Background())
+				_, err = s.ListModules(context.Background(), store.DefaultNamespace)
 				_ = s.Close()
 			}
 			errs[i] = err
@@ -292,7 +292,7 @@ func TestDefaultDeadline(t *testing.T) {
 	s, err := postgres.Open(context.Background(), pgtest.DSN(t), postgres.WithCallTimeout(time.Nanosecond))
 	must(t, err, "Open")
 	defer s.Close()
-	_, err = s.ListModules(context.Background())
+	_, err = s.ListModules(context.Background(), store.DefaultNamespace)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("ListModules with a 1ns call timeout: %v, want deadline exceeded", err)
 	}

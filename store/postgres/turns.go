@@ -42,7 +42,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		var ab store.AgentBinding
 		err := tx.QueryRow(ctx, nextDeliverySQL+` FOR UPDATE OF a`, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID,
 			p.BlockOnDeadLetter).Scan(&epoch, &revision, &eventID, &nextAt, &due, &blocked, &steered,
-			&recorded, &ab.Kind, &ab.ModuleDigest, &ab.Plugin, &ab.PluginSHA256)
+			&recorded, &ab.Kind, &ab.ModuleDigest, &ab.Plugin, &ab.PluginSHA256, &ab.Namespace)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("activation %s of %s at epoch %d (or it has a current event, or its lease expired): %w",
 				ref.UID, ref.ActorKey, ref.ActorEpoch, store.ErrNotLive)
@@ -175,10 +175,10 @@ const nextDeliverySQL = `
 				EXISTS (SELECT 1 FROM actor_events st
 					WHERE st.agent_uid = a.agent_uid AND st.session_id = a.session_id AND st.steer_of = e.event_id
 					  AND st.status = 'open'),
-				e.binding, ag.kind, coalesce(ag.module_digest, ''), coalesce(ag.plugin, ''), coalesce(pw.sha256, '')
+				e.binding, ag.kind, coalesce(ag.module_digest, ''), coalesce(ag.plugin, ''), coalesce(pw.sha256, ''), ag.namespace
 			FROM activations a
 			JOIN agents ag ON ag.agent_uid = a.agent_uid
-			LEFT JOIN plugin_workers pw ON pw.name = ag.plugin
+			LEFT JOIN plugin_workers pw ON pw.namespace = ag.namespace AND pw.name = ag.plugin
 			LEFT JOIN LATERAL (SELECT event_id, seq, next_attempt_at, binding FROM actor_events
 				WHERE agent_uid = a.agent_uid AND session_id = a.session_id AND status = 'open' AND steer_of IS NULL
 				ORDER BY seq LIMIT 1) e ON true
@@ -205,7 +205,7 @@ func (s *Store) probeNoDue(ctx context.Context, p store.NextDeliveryParams) (*st
 		var ab store.AgentBinding
 		err := s.pool.QueryRow(ctx, nextDeliverySQL, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID,
 			p.BlockOnDeadLetter).Scan(&epoch, &revision, &eventID, &nextAt, &due, &blocked, &steered,
-			&recorded, &ab.Kind, &ab.ModuleDigest, &ab.Plugin, &ab.PluginSHA256)
+			&recorded, &ab.Kind, &ab.ModuleDigest, &ab.Plugin, &ab.PluginSHA256, &ab.Namespace)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return nil

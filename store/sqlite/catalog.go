@@ -9,76 +9,102 @@ import (
 	"github.com/paddock-dev/paddock/store"
 )
 
-// PutModule stores a module by digest; created is false when it existed.
+// PutModule stores a module by digest and makes it visible in
+// p.Namespace; created is false when it was visible there already.
 func (s *Store) PutModule(ctx context.Context, p store.PutModuleParams) (store.Module, bool, error) {
+	p.Namespace = store.NamespaceOr(p.Namespace)
 	if err := store.CheckModule(p); err != nil {
 		return store.Module{}, false, fmt.Errorf("store/sqlite: put module: %w", err)
 	}
 	var m store.Module
 	var created bool
 	err := s.write(ctx, "put module", func(tx *txn) error {
-		var at int64
-		err := tx.queryRow(`
+		// Content-addressed: a digest stored already holds these bytes.
+		if _, err := tx.exec(`
 			INSERT INTO modules (digest, abi_version, size, bytes, created_at)
 			VALUES (?, ?, ?, ?, `+nowMS+`)
-			ON CONFLICT (digest) DO NOTHING
-			RETURNING created_at`,
-			p.Digest, p.ABIVersion, len(p.Bytes), p.Bytes).Scan(&at)
-		switch {
-		case err == nil:
-			created = true
-			m = store.Module{Digest: p.Digest, Size: int64(len(p.Bytes)), ABIVersion: p.ABIVersion, CreatedAt: msTime(at), Bytes: p.Bytes}
-			return nil
-		case errors.Is(err, sql.ErrNoRows):
-			m, err = getModule(tx, p.Digest, true)
-			return err
-		default:
+			ON CONFLICT (digest) DO NOTHING`,
+			p.Digest, p.ABIVersion, len(p.Bytes), p.Bytes); err != nil {
 			return err
 		}
+		res, err := tx.exec(`
+			INSERT INTO module_namespaces (namespace, digest, created_at) VALUES (?, ?, `+nowMS+`)
+			ON CONFLICT (namespace, digest) DO NOTHING`, p.Namespace, p.Digest)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return err
+		}
+		created = n == 1
+		m, err = getModule(tx, p.Namespace, p.Digest, true)
+		return err
 	})
 	return m, created, err
 }
 
-// GetModule returns the module with its bytes, or ErrNotFound.
-func (s *Store) GetModule(ctx context.Context, digest string) (store.Module, error) {
+// GetModule returns the module with its bytes if it is visible in
+// namespace ns (store.AnyNamespace: any module), or ErrNotFound.
+func (s *Store) GetModule(ctx context.Context, ns, digest string) (store.Module, error) {
 	var m store.Module
 	err := s.read(ctx, "get module", func(tx *txn) (err error) {
-		m, err = getModule(tx, digest, true)
+		m, err = getModule(tx, ns, digest, true)
 		return err
 	})
 	return m, err
 }
 
-func getModule(tx *txn, digest string, withBytes bool) (store.Module, error) {
+func getModule(tx *txn, ns, digest string, withBytes bool) (store.Module, error) {
 	var m store.Module
 	var at int64
-	cols := "digest, abi_version, size, created_at"
+	// The first upload's time: to ns, or to any namespace.
+	cols, from := "m.digest, m.abi_version, m.size, m.created_at", "modules m"
+	if ns != store.AnyNamespace {
+		cols = "m.digest, m.abi_version, m.size, v.created_at"
+		from = "modules m JOIN module_namespaces v ON v.digest = m.digest AND v.namespace = ?2"
+	}
 	dest := []any{&m.Digest, &m.ABIVersion, &m.Size, &at}
 	if withBytes {
-		cols += ", bytes"
+		cols += ", m.bytes"
 		dest = append(dest, &m.Bytes)
 	}
-	err := tx.queryRow(`SELECT `+cols+` FROM modules WHERE digest = ?`, digest).Scan(dest...)
-	if err != nil {
-		return m, notFound(err)
+	q := `SELECT ` + cols + ` FROM ` + from + ` WHERE m.digest = ?1`
+	args := []any{digest}
+	if ns != store.AnyNamespace {
+		args = append(args, ns)
 	}
+	err := tx.queryRow(q, args...).Scan(dest...)
+	if err != nil {
+		return m, fmt.Errorf("module %s: %w", digest, notFound(err))
+	}
+	m.Namespace = ns
 	m.CreatedAt = msTime(at)
 	return m, nil
 }
 
-// ListModules returns every module without bytes, newest first.
-func (s *Store) ListModules(ctx context.Context) ([]store.Module, error) {
+// ListModules returns the modules visible in namespace ns
+// (store.AnyNamespace: every module) without bytes, newest first.
+func (s *Store) ListModules(ctx context.Context, ns string) ([]store.Module, error) {
 	var out []store.Module
 	err := s.read(ctx, "list modules", func(tx *txn) error {
-		rows, err := tx.query(`
-			SELECT digest, abi_version, size, created_at FROM modules
-			ORDER BY created_at DESC, rowid DESC`)
+		q := `SELECT digest, abi_version, size, created_at FROM modules ORDER BY created_at DESC, rowid DESC`
+		if ns != store.AnyNamespace {
+			q = `SELECT m.digest, m.abi_version, m.size, v.created_at
+				FROM module_namespaces v JOIN modules m ON m.digest = v.digest
+				WHERE v.namespace = ?1 ORDER BY v.created_at DESC, v.rowid DESC`
+		}
+		var args []any
+		if ns != store.AnyNamespace {
+			args = append(args, ns)
+		}
+		rows, err := tx.query(q, args...)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
-			var m store.Module
+			m := store.Module{Namespace: ns}
 			var at int64
 			if err := rows.Scan(&m.Digest, &m.ABIVersion, &m.Size, &at); err != nil {
 				return err
@@ -91,12 +117,12 @@ func (s *Store) ListModules(ctx context.Context) ([]store.Module, error) {
 	return out, err
 }
 
-const agentCols = "agent_uid, name, kind, coalesce(module_digest, ''), coalesce(plugin, ''), crash_policy, created_at, updated_at"
+const agentCols = "agent_uid, namespace, name, kind, coalesce(module_digest, ''), coalesce(plugin, ''), crash_policy, created_at, updated_at"
 
 func scanAgent(sc scanner) (store.Agent, error) {
 	var a store.Agent
 	var created, updated int64
-	if err := sc.Scan(&a.UID, &a.Name, &a.Kind, &a.ModuleDigest, &a.Plugin, &a.CrashPolicy, &created, &updated); err != nil {
+	if err := sc.Scan(&a.UID, &a.Namespace, &a.Name, &a.Kind, &a.ModuleDigest, &a.Plugin, &a.CrashPolicy, &created, &updated); err != nil {
 		return a, err
 	}
 	a.CreatedAt, a.UpdatedAt = msTime(created), msTime(updated)
@@ -111,32 +137,33 @@ func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (sto
 	if err != nil {
 		return store.Agent{}, fmt.Errorf("store/sqlite: create agent: %w", err)
 	}
+	ns := store.NamespaceOr(p.Namespace)
 	var a store.Agent
 	// One write transaction: the agent row and, when store.NewAgentVersion
 	// says so, its next version (agent_versions), compared with the row
 	// read first.
 	err = s.write(ctx, "create agent", func(tx *txn) error {
-		prev, err := agentByName(tx, p.Name)
+		prev, err := agentByName(tx, ns, p.Name)
 		if err != nil {
 			return err
 		}
 		var one int
 		if kind == store.KindWasm {
-			if err := tx.queryRow(`SELECT 1 FROM modules WHERE digest = ?`, p.ModuleDigest).Scan(&one); err != nil {
+			if err := tx.queryRow(`SELECT 1 FROM module_namespaces WHERE namespace = ? AND digest = ?`, ns, p.ModuleDigest).Scan(&one); err != nil {
 				return fmt.Errorf("module %q: %w", p.ModuleDigest, notFound(err))
 			}
 		} else {
-			if err := tx.queryRow(`SELECT 1 FROM plugin_workers WHERE name = ?`, p.Plugin).Scan(&one); err != nil {
+			if err := tx.queryRow(`SELECT 1 FROM plugin_workers WHERE namespace = ? AND name = ?`, ns, p.Plugin).Scan(&one); err != nil {
 				return fmt.Errorf("plugin worker %q: %w", p.Plugin, notFound(err))
 			}
 		}
 		digest, plugin := nullString(p.ModuleDigest), nullString(p.Plugin)
 		a, err = scanAgent(tx.queryRow(`
-			INSERT INTO agents (agent_uid, name, kind, module_digest, plugin, crash_policy, created_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, `+nowMS+`, `+nowMS+`)
-			ON CONFLICT (name) DO NOTHING
+			INSERT INTO agents (agent_uid, namespace, name, kind, module_digest, plugin, crash_policy, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, `+nowMS+`, `+nowMS+`)
+			ON CONFLICT (namespace, name) DO NOTHING
 			RETURNING `+agentCols,
-			p.UID, p.Name, kind, digest, plugin, p.CrashPolicy))
+			p.UID, ns, p.Name, kind, digest, plugin, p.CrashPolicy))
 		switch {
 		case err == nil:
 			return appendAgentVersion(tx, prev, a)
@@ -149,9 +176,9 @@ func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (sto
 		}
 		a, err = scanAgent(tx.queryRow(`
 			UPDATE agents SET kind = ?, module_digest = ?, plugin = ?, crash_policy = ?, updated_at = `+nowMS+`
-			WHERE name = ?
+			WHERE namespace = ? AND name = ?
 			RETURNING `+agentCols,
-			kind, digest, plugin, p.CrashPolicy, p.Name))
+			kind, digest, plugin, p.CrashPolicy, ns, p.Name))
 		if err != nil {
 			return err
 		}
@@ -160,24 +187,34 @@ func (s *Store) CreateAgent(ctx context.Context, p store.CreateAgentParams) (sto
 	return a, err
 }
 
-// GetAgent finds an agent by uid or name (a uid match wins), or returns
-// ErrNotFound.
-func (s *Store) GetAgent(ctx context.Context, nameOrUID string) (store.Agent, error) {
+// GetAgent finds an agent of namespace ns by uid or name (a uid match
+// wins), or returns ErrNotFound; store.AnyNamespace finds any agent by
+// uid.
+func (s *Store) GetAgent(ctx context.Context, ns, nameOrUID string) (store.Agent, error) {
 	var a store.Agent
 	err := s.read(ctx, "get agent", func(tx *txn) (err error) {
-		a, err = scanAgent(tx.queryRow(`
-			SELECT `+agentCols+` FROM agents WHERE agent_uid = ?1 OR name = ?1
-			ORDER BY agent_uid = ?1 DESC LIMIT 1`, nameOrUID))
-		return notFound(err)
+		if ns == store.AnyNamespace {
+			a, err = scanAgent(tx.queryRow(`SELECT `+agentCols+` FROM agents WHERE agent_uid = ?`, nameOrUID))
+		} else {
+			// Two index probes: the primary key, then (namespace, name).
+			a, err = scanAgent(tx.queryRow(`
+				SELECT `+agentCols+` FROM agents WHERE namespace = ?2 AND (agent_uid = ?1 OR name = ?1)
+				ORDER BY agent_uid = ?1 DESC LIMIT 1`, nameOrUID, ns))
+		}
+		if err != nil {
+			return fmt.Errorf("agent %q: %w", nameOrUID, notFound(err))
+		}
+		return nil
 	})
 	return a, err
 }
 
-// ListAgents returns every agent by name.
-func (s *Store) ListAgents(ctx context.Context) ([]store.Agent, error) {
+// ListAgents returns the agents of namespace ns (store.AnyNamespace: of
+// every namespace) by name.
+func (s *Store) ListAgents(ctx context.Context, ns string) ([]store.Agent, error) {
 	var out []store.Agent
 	err := s.read(ctx, "list agents", func(tx *txn) error {
-		rows, err := tx.query(`SELECT ` + agentCols + ` FROM agents ORDER BY name`)
+		rows, err := tx.query(`SELECT `+agentCols+` FROM agents WHERE ?1 = '' OR namespace = ?1 ORDER BY name, namespace`, ns)
 		if err != nil {
 			return err
 		}

@@ -15,10 +15,10 @@ import (
 // The console's reads (store/console.go) and the agent-version write of
 // CreateAgent. Migration 00007_console.sql holds their table and indexes.
 
-// agentByName reads the agent named name in the write transaction (nil:
-// none).
-func agentByName(tx *txn, name string) (*store.Agent, error) {
-	a, err := scanAgent(tx.queryRow(`SELECT `+agentCols+` FROM agents WHERE name = ?`, name))
+// agentByName reads the agent of namespace ns named name in the write
+// transaction (nil: none).
+func agentByName(tx *txn, ns, name string) (*store.Agent, error) {
+	a, err := scanAgent(tx.queryRow(`SELECT `+agentCols+` FROM agents WHERE namespace = ? AND name = ?`, ns, name))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}

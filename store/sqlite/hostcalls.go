@@ -190,26 +190,56 @@ func (s *Store) AgentTokensSince(ctx context.Context, agentUID string, since tim
 	return n, err
 }
 
+// NamespaceTokensSince sums AgentTokensSince over the agents of namespace
+// ns (index host_calls_agent_started per agent); see store.Store.
+func (s *Store) NamespaceTokensSince(ctx context.Context, ns string, since time.Time) (int64, error) {
+	var n int64
+	err := s.read(ctx, "namespace tokens since", func(tx *txn) error {
+		return tx.queryRow(`
+			SELECT coalesce(sum(h.input_tokens + h.output_tokens), 0) FROM agents a
+			JOIN host_calls h ON h.agent_uid = a.agent_uid AND h.started_at >= ?
+			WHERE a.namespace = ?`, since.UnixMilli(), ns).Scan(&n)
+	})
+	return n, err
+}
+
+// LiveSessionsUpTo counts up to limit sessions of namespace ns that are not
+// destroyed; see store.Store.
+func (s *Store) LiveSessionsUpTo(ctx context.Context, ns string, limit int64) (int64, error) {
+	var n int64
+	err := s.read(ctx, "live sessions", func(tx *txn) error {
+		return tx.queryRow(`
+			SELECT count(*) FROM (SELECT 1 FROM agents a
+				JOIN sessions s ON s.agent_uid = a.agent_uid AND s.status <> 'destroyed'
+				WHERE a.namespace = ? LIMIT ?)`, ns, limit).Scan(&n)
+	})
+	return n, err
+}
+
 // PutSecret stores a secret's sealed value, creating or replacing it
 // (created false; CreatedAt kept, UpdatedAt the database's now); see
 // store.Store.
-func (s *Store) PutSecret(ctx context.Context, name string, sealed []byte) (store.Secret, bool, error) {
+func (s *Store) PutSecret(ctx context.Context, ns, name string, sealed []byte) (store.Secret, bool, error) {
+	ns = store.NamespaceOr(ns)
 	if err := store.CheckSecret(name, sealed); err != nil {
 		return store.Secret{}, false, fmt.Errorf("store/sqlite: put secret: %w", err)
 	}
-	sec := store.Secret{Name: name}
+	if err := store.CheckNamespace(ns); err != nil {
+		return store.Secret{}, false, fmt.Errorf("store/sqlite: put secret: %w", err)
+	}
+	sec := store.Secret{Namespace: ns, Name: name}
 	var created bool
 	err := s.write(ctx, "put secret", func(tx *txn) error {
 		var exists bool
-		if err := tx.queryRow(`SELECT EXISTS (SELECT 1 FROM secrets WHERE name = ?)`, name).Scan(&exists); err != nil {
+		if err := tx.queryRow(`SELECT EXISTS (SELECT 1 FROM secrets WHERE namespace = ? AND name = ?)`, ns, name).Scan(&exists); err != nil {
 			return err
 		}
 		created = !exists
 		var c, u int64
 		if err := tx.queryRow(`
-			INSERT INTO secrets (name, sealed, created_at, updated_at) VALUES (?1, ?2, `+nowMS+`, `+nowMS+`)
-			ON CONFLICT (name) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at
-			RETURNING created_at, updated_at`, name, sealed).Scan(&c, &u); err != nil {
+			INSERT INTO secrets (namespace, name, sealed, created_at, updated_at) VALUES (?1, ?2, ?3, `+nowMS+`, `+nowMS+`)
+			ON CONFLICT (namespace, name) DO UPDATE SET sealed = excluded.sealed, updated_at = excluded.updated_at
+			RETURNING created_at, updated_at`, ns, name, sealed).Scan(&c, &u); err != nil {
 			return err
 		}
 		sec.CreatedAt, sec.UpdatedAt = msTime(c), msTime(u)
@@ -221,14 +251,15 @@ func (s *Store) PutSecret(ctx context.Context, name string, sealed []byte) (stor
 	return sec, created, nil
 }
 
-// SealedSecret returns a secret's sealed value, or store.ErrNotFound.
-func (s *Store) SealedSecret(ctx context.Context, name string) ([]byte, error) {
+// SealedSecret returns the sealed value of a secret of namespace ns, or
+// store.ErrNotFound.
+func (s *Store) SealedSecret(ctx context.Context, ns, name string) ([]byte, error) {
 	if err := store.CheckSecretName(name); err != nil {
 		return nil, fmt.Errorf("store/sqlite: sealed secret: %w", err)
 	}
 	var sealed []byte
 	err := s.read(ctx, "sealed secret", func(tx *txn) error {
-		err := tx.queryRow(`SELECT sealed FROM secrets WHERE name = ?`, name).Scan(&sealed)
+		err := tx.queryRow(`SELECT sealed FROM secrets WHERE namespace = ? AND name = ?`, store.NamespaceOr(ns), name).Scan(&sealed)
 		if err != nil {
 			return fmt.Errorf("secret %q: %w", name, notFound(err))
 		}
@@ -237,11 +268,13 @@ func (s *Store) SealedSecret(ctx context.Context, name string) ([]byte, error) {
 	return sealed, err
 }
 
-// ListSecrets returns every secret's metadata (no values) by name.
-func (s *Store) ListSecrets(ctx context.Context) ([]store.Secret, error) {
+// ListSecrets returns the metadata (no values) of namespace ns's secrets
+// (store.AnyNamespace: every namespace's) by namespace and name.
+func (s *Store) ListSecrets(ctx context.Context, ns string) ([]store.Secret, error) {
 	var out []store.Secret
 	err := s.read(ctx, "list secrets", func(tx *txn) error {
-		rows, err := tx.query(`SELECT name, created_at, updated_at FROM secrets ORDER BY name`)
+		rows, err := tx.query(`SELECT namespace, name, created_at, updated_at FROM secrets
+			WHERE ?1 = '' OR namespace = ?1 ORDER BY namespace, name`, ns)
 		if err != nil {
 			return err
 		}
@@ -249,7 +282,7 @@ func (s *Store) ListSecrets(ctx context.Context) ([]store.Secret, error) {
 		for rows.Next() {
 			var sec store.Secret
 			var c, u int64
-			if err := rows.Scan(&sec.Name, &c, &u); err != nil {
+			if err := rows.Scan(&sec.Namespace, &sec.Name, &c, &u); err != nil {
 				return err
 			}
 			sec.CreatedAt, sec.UpdatedAt = msTime(c), msTime(u)
@@ -260,13 +293,14 @@ func (s *Store) ListSecrets(ctx context.Context) ([]store.Secret, error) {
 	return out, err
 }
 
-// DeleteSecret deletes a secret, or returns store.ErrNotFound.
-func (s *Store) DeleteSecret(ctx context.Context, name string) error {
+// DeleteSecret deletes a secret of namespace ns, or returns
+// store.ErrNotFound.
+func (s *Store) DeleteSecret(ctx context.Context, ns, name string) error {
 	if err := store.CheckSecretName(name); err != nil {
 		return fmt.Errorf("store/sqlite: delete secret: %w", err)
 	}
 	return s.write(ctx, "delete secret", func(tx *txn) error {
-		res, err := tx.exec(`DELETE FROM secrets WHERE name = ?`, name)
+		res, err := tx.exec(`DELETE FROM secrets WHERE namespace = ? AND name = ?`, store.NamespaceOr(ns), name)
 		if err != nil {
 			return err
 		}

@@ -243,7 +243,7 @@ func TestMigration00003KeepsRowsIndexesAndReferences(t *testing.T) {
 
 	// Through the store: the migrated agents read as wasm, the turn in
 	// flight commits, and a migrated agent can become a plugin agent.
-	a, err := s.GetAgent(ctx, "alpha")
+	a, err := s.GetAgent(ctx, store.DefaultNamespace, "alpha")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +316,7 @@ func TestMigration00003DownAndRerun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open reruns 00003: %v", err)
 	}
-	list, err := s.ListAgents(ctx)
+	list, err := s.ListAgents(ctx, store.DefaultNamespace)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,7 +400,7 @@ func TestMigration00005AddsTheJournal(t *testing.T) {
 	if turn.TurnNo != 2 || turn.Usage != (abi.Usage{InputTokens: 3, OutputTokens: 4}) {
 		t.Fatalf("turn after the upgrade = %+v", turn)
 	}
-	if _, _, err := s.PutSecret(ctx, "k", []byte("sealed")); err != nil {
+	if _, _, err := s.PutSecret(ctx, store.DefaultNamespace, "k", []byte("sealed")); err != nil {
 		t.Fatal(err)
 	}
 	if got := dump(t, s.w, `PRAGMA foreign_key_check`); got != "[table rowid parent fkid]\n" {

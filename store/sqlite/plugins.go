@@ -9,13 +9,13 @@ import (
 	"github.com/paddock-dev/paddock/store"
 )
 
-const pluginWorkerCols = "name, path, sha256, env, processes, created_at, updated_at"
+const pluginWorkerCols = "namespace, name, path, sha256, env, processes, created_at, updated_at"
 
 func scanPluginWorker(sc scanner) (store.PluginWorker, error) {
 	var w store.PluginWorker
 	var env string
 	var created, updated int64
-	if err := sc.Scan(&w.Name, &w.Path, &w.SHA256, &env, &w.Processes, &created, &updated); err != nil {
+	if err := sc.Scan(&w.Namespace, &w.Name, &w.Path, &w.SHA256, &env, &w.Processes, &created, &updated); err != nil {
 		return w, err
 	}
 	var err error
@@ -26,9 +26,11 @@ func scanPluginWorker(sc scanner) (store.PluginWorker, error) {
 	return w, nil
 }
 
-// PutPluginWorker registers a plugin worker or replaces the registration of
-// that name (created false; CreatedAt kept, UpdatedAt now).
+// PutPluginWorker registers a plugin worker in p.Namespace or replaces the
+// registration of that name there (created false; CreatedAt kept,
+// UpdatedAt now).
 func (s *Store) PutPluginWorker(ctx context.Context, p store.PluginWorker) (store.PluginWorker, bool, error) {
+	p.Namespace = store.NamespaceOr(p.Namespace)
 	env, err := store.PluginEnv(p)
 	if err != nil {
 		return store.PluginWorker{}, false, fmt.Errorf("store/sqlite: put plugin worker: %w", err)
@@ -38,11 +40,11 @@ func (s *Store) PutPluginWorker(ctx context.Context, p store.PluginWorker) (stor
 	err = s.write(ctx, "put plugin worker", func(tx *txn) error {
 		var err error
 		w, err = scanPluginWorker(tx.queryRow(`
-			INSERT INTO plugin_workers (name, path, sha256, env, processes, created_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, `+nowMS+`, `+nowMS+`)
-			ON CONFLICT (name) DO NOTHING
+			INSERT INTO plugin_workers (namespace, name, path, sha256, env, processes, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, `+nowMS+`, `+nowMS+`)
+			ON CONFLICT (namespace, name) DO NOTHING
 			RETURNING `+pluginWorkerCols,
-			p.Name, p.Path, p.SHA256, env, p.Processes))
+			p.Namespace, p.Name, p.Path, p.SHA256, env, p.Processes))
 		if err == nil {
 			created = true
 			return nil
@@ -52,9 +54,9 @@ func (s *Store) PutPluginWorker(ctx context.Context, p store.PluginWorker) (stor
 		}
 		w, err = scanPluginWorker(tx.queryRow(`
 			UPDATE plugin_workers SET path = ?, sha256 = ?, env = ?, processes = ?, updated_at = `+nowMS+`
-			WHERE name = ?
+			WHERE namespace = ? AND name = ?
 			RETURNING `+pluginWorkerCols,
-			p.Path, p.SHA256, env, p.Processes, p.Name))
+			p.Path, p.SHA256, env, p.Processes, p.Namespace, p.Name))
 		return err
 	})
 	if err != nil {
@@ -63,12 +65,14 @@ func (s *Store) PutPluginWorker(ctx context.Context, p store.PluginWorker) (stor
 	return w, created, nil
 }
 
-// GetPluginWorker returns a plugin worker by name, or ErrNotFound.
-func (s *Store) GetPluginWorker(ctx context.Context, name string) (store.PluginWorker, error) {
+// GetPluginWorker returns a plugin worker of namespace ns by name, or
+// ErrNotFound.
+func (s *Store) GetPluginWorker(ctx context.Context, ns, name string) (store.PluginWorker, error) {
 	var w store.PluginWorker
 	err := s.read(ctx, "get plugin worker", func(tx *txn) error {
 		var err error
-		w, err = scanPluginWorker(tx.queryRow(`SELECT `+pluginWorkerCols+` FROM plugin_workers WHERE name = ?`, name))
+		w, err = scanPluginWorker(tx.queryRow(`SELECT `+pluginWorkerCols+` FROM plugin_workers WHERE namespace = ? AND name = ?`,
+			store.NamespaceOr(ns), name))
 		if err != nil {
 			return fmt.Errorf("plugin worker %q: %w", name, notFound(err))
 		}
@@ -77,11 +81,13 @@ func (s *Store) GetPluginWorker(ctx context.Context, name string) (store.PluginW
 	return w, err
 }
 
-// ListPluginWorkers returns every plugin worker by name.
-func (s *Store) ListPluginWorkers(ctx context.Context) ([]store.PluginWorker, error) {
+// ListPluginWorkers returns the plugin workers of namespace ns
+// (store.AnyNamespace: of every namespace) by namespace and name.
+func (s *Store) ListPluginWorkers(ctx context.Context, ns string) ([]store.PluginWorker, error) {
 	var out []store.PluginWorker
 	err := s.read(ctx, "list plugin workers", func(tx *txn) error {
-		rows, err := tx.query(`SELECT ` + pluginWorkerCols + ` FROM plugin_workers ORDER BY name`)
+		rows, err := tx.query(`SELECT `+pluginWorkerCols+` FROM plugin_workers
+			WHERE ?1 = '' OR namespace = ?1 ORDER BY namespace, name`, ns)
 		if err != nil {
 			return err
 		}

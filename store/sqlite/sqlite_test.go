@@ -59,7 +59,7 @@ func TestOpenFileURI(t *testing.T) {
 		t.Fatalf("sqlite.Open: %v", err)
 	}
 	defer s.Close()
-	if _, err := s.ListModules(t.Context()); err != nil {
+	if _, err := s.ListModules(t.Context(), store.DefaultNamespace); err != nil {
 		t.Fatalf("ListModules: %v", err)
 	}
 }

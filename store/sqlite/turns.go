@@ -27,13 +27,13 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		// attempt below).
 		var ab store.AgentBinding
 		err := tx.queryRow(`
-			SELECT ag.kind, coalesce(ag.module_digest, ''), coalesce(ag.plugin, ''), coalesce(pw.sha256, '')
+			SELECT ag.namespace, ag.kind, coalesce(ag.module_digest, ''), coalesce(ag.plugin, ''), coalesce(pw.sha256, '')
 			FROM activations a
 			JOIN agents ag ON ag.agent_uid = a.agent_uid
-			LEFT JOIN plugin_workers pw ON pw.name = ag.plugin
+			LEFT JOIN plugin_workers pw ON pw.namespace = ag.namespace AND pw.name = ag.plugin
 			WHERE a.activation_uid = ? AND a.agent_uid = ? AND a.session_id = ? AND a.actor_epoch = ? AND a.lease_id = ?
 			  AND a.state IN `+liveStates+` AND a.current_event_id IS NULL AND a.lease_expires_at > `+nowMS, refArgs...).Scan(
-			&ab.Kind, &ab.ModuleDigest, &ab.Plugin, &ab.PluginSHA256)
+			&ab.Namespace, &ab.Kind, &ab.ModuleDigest, &ab.Plugin, &ab.PluginSHA256)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("activation %s of %s at epoch %d (or it has a current event, or its lease expired): %w",
 				ref.UID, ref.ActorKey, ref.ActorEpoch, store.ErrNotLive)

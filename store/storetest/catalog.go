@@ -43,15 +43,15 @@ func testModules(t *testing.T, b *bundle) {
 	wantEq(t, again.Digest, m.Digest, "second PutModule digest")
 	wantEq(t, again.CreatedAt.Equal(m.CreatedAt), true, "second PutModule keeps CreatedAt")
 
-	got, err := b.s.GetModule(b.ctx, p.Digest)
+	got, err := b.s.GetModule(b.ctx, store.DefaultNamespace, p.Digest)
 	noErr(t, err, "GetModule")
 	wantBytes(t, got.Bytes, data, "GetModule bytes")
 	wantEq(t, got.Size, int64(len(data)), "GetModule size")
 
-	_, err = b.s.GetModule(b.ctx, digest([]byte("never uploaded")))
+	_, err = b.s.GetModule(b.ctx, store.DefaultNamespace, digest([]byte("never uploaded")))
 	wantIs(t, err, store.ErrNotFound, "GetModule unknown digest")
 
-	list, err := b.s.ListModules(b.ctx)
+	list, err := b.s.ListModules(b.ctx, store.DefaultNamespace)
 	noErr(t, err, "ListModules")
 	// setup put the agent's module first; this one is newer.
 	if len(list) != 2 {
@@ -89,19 +89,19 @@ func testAgents(t *testing.T, b *bundle) {
 	wantEq(t, up.ModuleDigest, m2.Digest, "upsert updates the binding")
 	wantEq(t, up.CrashPolicy, store.CrashSleep, "upsert updates the crash policy")
 
-	byName, err := b.s.GetAgent(b.ctx, b.agent.Name)
+	byName, err := b.s.GetAgent(b.ctx, store.DefaultNamespace, b.agent.Name)
 	noErr(t, err, "GetAgent by name")
-	byUID, err := b.s.GetAgent(b.ctx, b.agent.UID)
+	byUID, err := b.s.GetAgent(b.ctx, store.DefaultNamespace, b.agent.UID)
 	noErr(t, err, "GetAgent by uid")
 	wantEq(t, byName.UID, b.agent.UID, "GetAgent by name uid")
 	wantEq(t, byUID.Name, b.agent.Name, "GetAgent by uid name")
 	wantEq(t, byUID.ModuleDigest, m2.Digest, "GetAgent binding after upsert")
-	_, err = b.s.GetAgent(b.ctx, "no-such-agent")
+	_, err = b.s.GetAgent(b.ctx, store.DefaultNamespace, "no-such-agent")
 	wantIs(t, err, store.ErrNotFound, "GetAgent unknown")
 
 	b.newAgent("aaa-first", m2.Digest, store.CrashDestroy)
 	b.newAgent("zzz-last", m2.Digest, store.CrashRestart)
-	list, err := b.s.ListAgents(b.ctx)
+	list, err := b.s.ListAgents(b.ctx, store.DefaultNamespace)
 	noErr(t, err, "ListAgents")
 	var names []string
 	for _, a := range list {

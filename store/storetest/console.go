@@ -112,7 +112,7 @@ func testAgentVersionsConcurrent(t *testing.T, b *bundle) {
 	for i, v := range vs {
 		wantEq(t, v.Version, int64(n+1-i), fmt.Sprintf("versions[%d]", i))
 	}
-	a, err := b.s.GetAgent(b.ctx, b.agent.UID)
+	a, err := b.s.GetAgent(b.ctx, store.DefaultNamespace, b.agent.UID)
 	noErr(t, err, "GetAgent")
 	wantEq(t, vs[0].ModuleDigest, a.ModuleDigest, "the newest version is what the agent runs")
 }

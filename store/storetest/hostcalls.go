@@ -453,38 +453,38 @@ func testAgentTokensSince(t *testing.T, b *bundle) {
 
 func testSecrets(t *testing.T, b *bundle) {
 	sealed := []byte("\x00nonce\xffciphertext\x00tag")
-	s1, created, err := b.s.PutSecret(b.ctx, "openai.api-key_1", sealed)
+	s1, created, err := b.s.PutSecret(b.ctx, store.DefaultNamespace, "openai.api-key_1", sealed)
 	noErr(t, err, "PutSecret")
 	wantEq(t, created, true, "created of a new secret")
 	wantEq(t, s1.Name, "openai.api-key_1", "Name")
 	if s1.CreatedAt.IsZero() || !s1.UpdatedAt.Equal(s1.CreatedAt) {
 		t.Fatalf("new secret times: created %s updated %s", ts(s1.CreatedAt), ts(s1.UpdatedAt))
 	}
-	got, err := b.s.SealedSecret(b.ctx, "openai.api-key_1")
+	got, err := b.s.SealedSecret(b.ctx, store.DefaultNamespace, "openai.api-key_1")
 	noErr(t, err, "SealedSecret")
 	wantBytes(t, got, sealed, "sealed value")
 
 	long := strings.Repeat("x", store.MaxSecretNameLen)
-	_, created, err = b.s.PutSecret(b.ctx, long, []byte("v"))
+	_, created, err = b.s.PutSecret(b.ctx, store.DefaultNamespace, long, []byte("v"))
 	noErr(t, err, "PutSecret with a 128-character name")
 	wantEq(t, created, true, "created")
-	_, _, err = b.s.PutSecret(b.ctx, "A", []byte("a"))
+	_, _, err = b.s.PutSecret(b.ctx, store.DefaultNamespace, "A", []byte("a"))
 	noErr(t, err, "PutSecret A")
 
 	time.Sleep(5 * time.Millisecond) // UpdatedAt must move on, even at ms precision
 	resealed := []byte("resealed value")
-	s2, created, err := b.s.PutSecret(b.ctx, "openai.api-key_1", resealed)
+	s2, created, err := b.s.PutSecret(b.ctx, store.DefaultNamespace, "openai.api-key_1", resealed)
 	noErr(t, err, "PutSecret replacing")
 	wantEq(t, created, false, "created of a replaced secret")
 	if !s2.CreatedAt.Equal(s1.CreatedAt) || !s2.UpdatedAt.After(s1.UpdatedAt) {
 		t.Fatalf("replaced secret times: created %s (was %s), updated %s (was %s)",
 			ts(s2.CreatedAt), ts(s1.CreatedAt), ts(s2.UpdatedAt), ts(s1.UpdatedAt))
 	}
-	got, err = b.s.SealedSecret(b.ctx, "openai.api-key_1")
+	got, err = b.s.SealedSecret(b.ctx, store.DefaultNamespace, "openai.api-key_1")
 	noErr(t, err, "SealedSecret after the replace")
 	wantBytes(t, got, resealed, "sealed value after the replace")
 
-	list, err := b.s.ListSecrets(b.ctx)
+	list, err := b.s.ListSecrets(b.ctx, store.DefaultNamespace)
 	noErr(t, err, "ListSecrets")
 	var names []string
 	for _, s := range list {
@@ -496,35 +496,35 @@ func testSecrets(t *testing.T, b *bundle) {
 	// By name, byte order: uppercase first.
 	wantEq(t, strings.Join(names, ","), "A,openai.api-key_1,"+long, "listed names")
 
-	noErr(t, b.s.DeleteSecret(b.ctx, "openai.api-key_1"), "DeleteSecret")
-	_, err = b.s.SealedSecret(b.ctx, "openai.api-key_1")
+	noErr(t, b.s.DeleteSecret(b.ctx, store.DefaultNamespace, "openai.api-key_1"), "DeleteSecret")
+	_, err = b.s.SealedSecret(b.ctx, store.DefaultNamespace, "openai.api-key_1")
 	wantIs(t, err, store.ErrNotFound, "SealedSecret after the delete")
-	wantIs(t, b.s.DeleteSecret(b.ctx, "openai.api-key_1"), store.ErrNotFound, "DeleteSecret again")
-	_, err = b.s.SealedSecret(b.ctx, "never-stored")
+	wantIs(t, b.s.DeleteSecret(b.ctx, store.DefaultNamespace, "openai.api-key_1"), store.ErrNotFound, "DeleteSecret again")
+	_, err = b.s.SealedSecret(b.ctx, store.DefaultNamespace, "never-stored")
 	wantIs(t, err, store.ErrNotFound, "SealedSecret of an unknown name")
-	list, err = b.s.ListSecrets(b.ctx)
+	list, err = b.s.ListSecrets(b.ctx, store.DefaultNamespace)
 	noErr(t, err, "ListSecrets after the delete")
 	wantEq(t, len(list), 2, "secrets after the delete")
 	// A deleted name can be put again, as new.
-	_, created, err = b.s.PutSecret(b.ctx, "openai.api-key_1", sealed)
+	_, created, err = b.s.PutSecret(b.ctx, store.DefaultNamespace, "openai.api-key_1", sealed)
 	noErr(t, err, "PutSecret after the delete")
 	wantEq(t, created, true, "created after the delete")
 }
 
 func testSecretsInvalid(t *testing.T, b *bundle) {
 	for _, name := range []string{"", "a b", "a/b", "ü", "x\x00", strings.Repeat("x", store.MaxSecretNameLen+1)} {
-		_, _, err := b.s.PutSecret(b.ctx, name, []byte("v"))
+		_, _, err := b.s.PutSecret(b.ctx, store.DefaultNamespace, name, []byte("v"))
 		wantIs(t, err, store.ErrInvalid, fmt.Sprintf("PutSecret(%q)", name))
 		if name != "" && !strings.Contains(err.Error(), fmt.Sprintf("%q", name)) {
 			t.Fatalf("PutSecret(%q): error %q does not name it", name, err)
 		}
-		_, err = b.s.SealedSecret(b.ctx, name)
+		_, err = b.s.SealedSecret(b.ctx, store.DefaultNamespace, name)
 		wantIs(t, err, store.ErrInvalid, fmt.Sprintf("SealedSecret(%q)", name))
-		wantIs(t, b.s.DeleteSecret(b.ctx, name), store.ErrInvalid, fmt.Sprintf("DeleteSecret(%q)", name))
+		wantIs(t, b.s.DeleteSecret(b.ctx, store.DefaultNamespace, name), store.ErrInvalid, fmt.Sprintf("DeleteSecret(%q)", name))
 	}
-	_, _, err := b.s.PutSecret(b.ctx, "empty", nil)
+	_, _, err := b.s.PutSecret(b.ctx, store.DefaultNamespace, "empty", nil)
 	wantIs(t, err, store.ErrInvalid, "PutSecret with an empty sealed value")
-	list, err := b.s.ListSecrets(b.ctx)
+	list, err := b.s.ListSecrets(b.ctx, store.DefaultNamespace)
 	noErr(t, err, "ListSecrets")
 	if len(list) != 0 {
 		t.Fatalf("refused puts stored %+v", list)

@@ -80,11 +80,11 @@ func wantAgent(t testing.TB, got store.Agent, uid, name, kind, module, plugin st
 }
 
 func testPluginWorkers(t *testing.T, b *bundle) {
-	list, err := b.s.ListPluginWorkers(b.ctx)
+	list, err := b.s.ListPluginWorkers(b.ctx, store.DefaultNamespace)
 	noErr(t, err, "ListPluginWorkers of a new store")
 	wantEq(t, len(list), 0, "plugin workers of a new store")
 
-	_, err = b.s.GetPluginWorker(b.ctx, "nope")
+	_, err = b.s.GetPluginWorker(b.ctx, store.DefaultNamespace, "nope")
 	wantIs(t, err, store.ErrNotFound, "GetPluginWorker unknown")
 
 	// Env nil is stored as an empty environment.
@@ -104,7 +104,7 @@ func testPluginWorkers(t *testing.T, b *bundle) {
 	wantEq(t, created, true, "PutPluginWorker created")
 	wantPluginWorker(t, put, first, "PutPluginWorker result")
 
-	get, err := b.s.GetPluginWorker(b.ctx, first.Name)
+	get, err := b.s.GetPluginWorker(b.ctx, store.DefaultNamespace, first.Name)
 	noErr(t, err, "GetPluginWorker")
 	wantPluginWorker(t, get, first, "GetPluginWorker")
 	wantEq(t, get.CreatedAt.Equal(put.CreatedAt), true, "GetPluginWorker CreatedAt equals the put's")
@@ -123,7 +123,7 @@ func testPluginWorkers(t *testing.T, b *bundle) {
 	if replaced.UpdatedAt.Before(put.UpdatedAt) {
 		t.Fatalf("replace UpdatedAt %s before the first put's %s", ts(replaced.UpdatedAt), ts(put.UpdatedAt))
 	}
-	get, err = b.s.GetPluginWorker(b.ctx, first.Name)
+	get, err = b.s.GetPluginWorker(b.ctx, store.DefaultNamespace, first.Name)
 	noErr(t, err, "GetPluginWorker after replace")
 	wantPluginWorker(t, get, second, "GetPluginWorker after replace")
 
@@ -133,12 +133,12 @@ func testPluginWorkers(t *testing.T, b *bundle) {
 	_, created, err = b.s.PutPluginWorker(b.ctx, third)
 	noErr(t, err, "PutPluginWorker nil env")
 	wantEq(t, created, false, "PutPluginWorker nil env created")
-	get, err = b.s.GetPluginWorker(b.ctx, first.Name)
+	get, err = b.s.GetPluginWorker(b.ctx, store.DefaultNamespace, first.Name)
 	noErr(t, err, "GetPluginWorker after nil env")
 	wantEq(t, len(get.Env), 0, "Env after a put without one")
 
 	b.pluginWorker("z-last")
-	list, err = b.s.ListPluginWorkers(b.ctx)
+	list, err = b.s.ListPluginWorkers(b.ctx, store.DefaultNamespace)
 	noErr(t, err, "ListPluginWorkers")
 	var names []string
 	for _, w := range list {
@@ -160,9 +160,9 @@ func testPluginWorkerInvalid(t *testing.T, b *bundle) {
 	if _, _, err := b.s.PutPluginWorker(b.ctx, store.PluginWorker{Path: "/p", SHA256: sha256A, Processes: 1}); err == nil {
 		t.Fatalf("PutPluginWorker without a name: no error")
 	}
-	_, err := b.s.GetPluginWorker(b.ctx, "w")
+	_, err := b.s.GetPluginWorker(b.ctx, store.DefaultNamespace, "w")
 	wantIs(t, err, store.ErrNotFound, "GetPluginWorker after refused puts")
-	list, err := b.s.ListPluginWorkers(b.ctx)
+	list, err := b.s.ListPluginWorkers(b.ctx, store.DefaultNamespace)
 	noErr(t, err, "ListPluginWorkers")
 	wantEq(t, len(list), 0, "plugin workers after refused puts")
 
@@ -172,7 +172,7 @@ func testPluginWorkerInvalid(t *testing.T, b *bundle) {
 	if err == nil {
 		t.Fatalf("PutPluginWorker replace with Processes 0: no error")
 	}
-	got, err := b.s.GetPluginWorker(b.ctx, "w")
+	got, err := b.s.GetPluginWorker(b.ctx, store.DefaultNamespace, "w")
 	noErr(t, err, "GetPluginWorker")
 	wantPluginWorker(t, got, w, "worker after a refused replace")
 }
@@ -189,7 +189,7 @@ func testAgentKindDefault(t *testing.T, b *bundle) {
 	})
 	noErr(t, err, "CreateAgent kind wasm")
 	wantAgent(t, explicit, explicit.UID, "explicit-wasm", store.KindWasm, b.agent.ModuleDigest, "", "CreateAgent kind wasm")
-	got, err := b.s.GetAgent(b.ctx, b.agent.UID)
+	got, err := b.s.GetAgent(b.ctx, store.DefaultNamespace, b.agent.UID)
 	noErr(t, err, "GetAgent")
 	wantAgent(t, got, b.agent.UID, b.agent.Name, store.KindWasm, b.agent.ModuleDigest, "", "GetAgent wasm")
 }
@@ -206,10 +206,10 @@ func testPluginAgents(t *testing.T, b *bundle) {
 		t.Fatalf("CreateAgent plugin: %+v", a)
 	}
 
-	byName, err := b.s.GetAgent(b.ctx, "plugin-agent")
+	byName, err := b.s.GetAgent(b.ctx, store.DefaultNamespace, "plugin-agent")
 	noErr(t, err, "GetAgent plugin by name")
 	wantAgent(t, byName, a.UID, "plugin-agent", store.KindPlugin, "", w.Name, "GetAgent plugin by name")
-	byUID, err := b.s.GetAgent(b.ctx, a.UID)
+	byUID, err := b.s.GetAgent(b.ctx, store.DefaultNamespace, a.UID)
 	noErr(t, err, "GetAgent plugin by uid")
 	wantAgent(t, byUID, a.UID, "plugin-agent", store.KindPlugin, "", w.Name, "GetAgent plugin by uid")
 
@@ -228,7 +228,7 @@ func testPluginAgents(t *testing.T, b *bundle) {
 	noErr(t, err, "PutPluginWorker replace")
 	wantEq(t, created, false, "PutPluginWorker replace created")
 
-	list, err := b.s.ListAgents(b.ctx)
+	list, err := b.s.ListAgents(b.ctx, store.DefaultNamespace)
 	noErr(t, err, "ListAgents")
 	var got []string
 	for _, la := range list {
@@ -286,12 +286,12 @@ func testAgentBindingErrors(t *testing.T, b *bundle) {
 			t.Fatalf("CreateAgent upsert %+v: no error", p)
 		}
 	}
-	got, err := b.s.GetAgent(b.ctx, b.agent.UID)
+	got, err := b.s.GetAgent(b.ctx, store.DefaultNamespace, b.agent.UID)
 	noErr(t, err, "GetAgent")
 	wantAgent(t, got, b.agent.UID, b.agent.Name, store.KindWasm, m, "", "agent after refused upserts")
 	wantEq(t, got.CrashPolicy, b.agent.CrashPolicy, "CrashPolicy after refused upserts")
 
-	list, err := b.s.ListAgents(b.ctx)
+	list, err := b.s.ListAgents(b.ctx, store.DefaultNamespace)
 	noErr(t, err, "ListAgents")
 	wantEq(t, len(list), 1, "agents after refused creates")
 }
@@ -311,7 +311,7 @@ func testAgentKindSwitch(t *testing.T, b *bundle) {
 	if toPlugin.UpdatedAt.Before(b.agent.UpdatedAt) {
 		t.Fatalf("upsert UpdatedAt %s before %s", ts(toPlugin.UpdatedAt), ts(b.agent.UpdatedAt))
 	}
-	got, err := b.s.GetAgent(b.ctx, b.agent.Name)
+	got, err := b.s.GetAgent(b.ctx, store.DefaultNamespace, b.agent.Name)
 	noErr(t, err, "GetAgent after upsert to plugin")
 	wantAgent(t, got, b.agent.UID, b.agent.Name, store.KindPlugin, "", w.Name, "GetAgent after upsert to plugin")
 
@@ -331,7 +331,7 @@ func testAgentKindSwitch(t *testing.T, b *bundle) {
 	})
 	noErr(t, err, "CreateAgent upsert back to wasm")
 	wantAgent(t, toWasm, b.agent.UID, b.agent.Name, store.KindWasm, m2.Digest, "", "upsert back to wasm")
-	list, err := b.s.ListAgents(b.ctx)
+	list, err := b.s.ListAgents(b.ctx, store.DefaultNamespace)
 	noErr(t, err, "ListAgents")
 	wantEq(t, len(list), 1, "agents after the switches")
 	wantAgent(t, list[0], b.agent.UID, b.agent.Name, store.KindWasm, m2.Digest, "", "listed agent")
@@ -382,11 +382,11 @@ func testPluginWorkerPutRace(t *testing.T, b *bundle) {
 		}
 	}
 	wantEq(t, creators, 1, "racers that created")
-	w, err := b.s.GetPluginWorker(b.ctx, "raced")
+	w, err := b.s.GetPluginWorker(b.ctx, store.DefaultNamespace, "raced")
 	noErr(t, err, "GetPluginWorker")
 	// The last writer wins, whole: path and processes of the same put.
 	wantEq(t, w.Path, fmt.Sprintf("/opt/%d", w.Processes-1), "path and processes of one put")
-	list, err := b.s.ListPluginWorkers(b.ctx)
+	list, err := b.s.ListPluginWorkers(b.ctx, store.DefaultNamespace)
 	noErr(t, err, "ListPluginWorkers")
 	wantEq(t, len(list), 1, "plugin workers after the race")
 }

@@ -73,6 +73,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) store.Store) {
 		hammerCases(),
 		consoleCases(),
 		tokenCases(),
+		namespaceCases(),
 	}
 	for _, g := range groups {
 		for _, c := range g {

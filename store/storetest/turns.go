@@ -409,7 +409,7 @@ func testBindCurrentAgent(t *testing.T, b *bundle) {
 	noErr(t, err, "NextDelivery")
 	wantEq(t, d.Event.ID, first.ID, "first event")
 	wantEq(t, d.Delivery.Binding, "bound:"+v1.Digest, "first event's binding")
-	wantEq(t, seen[len(seen)-1], store.AgentBinding{Kind: store.KindWasm, ModuleDigest: v1.Digest}, "Bind's input")
+	wantEq(t, seen[len(seen)-1], store.AgentBinding{Namespace: store.DefaultNamespace, Kind: store.KindWasm, ModuleDigest: v1.Digest}, "Bind's input")
 	b.fail(d.Delivery.TurnRef(), true, 0, 5)
 
 	// The agent is updated while a new activation is live; the retry keeps
@@ -444,7 +444,7 @@ func testBindCurrentAgent(t *testing.T, b *bundle) {
 	if err == nil || !strings.Contains(err.Error(), "no module") {
 		t.Fatalf("NextDelivery with a failing Bind: %v, want its error", err)
 	}
-	wantEq(t, seen[len(seen)-1], store.AgentBinding{Kind: store.KindPlugin, Plugin: w.Name, PluginSHA256: w.SHA256}, "Bind's input for a plugin agent")
+	wantEq(t, seen[len(seen)-1], store.AgentBinding{Namespace: store.DefaultNamespace, Kind: store.KindPlugin, Plugin: w.Name, PluginSHA256: w.SHA256}, "Bind's input for a plugin agent")
 	b.sameSnapshot(pkey, before, "NextDelivery refused by Bind")
 }
 

@@ -28,6 +28,7 @@ import (
 type Client struct {
 	base      string
 	token     string
+	namespace string
 	userAgent string
 	hc        *http.Client
 }
@@ -38,6 +39,27 @@ type Option func(*Client)
 // WithToken sends "Authorization: Bearer <token>" with every request (the
 // host's api.auth_token). An empty token sends no header.
 func WithToken(token string) Option { return func(c *Client) { c.token = token } }
+
+// WithNamespace makes every request act in namespace ns (the query
+// parameter ?namespace=, docs/DESIGN.md "Namespaces"). Empty: none named,
+// the host's "default".
+func WithNamespace(ns string) Option { return func(c *Client) { c.namespace = ns } }
+
+// Namespace returns the namespace given to WithNamespace ("" for none).
+func (c *Client) Namespace() string { return c.namespace }
+
+// url returns the address of path, with ?namespace= when the client names
+// one.
+func (c *Client) url(path string) string {
+	if c.namespace == "" {
+		return c.base + path
+	}
+	sep := "?"
+	if strings.Contains(path, "?") {
+		sep = "&"
+	}
+	return c.base + path + sep + "namespace=" + url.QueryEscape(c.namespace)
+}
 
 // WithHTTPClient sends the requests with hc (its timeout and transport)
 // instead of http.DefaultClient. A nil hc keeps the default.
@@ -98,7 +120,7 @@ func (c *Client) doStream(ctx context.Context, method, path string, body io.Read
 	for _, f := range opts {
 		f(&o)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	req, err := http.NewRequestWithContext(ctx, method, c.url(path), body)
 	if err != nil {
 		return fmt.Errorf("paddock api %s %s: %w", method, path, err)
 	}

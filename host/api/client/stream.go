@@ -57,7 +57,7 @@ type EventStream struct {
 // would cut the stream); use ctx instead.
 func (c *Client) Stream(ctx context.Context, agent, session, lastEventID string) (*EventStream, error) {
 	path := sessionPath(agent, session) + "/stream"
-	req, err := http.NewRequestWithContext(ctx, "GET", c.base+path, nil)
+	req, err := http.NewRequestWithContext(ctx, "GET", c.url(path), nil)
 	if err != nil {
 		return nil, fmt.Errorf("paddock api GET %s: %w", path, err)
 	}

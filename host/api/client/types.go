@@ -70,8 +70,10 @@ type Plugin struct {
 
 // Agent is a registered agent.
 type Agent struct {
-	UID  string `json:"uid"`
-	Name string `json:"name"`
+	UID string `json:"uid"`
+	// Namespace is the agent's namespace; Name is unique within it.
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
 	// Kind is "wasm" or "plugin".
 	Kind string `json:"kind"`
 	// Module is the module digest of a wasm agent ("" for a plugin agent).
