@@ -110,7 +110,6 @@ func (e *nsEnv) state() string {
 func TestEveryRouteKeepsNamespacesApart(t *testing.T) {
 	t.Parallel()
 	e := newNSEnv(t)
-	before := e.state()
 
 	// What each route gets from another namespace: 404 with that code,
 	// 200 with an empty list under that key, or exempt (a creation in
@@ -158,7 +157,21 @@ func TestEveryRouteKeepsNamespacesApart(t *testing.T) {
 		"GET /v1/secrets":                                                   {200, "secrets", ""},
 		"PUT /v1/secrets/{name}":                                            {}, // exempt: sets the caller's namespace's own secret
 		"DELETE /v1/secrets/{name}":                                         notFound("secret_not_found"),
+		"POST /v1/tokens":                                                   {}, // exempt: a token of the caller's namespace
+		"GET /v1/tokens":                                                    {200, "tokens", ""},
+		"DELETE /v1/tokens/{id}":                                            notFound("token_not_found"),
+		"GET /v1/audit":                                                     {200, "entries", ""},
 	}
+	// A token of namespace a, and a's audit rows (its setup's writes).
+	code, m := e.json("POST", "/v1/tokens?namespace=a", `{"role":"reader"}`)
+	if code != 201 {
+		t.Fatalf("create a token of a: %d %v", code, m)
+	}
+	tokenID, _ := m["id"].(string)
+	if code, m := e.json("GET", "/v1/audit?namespace=a", ""); code != 200 || len(m["entries"].([]any)) == 0 {
+		t.Fatalf("a's audit rows: %d %v, want some", code, m)
+	}
+	before := e.state()
 	seen := 0
 	for _, r := range api.Routes() {
 		if !strings.HasPrefix(r.Path, "/v1/") || r.Path == "/v1/openapi.yaml" {
@@ -179,13 +192,22 @@ func TestEveryRouteKeepsNamespacesApart(t *testing.T) {
 		}
 		for _, agentRef := range refs {
 			path := strings.NewReplacer("{agent}", url.PathEscape(agentRef), "{session}", e.session, "{key}", "k1",
-				"{event}", "1", "{wait}", "w1", "{digest}", e.digest, "{plugin}", "tool", "{name}", "KEY").Replace(r.Path)
+				"{event}", "1", "{wait}", "w1", "{digest}", e.digest, "{plugin}", "tool", "{name}", "KEY", "{id}", tokenID).Replace(r.Path)
 			body := strings.ReplaceAll(w.body, "{digest}", e.digest)
 			for _, ns := range []string{"?namespace=b", ""} {
 				code, m := e.json(r.Method, path+ns, body)
 				what := fmt.Sprintf("%s %s%s", r.Method, path, ns)
-				switch w.status {
-				case 200:
+				switch {
+				case w.status == 200 && w.code == "entries":
+					// Other namespaces' requests of this very test are
+					// audited in theirs; none of a's rows may show.
+					list, _ := m[w.code].([]any)
+					for _, row := range list {
+						if ns, _ := row.(map[string]any)["namespace"].(string); code != 200 || ns == "a" {
+							t.Errorf("%s = %d, lists a row of namespace a: %v", what, code, row)
+						}
+					}
+				case w.status == 200:
 					list, _ := m[w.code].([]any)
 					if code != 200 || len(list) != 0 {
 						t.Errorf("%s = %d %v, want 200 and no %s", what, code, m, w.code)
@@ -243,7 +265,7 @@ func TestNamespaceParameter(t *testing.T) {
 				continue
 			}
 			path := strings.NewReplacer("{agent}", "notes", "{session}", e.session, "{key}", "k1",
-				"{event}", "1", "{wait}", "w1", "{digest}", e.digest, "{plugin}", "tool", "{name}", "KEY").Replace(r.Path)
+				"{event}", "1", "{wait}", "w1", "{digest}", e.digest, "{plugin}", "tool", "{name}", "KEY", "{id}", "0123456789abcdef").Replace(r.Path)
 			code, m := e.json(r.Method, path+"?"+c.query, `{}`)
 			got, field, _ := errorOf(m)
 			if code != c.status || got != c.code || field != "namespace" {

@@ -328,20 +328,8 @@ func callerOf(ctx context.Context) Caller {
 	return Caller{TokenID: HostTokenID, Role: RoleAdmin}
 }
 
-// namedNamespace returns the namespace a request named (WithNamespace),
-// if any.
-func namedNamespace(ctx context.Context) (string, bool) {
-	ns, _ := ctx.Value(namespaceKey{}).(string)
-	return ns, ns != ""
-}
-
-// scope is the namespace a listing of tokens or audit rows covers: the
-// caller's token's namespace, else the one the request named, else every
-// namespace ("").
-func scope(ctx context.Context) string {
-	if c := callerOf(ctx); c.Namespace != "" {
-		return c.Namespace
-	}
-	ns, _ := namedNamespace(ctx)
-	return ns
-}
+// scope is the namespace a listing of tokens or audit rows covers, and
+// the one a revoked token must belong to: the namespace the request acts
+// in (NamespaceOf), like every other operation — the bootstrap admin reads
+// another namespace's with ?namespace= (docs/DESIGN.md "Namespaces").
+func scope(ctx context.Context) string { return NamespaceOf(ctx) }
