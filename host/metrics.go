@@ -57,6 +57,11 @@ type Metrics struct {
 	// role or namespace (403) (docs/DESIGN.md "Tokens, roles and the audit
 	// log").
 	APIRefused *prometheus.CounterVec
+	// QuotaRefused counts work refused over a namespace's quota (429), by
+	// namespace and quota (live_sessions, signals_per_minute,
+	// model_tokens_per_day); namespaces are the config's, so the labels
+	// stay few (docs/DESIGN.md "Namespaces").
+	QuotaRefused *prometheus.CounterVec
 }
 
 // NewMetrics creates and registers the metrics.
@@ -121,6 +126,9 @@ func NewMetrics() *Metrics {
 		APIRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paddock_api_refused_total", Help: "Requests refused by authentication (unauthenticated) or authorization (role, namespace).",
 		}, []string{"reason"}),
+		QuotaRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paddock_quota_refused_total", Help: "Sessions and signals refused over a namespace's quota (429), by namespace and quota.",
+		}, []string{"namespace", "quota"}),
 	}
 	for _, r := range []string{"unauthenticated", "role", "namespace"} {
 		m.APIRefused.WithLabelValues(r)
@@ -132,6 +140,6 @@ func NewMetrics() *Metrics {
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Registry.MustRegister(m.FenceRejections, m.Turns, m.FailedAttempts, m.DeadLetters,
 		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.WakeupsDeduplicated, m.PendingSessions,
-		m.HostCallsReplayed, m.HostCallsFenced, m.StreamFrames, m.WaitsExpired, m.ApprovalHolds, m.APIRefused)
+		m.HostCallsReplayed, m.HostCallsFenced, m.StreamFrames, m.WaitsExpired, m.ApprovalHolds, m.APIRefused, m.QuotaRefused)
 	return m
 }

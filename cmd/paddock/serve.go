@@ -597,6 +597,13 @@ func watchConfig(ctx context.Context, src config.Sources, cur config.Config, h *
 		if keys := cur.RestartOnlyChanges(next); len(keys) > 0 {
 			log.Warn("config reload: these keys change only at restart", "keys", keys)
 		}
+		for name := range cur.Namespaces {
+			if _, kept := next.Namespaces[name]; !kept {
+				// Its objects stay stored, unreachable (404) until it is
+				// declared again.
+				log.Warn("config reload: namespace no longer declared; its agents, sessions and tokens are unreachable until it is declared again", "namespace", name)
+			}
+		}
 		h.SetPolicy(policyFromConfig(next))
 		log.Info("config reloaded: policies swapped", "file", src.File)
 		cur = next

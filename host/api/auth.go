@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"regexp"
 	"strings"
 
 	"github.com/paddock-dev/paddock/host/service"
@@ -92,10 +93,18 @@ func (s *Server) authorize(op service.Op, next http.Handler) http.Handler {
 			if loc := rec.header.Get("Location"); loc != "" && rec.status == http.StatusCreated {
 				object = loc
 			}
+			object = redactTokens(object)
 			// The call is done: its row is written even if the client
 			// went away meanwhile.
-			if err := s.svc.Audit(context.WithoutCancel(r.Context()), op, object, result, rec.status); err != nil {
-				s.log.Error("api: audit row not written", "op", op, "object", object, "err", err)
+			ctx, act := context.WithoutCancel(r.Context()), op
+			if rec.op != "" {
+				act = rec.op
+			}
+			if rec.namespace != "" {
+				ctx = service.WithNamespace(ctx, rec.namespace)
+			}
+			if err := s.svc.Audit(ctx, act, object, result, rec.status); err != nil {
+				s.log.Error("api: audit row not written", "op", act, "object", object, "err", err)
 			}
 		}
 		rec.flush()
@@ -111,6 +120,35 @@ type auditWriter struct {
 	wrote  bool
 	code   string
 	body   bytes.Buffer
+	// op and namespace, when set by the handler (auditAs), are what the
+	// row records instead of the route's op and the request's namespace.
+	op        service.Op
+	namespace string
+}
+
+// auditAs tells the audit row of the call w answers what it did when the
+// route alone does not say: the op (a signal's kind decides it:
+// service.SignalOp) and the namespace of the object it wrote (a token
+// created for a namespace). Either may be empty (keep the route's).
+func auditAs(w http.ResponseWriter, op service.Op, namespace string) {
+	if a, ok := w.(*auditWriter); ok {
+		if op != "" {
+			a.op = op
+		}
+		if namespace != "" {
+			a.namespace = namespace
+		}
+	}
+}
+
+// tokenInPath matches a bearer token's value pasted into a path (a
+// revoke given the value instead of the id).
+var tokenInPath = regexp.MustCompile(`pdk_[^/]*`)
+
+// redactTokens replaces every token value in path by "pdk_…": the audit
+// log records paths, and a token's secret never reaches a row.
+func redactTokens(path string) string {
+	return tokenInPath.ReplaceAllString(path, service.TokenPrefix+"…")
 }
 
 func (a *auditWriter) Header() http.Header { return a.header }

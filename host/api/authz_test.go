@@ -353,6 +353,17 @@ func TestSignalKindsNeedTheirRole(t *testing.T) {
 	if code, m := e.call("POST", sig, e.tokens["client"], []byte(`{"message":"x","mid_turn":"queue"}`)); code != 202 {
 		t.Errorf("client message: %d %v", code, m)
 	}
+	// Each allowed signal is audited as what it did, not as the route's
+	// signal.send: the operator's six, newest first, then the client's.
+	_, b := e.call("GET", "/v1/audit?limit=7", e.tokens["admin"], nil)
+	var got []string
+	for _, row := range b["entries"].([]any) {
+		got = append(got, row.(map[string]any)["action"].(string))
+	}
+	want := "signal.send signal.force signal.steer signal.cancel signal.wake signal.cancel signal.steer"
+	if strings.Join(got, " ") != want {
+		t.Errorf("audited actions %q, want %q", strings.Join(got, " "), want)
+	}
 }
 
 // TestNoUnknownRevokedOrMalformedTokenIs401 answers 401 unauthenticated
@@ -542,18 +553,31 @@ func TestTokenCreationRules(t *testing.T) {
 	if code, m := e.call("DELETE", "/v1/tokens/ffffffffffffffff", admin, nil); code != 404 {
 		t.Errorf("revoke unknown: %d %v", code, m)
 	}
-	if code, m := e.call("DELETE", "/v1/tokens/bootstrap", admin, nil); code != 404 {
-		t.Errorf("revoke bootstrap: %d %v", code, m)
+	if code, m := e.call("DELETE", "/v1/tokens/bootstrap", admin, nil); code != 400 {
+		t.Errorf("revoke bootstrap: %d %v, want 400 (not a token id)", code, m)
+	}
+	// A token's value given for its id: refused without echoing it, and
+	// the audit row's path does not hold it either.
+	val := m["token"].(string)
+	code, m = e.call("DELETE", "/v1/tokens/"+val, admin, nil)
+	if raw := fmt.Sprint(m); code != 400 || strings.Contains(raw, val[len(val)-20:]) {
+		t.Errorf("revoke by value: %d %v, want 400 without the value", code, m)
+	}
+	_, b := e.call("GET", "/v1/audit", e.tokens["admin"], nil)
+	if raw := fmt.Sprint(b); strings.Contains(raw, val[len(val)-20:]) || !strings.Contains(raw, "/v1/tokens/pdk_…") {
+		t.Errorf("the audit log holds the token's value or not the redacted path: %v", b)
 	}
 
 	open := newEnv(t, "sqlite", "")
 	if code, b := open.do("GET", "/v1/agents", "", nil, "Authorization", "Bearer pdk_whatever"); code != 200 {
 		t.Errorf("open host with any token: %d %v", code, b)
 	}
-	if code, b := open.json("POST", "/v1/tokens", `{"role":"reader"}`); code != 201 {
-		t.Errorf("open host creates a token: %d %v", code, b)
+	// An open host checks no token, so it makes none (one made there
+	// would hold once an auth_token is set).
+	if code, b := open.json("POST", "/v1/tokens", `{"role":"reader"}`); code != 409 || fmt.Sprint(b["error"].(map[string]any)["code"]) != "host_open" {
+		t.Errorf("open host creates a token: %d %v, want 409 host_open", code, b)
 	}
-	_, b := open.json("GET", "/v1/audit", "")
+	_, b = open.json("GET", "/v1/audit", "")
 	if es := b["entries"].([]any); len(es) != 1 || es[0].(map[string]any)["token_id"] != "anonymous" {
 		t.Errorf("open host audit: %v", b)
 	}

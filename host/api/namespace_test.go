@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -163,11 +164,12 @@ func TestEveryRouteKeepsNamespacesApart(t *testing.T) {
 		"GET /v1/audit":                                                     {200, "entries", ""},
 	}
 	// A token of namespace a, and a's audit rows (its setup's writes).
-	code, m := e.json("POST", "/v1/tokens?namespace=a", `{"role":"reader"}`)
-	if code != 201 {
-		t.Fatalf("create a token of a: %d %v", code, m)
+	// (An open host makes no token through the API: stored directly.)
+	const tokenID = "a1b2c3d4e5f60718"
+	if _, err := e.st.CreateToken(context.Background(), store.CreateTokenParams{ID: tokenID, Namespace: "a", Role: "reader",
+		CreatedBy: "test", Hash: bytes.Repeat([]byte{1}, 32)}); err != nil {
+		t.Fatal(err)
 	}
-	tokenID, _ := m["id"].(string)
 	if code, m := e.json("GET", "/v1/audit?namespace=a", ""); code != 200 || len(m["entries"].([]any)) == 0 {
 		t.Fatalf("a's audit rows: %d %v, want some", code, m)
 	}
@@ -348,6 +350,21 @@ func TestQuotasAnswer429WithRetryAfter(t *testing.T) {
 		Key: store.ActorKey{AgentUID: mustAgent(t, e, "q", "notes"), SessionID: id}, Limit: 10})
 	if err != nil || len(evs) != 2 {
 		t.Fatalf("events after the refused signal: %d, %v (want the 2 accepted)", len(evs), err)
+	}
+	// Each refusal is counted by namespace and quota.
+	resp, err := http.Get(e.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`paddock_quota_refused_total{namespace="q",quota="live_sessions"} 2`,
+		`paddock_quota_refused_total{namespace="q",quota="signals_per_minute"} 1`,
+	} {
+		if !strings.Contains(string(raw), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
 	}
 }
 

@@ -19,10 +19,12 @@ func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 	if err := s.decode(w, r, &in); err != nil {
 		return err
 	}
-	res, err := s.svc.Signal(r.Context(), a, r.PathValue("session"), service.SignalParams{
+	p := service.SignalParams{
 		Kind: in.Kind, Message: in.Message, Data: in.Data, IdempotencyKey: in.IdempotencyKey,
 		EventID: in.EventID, ForceAllocation: in.ForceAllocation, MidTurn: host.MidTurn(in.MidTurn),
-	})
+	}
+	auditAs(w, service.SignalOp(p), "") // a steer or a cancel is audited as one
+	res, err := s.svc.Signal(r.Context(), a, r.PathValue("session"), p)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,7 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	auditAs(w, "", t.Namespace) // recorded in the namespace it is a token of
 	w.Header().Set("Location", "/v1/tokens/"+t.ID)
 	w.Header().Set("Cache-Control", "no-store")
 	return writeJSON(w, http.StatusCreated, client.NewToken{Token: toToken(t.Token), Value: t.Value})

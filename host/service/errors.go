@@ -102,6 +102,10 @@ const (
 	// ConflictSecretDeclared: the secret is declared in the host's config,
 	// which wins over the API.
 	ConflictSecretDeclared Conflict = "secret_declared"
+	// ConflictHostOpen: a token was asked of a host without an auth_token,
+	// which checks no token (docs/DESIGN.md "Tokens, roles and the audit
+	// log").
+	ConflictHostOpen Conflict = "host_open"
 )
 
 // ConflictError refuses a request that conflicts with what is stored.

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -36,13 +37,30 @@ const (
 // nothing says when a session will be destroyed.
 const quotaRetryLiveSessions = 60
 
+// overQuota counts e (paddock_quota_refused_total) and returns it.
+func (s *Service) overQuota(e *QuotaError) *QuotaError {
+	if m := s.h.Metrics(); m != nil && m.QuotaRefused != nil {
+		m.QuotaRefused.WithLabelValues(e.Namespace, e.Quota).Inc()
+	}
+	return e
+}
+
+// countQuota counts err when it is a *QuotaError, and returns it.
+func (s *Service) countQuota(err error) error {
+	if q, ok := errors.AsType[*QuotaError](err); ok {
+		s.overQuota(q)
+	}
+	return err
+}
+
 // quotas returns the quotas of namespace ns (zero: none).
 func (s *Service) quotas(ns string) host.Quotas {
 	return s.h.Policy().Namespaces[ns].Quotas
 }
 
 // checkLiveSessions refuses a new session of namespace ns over its
-// live_sessions quota.
+// live_sessions quota (not counted: the caller counts the refusal it
+// answers, countQuota — a get-or-create of an existing key is answered).
 func (s *Service) checkLiveSessions(ctx context.Context, ns string) error {
 	q := s.quotas(ns).LiveSessions
 	if q <= 0 {
@@ -72,15 +90,15 @@ func (s *Service) checkSignal(ctx context.Context, ns string) error {
 			return wrap("model tokens quota", err)
 		}
 		if used >= q.ModelTokensPerDay {
-			return &QuotaError{Namespace: ns, Quota: QuotaModelTokensPerDay,
+			return s.overQuota(&QuotaError{Namespace: ns, Quota: QuotaModelTokensPerDay,
 				RetryAfter: int64(math.Ceil(day.Add(24 * time.Hour).Sub(now).Seconds())),
-				Message:    fmt.Sprintf("namespace %q used its %d model tokens of the day (model_tokens_per_day); new signals are accepted from 00:00 UTC", ns, q.ModelTokensPerDay)}
+				Message:    fmt.Sprintf("namespace %q used its %d model tokens of the day (model_tokens_per_day); new signals are accepted from 00:00 UTC", ns, q.ModelTokensPerDay)})
 		}
 	}
 	if q.SignalsPerMinute > 0 {
 		if wait := s.signals.take(ns, q.SignalsPerMinute, time.Now()); wait > 0 {
-			return &QuotaError{Namespace: ns, Quota: QuotaSignalsPerMinute, RetryAfter: int64(math.Ceil(wait.Seconds())),
-				Message: fmt.Sprintf("namespace %q sent its %d signals of the minute (signals_per_minute)", ns, q.SignalsPerMinute)}
+			return s.overQuota(&QuotaError{Namespace: ns, Quota: QuotaSignalsPerMinute, RetryAfter: int64(math.Ceil(wait.Seconds())),
+				Message: fmt.Sprintf("namespace %q sent its %d signals of the minute (signals_per_minute)", ns, q.SignalsPerMinute)})
 		}
 	}
 	return nil

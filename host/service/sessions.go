@@ -83,10 +83,10 @@ func (s *Service) putSession(ctx context.Context, a store.Agent, p SessionParams
 		// Over the quota, a get-or-create still answers with the session
 		// its key already has (nothing new is created).
 		if !getOrCreate {
-			return store.Session{}, false, err
+			return store.Session{}, false, s.countQuota(err)
 		}
 		if _, kerr := s.SessionByKey(ctx, a, p.Key); kerr != nil {
-			return store.Session{}, false, err
+			return store.Session{}, false, s.countQuota(err)
 		}
 	}
 	x, created, err := s.st.CreateSession(ctx, store.CreateSessionParams{

@@ -66,10 +66,17 @@ type NewToken struct {
 // caller (OpTokenCreate: admins). A caller of one namespace creates tokens
 // of that namespace only (*ForbiddenError), and never of a role above its
 // own. Refusals: *InvalidError (role, name), *NotFoundError for an
-// undeclared namespace (CheckNamespace).
+// undeclared namespace (CheckNamespace), a *ConflictError ConflictHostOpen
+// on a host without an auth_token (it checks no token).
 func (s *Service) CreateToken(ctx context.Context, p CreateTokenParams) (NewToken, error) {
 	if err := s.Authorize(ctx, OpTokenCreate); err != nil {
 		return NewToken{}, err
+	}
+	if s.Open() {
+		// Anyone who reaches an open host could mint an admin token that
+		// would hold once an auth_token is set.
+		return NewToken{}, &ConflictError{Reason: ConflictHostOpen, Field: "",
+			Message: "this host has no auth_token, so it checks no token and makes none: set auth_token (PADDOCK_AUTH_TOKEN) and create tokens with it"}
 	}
 	c := callerOf(ctx)
 	ns := p.Namespace
@@ -142,10 +149,15 @@ func (s *Service) RevokeToken(ctx context.Context, id string) (store.Token, erro
 	if err := s.Authorize(ctx, OpTokenRevoke); err != nil {
 		return store.Token{}, err
 	}
-	notFound := &NotFoundError{Resource: ResourceToken, Field: "id", Message: fmt.Sprintf("no token %q", id)}
-	if store.CheckTokenID(id) != nil {
-		return store.Token{}, notFound
+	if strings.HasPrefix(id, TokenPrefix) {
+		// A token's value given for its id: never echoed (it holds the
+		// secret).
+		return store.Token{}, invalid("id", "that is a token's value, not its id: revoke by the id (the %d hex characters after %q)", store.TokenIDLen, TokenPrefix)
 	}
+	if store.CheckTokenID(id) != nil {
+		return store.Token{}, invalid("id", "a token id is %d lowercase hex characters", store.TokenIDLen)
+	}
+	notFound := &NotFoundError{Resource: ResourceToken, Field: "id", Message: fmt.Sprintf("no token %q", id)}
 	t, err := s.st.GetToken(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return store.Token{}, notFound
