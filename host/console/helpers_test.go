@@ -51,6 +51,7 @@ func runtime(t *testing.T) *wasm.Runtime {
 type env struct {
 	t     *testing.T
 	st    store.Store
+	h     *host.Host
 	svc   *service.Service
 	url   string
 	token string
@@ -99,7 +100,7 @@ func newEnvNS(t *testing.T, token string, namespaces ...string) *env {
 	srv.Config.RegisterOnShutdown(hub.Close)
 	srv.Start()
 	t.Cleanup(func() { hub.Close(); srv.CloseClientConnections(); srv.Close(); cancel(); <-done })
-	return &env{t: t, st: st, svc: svc, url: srv.URL, token: token}
+	return &env{t: t, st: st, h: h, svc: svc, url: srv.URL, token: token}
 }
 
 // agent uploads an example module and registers it as agent name.

@@ -145,6 +145,15 @@ func TestANamespaceTokenSeesOnlyItsNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A host-wide figure labelled by agent (as a replayed host call of
+	// default's agent would leave): the admin's overview shows it, the
+	// reader of a's does not.
+	e.h.Metrics().HostCallsReplayed.WithLabelValues("dnotes").Inc()
+	ab := e.browser()
+	ab.login()
+	if _, body := ab.get("/ui/"); !strings.Contains(body, "agent=dnotes") {
+		t.Fatalf("the admin's overview does not show the agent-labelled figure\n%s", body)
+	}
 	e.token = reader.Value
 	b := e.browser()
 	b.login()
