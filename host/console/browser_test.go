@@ -72,8 +72,9 @@ func TestBrowserDrivesASession(t *testing.T) {
 	exe := chromium(t)
 	t.Parallel()
 	ctx := context.Background()
-	e := newEnv(t, "browser-token")
+	e := newEnvNS(t, "browser-token", "a")
 	notes := e.agent("notes", wasmtest.Notes)
+	e.agentIn("a", "anotes", wasmtest.Notes)
 	faulty := e.agent("faulty", wasmtest.Faulty)
 	f := e.session(faulty, "broken")
 	dl := e.signal(faulty, f, "error")
@@ -302,6 +303,15 @@ func TestBrowserDrivesASession(t *testing.T) {
 		run("open "+p.path, chromedp.Navigate(e.url+p.path), chromedp.WaitVisible(chromedp.CSS(p.sel)))
 		shot(p.name)
 	}
+
+	// The nav bar's switcher takes the page to namespace a.
+	run("switch to namespace a", chromedp.Navigate(e.url+"/ui/agents"), chromedp.WaitVisible(chromedp.CSS("#namespace-switch")),
+		chromedp.SetValue(chromedp.CSS("#namespace-switch select"), "a"), chromedp.Click(chromedp.CSS("#namespace-switch button")),
+		chromedp.WaitVisible(chromedp.CSS(`a[href="/ui/agents/anotes?namespace=a"]`)))
+	if ns, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS("#namespace"))); err != nil || ns != "a" {
+		t.Fatalf("the nav bar shows namespace %q (%v), want a", ns, err)
+	}
+	shot("namespace-a")
 
 	// Destroy the session, through its confirmation.
 	run("destroy", chromedp.Navigate(e.url+sessionPath(notes, x)), chromedp.WaitVisible(chromedp.CSS("#destroy")),

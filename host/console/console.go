@@ -202,11 +202,19 @@ func (c *Console) handle(pattern string, opOf func(*http.Request) service.Op, f 
 				return
 			}
 		}
-		o := opOf(r)
-		if err := c.svc.Authorize(r.Context(), o); err != nil {
+		// A refusal is answered in the caller's own namespace (r), not
+		// in the one it named (nr).
+		nr, err := c.inNamespace(r, caller)
+		if err != nil {
 			c.fail(w, r, err)
 			return
 		}
+		o := opOf(nr)
+		if err := c.svc.Authorize(nr.Context(), o); err != nil {
+			c.fail(w, r, err)
+			return
+		}
+		r = nr
 		err = f(w, r)
 		if rule, _ := o.Rule(); rule.Mutates {
 			c.audit(r, o, err)
@@ -215,6 +223,58 @@ func (c *Console) handle(pattern string, opOf func(*http.Request) service.Op, f 
 			c.fail(w, r, err)
 		}
 	})
+}
+
+// NamespaceParam is the query parameter (and, in a form, the field) that
+// names the namespace a console page or action acts in, like the API's
+// ?namespace= (docs/DESIGN.md "Namespaces"). Every link and form of a page
+// carries the namespace the page acts in.
+const NamespaceParam = "namespace"
+
+// inNamespace returns r acting in the namespace it names (NamespaceParam:
+// the query of a page, the form or the query of an action), validated like
+// the API's: given twice with different values or malformed, 400; not
+// declared, 404 — except for a token of another namespace, which the
+// route's Authorize refuses (403) whether or not the named one exists, so
+// a token learns nothing of other namespaces. None named: r as it is (the
+// caller's token's namespace, else default).
+func (c *Console) inNamespace(r *http.Request, caller service.Caller) (*http.Request, error) {
+	vs := r.URL.Query()[NamespaceParam]
+	if r.Method == http.MethodPost {
+		vs = r.Form[NamespaceParam] // the form's, then the query's (checkCSRF parsed both)
+	}
+	if len(vs) == 0 {
+		return r, nil
+	}
+	ns := vs[0]
+	for _, v := range vs[1:] {
+		if v != ns {
+			return nil, &pageError{Status: http.StatusBadRequest, Message: fmt.Sprintf("namespace is given %d times with different values; give it once", len(vs))}
+		}
+	}
+	if caller.Namespace == "" || caller.Namespace == ns {
+		if err := c.svc.CheckNamespace(ns); err != nil {
+			return nil, err
+		}
+	}
+	return r.WithContext(service.WithNamespace(r.Context(), ns)), nil
+}
+
+// inNS returns the console path p (which may have a query) naming the
+// namespace ctx acts in.
+func inNS(ctx context.Context, p string) string {
+	sep := "?"
+	if strings.Contains(p, "?") {
+		sep = "&"
+	}
+	return p + sep + NamespaceParam + "=" + url.QueryEscape(service.NamespaceOf(ctx))
+}
+
+// navPaths are the list pages of the navigation entries: the namespace
+// switcher of a page goes to its entry's list in the namespace chosen.
+var navPaths = map[string]string{
+	"overview": "/ui/", "agents": "/ui/agents", "sessions": "/ui/sessions",
+	"dead-letters": "/ui/dead-letters", "modules": "/ui/modules",
 }
 
 // audit appends the audit row of an action that ended with err (none
@@ -245,6 +305,12 @@ type page struct {
 	Auth bool
 	// Flash is a message from the action that redirected here.
 	Flash string
+	// NS is the namespace the page acts in (every link and form carries
+	// it); Namespaces those the caller may switch to (service.Namespaces);
+	// NavPath the list page the switcher goes to.
+	NS         string
+	Namespaces []string
+	NavPath    string
 	// Data is the page's own data.
 	Data any
 }
@@ -255,7 +321,11 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, nam
 	if !ok {
 		return fmt.Errorf("console: no template %q", name)
 	}
-	p := page{Title: title, Nav: nav, CSRF: c.csrfToken(w, r), Auth: !c.svc.Open(), Flash: takeFlash(w, r), Data: data}
+	p := page{Title: title, Nav: nav, CSRF: c.csrfToken(w, r), Auth: !c.svc.Open(), Flash: takeFlash(w, r), Data: data,
+		NS: service.NamespaceOf(r.Context()), NavPath: navPaths[nav]}
+	if nav != "" {
+		p.Namespaces = c.svc.Namespaces(r.Context())
+	}
 	var buf bytes.Buffer
 	if err := t.ExecuteTemplate(&buf, "layout", p); err != nil {
 		return fmt.Errorf("console: render %s: %w", name, err)
@@ -367,7 +437,15 @@ func sessionURL(agent, id string) string {
 func funcs() template.FuncMap {
 	return template.FuncMap{
 		"sessionURL": sessionURL,
-		"agentURL":   func(name string) string { return "/ui/agents/" + url.PathEscape(name) },
+		// rows hands the sessionrows template its rows and the namespace
+		// its links carry.
+		"rows": func(ns string, rows []service.SessionRow) any {
+			return struct {
+				NS   string
+				Rows []service.SessionRow
+			}{ns, rows}
+		},
+		"agentURL": func(name string) string { return "/ui/agents/" + url.PathEscape(name) },
 		"streamURL": func(agent, id string) string {
 			return "/v1/agents/" + url.PathEscape(agent) + "/sessions/" + url.PathEscape(id) + "/stream"
 		},

@@ -296,7 +296,7 @@ func TestEveryPageHasTheCSPAndNoInlineScriptOrStyle(t *testing.T) {
 	// Every page is reachable from the navigation bar.
 	_, body := b.get("/ui/")
 	for _, p := range []string{"/ui/agents", "/ui/sessions", "/ui/dead-letters", "/ui/modules"} {
-		if !strings.Contains(body, `href="`+p+`"`) {
+		if !strings.Contains(body, `href="`+p+`?namespace=default"`) {
 			t.Errorf("the nav bar has no link to %s", p)
 		}
 	}
@@ -347,7 +347,7 @@ func TestSessionsPageFiltersAndPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := e.browser()
-	rowRE := regexp.MustCompile(`<td><a href="/ui/agents/([a-z]+)/sessions/([^"]+)">`)
+	rowRE := regexp.MustCompile(`<td><a href="/ui/agents/([a-z]+)/sessions/([^"?]+)\?namespace=default">`)
 	rows := func(p string) ([]string, string) {
 		resp, body := b.get(p)
 		if resp.StatusCode != http.StatusOK {

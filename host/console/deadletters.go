@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -120,6 +121,6 @@ func (c *Console) deadLetterAction(w http.ResponseWriter, r *http.Request) error
 	if len(failed) > 0 {
 		flash += fmt.Sprintf(", %d refused (%s)", len(failed), strings.Join(failed, "; "))
 	}
-	redirect(w, r, "/ui/dead-letters?agent="+a.Name, flash)
+	redirect(w, r, inNS(ctx, "/ui/dead-letters?agent="+url.QueryEscape(a.Name)), flash)
 	return nil
 }

@@ -51,12 +51,19 @@ func runtime(t *testing.T) *wasm.Runtime {
 type env struct {
 	t     *testing.T
 	st    store.Store
+	h     *host.Host
 	svc   *service.Service
 	url   string
 	token string
 }
 
 func newEnv(t *testing.T, token string) *env {
+	t.Helper()
+	return newEnvNS(t, token)
+}
+
+// newEnvNS is newEnv on a host whose config declares namespaces.
+func newEnvNS(t *testing.T, token string, namespaces ...string) *env {
 	t.Helper()
 	st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "p.db"))
 	if err != nil {
@@ -67,6 +74,10 @@ func newEnv(t *testing.T, token string) *env {
 	pol := host.DefaultPolicy()
 	pol.IdleTimeout, pol.ScanInterval, pol.LeaseTTL = time.Second, 100*time.Millisecond, 3*time.Second
 	pol.BackoffMin, pol.BackoffMax, pol.MaxAttempts = 20*time.Millisecond, 100*time.Millisecond, 2
+	pol.Namespaces = map[string]host.NamespacePolicy{}
+	for _, ns := range namespaces {
+		pol.Namespaces[ns] = host.NamespacePolicy{}
+	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	hub := stream.New(stream.Options{Store: st, PollInterval: 50 * time.Millisecond, Logger: logger})
 	h, err := host.New(host.Options{Store: st, Runner: wr, Policy: pol, Logger: logger, StreamNotify: hub.Poke})
@@ -89,13 +100,19 @@ func newEnv(t *testing.T, token string) *env {
 	srv.Config.RegisterOnShutdown(hub.Close)
 	srv.Start()
 	t.Cleanup(func() { hub.Close(); srv.CloseClientConnections(); srv.Close(); cancel(); <-done })
-	return &env{t: t, st: st, svc: svc, url: srv.URL, token: token}
+	return &env{t: t, st: st, h: h, svc: svc, url: srv.URL, token: token}
 }
 
 // agent uploads an example module and registers it as agent name.
 func (e *env) agent(name, example string) store.Agent {
 	e.t.Helper()
-	ctx := context.Background()
+	return e.agentIn(service.DefaultNamespace, name, example)
+}
+
+// agentIn is agent in namespace ns.
+func (e *env) agentIn(ns, name, example string) store.Agent {
+	e.t.Helper()
+	ctx := service.WithNamespace(context.Background(), ns)
 	_, b := wasmtest.BuildExample(e.t, example)
 	m, _, err := e.svc.UploadModule(ctx, b)
 	if err != nil {
@@ -111,7 +128,7 @@ func (e *env) agent(name, example string) store.Agent {
 // session creates a session of a.
 func (e *env) session(a store.Agent, key string) store.Session {
 	e.t.Helper()
-	x, err := e.svc.CreateSession(context.Background(), a, service.SessionParams{Key: key})
+	x, err := e.svc.CreateSession(service.WithNamespace(context.Background(), a.Namespace), a, service.SessionParams{Key: key})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -9,9 +9,11 @@ import (
 
 // overview shows this host, the hosts holding leases (by the store), the
 // pools in use with their waiting sessions, the remote workers, the turns
-// of the last minute and this host's figures.
+// of the last minute and this host's figures. To a token of one namespace
+// the leases and pools count its namespace's agents only, and no figure
+// names another namespace's agent (service.Cluster, service.Figures).
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) error {
-	f, err := c.svc.Figures()
+	f, err := c.svc.Figures(r.Context())
 	if err != nil {
 		return err
 	}

@@ -68,6 +68,7 @@ func (c *Console) sessions(w http.ResponseWriter, r *http.Request) error {
 	if f.SleepReason != "" {
 		selected += ":" + f.SleepReason
 	}
+	v.Set(NamespaceParam, service.NamespaceOf(r.Context()))
 	first := "/ui/sessions?" + v.Encode()
 	next := ""
 	if page.Next != "" {
@@ -261,7 +262,7 @@ func (c *Console) signal(w http.ResponseWriter, r *http.Request) error {
 	if res.Event.ID != 0 {
 		flash = fmt.Sprintf("%s accepted (event %d)", res.Kind, res.Event.ID)
 	}
-	redirect(w, r, sessionURL(a.Name, x.SessionID), flash)
+	redirect(w, r, inNS(r.Context(), sessionURL(a.Name, x.SessionID)), flash)
 	return nil
 }
 
@@ -290,7 +291,7 @@ func (c *Console) destroy(w http.ResponseWriter, r *http.Request) error {
 	if _, err := c.svc.DestroySession(r.Context(), x); err != nil {
 		return err
 	}
-	redirect(w, r, sessionURL(a.Name, x.SessionID), "session destroyed")
+	redirect(w, r, inNS(r.Context(), sessionURL(a.Name, x.SessionID)), "session destroyed")
 	return nil
 }
 
@@ -329,7 +330,7 @@ func (c *Console) resolveWait(w http.ResponseWriter, r *http.Request) error {
 	if _, err := c.svc.ResolveWait(r.Context(), x, wt, res); err != nil {
 		return err
 	}
-	redirect(w, r, sessionURL(a.Name, x.SessionID), "wait "+wt.ID+" resolved")
+	redirect(w, r, inNS(r.Context(), sessionURL(a.Name, x.SessionID)), "wait "+wt.ID+" resolved")
 	return nil
 }
 
@@ -348,7 +349,7 @@ func (c *Console) createSession(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	redirect(w, r, sessionURL(a.Name, x.SessionID), "session created")
+	redirect(w, r, inNS(r.Context(), sessionURL(a.Name, x.SessionID)), "session created")
 	return nil
 }
 

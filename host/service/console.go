@@ -217,8 +217,11 @@ type Metric struct {
 }
 
 // Figures gathers this host's figures from its policy and its metrics
-// registry.
-func (s *Service) Figures() (Figures, error) {
+// registry. For a caller of one namespace it leaves out the samples
+// labelled by agent (paddock_host_calls_replayed_total{agent=…}): they
+// are host-wide and would name the agents of every namespace.
+func (s *Service) Figures(ctx context.Context) (Figures, error) {
+	scoped := callerOf(ctx).Namespace != ""
 	f := Figures{HostID: s.h.ID(), Store: s.st.Driver(), Controllers: s.h.Controllers(), Pools: map[string]int{}}
 	for name, n := range s.h.Policy().Pools {
 		f.Pools[name] = n
@@ -229,6 +232,9 @@ func (s *Service) Figures() (Figures, error) {
 	}
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
+			if scoped && hasLabel(m.GetLabel(), "agent") {
+				continue
+			}
 			var v float64
 			switch {
 			case m.GetCounter() != nil:
@@ -244,6 +250,16 @@ func (s *Service) Figures() (Figures, error) {
 		}
 	}
 	return f, nil
+}
+
+// hasLabel reports whether ls has a label called name.
+func hasLabel(ls []*dto.LabelPair, name string) bool {
+	for _, l := range ls {
+		if l.GetName() == name {
+			return true
+		}
+	}
+	return false
 }
 
 func labels(ls []*dto.LabelPair) string {
@@ -316,20 +332,34 @@ type Cluster struct {
 
 // Cluster reads the overview's figures from the store in one snapshot
 // (store.ClusterFigures) and maps agents to pools by this host's policy
-// (an agent's pool is its policy's Pool).
+// (an agent's pool is its policy's Pool). The agents are those of every
+// namespace ctx's caller may act in (Namespaces): for a caller of one
+// namespace, the hosts' and pools' counts are its namespace's share (the
+// activations and pending sessions of other namespaces' agents are left
+// out); TurnsLastMinute stays host-wide (a count, no names).
 func (s *Service) Cluster(ctx context.Context) (Cluster, error) {
 	f, err := s.st.ClusterFigures(ctx)
 	if err != nil {
 		return Cluster{}, wrap("cluster figures", err)
 	}
-	agents, err := s.ListAgents(ctx)
-	if err != nil {
-		return Cluster{}, err
-	}
 	pol := s.h.Policy()
-	poolOf := make(map[string]string, len(agents))
-	for _, a := range agents {
-		poolOf[a.UID] = pol.ForAgent(a).Pool
+	poolOf := map[string]string{}
+	for _, ns := range s.Namespaces(ctx) {
+		agents, err := s.st.ListAgents(ctx, ns)
+		if err != nil {
+			return Cluster{}, wrap("list agents", err)
+		}
+		for _, a := range agents {
+			poolOf[a.UID] = pol.ForAgent(a).Pool
+		}
+	}
+	// shown: a caller of one namespace sees its agents' share only; a
+	// caller of every namespace also the agents of a namespace no longer
+	// declared (in the "(unknown)" pool).
+	scoped := callerOf(ctx).Namespace != ""
+	shown := func(agentUID string) bool {
+		_, ok := poolOf[agentUID]
+		return ok || !scoped
 	}
 	pools := map[string]*PoolUse{}
 	use := func(name string) *PoolUse {
@@ -344,6 +374,9 @@ func (s *Service) Cluster(ctx context.Context) (Cluster, error) {
 	out := Cluster{Now: f.Now, TurnsLastMinute: f.TurnsLastMinute}
 	hosts := map[string]*HostLeases{}
 	for _, l := range f.Live {
+		if !shown(l.AgentUID) {
+			continue
+		}
 		h := hosts[l.HostID]
 		if h == nil {
 			h = &HostLeases{HostID: l.HostID, FirstExpiry: l.FirstExpiry, LastExpiry: l.LastExpiry}
@@ -364,6 +397,9 @@ func (s *Service) Cluster(ctx context.Context) (Cluster, error) {
 		}
 	}
 	for agent, n := range f.Pending {
+		if !shown(agent) {
+			continue
+		}
 		use(poolOf[agent]).Waiting += n
 	}
 	for _, h := range hosts {

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/paddock-dev/paddock/store"
 )
@@ -41,4 +42,25 @@ func (s *Service) namespace(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return ns, nil
+}
+
+// Namespaces returns the namespaces ctx's caller may act in, for a front
+// door's namespace switcher: a token of one namespace, only its own; a
+// caller of every namespace (the bootstrap admin, the anonymous caller of
+// an open host, the host itself), DefaultNamespace first and then the
+// namespaces the host's config declares (host.Policy.Namespaces,
+// hot-reloaded), sorted.
+func (s *Service) Namespaces(ctx context.Context) []string {
+	if c := callerOf(ctx); c.Namespace != "" {
+		return []string{c.Namespace}
+	}
+	declared := s.h.Policy().Namespaces
+	out := make([]string, 0, 1+len(declared))
+	for name := range declared {
+		if name != DefaultNamespace {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return append([]string{DefaultNamespace}, out...)
 }

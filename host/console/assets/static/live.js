@@ -10,7 +10,9 @@
   if (!box || !box.getAttribute("data-stream") || !window.EventSource) { return; }
   var status = document.getElementById("live-status");
   var lastTurn = parseInt(box.getAttribute("data-last-turn"), 10) || 0;
-  var url = box.getAttribute("data-stream") + "?after=" + encodeURIComponent(box.getAttribute("data-after") || "head");
+  // data-stream names the page's namespace (?namespace=): after= follows it.
+  var base = box.getAttribute("data-stream");
+  var url = base + (base.indexOf("?") < 0 ? "?" : "&") + "after=" + encodeURIComponent(box.getAttribute("data-after") || "head");
   var live = null; // the element of the turn in flight
 
   function el(tag, cls, text) {
