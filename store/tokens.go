@@ -120,8 +120,8 @@ type AppendAuditParams struct {
 	Status                                     int
 }
 
-// maxAuditField bounds each text field of an audit row, in bytes.
-const maxAuditField = 1024
+// MaxAuditField bounds each text field of an audit row, in bytes.
+const MaxAuditField = 1024
 
 // CheckAudit validates AppendAudit's inputs: token id, action and result
 // are set; no text is longer than 1024 bytes. Errors wrap ErrInvalid.
@@ -130,8 +130,8 @@ func CheckAudit(p AppendAuditParams) error {
 		return fmt.Errorf("audit row without a token id, action or result (%q, %q, %q): %w", p.TokenID, p.Action, p.Result, ErrInvalid)
 	}
 	for _, f := range []string{p.TokenID, p.Namespace, p.Action, p.Object, p.Result} {
-		if len(f) > maxAuditField {
-			return fmt.Errorf("audit row field of %d bytes: at most %d: %w", len(f), maxAuditField, ErrInvalid)
+		if len(f) > MaxAuditField {
+			return fmt.Errorf("audit row field of %d bytes: at most %d: %w", len(f), MaxAuditField, ErrInvalid)
 		}
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/paddock-dev/paddock/host/api"
 	"github.com/paddock-dev/paddock/host/service"
@@ -580,5 +581,60 @@ func TestTokenCreationRules(t *testing.T) {
 	_, b = open.json("GET", "/v1/audit", "")
 	if es := b["entries"].([]any); len(es) != 1 || es[0].(map[string]any)["token_id"] != "anonymous" {
 		t.Errorf("open host audit: %v", b)
+	}
+}
+
+// TestARevokedTokensOpenStreamEnds: a stream opened with a token ends
+// once the token is revoked (its token is checked again every
+// heartbeat), while the bootstrap token's stream stays open.
+func TestARevokedTokensOpenStreamEnds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "sqlite", bootstrap, func(o *api.Options) { o.StreamHeartbeat = 200 * time.Millisecond })
+	do := func(method, path, token, body string) map[string]any {
+		t.Helper()
+		code, m := e.do(method, path, "application/json", []byte(body), "Authorization", "Bearer "+token)
+		if code >= 300 {
+			t.Fatalf("%s %s: %d %v", method, path, code, m)
+		}
+		return m
+	}
+	_, wasm := wasmtest.BuildExample(t, wasmtest.Notes)
+	if code, m := e.do("POST", "/v1/modules", "application/wasm", wasm, "Authorization", "Bearer "+bootstrap); code != 201 {
+		t.Fatalf("upload: %d %v", code, m)
+	} else {
+		do("POST", "/v1/agents", bootstrap, fmt.Sprintf(`{"name":"notes","module":%q}`, m["digest"]))
+	}
+	id := do("POST", "/v1/agents/notes/sessions", bootstrap, `{}`)["session_id"].(string)
+	tok := do("POST", "/v1/tokens", bootstrap, `{"role":"reader"}`)
+	open := func(token string) (*http.Response, context.CancelFunc) {
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, "GET", e.url+"/v1/agents/notes/sessions/"+id+"/stream", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("open the stream: %v %v", resp, err)
+		}
+		return resp, cancel
+	}
+	revoked, cancel1 := open(tok["token"].(string))
+	defer cancel1()
+	kept, cancel2 := open(bootstrap)
+	defer cancel2()
+	do("DELETE", "/v1/tokens/"+tok["id"].(string), bootstrap, "")
+
+	ended := make(chan error, 1)
+	go func() { _, err := io.Copy(io.Discard, revoked.Body); ended <- err }()
+	select {
+	case err := <-ended:
+		if err != nil {
+			t.Fatalf("the revoked token's stream ended with %v, want a clean end", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the revoked token's stream is still open 30 s after the revocation")
+	}
+	// The bootstrap token's stream still sends its heartbeats.
+	buf := make([]byte, 64)
+	if _, err := kept.Body.Read(buf); err != nil {
+		t.Fatalf("the bootstrap token's stream: %v", err)
 	}
 }

@@ -81,7 +81,23 @@ func (s *Server) streamSession(w http.ResponseWriter, r *http.Request) error {
 		heartbeat = DefaultStreamHeartbeat
 	}
 	ctx := r.Context()
+	caller, hasCaller := service.CallerFrom(ctx)
+	checked := time.Now()
 	for {
+		// A stream outlives its request's authentication: once per
+		// heartbeat its token is checked again, so a revocation ends an
+		// open stream too (docs/DESIGN.md "Tokens, roles and the audit
+		// log").
+		if hasCaller && time.Since(checked) >= heartbeat {
+			checked = time.Now()
+			if err := s.svc.CheckCaller(ctx, caller); err != nil {
+				var unauth *service.UnauthenticatedError
+				if !errors.As(err, &unauth) {
+					s.log.Warn("api: session stream ended: its token could not be checked", "session", x.SessionID, "err", err)
+				}
+				return nil
+			}
+		}
 		wait, cancel := context.WithTimeout(ctx, heartbeat)
 		evs, err := sub.Next(wait)
 		cancel()

@@ -825,6 +825,10 @@ func (c Config) Validate() error {
 	} else if !isLoopback(host) && c.AuthToken == "" {
 		bad("auth_token", `""`, "required when listen ("+c.Listen+") is not a loopback address")
 	}
+	if c.AuthToken != strings.TrimSpace(c.AuthToken) {
+		// HTTP trims a header's value: such a token could never match.
+		bad("auth_token", "(not shown)", "begins or ends with white space, which an Authorization header cannot carry")
+	}
 	if c.DataDir == "" {
 		bad("data_dir", `""`, "must not be empty")
 	}

@@ -63,6 +63,10 @@ func (c Config) checkQualified(q string, ok func(string) bool, rule string) stri
 	switch {
 	case strings.Count(q, "/") > 1 || !ok(name):
 		return "must be a name matching " + rule + ", or namespace/name for a declared namespace"
+	case ns == store.DefaultNamespace && q != name:
+		// One spelling per object: "default/x" would be a second key for
+		// x, and the runtime looks x up by its plain name.
+		return fmt.Sprintf("spells the default namespace out: write %q (a plain name is in the default namespace)", name)
 	case !c.HasNamespace(ns):
 		return fmt.Sprintf("names namespace %q, which is not declared under namespaces:", ns)
 	}

@@ -46,6 +46,8 @@ secrets:
 		{"namespaces:\n  t: {quotas: {live_sessions: -1}}\n", "namespaces.t.quotas.live_sessions"},
 		{"namespaces:\n  t: {quotas: {live_session: 1}}\n", "live_session"},
 		{"secrets:\n  team-x/K: {env: X}\n", "secrets.team-x/K"},
+		{"agents:\n  - name: default/notes\n", `write "notes"`},
+		{"secrets:\n  default/K: {env: X}\n", `write "K"`},
 		{"namespaces:\n  t: {}\nplugins:\n  - {name: tool, path: /bin/true, sha256: \"" + strings.Repeat("0", 64) + "\"}\nagents:\n  - {name: t/chat, plugin: tool}\n", "agents[0].plugin"},
 	} {
 		_, err := Load(Sources{File: writeFile(t, c.file)})

@@ -133,6 +133,11 @@ func (s *Server) writeErrorFor(w http.ResponseWriter, r *http.Request, err error
 	var quota *service.QuotaError
 	if errors.As(err, &quota) {
 		w.Header().Set("Retry-After", strconv.FormatInt(max(quota.RetryAfter, 1), 10))
+	} else if e != nil && e.Status == http.StatusTooManyRequests {
+		// Already converted (conv): the wait is in its metadata.
+		if n, ok := e.Metadata["retry_after"].(int64); ok {
+			w.Header().Set("Retry-After", strconv.FormatInt(max(n, 1), 10))
+		}
 	}
 	if e == nil {
 		s.log.Error("rivetapi: internal error", "method", r.Method, "path", r.URL.Path, "err", err)

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"unicode/utf8"
 
 	"github.com/paddock-dev/paddock/store"
 )
@@ -13,9 +14,12 @@ import (
 // Front doors call it for every call of a mutating op (OpRule.Mutates)
 // that passed Authorize; refused calls write nothing, not even this row.
 func (s *Service) Audit(ctx context.Context, op Op, object, result string, status int) error {
+	// A path may be as long as a request line: the row keeps its head,
+	// marked cut, so that every call is recorded (a row refused for its
+	// length would hide the call from the log).
 	_, err := s.st.AppendAudit(ctx, store.AppendAuditParams{
 		TokenID: callerOf(ctx).TokenID, Namespace: NamespaceOf(ctx), Action: string(op),
-		Object: object, Result: result, Status: status,
+		Object: cutAuditField(object), Result: cutAuditField(result), Status: status,
 	})
 	return wrap("audit", err)
 }
@@ -29,9 +33,9 @@ type AuditPage struct {
 	Limit int
 }
 
-// ListAudit returns a page of the audit log (OpAuditRead: admins): a
-// namespace's caller reads its namespace's rows, a caller of every
-// namespace the rows of the namespace its request named, else all.
+// ListAudit returns a page of the audit log (OpAuditRead: admins): the
+// rows of the namespace the request acts in (NamespaceOf: a caller of
+// every namespace names another with ?namespace=).
 // Refusals: *InvalidError (before, limit). next is the cursor of the
 // following page (0: this was the last).
 func (s *Service) ListAudit(ctx context.Context, p AuditPage) (rows []store.AuditEntry, next int64, err error) {
@@ -52,4 +56,18 @@ func (s *Service) ListAudit(ctx context.Context, p AuditPage) (rows []store.Audi
 		next = rows[len(rows)-1].ID
 	}
 	return rows, next, nil
+}
+
+// cutAuditField cuts s to store.MaxAuditField bytes (on a UTF-8
+// boundary), ending it with "…" when cut.
+func cutAuditField(s string) string {
+	if len(s) <= store.MaxAuditField {
+		return s
+	}
+	const mark = "…"
+	n := store.MaxAuditField - len(mark)
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + mark
 }

@@ -131,8 +131,13 @@ func (s *Service) signal(ctx context.Context, a store.Agent, sessionID string, p
 			return SignalResult{}, invalid("mid_turn", "mid_turn is only for message signals, not %s", p.Kind)
 		}
 	}
-	if err := s.checkSignal(ctx, a.Namespace); err != nil {
-		return SignalResult{}, err
+	if p.Kind == abi.EventMessage || p.Kind == abi.EventSteer {
+		// Only signals that bring work count against a quota: a cancel
+		// or a wake stays possible over it (the stop button must work
+		// when the budget is spent).
+		if err := s.checkSignal(ctx, a.Namespace); err != nil {
+			return SignalResult{}, err
+		}
 	}
 	key := store.ActorKey{AgentUID: a.UID, SessionID: sessionID}
 	var payload json.RawMessage

@@ -123,8 +123,8 @@ func (s *Service) CreateToken(ctx context.Context, p CreateTokenParams) (NewToke
 }
 
 // ListTokens lists tokens without their values or hashes (OpTokenRead:
-// admins): a namespace's caller sees its namespace's; a caller of every
-// namespace sees the namespace its request named, else all of them.
+// admins) of the namespace the request acts in (NamespaceOf: a caller of
+// every namespace names another with ?namespace=).
 func (s *Service) ListTokens(ctx context.Context) ([]store.Token, error) {
 	if err := s.Authorize(ctx, OpTokenRead); err != nil {
 		return nil, err
