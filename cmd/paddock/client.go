@@ -24,8 +24,9 @@ import (
 // client holds the global flags of the client commands.
 type client struct {
 	server, token, output string
-	// namespace is --namespace (env PADDOCK_NAMESPACE): the namespace the
-	// client commands act in.
+	// namespace is --namespace/-n (env PADDOCK_NAMESPACE): the namespace
+	// the client commands act in, sent as ?namespace=. Empty: none is
+	// sent, and the API acts in the token's own namespace, else default.
 	namespace string
 	// maxModule is --max-module-bytes of the commands uploading modules.
 	maxModule int64

@@ -8,7 +8,7 @@
 //	paddock transcript notes <session> --follow
 //	paddock session stream notes <session>
 //	paddock wait list notes --status open
-//	paddock token create --namespace default --role client
+//	paddock -n team-a token create --role client
 //	paddock audit --limit 20
 package main
 
@@ -72,8 +72,8 @@ func newRoot() *cobra.Command {
 	// as the flag's default: --help must not print it.
 	pf.StringVar(&cl.token, "token", "", "bearer token (default: env PADDOCK_TOKEN)")
 	pf.StringVarP(&cl.output, "output", "o", "text", "output format of client commands: text or json")
-	pf.StringVarP(&cl.namespace, "namespace", "n", envOr("PADDOCK_NAMESPACE", "default"),
-		"namespace the client commands act in (env PADDOCK_NAMESPACE)")
+	pf.StringVarP(&cl.namespace, "namespace", "n", os.Getenv("PADDOCK_NAMESPACE"),
+		"namespace the client commands act in (env PADDOCK_NAMESPACE; default: the token's own namespace, else default)")
 	root.AddCommand(newServe(), newWorkerCmd(), newBenchCmd(), newModuleCmd(cl), newPluginCmd(cl), newAgentCmd(cl), newSessionCmd(cl), newSignalCmd(cl),
 		newTranscriptCmd(cl), newEventsCmd(cl), newEventCmd(cl), newDeadLettersCmd(cl), newSecretCmd(cl), newWaitCmd(cl),
 		newTokenCmd(cl), newAuditCmd(cl))
