@@ -16,11 +16,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -39,12 +41,26 @@ func main() {
 			os.Exit(ee.Code)
 		}
 		if errors.As(err, &ae) {
-			fmt.Fprintf(os.Stderr, "paddock: %s\n", ae.Error())
+			fmt.Fprintf(os.Stderr, "paddock: %s\n", apiErrorMessage(ae))
 		} else {
 			fmt.Fprintf(os.Stderr, "paddock: %v\n", err)
 		}
 		os.Exit(1)
 	}
+}
+
+// apiErrorMessage is the CLI's sentence for an API error: the error, and
+// for a 401 a hint naming --token and PADDOCK_TOKEN, for an answer with
+// Retry-After (a 429 quota refusal) the seconds to wait.
+func apiErrorMessage(ae *apiclient.Error) string {
+	msg := ae.Error()
+	if ae.Status == http.StatusUnauthorized {
+		msg += " (give a token with --token or the environment variable PADDOCK_TOKEN)"
+	}
+	if ae.RetryAfter > 0 {
+		msg += fmt.Sprintf(" (retry after %d s)", int64(ae.RetryAfter/time.Second))
+	}
+	return msg
 }
 
 // ExitError ends the CLI with exit status Code, printing Err.
