@@ -38,7 +38,7 @@ plugins: ## build the example plugin workers bin/notes-plugin, bin/hasher-plugin
 
 run: build examples ## start `paddock serve` on SQLite under ./data with the example agents registered
 	@echo
-	@echo "Paddock is starting on http://$${PADDOCK_LISTEN:-127.0.0.1:8080} (SQLite under ./data). Wait for the server to log that it is ready (the line "paddock serving") below, then in another terminal try:"
+	@echo "Paddock is starting on http://$${PADDOCK_LISTEN:-127.0.0.1:8080} (SQLite under ./data). Wait until the server below logs that it is serving (its ready line), then in another terminal try:"
 	@if [ -n "$$PADDOCK_LISTEN" ]; then echo "  export PADDOCK_SERVER=http://$$PADDOCK_LISTEN   # the client's address"; fi
 	@echo "  S=\$$(bin/paddock session create notes)"
 	@echo "  bin/paddock signal send notes \$$S 'note buy milk'"

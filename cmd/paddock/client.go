@@ -24,8 +24,9 @@ import (
 // client holds the global flags of the client commands.
 type client struct {
 	server, token, output string
-	// namespace is --namespace (env PADDOCK_NAMESPACE): the namespace the
-	// client commands act in.
+	// namespace is --namespace/-n (env PADDOCK_NAMESPACE): the namespace
+	// the client commands act in, sent as ?namespace=. Empty: none is
+	// sent, and the API acts in the token's own namespace, else default.
 	namespace string
 	// maxModule is --max-module-bytes of the commands uploading modules.
 	maxModule int64
@@ -46,6 +47,16 @@ func (c *client) api() *apiclient.Client {
 	}
 	return apiclient.New(c.server, apiclient.WithToken(token), apiclient.WithNamespace(c.namespace),
 		apiclient.WithUserAgent("paddock-cli"))
+}
+
+// prog is how the commands the CLI prints for the user to paste start:
+// "paddock", with "-n NS" when this command named a namespace (-n or
+// PADDOCK_NAMESPACE), so that the pasted command acts where this one did.
+func (c *client) prog() string {
+	if c.namespace == "" {
+		return "paddock"
+	}
+	return "paddock -n " + shellArg(c.namespace)
 }
 
 // reach names the server when the API could not be reached at all; API
@@ -340,7 +351,9 @@ func newPluginCmd(c *client) *cobra.Command {
 	return cmd
 }
 
-func printSession(w io.Writer, s apiclient.Session) {
+// printSession prints a session; prog starts the commands it suggests
+// (client.prog).
+func printSession(w io.Writer, prog string, s apiclient.Session) {
 	fmt.Fprintf(w, "session\t%s\n", s.SessionID)
 	if s.Key != "" {
 		fmt.Fprintf(w, "key\t%s\n", safeCell(s.Key))
@@ -354,7 +367,7 @@ func printSession(w io.Writer, s apiclient.Session) {
 		status += " (its transcript stays readable; signals get 410)"
 	case s.SleepTS != nil:
 		since := s.SleepTS.Local().Format(time.DateTime)
-		waits := "paddock wait list " + shellArg(s.Agent) + " " + shellArg(s.SessionID)
+		waits := prog + " wait list " + shellArg(s.Agent) + " " + shellArg(s.SessionID)
 		switch s.SleepReason {
 		case store.SleepReasonApproval:
 			status += fmt.Sprintf(" since %s (waiting for an approval: %s)", since, waits)
@@ -432,7 +445,7 @@ func newSessionCmd(c *client) *cobra.Command {
 			if err != nil {
 				return c.reach(err)
 			}
-			return c.print(cmd, raw, func(w io.Writer) { printSession(w, s) })
+			return c.print(cmd, raw, func(w io.Writer) { printSession(w, c.prog(), s) })
 		},
 	}
 	list := &cobra.Command{
@@ -468,7 +481,7 @@ func newSessionCmd(c *client) *cobra.Command {
 			if err != nil {
 				return c.reach(err)
 			}
-			return c.print(cmd, raw, func(w io.Writer) { printSession(w, s) })
+			return c.print(cmd, raw, func(w io.Writer) { printSession(w, c.prog(), s) })
 		},
 	}
 	wake := &cobra.Command{
@@ -536,7 +549,7 @@ func newSignalCmd(c *client) *cobra.Command {
 				cmd.SetContext(ctx)
 				err := c.waitTurn(cmd, args[0], args[1], out.EventID, before.TurnCount)
 				if ctx.Err() == context.DeadlineExceeded {
-					return fmt.Errorf("event %d accepted, but its turn did not commit within %s (see `paddock events %s %s`: a failing turn is retried with backoff; a remote pool needs a connected worker)", out.EventID, waitFor, args[0], args[1])
+					return fmt.Errorf("event %d accepted, but its turn did not commit within %s (see `%s events %s %s`: a failing turn is retried with backoff; a remote pool needs a connected worker)", out.EventID, waitFor, c.prog(), shellArg(args[0]), shellArg(args[1]))
 				}
 				return err
 			}

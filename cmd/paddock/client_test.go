@@ -203,3 +203,38 @@ func TestClientCommandsAgainstTheRealAPI(t *testing.T) {
 		t.Fatalf("agent list -n nowhere: %v", err)
 	}
 }
+
+// TestClientErrorHints runs the CLI against the real API: a 401 names
+// --token and PADDOCK_TOKEN, and a 429 quota refusal (live_sessions of 1
+// in namespace default) carries the answer's Retry-After, which the CLI
+// prints in seconds.
+func TestClientErrorHints(t *testing.T) {
+	ctx := context.Background()
+	ra := startRealAPI(t, 32<<20, func(p *host.Policy) {
+		p.Namespaces = map[string]host.NamespacePolicy{"default": {Quotas: host.Quotas{LiveSessions: 1}}}
+	})
+	ra.faultyAgent(ctx, "ag")
+	root := newRoot()
+	root.SetOut(io.Discard)
+	root.SetErr(io.Discard)
+	root.SetArgs([]string{"--server", ra.url, "--token", "wrong", "agent", "list"})
+	err := root.ExecuteContext(ctx)
+	ae := apiclient.AsError(err)
+	if ae == nil || ae.Status != http.StatusUnauthorized {
+		t.Fatalf("a wrong token: %v, want a 401", err)
+	}
+	if msg := apiErrorMessage(ae); !strings.Contains(msg, "--token") || !strings.Contains(msg, "PADDOCK_TOKEN") || strings.Contains(msg, "wrong") {
+		t.Errorf("the 401's message %q: want the hint, not the token", msg)
+	}
+	if _, err := ra.run(ctx, "session", "create", "ag"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = ra.run(ctx, "session", "create", "ag")
+	ae = apiclient.AsError(err)
+	if ae == nil || ae.Status != http.StatusTooManyRequests || ae.RetryAfter != time.Minute {
+		t.Fatalf("over live_sessions: %v (%+v), want a 429 with Retry-After 60", err, ae)
+	}
+	if msg := apiErrorMessage(ae); !strings.Contains(msg, "quota_exceeded (HTTP 429)") || !strings.HasSuffix(msg, "(retry after 60 s)") {
+		t.Errorf("the 429's message: %q", msg)
+	}
+}

@@ -8,7 +8,7 @@
 //	paddock transcript notes <session> --follow
 //	paddock session stream notes <session>
 //	paddock wait list notes --status open
-//	paddock token create --namespace default --role client
+//	paddock -n team-a token create --role client
 //	paddock audit --limit 20
 package main
 
@@ -16,11 +16,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -39,12 +41,26 @@ func main() {
 			os.Exit(ee.Code)
 		}
 		if errors.As(err, &ae) {
-			fmt.Fprintf(os.Stderr, "paddock: %s\n", ae.Error())
+			fmt.Fprintf(os.Stderr, "paddock: %s\n", apiErrorMessage(ae))
 		} else {
 			fmt.Fprintf(os.Stderr, "paddock: %v\n", err)
 		}
 		os.Exit(1)
 	}
+}
+
+// apiErrorMessage is the CLI's sentence for an API error: the error, and
+// for a 401 a hint naming --token and PADDOCK_TOKEN, for an answer with
+// Retry-After (a 429 quota refusal) the seconds to wait.
+func apiErrorMessage(ae *apiclient.Error) string {
+	msg := ae.Error()
+	if ae.Status == http.StatusUnauthorized {
+		msg += " (give a token with --token or the environment variable PADDOCK_TOKEN)"
+	}
+	if ae.RetryAfter > 0 {
+		msg += fmt.Sprintf(" (retry after %d s)", int64(ae.RetryAfter/time.Second))
+	}
+	return msg
 }
 
 // ExitError ends the CLI with exit status Code, printing Err.
@@ -72,9 +88,8 @@ func newRoot() *cobra.Command {
 	// as the flag's default: --help must not print it.
 	pf.StringVar(&cl.token, "token", "", "bearer token (default: env PADDOCK_TOKEN)")
 	pf.StringVarP(&cl.output, "output", "o", "text", "output format of client commands: text or json")
-	// No namespace named: the API acts in the token's, else default.
-	pf.StringVarP(&cl.namespace, "namespace", "n", envOr("PADDOCK_NAMESPACE", ""),
-		"namespace the client commands act in (env PADDOCK_NAMESPACE; default: the token's namespace, else default)")
+	pf.StringVarP(&cl.namespace, "namespace", "n", os.Getenv("PADDOCK_NAMESPACE"),
+		"namespace the client commands act in (env PADDOCK_NAMESPACE; default: the token's own namespace, else default)")
 	root.AddCommand(newServe(), newWorkerCmd(), newBenchCmd(), newModuleCmd(cl), newPluginCmd(cl), newAgentCmd(cl), newSessionCmd(cl), newSignalCmd(cl),
 		newTranscriptCmd(cl), newEventsCmd(cl), newEventCmd(cl), newDeadLettersCmd(cl), newSecretCmd(cl), newWaitCmd(cl),
 		newTokenCmd(cl), newAuditCmd(cl))

@@ -146,18 +146,19 @@ type streamPrinter struct {
 	open bool
 	// texts are the attempts whose text was printed, by (event, attempt).
 	texts map[[2]int64]bool
-	// agent and session name the stream in the hints printed (the full
-	// `paddock wait resolve` command).
-	agent, session string
+	// prog, agent and session name the stream in the hints printed (the
+	// full `paddock [-n NS] wait resolve` command; prog is client.prog).
+	prog, agent, session string
 }
 
-func newStreamPrinter(w io.Writer, asJSON bool, agent, session string) *streamPrinter {
-	return &streamPrinter{w: w, json: asJSON, texts: map[[2]int64]bool{}, agent: agent, session: session}
+func newStreamPrinter(w io.Writer, asJSON bool, prog, agent, session string) *streamPrinter {
+	return &streamPrinter{w: w, json: asJSON, texts: map[[2]int64]bool{}, prog: prog, agent: agent, session: session}
 }
 
-// resolveHint is the full command that resolves a wait of kind kind.
-func resolveHint(agent, session, waitID string, kind store.WaitKind) string {
-	cmd := "paddock wait resolve " + shellArg(agent) + " " + shellArg(session) + " " + shellArg(waitID)
+// resolveHint is the full command that resolves a wait of kind kind;
+// prog starts it (client.prog: "paddock", or "paddock -n NS").
+func resolveHint(prog, agent, session, waitID string, kind store.WaitKind) string {
+	cmd := prog + " wait resolve " + shellArg(agent) + " " + shellArg(session) + " " + shellArg(waitID)
 	if kind == store.WaitKindApproval {
 		return cmd + " --approve   (or --reject --reason TEXT)"
 	}
@@ -287,7 +288,7 @@ func (p *streamPrinter) print(ev apiclient.StreamEvent) error {
 			what = "waiting for approval"
 		}
 		p.line("[%s: wait %s: %s]", what, safeCell(d.WaitID), oneLine(d.For, 200))
-		p.line("[resolve with: %s]", resolveHint(p.agent, p.session, d.WaitID, store.WaitKind(d.Kind)))
+		p.line("[resolve with: %s]", resolveHint(p.prog, p.agent, p.session, d.WaitID, store.WaitKind(d.Kind)))
 	case apiclient.StreamWaitResolved:
 		p.line("[wait %s %s]", safeCell(d.WaitID), safeCell(firstNonEmpty(d.Status, "resolved")))
 	case apiclient.StreamReset:
@@ -325,7 +326,7 @@ func newSessionStreamCmd(c *client) *cobra.Command {
 			"one JSON object per event: {\"id\", \"event\", \"data\"}.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p := newStreamPrinter(cmd.OutOrStdout(), asJSON || c.output == "json", args[0], args[1])
+			p := newStreamPrinter(cmd.OutOrStdout(), asJSON || c.output == "json", c.prog(), args[0], args[1])
 			defer p.done()
 			err := c.followStream(cmd.Context(), cmd.ErrOrStderr(), args[0], args[1], after, func(ev apiclient.StreamEvent) (bool, error) {
 				return false, p.print(ev)
@@ -377,7 +378,7 @@ const ExitWaitingForApproval = 3
 // so that none of the turn's frames is missed and none of the session's
 // history is read.
 func (c *client) streamTurn(cmd *cobra.Command, agent, sess string, id int64, es *apiclient.EventStream, asJSON bool, timeout time.Duration) error {
-	p := newStreamPrinter(cmd.OutOrStdout(), asJSON, agent, sess)
+	p := newStreamPrinter(cmd.OutOrStdout(), asJSON, c.prog(), agent, sess)
 	defer p.done()
 	ctx := cmd.Context()
 	if timeout > 0 {
@@ -423,9 +424,9 @@ func (c *client) streamTurn(cmd *cobra.Command, agent, sess string, id int64, es
 	case err == nil, cmd.Context().Err() == nil && !errors.Is(err, context.DeadlineExceeded):
 		return err
 	case cmd.Context().Err() != nil:
-		return fmt.Errorf("interrupted before the turn committed (event %d stays accepted; follow it with `paddock session stream %s %s`)", id, shellArg(agent), shellArg(sess))
+		return fmt.Errorf("interrupted before the turn committed (event %d stays accepted; follow it with `%s session stream %s %s`)", id, c.prog(), shellArg(agent), shellArg(sess))
 	}
-	return fmt.Errorf("gave up after --wait-timeout %s: %s (event %d stays accepted; follow it with `paddock session stream %s %s`)", timeout, pending, id, shellArg(agent), shellArg(sess))
+	return fmt.Errorf("gave up after --wait-timeout %s: %s (event %d stays accepted; follow it with `%s session stream %s %s`)", timeout, pending, id, c.prog(), shellArg(agent), shellArg(sess))
 }
 
 // turnOf returns the event whose turn handles the sent event: a message
@@ -492,7 +493,7 @@ func newWaitCmd(c *client) *cobra.Command {
 			if err != nil {
 				return c.reach(err)
 			}
-			return c.print(cmd, raw, func(tw io.Writer) { printWait(tw, args[0], w) })
+			return c.print(cmd, raw, func(tw io.Writer) { printWait(tw, c.prog(), args[0], w) })
 		},
 	}
 	var data, reason string
@@ -592,8 +593,9 @@ func namedArgs(name string, required, optional []string) cobra.PositionalArgs {
 	}
 }
 
-// printWait prints one wait for `wait show`.
-func printWait(w io.Writer, agent string, x apiclient.Wait) {
+// printWait prints one wait for `wait show`; prog starts the resolve
+// command it suggests (client.prog).
+func printWait(w io.Writer, prog, agent string, x apiclient.Wait) {
 	fmt.Fprintf(w, "wait\t%s\nsession\t%s\nkind\t%s\nstatus\t%s\nevent\t%d\n", safeCell(x.WaitID), safeCell(x.SessionID), x.Kind, x.Status, x.EventID)
 	if x.For != "" {
 		fmt.Fprintf(w, "for\t%s\n", safeCell(x.For))
@@ -615,6 +617,6 @@ func printWait(w io.Writer, agent string, x apiclient.Wait) {
 		fmt.Fprintf(w, "resolution\t%s\n", safeCell(string(x.Resolution)))
 	}
 	if x.Status == store.WaitOpen {
-		fmt.Fprintf(w, "resolve with\t%s\n", resolveHint(agent, x.SessionID, x.WaitID, x.Kind))
+		fmt.Fprintf(w, "resolve with\t%s\n", resolveHint(prog, agent, x.SessionID, x.WaitID, x.Kind))
 	}
 }

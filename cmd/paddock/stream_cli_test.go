@@ -307,6 +307,13 @@ func TestWaitCommands(t *testing.T) {
 	if !strings.Contains(show, `your name?\x1b[2J`) || !strings.Contains(show, "paddock wait resolve asker "+a.SessionID+" name --data JSON") {
 		t.Fatalf("wait show:\n%s", show)
 	}
+	// Run in a named namespace, the commands it prints to paste name it.
+	if show := run("-n", "default", "wait", "show", "asker", a.SessionID, "name"); !strings.Contains(show, "paddock -n default wait resolve asker "+a.SessionID+" name --data JSON") {
+		t.Errorf("wait show -n default:\n%s", show)
+	}
+	if got := run("-n", "default", "session", "get", "asker", a.SessionID); !strings.Contains(got, "(waiting: paddock -n default wait list asker "+a.SessionID+";") {
+		t.Errorf("session get -n default of a session in a wait:\n%s", got)
+	}
 	if out := run("wait", "resolve", "asker", a.SessionID, "name", "--data", `{"name":"Ada"}`); !strings.Contains(out, "wait name resolved") {
 		t.Fatalf("resolve: %s", out)
 	}
@@ -391,16 +398,17 @@ func TestSignalSendStreamEndsOnWaitsApprovalsTimeoutsAndInterrupts(t *testing.T)
 		}
 	}
 
-	// Committed with outcome wait: exit 0 after the wait.opened.
+	// Committed with outcome wait: exit 0 after the wait.opened. Run with
+	// -n, the resolve command printed names the namespace.
 	b := w.Session()
-	done, _ = sa.sendStream("chunky", b.SessionID, "ask", "--stream")
+	done, _ = sa.sendStream("-n", "default", "chunky", b.SessionID, "ask", "--stream")
 	sent(b, 1)
 	w.Restart(b).CommitWait(store.WaitParams{ID: "ask-1", For: "your name?"})
 	out, err = done()
 	if err != nil {
 		t.Fatalf("outcome wait: %v\n%s", err, out)
 	}
-	for _, want := range []string{"[committed (wait)]\n", "[waiting: wait ask-1: your name?]\n", "[resolve with: paddock wait resolve chunky " + b.SessionID + " ask-1 --data JSON"} {
+	for _, want := range []string{"[committed (wait)]\n", "[waiting: wait ask-1: your name?]\n", "[resolve with: paddock -n default wait resolve chunky " + b.SessionID + " ask-1 --data JSON"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("outcome wait: output lacks %q:\n%s", want, out)
 		}
@@ -418,7 +426,8 @@ func TestSignalSendStreamEndsOnWaitsApprovalsTimeoutsAndInterrupts(t *testing.T)
 	done, interrupt := sa.sendStream("chunky", c.SessionID, "again", "--stream", "--wait-timeout", "0")
 	sent(c, 2)
 	interrupt()
-	if out, err = done(); err == nil || !strings.Contains(err.Error(), "interrupted before the turn committed") {
+	if out, err = done(); err == nil || !strings.Contains(err.Error(), "interrupted before the turn committed") ||
+		!strings.Contains(err.Error(), "follow it with `paddock session stream chunky "+c.SessionID+"`") {
 		t.Fatalf("interrupted: %v\n%s", err, out)
 	}
 }

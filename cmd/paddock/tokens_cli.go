@@ -4,11 +4,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	apiclient "github.com/paddock-dev/paddock/host/api/client"
+	"github.com/paddock-dev/paddock/host/service"
+	"github.com/paddock-dev/paddock/store"
 )
 
 // newTokenCmd is `paddock token create|list|revoke` (admins).
@@ -16,13 +19,15 @@ func newTokenCmd(c *client) *cobra.Command {
 	cmd := &cobra.Command{Use: "token", Short: "Create, list and revoke API tokens (admins)"}
 	var in apiclient.CreateTokenRequest
 	create := &cobra.Command{
-		Use:   "create --role reader|client|operator|admin [--namespace N] [--name TEXT]",
+		Use:   "create --role reader|client|operator|admin [--name TEXT]",
 		Short: "Create a token and print its value, which is shown this once",
 		Long: "Create a token and print its value, which is shown this once (the host keeps only a hash).\n" +
 			"reader reads; client also creates sessions and sends messages; operator also steers, cancels,\n" +
 			"wakes, destroys, redrives, discards and resolves waits; admin also registers modules, plugins,\n" +
-			"agents and secrets, manages tokens and reads the audit log.\n\n" +
-			"  paddock token create --namespace team-a --role client --name \"checkout service\"",
+			"agents and secrets, manages tokens and reads the audit log.\n" +
+			"The token belongs to the namespace the command acts in: the global --namespace/-n\n" +
+			"(env PADDOCK_NAMESPACE), else the caller's token's own namespace, else default.\n\n" +
+			"  paddock -n team-a token create --role client --name \"checkout service\"",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var raw json.RawMessage
@@ -37,7 +42,6 @@ func newTokenCmd(c *client) *cobra.Command {
 		},
 	}
 	create.Flags().StringVar(&in.Role, "role", "", "reader, client, operator or admin (required)")
-	create.Flags().StringVar(&in.Namespace, "namespace", "", "the token's namespace (default: the one the caller addresses, else default)")
 	create.Flags().StringVar(&in.Name, "name", "", "a description of the token")
 	_ = create.MarkFlagRequired("role")
 	list := &cobra.Command{
@@ -62,10 +66,17 @@ func newTokenCmd(c *client) *cobra.Command {
 		},
 	}
 	revoke := &cobra.Command{
-		Use: "revoke ID", Short: "Revoke a token: it stops working at once, on every host", Args: cobra.ExactArgs(1),
+		Use: "revoke ID|VALUE", Short: "Revoke a token: it stops working at once, on every host", Args: cobra.ExactArgs(1),
+		Long: "Revoke a token: it stops working at once, on every host. Name it by its id (`token list`)\n" +
+			"or by its full value pdk_<id>_<secret>: the id is taken from the value here, and the secret\n" +
+			"is never sent.",
 		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := tokenID(args[0])
+			if err != nil {
+				return err
+			}
 			var raw json.RawMessage
-			t, err := c.api().RevokeToken(cmd.Context(), args[0], apiclient.Raw(&raw))
+			t, err := c.api().RevokeToken(cmd.Context(), id, apiclient.Raw(&raw))
 			if err != nil {
 				return c.reach(err)
 			}
@@ -76,6 +87,21 @@ func newTokenCmd(c *client) *cobra.Command {
 	}
 	cmd.AddCommand(create, list, revoke)
 	return cmd
+}
+
+// tokenID returns the token id arg names: arg itself, or the id part of
+// a full token value "pdk_<id>_<secret>" (service.TokenPrefix), so that
+// the secret is never sent. A value of another shape is an error that
+// does not repeat it.
+func tokenID(arg string) (string, error) {
+	rest, ok := strings.CutPrefix(arg, service.TokenPrefix)
+	if !ok {
+		return arg, nil
+	}
+	if len(rest) <= store.TokenIDLen || rest[store.TokenIDLen] != '_' || store.CheckTokenID(rest[:store.TokenIDLen]) != nil {
+		return "", fmt.Errorf("token revoke: the argument starts with %q but is not a token value pdk_<id>_<secret>: give the token's id (paddock token list)", service.TokenPrefix)
+	}
+	return rest[:store.TokenIDLen], nil
 }
 
 // newAuditCmd is `paddock audit` (admins): a page of the audit log.

@@ -36,7 +36,9 @@ func TestTokenAndAuditCommands(t *testing.T) {
 	}
 	defer rt.Close(ctx)
 	wr := runner.NewWasm(rt, st)
-	h, err := host.New(host.Options{Store: st, Runner: wr, Policy: host.DefaultPolicy(), Logger: quiet})
+	pol := host.DefaultPolicy()
+	pol.Namespaces = map[string]host.NamespacePolicy{"team-a": {}}
+	h, err := host.New(host.Options{Store: st, Runner: wr, Policy: pol, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,6 +82,28 @@ func TestTokenAndAuditCommands(t *testing.T) {
 	}
 	if _, err := run(value, "agent", "list"); err == nil || !strings.Contains(err.Error(), "unauthenticated (HTTP 401)") {
 		t.Errorf("revoked token: %v", err)
+	}
+	// One --namespace/-n, the global one, for every subcommand: the
+	// token is team-a's; with it and no namespace named, the CLI sends no
+	// ?namespace= and the API acts in team-a (not default, where the
+	// token would be refused 403).
+	out, err = run("boot", "-n", "team-a", "token", "create", "--role", "client", "--name", "a")
+	ma := regexp.MustCompile(`^token ([0-9a-f]{16}) \(client of namespace team-a\) created; its value, shown this once:\n(pdk_[0-9a-f]{16}_[A-Za-z0-9_-]{43})\n$`).FindStringSubmatch(out)
+	if err != nil || ma == nil {
+		t.Fatalf("-n team-a token create: %v %q", err, out)
+	}
+	if out, err := run(ma[2], "agent", "list"); err != nil || strings.TrimSpace(out) == "" {
+		t.Fatalf("team-a token without -n: %v %q", err, out)
+	}
+	if _, err := run(ma[2], "-n", "default", "agent", "list"); err == nil || !strings.Contains(err.Error(), "HTTP 403") {
+		t.Errorf("team-a token with -n default: %v, want 403", err)
+	}
+	// token revoke given the full value takes its id client-side.
+	if out, err := run("boot", "-n", "team-a", "token", "revoke", ma[2]); err != nil || out != "token "+ma[1]+" revoked\n" {
+		t.Fatalf("token revoke VALUE: %v %q", err, out)
+	}
+	if _, err := run("boot", "token", "revoke", "pdk_short_s3cr3t"); err == nil || strings.Contains(err.Error(), "s3cr3t") || !strings.Contains(err.Error(), "not a token value") {
+		t.Errorf("token revoke of a malformed value: %v", err)
 	}
 	out, err = run("boot", "audit", "--limit", "2")
 	if err != nil {

@@ -148,7 +148,7 @@ func (c *Client) doStream(ctx context.Context, method, path string, body io.Read
 		return fmt.Errorf("paddock api %s %s: reading the answer: %w", method, path, err)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return decodeError(resp.StatusCode, data)
+		return decodeError(resp.StatusCode, resp.Header, data)
 	}
 	if o.raw != nil {
 		*o.raw = data

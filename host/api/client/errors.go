@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Error is an error answer of the API: the body {"error": {"code",
@@ -22,6 +24,9 @@ type Error struct {
 	// Field names the offending request field, path value or query
 	// parameter ("" when none).
 	Field string `json:"field,omitempty"`
+	// RetryAfter is the answer's Retry-After header in whole seconds (a
+	// 429 quota_exceeded: when to try again), 0 when it has none.
+	RetryAfter time.Duration `json:"-"`
 }
 
 // Error returns "<code> (HTTP <status>): <message>", followed by
@@ -142,12 +147,19 @@ type ErrorBody struct {
 	Error *Error `json:"error"`
 }
 
-// decodeError turns an error answer into an *Error.
-func decodeError(status int, body []byte) *Error {
+// decodeError turns an error answer (its status, header and body) into
+// an *Error.
+func decodeError(status int, header http.Header, body []byte) *Error {
+	var e *Error
 	var env ErrorBody
 	if json.Unmarshal(body, &env) == nil && env.Error != nil && env.Error.Code != "" {
-		env.Error.Status = status
-		return env.Error
+		e = env.Error
+		e.Status = status
+	} else {
+		e = &Error{Status: status, Code: CodeHTTPError, Message: strings.TrimSpace(string(body))}
 	}
-	return &Error{Status: status, Code: CodeHTTPError, Message: strings.TrimSpace(string(body))}
+	if n, err := strconv.ParseInt(strings.TrimSpace(header.Get("Retry-After")), 10, 64); err == nil && n > 0 && n < 1<<31 {
+		e.RetryAfter = time.Duration(n) * time.Second
+	}
+	return e
 }

@@ -78,7 +78,7 @@ func (c *Client) Stream(ctx context.Context, agent, session, lastEventID string)
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		return nil, decodeError(resp.StatusCode, data)
+		return nil, decodeError(resp.StatusCode, resp.Header, data)
 	}
 	return &EventStream{body: resp.Body, r: bufio.NewReaderSize(resp.Body, 64<<10)}, nil
 }
