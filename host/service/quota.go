@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/paddock-dev/paddock/host"
 )
 
@@ -105,37 +107,38 @@ func (s *Service) checkSignal(ctx context.Context, ns string) error {
 }
 
 // signalBuckets are the signals_per_minute token buckets of one Service,
-// by namespace: each holds up to the quota and refills at quota per
-// minute.
+// by namespace (golang.org/x/time/rate): each holds up to the quota and
+// refills at quota per minute; a reloaded quota applies from its reload.
 type signalBuckets struct {
 	mu sync.Mutex
-	m  map[string]*bucket
+	m  map[string]*rate.Limiter
 }
 
-type bucket struct {
-	tokens float64
-	at     time.Time
-}
-
-// take takes one signal of ns's bucket (perMinute its quota) at now; it
-// returns 0, or how long until one is available (nothing taken).
+// take takes one signal of ns's bucket (perMinute its quota, > 0) at now;
+// it returns 0, or how long until one is available (nothing taken).
 func (b *signalBuckets) take(ns string, perMinute int64, now time.Time) time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.m == nil {
-		b.m = map[string]*bucket{}
+		b.m = map[string]*rate.Limiter{}
 	}
-	k, capacity := b.m[ns], float64(perMinute)
-	if k == nil {
-		k = &bucket{tokens: capacity, at: now}
-		b.m[ns] = k
+	limit, burst := rate.Limit(float64(perMinute)/60), int(min(perMinute, math.MaxInt32))
+	lim := b.m[ns]
+	switch {
+	case lim == nil:
+		lim = rate.NewLimiter(limit, burst)
+		b.m[ns] = lim
+	case lim.Limit() != limit || lim.Burst() != burst:
+		lim.SetLimitAt(now, limit)
+		lim.SetBurstAt(now, burst)
 	}
-	perSecond := capacity / 60
-	k.tokens = min(capacity, k.tokens+now.Sub(k.at).Seconds()*perSecond)
-	k.at = now
-	if k.tokens >= 1 {
-		k.tokens--
-		return 0
+	r := lim.ReserveN(now, 1)
+	if !r.OK() {
+		return time.Minute
 	}
-	return time.Duration((1 - k.tokens) / perSecond * float64(time.Second))
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		return d
+	}
+	return 0
 }
