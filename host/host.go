@@ -109,7 +109,7 @@ type Policy struct {
 	Pools map[string]int
 	// Namespaces are the namespaces declared besides "default" (which
 	// always exists), by name, with their quotas (config namespaces:,
-	// docs/DESIGN.md "Namespaces, tokens and roles"). Replaced by
+	// docs/DESIGN.md "Namespaces"). Replaced by
 	// SetPolicy like the agent policies.
 	Namespaces map[string]NamespacePolicy
 	// Stream configures the session streams (host-wide, fixed at New);

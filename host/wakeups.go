@@ -7,7 +7,7 @@ import (
 	"github.com/paddock-dev/paddock/store"
 )
 
-// Store wake-ups (docs/DESIGN.md "Wake-ups"). A signal appended through
+// Store wake-ups (docs/DESIGN.md "The flow of one signal"). A signal appended through
 // this host wakes its controller twice: once in-process, by the caller of
 // the append (Appended), and once more when the store's notification of
 // that append comes back to this host's own listener (PostgreSQL's NOTIFY

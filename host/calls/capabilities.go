@@ -27,7 +27,7 @@ const (
 )
 
 // Capabilities are what one agent's turns may do through host calls
-// (docs/DESIGN.md "Next: the agent layer": capability). The zero value
+// (docs/DESIGN.md "Host calls and the journal": capabilities). The zero value
 // denies every call: no destination, no endpoint, no secret.
 type Capabilities struct {
 	// HTTP are the destinations http calls may reach.

@@ -1,5 +1,5 @@
 // Package calls is the host side of host calls (abi/call.go; docs/DESIGN.md
-// "Next: the agent layer", invariants 12 and 13), without the journal: it
+// "Host calls and the journal", invariants 12 and 13), without the journal: it
 // checks a call against the calling agent's Capabilities and the turn's
 // Budget, fills secrets into outbound requests after the destination check,
 // and performs the call — an http call through Egress, the host's guarded
