@@ -518,7 +518,13 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			return "", c.fail(context.Background(), last, d.Attempt, a.pol, err, true, "invalid_result"), true
 		}
 		ctx, cancel := context.WithTimeout(at.with(context.Background()), 10*time.Second)
-		turn, err := h.Commit(ctx, res)
+		var payloads []string
+		if res.TurnRef == last && len(latest.Steers) == 0 {
+			// What this turn carried, at the ref's revision: the store
+			// need not read it back (CommitTurnParams.Payloads).
+			payloads = []string{string(d.Event.Payload)}
+		}
+		turn, err := h.commit(ctx, res, payloads)
 		cancel()
 		var fe *store.FenceError
 		switch {
@@ -677,11 +683,19 @@ func steerOf(ref abi.TurnRef, e store.Event) abi.Steer {
 // *store.FenceError is returned; nothing was written. Every worker kind's
 // replies, late ones included, come through here.
 func (h *Host) Commit(ctx context.Context, res *abi.TurnResult) (turn store.Turn, err error) {
+	return h.commit(ctx, res, nil)
+}
+
+// commit is Commit with the payloads the turn carried when the caller
+// dispatched it (store.CommitTurnParams.Payloads; nil: the store reads
+// them).
+func (h *Host) commit(ctx context.Context, res *abi.TurnResult, payloads []string) (turn store.Turn, err error) {
 	ctx, span := h.startCommit(ctx, res.TurnRef)
 	defer func() { endCommit(span, turn, err) }()
 	turn, err = h.st.CommitTurn(ctx, store.CommitTurnParams{
 		Ref: res.TurnRef, Messages: res.Messages, State: res.State, KeepState: res.State == nil,
 		Outcome: res.Outcome, Alarms: res.Alarms, Wait: store.WaitFromSpec(res.Wait, res.TurnRef.ActorEventID),
+		Payloads: payloads,
 	})
 	var fe *store.FenceError
 	if errors.As(err, &fe) {

@@ -860,6 +860,15 @@ type CommitTurnParams struct {
 	Outcome   abi.Outcome
 	// Alarms are set, replaced or cleared in the same transaction.
 	Alarms []abi.AlarmOp
+	// Payloads, when set, are the payloads of Ref's event and of the steers
+	// attached to it (acceptance order) as the caller dispatched them at
+	// Ref's revision — the user messages of the transcript (TurnMessages).
+	// A steer attached since raised the activation's revision, so the
+	// fence refuses such a commit; the payloads a commit passes are
+	// therefore the stored ones. A driver may use them instead of reading
+	// the payloads under the activation's lock (PostgreSQL: the commit is
+	// then one round trip instead of two). Nil: the driver reads them.
+	Payloads []string
 	// Wait, with Outcome wait (and only with it), opens this wait of kind
 	// wait in the same transaction (frame wait.opened after
 	// turn.committed); the session sleeps with SleepReasonWait unless

@@ -239,12 +239,14 @@ const (
 	sessionTail = `s.pending_since, coalesce(s.sleep_reason, '')`
 )
 
-func scanSession(row pgx.Row) (store.Session, error) {
+// scanSession scans sessionCols (or sessionNoCounters), then extra
+// columns after them into extra.
+func scanSession(row pgx.Row, extra ...any) (store.Session, error) {
 	var ss store.Session
 	var sleepTS, destroyTS, pendingSince *time.Time
-	err := row.Scan(&ss.AgentUID, &ss.SessionID, &ss.Key, &ss.Input, &ss.Status, &ss.CrashPolicy,
+	err := row.Scan(append([]any{&ss.AgentUID, &ss.SessionID, &ss.Key, &ss.Input, &ss.Status, &ss.CrashPolicy,
 		&ss.ActorEpoch, &ss.CreatedAt, &sleepTS, &destroyTS, &ss.TurnCount, &ss.EventCount, &ss.OpenEvents,
-		&ss.DeadLetters, &pendingSince, &ss.SleepReason)
+		&ss.DeadLetters, &pendingSince, &ss.SleepReason}, extra...)...)
 	ss.CreatedAt = utc(ss.CreatedAt)
 	ss.SleepTS, ss.DestroyTS, ss.PendingSince = utcPtr(sleepTS), utcPtr(destroyTS), utcPtr(pendingSince)
 	ss.Input = nilIfEmpty(ss.Input)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
 )
 
@@ -59,6 +60,20 @@ func (t *pipeTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 		nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
 		b, t.begun = nb, true
 	}
+	return t.conn.SendBatch(ctx, b)
+}
+
+// SendBatchAlone sends b as the whole transaction when it has not begun:
+// one implicit transaction (the batch ends in a single Sync, so a failing
+// statement rolls back every one of them), without BEGIN and COMMIT — two
+// statements fewer than SendBatchCommit for the same effect. After BEGIN
+// it is SendBatchCommit. b's callbacks must not veto (see SendBatchCommit).
+func (t *pipeTx) SendBatchAlone(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if t.begun {
+		return t.SendBatchCommit(ctx, b)
+	}
+	// Nothing to roll back or commit after it: begun stays false.
+	t.committed = true
 	return t.conn.SendBatch(ctx, b)
 }
 
@@ -187,7 +202,39 @@ const codeCheckFailed = "PD001"
 const (
 	checkSuperseded = "superseded: "
 	checkLockRace   = "lock race: "
+	// fenceRefusedDelivery and fenceRefusedActivation are the whole
+	// messages of a raising fence (commitFenceRaising): which guard matched
+	// no row.
+	fenceRefusedDelivery   = "fence refused: delivery"
+	fenceRefusedActivation = "fence refused: activation"
 )
+
+// fenceRefusal is a raising fence's refusal (checkErr): the transaction
+// rolled back, and explainRefusal names the reason from the rows as they
+// are after it. deliveryMatched: the delivery's guard passed and the
+// activation's did not.
+type fenceRefusal struct{ deliveryMatched bool }
+
+func (f *fenceRefusal) Error() string {
+	if f.deliveryMatched {
+		return fenceRefusedActivation
+	}
+	return fenceRefusedDelivery
+}
+
+// explainRefusal turns a *fenceRefusal in err into the *store.FenceError
+// that names its reason (classify, reading outside the rolled-back
+// transaction: it decides nothing, the guard already refused); other
+// errors are returned as they are.
+func (s *Store) explainRefusal(ctx context.Context, ref abi.TurnRef, op store.FenceOp, err error) error {
+	var fr *fenceRefusal
+	if !errors.As(err, &fr) {
+		return err
+	}
+	return s.call(ctx, "explain fence refusal", func(ctx context.Context) error {
+		return classify(ctx, s.pool, ref, op, fr.deliveryMatched)
+	})
+}
 
 // checkErr maps a paddock_check refusal to its typed error: a superseded
 // delivery's *store.FenceError, or errLockRace (the transaction reruns).
@@ -197,6 +244,10 @@ func checkErr(err error) error {
 		return err
 	}
 	switch {
+	case pe.Message == fenceRefusedDelivery:
+		return &fenceRefusal{}
+	case pe.Message == fenceRefusedActivation:
+		return &fenceRefusal{deliveryMatched: true}
 	case strings.HasPrefix(pe.Message, checkSuperseded):
 		return &store.FenceError{Reason: store.FenceSupersededDelivery, Detail: strings.TrimPrefix(pe.Message, checkSuperseded)}
 	case strings.HasPrefix(pe.Message, checkLockRace):

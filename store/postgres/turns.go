@@ -71,48 +71,48 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		}
 		// The rest in one round trip, COMMIT included.
 		b := &pgx.Batch{}
-		// The lock statement's snapshot predates its wait for the row lock:
-		// the event may have been closed (cancelled) meanwhile. This later
-		// statement sees it; under the lock nothing closes it after (every
-		// closer takes the activation row first). A refusal aborts the
-		// transaction before its COMMIT, and it runs again.
-		b.Queue(`SELECT paddock_check(EXISTS (SELECT 1 FROM actor_events WHERE event_id = $1 AND status = 'open'), $2)`,
-			*eventID, fmt.Sprintf("%sevent %d closed concurrently", checkLockRace, *eventID))
+		// The binding is recorded at the first attempt (invariant 10); the
+		// event's row comes back. A closed event matches no row: see the
+		// guard of the next statement.
 		b.Queue(`
 			UPDATE actor_events SET binding = CASE WHEN coalesce(binding, '') = '' THEN nullif($1, '') ELSE binding END
 			WHERE event_id = $2 AND status = 'open'
 			RETURNING `+eventCols, binding, *eventID).QueryRow(func(row pgx.Row) (err error) {
 			d.Event, err = scanEvent(row)
 			if errors.Is(err, pgx.ErrNoRows) {
-				// Unreachable: the guard above saw the event open under the
-				// activation's row lock.
-				return fmt.Errorf("event %d closed concurrently (after the guard)", *eventID)
+				return nil // the guard below refuses the transaction
 			}
 			return err
 		})
+		// The delivery, and the activation's current event, in one
+		// statement. The lock statement's snapshot predates its wait for the
+		// row lock: the event may have been closed (cancelled) meanwhile.
+		// This later statement sees it and refuses the transaction before
+		// its COMMIT (it runs again); under the lock nothing closes it after
+		// (every closer takes the activation row first).
 		b.Queue(`
+			WITH cur AS (
+				UPDATE activations SET current_event_id = $6 WHERE activation_uid = $4
+				RETURNING 1)
 			INSERT INTO deliveries (delivery_id, agent_uid, session_id, activation_uid, actor_epoch, event_id,
 				revision, state, binding, sent_at)
 			SELECT $1, $2, $3, $4, $5, $6, $7, $8, coalesce(e.binding, ''),
 				CASE WHEN $8 = 'sent' THEN clock_timestamp() END
-			FROM actor_events e WHERE e.event_id = $6`,
-			p.DeliveryID, ref.AgentUID, ref.SessionID, ref.UID, epoch, *eventID, revision, string(state))
-		b.Queue(`UPDATE activations SET current_event_id = $1 WHERE activation_uid = $2`, *eventID, ref.UID)
+			FROM actor_events e, cur
+			WHERE e.event_id = $6
+			  AND paddock_check(EXISTS (SELECT 1 FROM actor_events WHERE event_id = $6 AND status = 'open'), $9)`,
+			p.DeliveryID, ref.AgentUID, ref.SessionID, ref.UID, epoch, *eventID, revision, string(state),
+			fmt.Sprintf("%sevent %d closed concurrently", checkLockRace, *eventID))
 		// The turn.started frame, in this round trip (the stream head's
 		// lock is this transaction's last).
 		b.Queue(turnStartedSQL, ref.AgentUID, ref.SessionID, store.FrameTurnStarted, *eventID, epoch)
-		b.Queue(`SELECT `+sessionNoCounters+` FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`,
+		// The session and its state, in one statement.
+		b.Queue(`SELECT `+sessionNoCounters+`, st.state, st.state IS NOT NULL FROM sessions s
+			LEFT JOIN session_state st ON st.agent_uid = s.agent_uid AND st.session_id = s.session_id
+			WHERE s.agent_uid = $1 AND s.session_id = $2`,
 			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) (err error) {
-			d.Session, err = scanSession(row)
-			return err
-		})
-		b.Queue(`SELECT state, state IS NOT NULL FROM session_state WHERE agent_uid = $1 AND session_id = $2`,
-			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) error {
 			var notNull bool
-			err := row.Scan(&d.State, &notNull)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
+			d.Session, err = scanSession(row, &d.State, &notNull)
 			d.State = store.StateFromColumn(d.State, notNull)
 			return err
 		})
@@ -255,12 +255,6 @@ const (
 			RETURNING 1)
 		SELECT EXISTS (SELECT 1 FROM d), EXISTS (SELECT 1 FROM a)`
 
-	// commitFence: the delivery sent → accepted; the activation's current
-	// event cleared, its lease unexpired by the database clock.
-	commitFence = fenceHead + `state = 'accepted', closed_at = clock_timestamp()
-			WHERE ` + deliveryWhere + ` AND state = 'sent'` + fenceMid + `current_event_id = NULL
-			WHERE ` + activationWhere + ` AND lease_expires_at > clock_timestamp()` + fenceTail
-
 	// failFence: the delivery (created or sent) superseded or send_failed
 	// ($8) with the error ($9); the activation failed. No lease check.
 	failFence = fenceHead + `state = $8, closed_at = clock_timestamp(), error = $9
@@ -268,6 +262,21 @@ const (
 				ended_at = clock_timestamp(), end_reason = $9, current_event_id = NULL
 			WHERE ` + activationWhere + fenceTail
 )
+
+// commitFenceRaising is CommitTurn's fence: the delivery sent → accepted;
+// the activation's current event cleared, its lease unexpired by the
+// database clock. Unlike failFence it raises instead of answering: a guard
+// that matched no row refuses the transaction inside the database
+// (paddock_check, parameters $8 and $9: fenceRefusedDelivery and
+// fenceRefusedActivation), so that the writes after it can ride in the same
+// round trip. checkErr turns the refusal into a *fenceRefusal, and
+// explainRefusal classifies it after the rollback.
+const commitFenceRaising = fenceHead + `state = 'accepted', closed_at = clock_timestamp()
+			WHERE ` + deliveryWhere + ` AND state = 'sent'` + fenceMid + `current_event_id = NULL
+			WHERE ` + activationWhere + ` AND lease_expires_at > clock_timestamp()` + ` AND EXISTS (SELECT 1 FROM d)
+			RETURNING 1)
+		SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM d) THEN paddock_check(false, $8)
+			WHEN NOT EXISTS (SELECT 1 FROM a) THEN paddock_check(false, $9) ELSE true END`
 
 // fence sends the batch lock (which locks the activation row) with the
 // fence statement queued after it, so that the lock is taken first and both
@@ -312,13 +321,19 @@ func (s *Store) MarkDeliverySent(ctx context.Context, ref abi.TurnRef) error {
 // *store.FenceError (docs/DESIGN.md invariant 3).
 //
 // Order: lock the activation row (FOR UPDATE, so that the watchdog and this
-// commit serialise; the same statement reads the event's payload), then the
-// guarded UPDATE of the delivery, then the guarded UPDATE of the activation
-// with the lease against clock_timestamp(). Either matching no row rolls
-// back; the delivery goes first so that a failed guard is explained from
-// rows this transaction has not written (the delivery's guard covers every
-// delivery check of classify; when the activation's fails, classify is told
-// the delivery matched).
+// commit serialise), then the guarded UPDATE of the delivery, then the
+// guarded UPDATE of the activation with the lease against
+// clock_timestamp(). Either matching no row raises inside the database
+// (commitFenceRaising) and the transaction rolls back; the delivery goes
+// first so that a failed guard is explained from rows the transaction did
+// not write (the delivery's guard covers every delivery check of classify;
+// when the activation's fails, classify is told the delivery matched),
+// read after the rollback.
+//
+// With p.Payloads (the caller dispatched the turn and knows what it
+// carried) the whole commit is one round trip, COMMIT included; without,
+// the lock's statement reads the event's and its steers' payloads and the
+// writes follow in a second round trip. A wait adds one more either way.
 func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store.Turn, error) {
 	ref := p.Ref
 	outcome := store.CommitOutcome(p)
@@ -331,54 +346,76 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	}
 	var t store.Turn
 	err = s.pipeTxDo(ctx, "commit turn", func(ctx context.Context, tx txConn) error {
-		t = store.Turn{}
-		// Lock the activation row first (and read the event's payload);
-		// then the guarded UPDATEs. One round trip.
-		// The attached steers are read here too: Steer attaches under this
-		// row lock and raises the revision, so once the fence has passed
-		// no steer was attached after this statement's snapshot.
-		var payload *string
-		var steers []string
-		b := &pgx.Batch{}
-		b.Queue(`
-			SELECT e.payload, (SELECT array_agg(st.payload ORDER BY st.seq) FROM actor_events st
-				WHERE st.agent_uid = a.agent_uid AND st.session_id = a.session_id AND st.steer_of = $2
-				  AND st.status = 'open')
-			FROM activations a
-			LEFT JOIN actor_events e ON e.event_id = $2 AND e.agent_uid = a.agent_uid AND e.session_id = a.session_id
-			WHERE a.activation_uid = $1
-			FOR UPDATE OF a`, ref.ActivationUID, ref.ActorEventID).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&payload, &steers)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil // no such activation: the fence refuses
-			}
-			return err
-		})
-		if err := fence(ctx, tx, ref, store.FenceCommit, b, commitFence, refArgs(ref)); err != nil {
-			return err
-		}
-		if payload == nil { // unreachable: the delivery's event exists (foreign key)
-			return fmt.Errorf("event %d of %s not found", ref.ActorEventID, store.KeyOf(ref))
-		}
 		t = store.Turn{ActorKey: store.KeyOf(ref), EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
-			ActorEpoch: ref.ActorEpoch, Outcome: outcome, Messages: store.TurnMessages(append([]string{*payload}, steers...), p.Messages)}
+			ActorEpoch: ref.ActorEpoch, Outcome: outcome}
+		b := &pgx.Batch{}
+		payloads := p.Payloads
+		if payloads == nil {
+			// Lock the activation row and read the event's payload and its
+			// attached steers' in the same statement. Steer attaches under
+			// this row lock and raises the revision, so once the fence has
+			// passed no steer was attached after this statement's snapshot.
+			var payload *string
+			var steers []string
+			b.Queue(`
+				SELECT e.payload, (SELECT array_agg(st.payload ORDER BY st.seq) FROM actor_events st
+					WHERE st.agent_uid = a.agent_uid AND st.session_id = a.session_id AND st.steer_of = $2
+					  AND st.status = 'open')
+				FROM activations a
+				LEFT JOIN actor_events e ON e.event_id = $2 AND e.agent_uid = a.agent_uid AND e.session_id = a.session_id
+				WHERE a.activation_uid = $1
+				FOR UPDATE OF a`, ref.ActivationUID, ref.ActorEventID).QueryRow(func(row pgx.Row) error {
+				err := row.Scan(&payload, &steers)
+				if errors.Is(err, pgx.ErrNoRows) {
+					return nil // no such activation: the fence refuses
+				}
+				return err
+			})
+			b.Queue(commitFenceRaising, refArgs(ref, fenceRefusedDelivery, fenceRefusedActivation)...)
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return checkErr(err)
+			}
+			if payload == nil { // unreachable: the delivery's event exists (foreign key)
+				return fmt.Errorf("event %d of %s not found", ref.ActorEventID, store.KeyOf(ref))
+			}
+			payloads = append([]string{*payload}, steers...)
+			b = &pgx.Batch{}
+		} else {
+			// The caller's payloads are those of the ref's revision: a steer
+			// attached since raised it, and the fence below refuses.
+			b.Queue(`SELECT 1 FROM activations WHERE activation_uid = $1 FOR UPDATE`, ref.ActivationUID)
+			b.Queue(commitFenceRaising, refArgs(ref, fenceRefusedDelivery, fenceRefusedActivation)...)
+		}
+		t.Messages = store.TurnMessages(payloads, p.Messages)
 		n := len(t.Messages)
 		idx, roles, contents := make([]int32, n), make([]string, n), make([]string, n)
 		for i, m := range t.Messages {
 			idx[i], roles[i], contents[i] = int32(m.Index), m.Role, m.Content
 		}
-		// The writes of an accepted reply, in one round trip.
-		b = &pgx.Batch{}
 		// Invariant 4: the event closes once (and turns.event_id is UNIQUE).
+		// The same statement gives the controller its hint: is another
+		// event open? Its snapshot predates the close, so the event itself
+		// is left out by id; asked as "the oldest open event", so that the
+		// plan is the open-events index's first entries however many wait
+		// (an EXISTS may be planned as a scan that stops at the first
+		// match, which can be far).
 		b.Queue(`
 			WITH closed AS (
 				UPDATE actor_events SET status = 'done', closed_at = clock_timestamp()
 				WHERE event_id = $1 AND agent_uid = $2 AND session_id = $3 AND status = 'open'
 				RETURNING 1)
-			SELECT paddock_check(count(*) = 1, $4) FROM closed`,
+			SELECT paddock_check(count(*) = 1, $4),
+				(SELECT seq FROM actor_events
+				WHERE agent_uid = $2 AND session_id = $3 AND status = 'open' AND steer_of IS NULL AND event_id <> $1
+				ORDER BY seq LIMIT 1) IS NOT NULL
+			FROM closed`,
 			ref.ActorEventID, ref.AgentUID, ref.SessionID,
-			fmt.Sprintf("%sevent %d is no longer open", checkSuperseded, ref.ActorEventID))
-		if len(steers) > 0 {
+			fmt.Sprintf("%sevent %d is no longer open", checkSuperseded, ref.ActorEventID),
+		).QueryRow(func(row pgx.Row) error {
+			var ok bool
+			return row.Scan(&ok, &t.NextOpen)
+		})
+		if steers := len(payloads) - 1; steers > 0 {
 			// The steers close with the event they were attached to.
 			b.Queue(`
 				WITH closed AS (
@@ -386,18 +423,9 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 					WHERE agent_uid = $1 AND session_id = $2 AND steer_of = $3 AND status = 'open'
 					RETURNING 1)
 				SELECT paddock_check(count(*) = $4, $5) FROM closed`,
-				ref.AgentUID, ref.SessionID, ref.ActorEventID, len(steers),
+				ref.AgentUID, ref.SessionID, ref.ActorEventID, steers,
 				fmt.Sprintf("%ssteers of event %d changed during the commit", checkLockRace, ref.ActorEventID))
 		}
-		// The controller's hint: is anything else open (after the close
-		// above, in this transaction)? Asked as "the oldest open event", so
-		// that the plan is the open-events index's first entry however many
-		// wait (an EXISTS may be planned as a scan that stops at the first
-		// match, which can be far).
-		b.Queue(`SELECT (SELECT seq FROM actor_events
-			WHERE agent_uid = $1 AND session_id = $2 AND status = 'open' AND steer_of IS NULL
-			ORDER BY seq LIMIT 1) IS NOT NULL`,
-			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) error { return row.Scan(&t.NextOpen) })
 		// Alarms before the session row: the lock order of FireDueAlarms.
 		queueAlarmOps(b, store.KeyOf(ref), alarms)
 		// The turn's usage is its event's journal (not set aside) as of
@@ -451,10 +479,11 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 				ref.ActorEpoch, string(store.MustBody(t.Messages)))
 		}
 		if p.Wait == nil {
-			// COMMIT rides with the writes: one round trip. The guards
+			// COMMIT rides with the writes (with the payloads given, the
+			// batch is the whole transaction: an implicit one). The guards
 			// above refuse inside the database (paddock_check), before it.
 			frame(b)
-			if err := tx.(*pipeTx).SendBatchCommit(ctx, b).Close(); err != nil {
+			if err := tx.(*pipeTx).SendBatchAlone(ctx, b).Close(); err != nil {
 				return checkErr(err)
 			}
 		} else {
@@ -477,7 +506,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		return nil
 	})
 	if err != nil {
-		return store.Turn{}, err
+		return store.Turn{}, s.explainRefusal(ctx, ref, store.FenceCommit, err)
 	}
 	return t, nil
 }

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -51,18 +52,22 @@ func newFenceFixture(b *bundle, ttl time.Duration) *fenceFixture {
 	return f
 }
 
-// reject commits bad and requires the given rejection with nothing written
-// to either session.
+// reject commits bad, with and without the payloads the dispatch carried
+// (CommitTurnParams.Payloads: a driver may commit differently with them),
+// and requires the given rejection with nothing written to either session.
 func (f *fenceFixture) reject(b *bundle, bad abi.TurnRef, reason store.FenceReason, what string) {
 	b.t.Helper()
 	before, beforeOther := b.snapshot(f.key), b.snapshot(f.otherKey)
-	_, err := b.s.CommitTurn(b.ctx, store.CommitTurnParams{
-		Ref: bad, Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "MUST NOT BE WRITTEN"}},
-		State: []byte("BAD STATE"), Outcome: abi.OutcomeOK,
-	})
-	wantFence(b.t, err, reason, what)
-	b.sameSnapshot(f.key, before, what)
-	b.sameSnapshot(f.otherKey, beforeOther, what)
+	for _, payloads := range [][]string{nil, {`{"message":"MUST NOT BE WRITTEN"}`}} {
+		_, err := b.s.CommitTurn(b.ctx, store.CommitTurnParams{
+			Ref: bad, Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "MUST NOT BE WRITTEN"}},
+			State: []byte("BAD STATE"), Outcome: abi.OutcomeOK, Payloads: payloads,
+		})
+		what := fmt.Sprintf("%s (payloads %q)", what, payloads)
+		wantFence(b.t, err, reason, what)
+		b.sameSnapshot(f.key, before, what)
+		b.sameSnapshot(f.otherKey, beforeOther, what)
+	}
 }
 
 // rejectFail is reject for FailAttempt.

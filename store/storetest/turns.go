@@ -18,6 +18,7 @@ func turnCases() []testCase {
 	return []testCase{
 		{"Invariant3/CommitAppendsTurnReplacesStateClosesEventClearsCurrent", testCommit},
 		{"Commit/EventWithoutMessageAddsNoUserMessage", testCommitNoMessage},
+		{"Commit/WithTheDispatchedPayloadsTheSameTurn", testCommitPayloads},
 		{"Invariant4/ReplayedCommitIsRejected", testCommitOnce},
 		{"Invariant4/EveryEventEndsInExactlyOneTerminalStatus", testTerminalStatus},
 		{"Invariant5/NextDeliveryYieldsOldestOpenEvent", testOldestFirst},
@@ -197,6 +198,48 @@ func testCommitNoMessage(t *testing.T, b *bundle) {
 	turn := b.commit(d.Delivery.TurnRef(), "woke", "")
 	wantMessages(t, turn.Messages, abi.RoleAssistant, "woke")
 	wantMessages(t, b.transcript(key)[0].Messages, abi.RoleAssistant, "woke")
+}
+
+// testCommitPayloads: a commit given the payloads its dispatch carried
+// (CommitTurnParams.Payloads) writes the turn a commit without them writes:
+// the same transcript, a next-open hint that is not false while an event
+// waits (a driver may always say true); and one with a steer
+// attached since the dispatch is refused (stale revision), nothing written.
+func testCommitPayloads(t *testing.T, b *bundle) {
+	key := b.session()
+	b.message(key, "one")
+	b.message(key, "two")
+	act := b.claim(key, LongTTL)
+	d := b.next(act)
+	turn, err := b.s.CommitTurn(b.ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK,
+		Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "r1"}}, State: []byte("s1"),
+		Payloads: []string{string(d.Event.Payload)}})
+	noErr(t, err, "CommitTurn with payloads")
+	wantMessages(t, turn.Messages, abi.RoleUser, "one", abi.RoleAssistant, "r1")
+	wantEq(t, turn.NextOpen, true, "NextOpen with an event waiting")
+	d = b.next(act)
+	wantBytes(t, d.State, []byte("s1"), "state")
+	turn, err = b.s.CommitTurn(b.ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK,
+		Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "r2"}}, KeepState: true})
+	noErr(t, err, "CommitTurn without payloads")
+	wantMessages(t, turn.Messages, abi.RoleUser, "two", abi.RoleAssistant, "r2")
+	turns := b.transcript(key)
+	wantEq(t, len(turns), 2, "turns")
+	wantMessages(t, turns[0].Messages, abi.RoleUser, "one", abi.RoleAssistant, "r1")
+	wantMessages(t, turns[1].Messages, abi.RoleUser, "two", abi.RoleAssistant, "r2")
+
+	// A steer attached after the dispatch: the payloads the caller passes
+	// are no longer the event's whole input, and the fence refuses.
+	b.message(key, "three")
+	d = b.next(act)
+	_, err = b.s.Steer(b.ctx, store.SteerParams{Key: key, Payload: json.RawMessage(`{"message":"steer"}`), DeliveryID: uuid.NewString()})
+	noErr(t, err, "Steer")
+	before := b.snapshot(key)
+	_, err = b.s.CommitTurn(b.ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK,
+		Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "MUST NOT BE WRITTEN"}}, KeepState: true,
+		Payloads: []string{string(d.Event.Payload)}})
+	wantFence(t, err, store.FenceStaleRevision, "commit with the payloads of before a steer")
+	b.sameSnapshot(key, before, "refused commit with payloads")
 }
 
 func testCommitOnce(t *testing.T, b *bundle) {
