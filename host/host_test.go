@@ -499,3 +499,41 @@ func TestAgentTranscriptTailOverridesTheHosts(t *testing.T) {
 		}
 	})
 }
+
+// TestLeasesBeyondOneRenewalSliceStayHeld: a host renews its leases in
+// slices (renewChunk); with 300 live activations — more than two slices —
+// every lease is still held after several renewal rounds: each session's
+// next signal runs under the epoch of its first (a lost lease would stop
+// the activation, and the next signal would claim a new epoch).
+func TestLeasesBeyondOneRenewalSliceStayHeld(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		const n = 300
+		pol := testPolicy()
+		pol.IdleTimeout = time.Hour
+		pol.Pools = map[string]int{pol.Pool: n + 10}
+		f := start(t, st, map[string]abi.TurnFunc{"counter": counter}, pol)
+		a := f.agent("counter")
+		keys := make([]store.ActorKey, n)
+		for i := range keys {
+			keys[i] = f.session(a)
+			f.signal(keys[i], "a")
+		}
+		epochs := make([]int64, n)
+		for i, key := range keys {
+			f.waitFor("the first turns", func() bool { return f.get(key).TurnCount == 1 })
+			epochs[i] = f.get(key).ActorEpoch
+		}
+		// Three renewal rounds (ttl/3 each) and more: an unrenewed lease
+		// has expired by now.
+		time.Sleep(2 * pol.LeaseTTL)
+		for _, key := range keys {
+			f.signal(key, "b")
+		}
+		for i, key := range keys {
+			f.waitFor("the second turns", func() bool { return f.get(key).TurnCount == 2 })
+			if got := f.get(key).ActorEpoch; got != epochs[i] {
+				t.Fatalf("session %d: epoch %d after the renewal rounds, want %d (its lease was lost)", i, got, epochs[i])
+			}
+		}
+	})
+}
