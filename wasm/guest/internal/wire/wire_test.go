@@ -324,3 +324,19 @@ func BenchmarkDecode(b *testing.B) {
 		}
 	})
 }
+
+// TestSpecialBytePositions puts each byte that ends a plain run (quote,
+// backslash escapes, control, non-ASCII, invalid UTF-8) at every offset of
+// strings up to 40 bytes long, so that the eight-bytes-at-a-time scan
+// meets it in every lane and in the tail.
+func TestSpecialBytePositions(t *testing.T) {
+	t.Parallel()
+	for _, special := range []string{`\"`, `\\`, `\n`, `\u00e9`, "\x01", "\x1f", " ", "~", "\x7f", "é", "\u2028", "\xff", `"`, "!", "#", "[", "]", "\\", "\x80"} {
+		for n := range 40 {
+			for at := 0; at <= n; at++ {
+				content := strings.Repeat("a", at) + special + strings.Repeat("b", n-at)
+				checkDecode(t, []byte(`{"transcript":[{"role":"user","content":"`+content+`"}],"x":"`+content+`"}`))
+			}
+		}
+	}
+}
