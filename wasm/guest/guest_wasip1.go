@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/wasm/guest/internal/wire"
 )
 
 // A wasm export is a process-wide function, so the SDK necessarily keeps its
@@ -108,7 +109,7 @@ func PollSteer() (abi.Steer, bool) {
 			continue
 		}
 		var s abi.Steer
-		if err := json.Unmarshal(steerBuf[:n], &s); err != nil {
+		if err := wire.DecodeSteer(steerBuf[:n], &s); err != nil {
 			Logf(LevelError, "paddock steer_poll: decode steer: %v", err)
 			return abi.Steer{}, false
 		}
@@ -226,7 +227,7 @@ func turn(ptr, size uint32) []byte {
 		return encode(&abi.TurnResult{Outcome: abi.OutcomeError,
 			Error: fmt.Sprintf("paddock_turn: no buffer of %d bytes at %#x from paddock_alloc", size, ptr)})
 	default:
-		if err := json.Unmarshal(buf[:size], &req); err != nil {
+		if err := wire.DecodeTurnRequest(buf[:size], &req); err != nil {
 			return encode(&abi.TurnResult{Outcome: abi.OutcomeError,
 				Error: fmt.Sprintf("paddock_turn: decode request: %v", err)})
 		}
@@ -241,9 +242,10 @@ func turn(ptr, size uint32) []byte {
 	return encode(abi.Run(ctx, handler, &req))
 }
 
-// encode marshals res; it cannot fail for a TurnResult, but stays total.
+// encode marshals res as abi.Marshal does; it fails only on invalid raw
+// JSON (alarm or wait data) or an unencodable alarm time, and stays total.
 func encode(res *abi.TurnResult) []byte {
-	out, err := abi.Marshal(res)
+	out, err := wire.AppendTurnResult(make([]byte, 0, 512), res)
 	if err != nil {
 		out, _ = json.Marshal(&abi.TurnResult{TurnRef: res.TurnRef, Outcome: abi.OutcomeError,
 			Error: fmt.Sprintf("encode result: %v", err)})

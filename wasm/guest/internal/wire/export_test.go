@@ -1,0 +1,16 @@
+package wire
+
+import "github.com/paddock-dev/paddock/abi"
+
+// FastDecode reports whether the fast path decodes data on its own.
+func FastDecode(data []byte) bool {
+	var req abi.TurnRequest
+	d := decoder{data: data}
+	return d.turnRequest(&req) && d.end()
+}
+
+// FastEncode reports whether the fast path encodes res on its own.
+func FastEncode(res *abi.TurnResult) bool {
+	_, ok := appendTurnResult(nil, res)
+	return ok
+}
