@@ -297,6 +297,9 @@ type activationRun struct {
 	// so the next look goes straight to the dispatch
 	// (NextDeliveryParams.ExpectDue).
 	nothingOpen, nextOpen bool
+	// expect is what the agent ran at the last dispatch and its binding:
+	// the next dispatch's NextDeliveryParams.Expect.
+	expect *store.ExpectedBinding
 	// slots is the pool whose slot the activation holds; yielded records
 	// that it stopped idle to give the slot to a waiting session.
 	slots   *pool
@@ -338,6 +341,19 @@ func (a *activationRun) bind(b store.AgentBinding) (string, error) {
 	return a.h.runner.Binding(b, a.pol.Pool)
 }
 
+// expectNext keeps what the agent ran at a dispatch, and its binding, for
+// the next dispatch (store.NextDeliveryParams.Expect); an agent Bind
+// refuses is not expected.
+func (a *activationRun) expectNext(ab store.AgentBinding) {
+	if a.expect != nil && a.expect.Agent == ab {
+		return
+	}
+	a.expect = nil
+	if b, err := a.bind(ab); err == nil {
+		a.expect = &store.ExpectedBinding{Agent: ab, Binding: b}
+	}
+}
+
 // loop takes due events one at a time until idle, lease loss or shutdown.
 func (a *activationRun) loop(runCtx context.Context) time.Duration {
 	h, c := a.h, a.c
@@ -373,9 +389,12 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			d, err = h.st.NextDelivery(ctx, store.NextDeliveryParams{
 				Activation: a.act.Ref(), DeliveryID: uuid.NewString(), Bind: a.bind,
 				BlockOnDeadLetter: a.pol.BlockOnDeadLetter, MarkSent: true, TailMessages: a.tail(),
-				ExpectDue: a.nextOpen,
+				ExpectDue: a.nextOpen, Expect: a.expect,
 			})
 			a.nextOpen = false
+			if err == nil {
+				a.expectNext(d.Agent)
+			}
 		}
 		cancel()
 		var noDue *store.NoDueEventError

@@ -343,6 +343,11 @@ type Dispatch struct {
 	// Steers are the steer events attached to Event (SteerOf = Event.ID),
 	// in acceptance order.
 	Steers []Event
+	// Agent is what the agent runs as NextDelivery read it with the event
+	// (under the activation's lock): a caller passes it back, with the
+	// binding Bind gives for it, as the next call's
+	// NextDeliveryParams.Expect.
+	Agent AgentBinding
 }
 
 // Store is the interface the host needs. Methods take a context (drivers
@@ -819,6 +824,22 @@ type NextDeliveryParams struct {
 	// trip fewer per turn, one more when nothing is due after all). The
 	// answer is the same either way.
 	ExpectDue bool
+	// Expect, when set, is what the caller expects the agent to run (the
+	// Dispatch.Agent of its last dispatch) and the binding Bind gives for
+	// it. A driver may then take the event in one round trip when the
+	// agent row still matches it, recording Expect.Binding at a first
+	// attempt instead of calling Bind (PostgreSQL: the dispatch is one
+	// round trip and one implicit transaction instead of two round trips,
+	// BEGIN and COMMIT); otherwise it calls Bind as usual. The answer is
+	// the same either way.
+	Expect *ExpectedBinding
+}
+
+// ExpectedBinding is NextDeliveryParams.Expect: an agent as Dispatch.Agent
+// gave it and the binding Bind returns for it.
+type ExpectedBinding struct {
+	Agent   AgentBinding
+	Binding string
 }
 
 // AgentBinding is what an agent runs, as NextDelivery reads it: its kind,

@@ -22,26 +22,50 @@ import (
 // epoch; attempt and body are SQL expressions (over those and further
 // parameters) that must not be NULL.
 func frameInsert(attempt, body string) string {
+	return frameInsertFrom("", `$4::bigint`, `$5::bigint`, attempt, body)
+}
+
+// frameInsertFrom is frameInsert with the frame's event id and epoch given
+// as SQL expressions; when src is not empty it is a query of one row or
+// none, named src in them, and the frame (and its head's raise) is written
+// only when it has its row.
+func frameInsertFrom(src, eventID, epoch, attempt, body string) string {
+	with, head, from := "", `VALUES ($1, $2, 1)`, "h"
+	if src != "" {
+		with, head, from = `src AS (`+src+`),`, `SELECT $1, $2, 1 FROM src`, "h, src"
+	}
 	return `
-		WITH h AS (
-			INSERT INTO stream_heads AS sh (agent_uid, session_id, last_seq) VALUES ($1, $2, 1)
+		WITH ` + with + ` h AS (
+			INSERT INTO stream_heads AS sh (agent_uid, session_id, last_seq) ` + head + `
 			ON CONFLICT (agent_uid, session_id) DO UPDATE SET last_seq = sh.last_seq + 1
 			RETURNING last_seq)
 		INSERT INTO stream_frames (agent_uid, session_id, seq, kind, event_id, actor_epoch, attempt, body)
-		SELECT $1, $2, h.last_seq, $3::text, $4::bigint, $5::bigint, ` + attempt + `, ` + body + ` FROM h
+		SELECT $1, $2, h.last_seq, $3::text, ` + eventID + `, ` + epoch + `, ` + attempt + `, ` + body + ` FROM ` + from + `
 		RETURNING seq, created_at`
 }
 
 // eventAttempt is the attempt of the turn of event $4: its attempts + 1.
 const eventAttempt = `(SELECT attempts + 1 FROM actor_events WHERE event_id = $4::bigint)`
 
+// turnStartedBody is store.TurnStartedBody of event ev (an SQL
+// expression), encoded as Go does.
+func turnStartedBody(ev string) string {
+	return `(SELECT '{"event_kind":' || to_json(kind)::text || '}' FROM actor_events WHERE event_id = ` + ev + `)`
+}
+
 var (
 	// frameSQL appends a frame with attempt $6 and body $7 (frameArgs).
 	frameSQL = frameInsert(`$6::integer`, `$7::text`)
 	// turnStartedSQL appends event $4's turn.started (frameArgs without
-	// attempt and body): store.TurnStartedBody, encoded as Go does.
-	turnStartedSQL = frameInsert(eventAttempt,
-		`(SELECT '{"event_kind":' || to_json(kind)::text || '}' FROM actor_events WHERE event_id = $4::bigint)`)
+	// attempt and body).
+	turnStartedSQL = frameInsert(eventAttempt, turnStartedBody(`$4::bigint`))
+	// turnStartedOfDeliverySQL appends the turn.started of delivery $4's
+	// event ($1 agent uid, $2 session id, $3 kind), if that delivery
+	// exists: NextDelivery's one-round-trip dispatch, whose later
+	// statements cannot know whether its first took the event.
+	turnStartedOfDeliverySQL = frameInsertFrom(`SELECT event_id, actor_epoch FROM deliveries WHERE delivery_id = $4`,
+		`src.event_id`, `src.actor_epoch`, `(SELECT attempts + 1 FROM actor_events WHERE event_id = src.event_id)`,
+		turnStartedBody(`src.event_id`))
 	// turnCommittedSQL appends event $4's turn.committed from its turns row
 	// (written earlier in the transaction) with messages $6 (JSON):
 	// store.TurnCommittedBody, encoded as Go does.

@@ -24,6 +24,14 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			return store.Dispatch{}, nd
 		}
 	}
+	if p.Expect != nil {
+		d, taken, err := s.claimDelivery(ctx, p)
+		if err != nil || taken {
+			return d, err
+		}
+		// Not taken: nothing due, not live, or the agent changed; the
+		// locked path below says which (and binds anew).
+	}
 	var d store.Dispatch
 	err := s.pipeTxDo(ctx, "next delivery", func(ctx context.Context, tx txConn) error {
 		d = store.Dispatch{}
@@ -128,19 +136,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			})
 		}
 		if p.TailMessages > 0 {
-			b.Queue(`
-				SELECT role, content FROM (
-					SELECT turn_no, idx, role, content FROM messages
-					WHERE agent_uid = $1 AND session_id = $2
-					ORDER BY turn_no DESC, idx DESC LIMIT $3) m
-				ORDER BY turn_no, idx`, ref.AgentUID, ref.SessionID, p.TailMessages).Query(func(rows pgx.Rows) (err error) {
-				d.Tail, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (abi.Message, error) {
-					var m abi.Message
-					err := r.Scan(&m.Role, &m.Content)
-					return m, err
-				})
-				return err
-			})
+			queueTail(b, ref.ActorKey, p.TailMessages, &d.Tail)
 		}
 		if err := tx.(*pipeTx).SendBatchCommit(ctx, b).Close(); err != nil {
 			if pgCode(err) == codeUniqueViolation {
@@ -153,12 +149,166 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			EventID: *eventID, Revision: revision, State: state, Binding: d.Event.Binding,
 		}
 		d.Attempt = d.Event.Attempts + 1
+		d.Agent = ab
 		return nil
 	})
 	if err != nil {
 		return store.Dispatch{}, err
 	}
 	return d, nil
+}
+
+// queueTail queues the read of the session's last n transcript messages,
+// oldest first, into out.
+func queueTail(b *pgx.Batch, key store.ActorKey, n int, out *[]abi.Message) {
+	b.Queue(`
+		SELECT role, content FROM (
+			SELECT turn_no, idx, role, content FROM messages
+			WHERE agent_uid = $1 AND session_id = $2
+			ORDER BY turn_no DESC, idx DESC LIMIT $3) m
+		ORDER BY turn_no, idx`, key.AgentUID, key.SessionID, n).Query(func(rows pgx.Rows) (err error) {
+		*out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (abi.Message, error) {
+			var m abi.Message
+			err := r.Scan(&m.Role, &m.Content)
+			return m, err
+		})
+		return err
+	})
+}
+
+// claimDeliverySQL takes the session's oldest open event for a live,
+// idle activation in one statement, when it is due, not blocked by a dead
+// letter ($6), and either bound already or the agent still is what the
+// caller expects ($10-$14: kind, module digest, plugin, plugin sha256,
+// namespace): the activation's current event is set and the delivery
+// ($7, state $8, binding $9 at a first attempt) inserted. It returns no
+// row when it took nothing. The activation's guards are on the UPDATE's
+// own row, so that a wait for its lock re-checks them on the row as it is
+// then; the candidate's snapshot may predate that wait, which the
+// event-open guard of the next statement covers (see NextDelivery).
+const claimDeliverySQL = `
+	WITH c AS (
+		SELECT e.event_id, coalesce(e.binding, '') AS recorded,
+			ag.kind, coalesce(ag.module_digest, '') AS digest, coalesce(ag.plugin, '') AS plugin,
+			coalesce(pw.sha256, '') AS sha, ag.namespace
+		FROM activations a
+		JOIN agents ag ON ag.agent_uid = a.agent_uid
+		LEFT JOIN plugin_workers pw ON pw.namespace = ag.namespace AND pw.name = ag.plugin
+		JOIN LATERAL (SELECT event_id, seq, next_attempt_at, binding FROM actor_events
+			WHERE agent_uid = a.agent_uid AND session_id = a.session_id AND status = 'open' AND steer_of IS NULL
+			ORDER BY seq LIMIT 1) e ON true
+		WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3
+		  AND e.next_attempt_at <= clock_timestamp()
+		  AND NOT ($6::boolean AND EXISTS (SELECT 1 FROM actor_events d
+			WHERE d.agent_uid = a.agent_uid AND d.session_id = a.session_id AND d.status = 'dead_letter'
+			  AND d.seq < e.seq))
+		  AND (coalesce(e.binding, '') <> ''
+			OR (ag.kind, coalesce(ag.module_digest, ''), coalesce(ag.plugin, ''), coalesce(pw.sha256, ''), ag.namespace)
+				= ($10::text, $11::text, $12::text, $13::text, $14::text))),
+	up AS (
+		UPDATE activations a SET current_event_id = c.event_id FROM c
+		WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3 AND a.actor_epoch = $4
+		  AND a.lease_id = $5 AND a.state IN ` + liveStates + ` AND a.current_event_id IS NULL
+		  AND a.lease_expires_at > clock_timestamp()
+		RETURNING a.actor_epoch, a.revision, c.event_id, c.recorded, c.kind, c.digest, c.plugin, c.sha, c.namespace),
+	del AS (
+		INSERT INTO deliveries (delivery_id, agent_uid, session_id, activation_uid, actor_epoch, event_id,
+			revision, state, binding, sent_at)
+		SELECT $7, $2, $3, $1, up.actor_epoch, up.event_id, up.revision, $8::text,
+			CASE WHEN up.recorded = '' THEN $9::text ELSE up.recorded END,
+			CASE WHEN $8::text = 'sent' THEN clock_timestamp() END
+		FROM up
+		RETURNING 1)
+	SELECT up.actor_epoch, up.revision, up.event_id, up.kind, up.digest, up.plugin, up.sha, up.namespace,
+		(SELECT count(*) FROM del)
+	FROM up`
+
+// claimDelivery is NextDelivery in one round trip (p.Expect set): one
+// implicit transaction of claimDeliverySQL and statements that act on the
+// delivery it inserted, if it did — the binding recorded, the turn.started
+// frame, the reads of the event, session, state, steers and tail. taken
+// is false when the claim took nothing (the locked path then answers);
+// the others found no delivery and did nothing.
+func (s *Store) claimDelivery(ctx context.Context, p store.NextDeliveryParams) (d store.Dispatch, taken bool, err error) {
+	ref, x := p.Activation, p.Expect
+	state := store.DeliveryCreated
+	if p.MarkSent {
+		state = store.DeliverySent
+	}
+	err = s.pipeTxDo(ctx, "next delivery", func(ctx context.Context, tx txConn) error {
+		d, taken = store.Dispatch{}, false
+		var epoch, revision, eventID, n int64
+		b := &pgx.Batch{}
+		b.Queue(claimDeliverySQL, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID, p.BlockOnDeadLetter,
+			p.DeliveryID, string(state), x.Binding,
+			x.Agent.Kind, x.Agent.ModuleDigest, x.Agent.Plugin, x.Agent.PluginSHA256, x.Agent.Namespace,
+		).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&epoch, &revision, &eventID, &d.Agent.Kind, &d.Agent.ModuleDigest, &d.Agent.Plugin,
+				&d.Agent.PluginSHA256, &d.Agent.Namespace, &n)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			taken = err == nil && n == 1
+			return err
+		})
+		// Invariant 10: the binding is recorded at the first attempt. The
+		// guard: the claim's candidate may have been closed (cancelled)
+		// while it waited for the activation's lock; this statement sees
+		// it and refuses the transaction (it runs again). Under the lock
+		// nothing closes it after.
+		b.Queue(`
+			UPDATE actor_events SET binding = CASE WHEN coalesce(binding, '') = '' THEN nullif($1, '') ELSE binding END
+			WHERE event_id = (SELECT event_id FROM deliveries WHERE delivery_id = $2)
+			  AND paddock_check(status = 'open', $3)
+			RETURNING `+eventCols, x.Binding, p.DeliveryID, checkLockRace+"event closed concurrently",
+		).QueryRow(func(row pgx.Row) (err error) {
+			d.Event, err = scanEvent(row)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil // nothing taken
+			}
+			return err
+		})
+		b.Queue(turnStartedOfDeliverySQL, ref.AgentUID, ref.SessionID, store.FrameTurnStarted, p.DeliveryID)
+		b.Queue(`SELECT `+sessionNoCounters+`, st.state, st.state IS NOT NULL FROM sessions s
+			LEFT JOIN session_state st ON st.agent_uid = s.agent_uid AND st.session_id = s.session_id
+			WHERE s.agent_uid = $1 AND s.session_id = $2`,
+			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) (err error) {
+			var notNull bool
+			d.Session, err = scanSession(row, &d.State, &notNull)
+			d.State = store.StateFromColumn(d.State, notNull)
+			return err
+		})
+		// Steers attached to an earlier attempt come back with the retry.
+		b.Queue(`SELECT `+eventCols+` FROM actor_events
+			WHERE agent_uid = $1 AND session_id = $2 AND status = 'open'
+			  AND steer_of = (SELECT event_id FROM deliveries WHERE delivery_id = $3)
+			ORDER BY seq`, ref.AgentUID, ref.SessionID, p.DeliveryID).Query(func(rows pgx.Rows) (err error) {
+			d.Steers, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Event, error) { return scanEvent(r) })
+			return err
+		})
+		if p.TailMessages > 0 {
+			queueTail(b, ref.ActorKey, p.TailMessages, &d.Tail)
+		}
+		if err := tx.(*pipeTx).SendBatchAlone(ctx, b).Close(); err != nil {
+			if pgCode(err) == codeUniqueViolation {
+				return fmt.Errorf("delivery %s: %w", p.DeliveryID, store.ErrConflict)
+			}
+			return checkErr(err)
+		}
+		if !taken {
+			return nil
+		}
+		d.Delivery = store.Delivery{
+			ID: p.DeliveryID, ActorKey: ref.ActorKey, ActivationUID: ref.UID, ActorEpoch: epoch,
+			EventID: eventID, Revision: revision, State: state, Binding: d.Event.Binding,
+		}
+		d.Attempt = d.Event.Attempts + 1
+		return nil
+	})
+	if err != nil || !taken {
+		return store.Dispatch{}, false, err
+	}
+	return d, true, nil
 }
 
 // nextDeliverySQL reads a live activation (by its ref: parameters $1-$5)

@@ -124,6 +124,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			return err
 		}
 		d.Attempt = d.Event.Attempts + 1
+		d.Agent = ab
 		if _, err := appendFrame(tx, ref.ActorKey, store.FrameTurnStarted, eventID, epoch, d.Attempt,
 			store.MustBody(store.TurnStartedBody{EventKind: d.Event.Kind})); err != nil {
 			return err

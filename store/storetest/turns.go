@@ -26,6 +26,7 @@ func turnCases() []testCase {
 		{"Invariant9/MarkDeliverySentGuardsCreatedToSent", testMarkSent},
 		{"Invariant10/RetriesKeepTheFirstAttemptsBinding", testBinding},
 		{"Deploys/BindSeesTheAgentAsUpdatedWhileTheActivationIsLive", testBindCurrentAgent},
+		{"Dispatch/WithAnExpectedAgentTheSameDispatchAsWithBind", testDispatchExpect},
 		{"FailAttempt/DeadLetterAtMaxAttemptsThenNextEvent", testDeadLetter},
 		{"FailAttempt/UncountedFailureKeepsAttempts", testUncounted},
 		{"Transcript/PagesTurnsWithMessagesInOrder", testTranscriptPaging},
@@ -429,6 +430,107 @@ func testBinding(t *testing.T, b *bundle) {
 // also after an update made while the activation is live — and a retry
 // keeps the binding recorded at its first attempt without asking Bind
 // (docs/DESIGN.md invariant 10). A Bind error writes nothing.
+// testDispatchExpect: NextDelivery given what the agent ran at the last
+// dispatch (NextDeliveryParams.Expect, which a driver may use to take the
+// event in one round trip) dispatches what it dispatches without: the
+// event, binding, state, tail, steers, attempt and turn.started frame; a
+// retry keeps its recorded binding whatever is expected; an agent updated
+// since is bound anew by Bind; nothing due and not live are answered as
+// usual.
+func testDispatchExpect(t *testing.T, b *bundle) {
+	v1 := b.module("expect v1")
+	a := b.newAgent("expect-"+uuid.NewString()[:8], v1.Digest, store.CrashRestart)
+	key := b.sessionOf(a.UID, store.CrashRestart)
+	binds := 0
+	bind := func(ab store.AgentBinding) (string, error) {
+		binds++
+		return "bound:" + ab.ModuleDigest, nil
+	}
+	next := func(act store.Activation, expect *store.ExpectedBinding) (store.Dispatch, error) {
+		return b.s.NextDelivery(b.ctx, store.NextDeliveryParams{
+			Activation: act.Ref(), DeliveryID: uuid.NewString(), MarkSent: true, Bind: bind,
+			TailMessages: 10, ExpectDue: true, Expect: expect,
+		})
+	}
+	b.message(key, "zero")
+	act := b.claim(key, LongTTL)
+	d0, err := next(act, nil)
+	noErr(t, err, "NextDelivery without Expect")
+	v1Agent := store.AgentBinding{Namespace: store.DefaultNamespace, Kind: store.KindWasm, ModuleDigest: v1.Digest}
+	wantEq(t, d0.Agent, v1Agent, "Dispatch.Agent")
+	b.commit(d0.Delivery.TurnRef(), "r0", "s0")
+	expectV1 := &store.ExpectedBinding{Agent: v1Agent, Binding: "bound:" + v1.Digest}
+
+	one := b.message(key, "one")
+	framesBefore := len(b.stream(key).Frames)
+	d1, err := next(act, expectV1)
+	noErr(t, err, "NextDelivery with Expect")
+	wantEq(t, d1.Event.ID, one.ID, "event")
+	wantEq(t, d1.Event.Binding, "bound:"+v1.Digest, "event's recorded binding")
+	wantEq(t, d1.Delivery.Binding, "bound:"+v1.Digest, "delivery's binding")
+	wantEq(t, d1.Delivery.EventID, one.ID, "delivery's event")
+	wantEq(t, d1.Delivery.ActorEpoch, act.ActorEpoch, "delivery's epoch")
+	wantEq(t, d1.Delivery.State, store.DeliverySent, "delivery's state")
+	wantEq(t, d1.Attempt, 1, "Attempt")
+	wantEq(t, d1.Agent, v1Agent, "Dispatch.Agent")
+	wantEq(t, d1.Session.ActorKey, key, "Session")
+	wantBytes(t, d1.State, []byte("s0"), "State")
+	wantEq(t, fmt.Sprint(d1.Tail), fmt.Sprint([]abi.Message{{Role: abi.RoleUser, Content: "zero"}, {Role: abi.RoleAssistant, Content: "r0"}}), "Tail")
+	frames := b.stream(key).Frames
+	wantEq(t, len(frames), framesBefore+1, "frames after the dispatch")
+	last := frames[len(frames)-1]
+	wantEq(t, last.Kind, store.FrameTurnStarted, "frame kind")
+	wantEq(t, last.EventID, one.ID, "turn.started's event")
+	wantEq(t, last.Attempt, 1, "turn.started's attempt")
+	// The activation is busy: another look takes nothing.
+	_, err = next(act, expectV1)
+	if !errors.Is(err, store.ErrNotLive) {
+		t.Fatalf("NextDelivery with Expect while a turn is in flight: %v, want ErrNotLive", err)
+	}
+
+	// A steer, then the attempt fails; the agent is updated before the
+	// retry, which keeps v1 whatever is expected and brings the steer.
+	sr := b.steer(key, "a twist", "")
+	b.fail(sr.Ref, true, 0, 5)
+	v2 := b.module("expect v2")
+	_, err = b.s.CreateAgent(b.ctx, store.CreateAgentParams{UID: a.UID, Name: a.Name, ModuleDigest: v2.Digest, CrashPolicy: store.CrashRestart, Upsert: true})
+	noErr(t, err, "update the agent")
+	act = b.claim(key, LongTTL)
+	asked := binds
+	d2, err := next(act, expectV1)
+	noErr(t, err, "retry with Expect")
+	wantEq(t, d2.Event.ID, one.ID, "retry event")
+	wantEq(t, d2.Attempt, 2, "retry Attempt")
+	wantEq(t, d2.Delivery.Binding, "bound:"+v1.Digest, "a retry keeps its first attempt's binding")
+	wantEq(t, binds, asked, "Bind calls for a retry")
+	wantEq(t, fmt.Sprint(steerIDs(d2.Steers)), fmt.Sprint([]int64{sr.Event.ID}), "Steers on the retry")
+	turn := b.commit(d2.Delivery.TurnRef(), "twisted", "")
+	wantMessages(t, turn.Messages, abi.RoleUser, "one", abi.RoleUser, "a twist", abi.RoleAssistant, "twisted")
+
+	// A new event with v1 still expected: Bind binds it to v2.
+	two := b.message(key, "two")
+	d3, err := next(act, expectV1)
+	noErr(t, err, "NextDelivery with a stale Expect")
+	wantEq(t, d3.Event.ID, two.ID, "event")
+	wantEq(t, d3.Delivery.Binding, "bound:"+v2.Digest, "a new event takes the updated agent")
+	if binds == asked {
+		t.Fatalf("Bind was not asked for an agent changed since the expectation")
+	}
+	wantEq(t, d3.Agent.ModuleDigest, v2.Digest, "Dispatch.Agent after the update")
+	b.commit(d3.Delivery.TurnRef(), "r3", "")
+
+	// Nothing due, then not live.
+	expectV2 := &store.ExpectedBinding{Agent: d3.Agent, Binding: "bound:" + v2.Digest}
+	_, err = next(act, expectV2)
+	wantNoDue(t, err, "NextDelivery with Expect and nothing open")
+	noErr(t, b.s.StopActivation(b.ctx, act.Ref()), "StopActivation")
+	b.message(key, "three")
+	_, err = next(act, expectV2)
+	if !errors.Is(err, store.ErrNotLive) {
+		t.Fatalf("NextDelivery with Expect of a stopped activation: %v, want ErrNotLive", err)
+	}
+}
+
 func testBindCurrentAgent(t *testing.T, b *bundle) {
 	v1 := b.module("bind v1")
 	a := b.newAgent("bind-"+uuid.NewString()[:8], v1.Digest, store.CrashRestart)
