@@ -421,12 +421,31 @@ const (
 // fenceRefusedActivation), so that the writes after it can ride in the same
 // round trip. checkErr turns the refusal into a *fenceRefusal, and
 // explainRefusal classifies it after the rollback.
-const commitFenceRaising = fenceHead + `state = 'accepted', closed_at = clock_timestamp()
-			WHERE ` + deliveryWhere + ` AND state = 'sent'` + fenceMid + `current_event_id = NULL
+//
+// commitFenceLocking is the same fence taking the activation's row lock
+// itself, first (the lock order of every turn transaction: the activation,
+// then its delivery): the delivery's guard reads the locking CTE, whose
+// uncorrelated EXISTS runs before the UPDATE locks the delivery row. It
+// saves the lock's own statement when nothing else must be read under the
+// lock before the fence.
+var commitFenceRaising, commitFenceLocking = commitFenceSQL(false), commitFenceSQL(true)
+
+func commitFenceSQL(lock bool) string {
+	head, locked := fenceHead, ""
+	if lock {
+		head = `
+		WITH l AS (SELECT 1 FROM activations WHERE activation_uid = $4 FOR UPDATE),
+		d AS (
+			UPDATE deliveries SET `
+		locked = ` AND EXISTS (SELECT 1 FROM l)`
+	}
+	return head + `state = 'accepted', closed_at = clock_timestamp()
+			WHERE ` + deliveryWhere + ` AND state = 'sent'` + locked + fenceMid + `current_event_id = NULL
 			WHERE ` + activationWhere + ` AND lease_expires_at > clock_timestamp()` + ` AND EXISTS (SELECT 1 FROM d)
 			RETURNING 1)
 		SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM d) THEN paddock_check(false, $8)
 			WHEN NOT EXISTS (SELECT 1 FROM a) THEN paddock_check(false, $9) ELSE true END`
+}
 
 // fence sends the batch lock (which locks the activation row) with the
 // fence statement queued after it, so that the lock is taken first and both
@@ -532,9 +551,8 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 			b = &pgx.Batch{}
 		} else {
 			// The caller's payloads are those of the ref's revision: a steer
-			// attached since raised it, and the fence below refuses.
-			b.Queue(`SELECT 1 FROM activations WHERE activation_uid = $1 FOR UPDATE`, ref.ActivationUID)
-			b.Queue(commitFenceRaising, refArgs(ref, fenceRefusedDelivery, fenceRefusedActivation)...)
+			// attached since raised it, and the fence refuses.
+			b.Queue(commitFenceLocking, refArgs(ref, fenceRefusedDelivery, fenceRefusedActivation)...)
 		}
 		t.Messages = store.TurnMessages(payloads, p.Messages)
 		n := len(t.Messages)
