@@ -18,12 +18,14 @@ const eventCols = `event_id, agent_uid, session_id, seq, kind, payload, coalesce
 	attempts, next_attempt_at, coalesce(last_error, ''), coalesce(binding, ''), accepted_at, closed_at,
 	coalesce(steer_of, 0), redrives, coalesce(traceparent, '')`
 
-func scanEvent(row pgx.Row) (store.Event, error) {
+// scanEvent scans eventCols, then extra columns after them into extra.
+func scanEvent(row pgx.Row, extra ...any) (store.Event, error) {
 	var e store.Event
 	var payload string
 	var closed *time.Time
-	err := row.Scan(&e.ID, &e.AgentUID, &e.SessionID, &e.Seq, &e.Kind, &payload, &e.IdempotencyKey, &e.Status,
-		&e.Attempts, &e.NextAttemptAt, &e.LastError, &e.Binding, &e.AcceptedAt, &closed, &e.SteerOf, &e.Redrives, &e.Traceparent)
+	err := row.Scan(append([]any{&e.ID, &e.AgentUID, &e.SessionID, &e.Seq, &e.Kind, &payload, &e.IdempotencyKey, &e.Status,
+		&e.Attempts, &e.NextAttemptAt, &e.LastError, &e.Binding, &e.AcceptedAt, &closed, &e.SteerOf, &e.Redrives, &e.Traceparent},
+		extra...)...)
 	e.Payload = json.RawMessage(payload)
 	e.NextAttemptAt, e.AcceptedAt, e.ClosedAt = utc(e.NextAttemptAt), utc(e.AcceptedAt), utcPtr(closed)
 	return e, err

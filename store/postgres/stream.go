@@ -30,18 +30,33 @@ func frameInsert(attempt, body string) string {
 // none, named src in them, and the frame (and its head's raise) is written
 // only when it has its row.
 func frameInsertFrom(src, eventID, epoch, attempt, body string) string {
-	with, head, from := "", `VALUES ($1, $2, 1)`, "h"
+	with, rows, from := "", `VALUES ($1, $2, 1)`, "h"
 	if src != "" {
-		with, head, from = `src AS (`+src+`),`, `SELECT $1, $2, 1 FROM src`, "h, src"
+		with, rows, from = `src AS (`+src+`), `, `SELECT $1, $2, 1 FROM src`, "h, src"
 	}
 	return `
-		WITH ` + with + ` h AS (
-			INSERT INTO stream_heads AS sh (agent_uid, session_id, last_seq) ` + head + `
-			ON CONFLICT (agent_uid, session_id) DO UPDATE SET last_seq = sh.last_seq + 1
-			RETURNING last_seq)
-		INSERT INTO stream_frames (agent_uid, session_id, seq, kind, event_id, actor_epoch, attempt, body)
-		SELECT $1, $2, h.last_seq, $3::text, ` + eventID + `, ` + epoch + `, ` + attempt + `, ` + body + ` FROM ` + from + `
+		WITH ` + with + frameHeadCTE(rows) + `
+		` + frameRowInsert(`$1, $2`, `$3::text`, eventID, epoch, attempt, body, from) + `
 		RETURNING seq, created_at`
+}
+
+// frameHeadCTE is the CTE h of a frame's statement: the session's stream
+// head raised by one, or created at 1 with the first frame, for each row
+// of rows ((agent_uid, session_id, 1): VALUES or a query); it returns
+// last_seq, the frame's Seq.
+func frameHeadCTE(rows string) string {
+	return `h AS (
+			INSERT INTO stream_heads AS sh (agent_uid, session_id, last_seq) ` + rows + `
+			ON CONFLICT (agent_uid, session_id) DO UPDATE SET last_seq = sh.last_seq + 1
+			RETURNING last_seq)`
+}
+
+// frameRowInsert inserts the frame numbered h.last_seq; key is the
+// (agent_uid, session_id) pair and the others the columns' SQL
+// expressions over from (which includes h).
+func frameRowInsert(key, kind, eventID, epoch, attempt, body, from string) string {
+	return `INSERT INTO stream_frames (agent_uid, session_id, seq, kind, event_id, actor_epoch, attempt, body)
+		SELECT ` + key + `, h.last_seq, ` + kind + `, ` + eventID + `, ` + epoch + `, ` + attempt + `, ` + body + ` FROM ` + from
 }
 
 // eventAttempt is the attempt of the turn of event $4: its attempts + 1.
@@ -59,13 +74,6 @@ var (
 	// turnStartedSQL appends event $4's turn.started (frameArgs without
 	// attempt and body).
 	turnStartedSQL = frameInsert(eventAttempt, turnStartedBody(`$4::bigint`))
-	// turnStartedOfDeliverySQL appends the turn.started of delivery $4's
-	// event ($1 agent uid, $2 session id, $3 kind), if that delivery
-	// exists: NextDelivery's one-round-trip dispatch, whose later
-	// statements cannot know whether its first took the event.
-	turnStartedOfDeliverySQL = frameInsertFrom(`SELECT event_id, actor_epoch FROM deliveries WHERE delivery_id = $4`,
-		`src.event_id`, `src.actor_epoch`, `(SELECT attempts + 1 FROM actor_events WHERE event_id = src.event_id)`,
-		turnStartedBody(`src.event_id`))
 	// turnCommittedSQL appends event $4's turn.committed from its turns row
 	// (written earlier in the transaction) with messages $6 (JSON):
 	// store.TurnCommittedBody, encoded as Go does.

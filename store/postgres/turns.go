@@ -176,20 +176,23 @@ func queueTail(b *pgx.Batch, key store.ActorKey, n int, out *[]abi.Message) {
 	})
 }
 
-// claimDeliverySQL takes the session's oldest open event for a live,
-// idle activation in one statement, when it is due, not blocked by a dead
-// letter ($6), and either bound already or the agent still is what the
-// caller expects ($10-$14: kind, module digest, plugin, plugin sha256,
-// namespace): the activation's current event is set and the delivery
-// ($7, state $8, binding $9 at a first attempt) inserted. It returns no
-// row when it took nothing. The activation's guards are on the UPDATE's
-// own row, so that a wait for its lock re-checks them on the row as it is
-// then; the candidate's snapshot may predate that wait, which the
-// event-open guard of the next statement covers (see NextDelivery).
-const claimDeliverySQL = `
+// claimDeliverySQL is a dispatch in one statement. It takes the session's
+// oldest open event for a live, idle activation when it is due, not blocked
+// by a dead letter ($6), has no steers attached (a retry with steers takes
+// the locked path, which reads them) and is either bound already or the
+// agent still is what the caller expects ($10-$14: kind, module digest,
+// plugin, plugin sha256, namespace); sets the activation's current event
+// (up), records the binding $9 at a first attempt (ev), inserts the
+// delivery ($7, state $8) and appends the turn.started frame ($15) — in
+// the lock order of every turn transaction: the activation, the event, the
+// delivery, the stream head last. It returns no row when it took nothing.
+// The activation's guards are on the UPDATE's own row, so that a wait for
+// its lock re-checks them on the row as it is then; the candidate's
+// snapshot may predate that wait, and an event closed meanwhile fails ev's
+// re-check, which refuses the statement ($16, a lock race: it runs again).
+var claimDeliverySQL = `
 	WITH c AS (
-		SELECT e.event_id, coalesce(e.binding, '') AS recorded,
-			ag.kind, coalesce(ag.module_digest, '') AS digest, coalesce(ag.plugin, '') AS plugin,
+		SELECT e.event_id, ag.kind, coalesce(ag.module_digest, '') AS digest, coalesce(ag.plugin, '') AS plugin,
 			coalesce(pw.sha256, '') AS sha, ag.namespace
 		FROM activations a
 		JOIN agents ag ON ag.agent_uid = a.agent_uid
@@ -202,6 +205,9 @@ const claimDeliverySQL = `
 		  AND NOT ($6::boolean AND EXISTS (SELECT 1 FROM actor_events d
 			WHERE d.agent_uid = a.agent_uid AND d.session_id = a.session_id AND d.status = 'dead_letter'
 			  AND d.seq < e.seq))
+		  AND NOT EXISTS (SELECT 1 FROM actor_events st
+			WHERE st.agent_uid = a.agent_uid AND st.session_id = a.session_id AND st.steer_of = e.event_id
+			  AND st.status = 'open')
 		  AND (coalesce(e.binding, '') <> ''
 			OR (ag.kind, coalesce(ag.module_digest, ''), coalesce(ag.plugin, ''), coalesce(pw.sha256, ''), ag.namespace)
 				= ($10::text, $11::text, $12::text, $13::text, $14::text))),
@@ -210,25 +216,32 @@ const claimDeliverySQL = `
 		WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3 AND a.actor_epoch = $4
 		  AND a.lease_id = $5 AND a.state IN ` + liveStates + ` AND a.current_event_id IS NULL
 		  AND a.lease_expires_at > clock_timestamp()
-		RETURNING a.actor_epoch, a.revision, c.event_id, c.recorded, c.kind, c.digest, c.plugin, c.sha, c.namespace),
+		RETURNING a.actor_epoch AS up_epoch, a.revision AS up_revision, c.event_id AS up_event,
+			c.kind AS ag_kind, c.digest AS ag_digest, c.plugin AS ag_plugin, c.sha AS ag_sha, c.namespace AS ag_namespace),
+	ev AS (
+		UPDATE actor_events e SET binding = CASE WHEN coalesce(e.binding, '') = '' THEN nullif($9::text, '') ELSE e.binding END
+		FROM up WHERE e.event_id = up.up_event AND e.status = 'open'
+		RETURNING e.*),
 	del AS (
 		INSERT INTO deliveries (delivery_id, agent_uid, session_id, activation_uid, actor_epoch, event_id,
 			revision, state, binding, sent_at)
-		SELECT $7, $2, $3, $1, up.actor_epoch, up.event_id, up.revision, $8::text,
-			CASE WHEN up.recorded = '' THEN $9::text ELSE up.recorded END,
+		SELECT $7, $2, $3, $1, up.up_epoch, ev.event_id, up.up_revision, $8::text, coalesce(ev.binding, ''),
 			CASE WHEN $8::text = 'sent' THEN clock_timestamp() END
-		FROM up
+		FROM up, ev
+		RETURNING 1),
+	` + frameHeadCTE(`SELECT $2, $3, 1 FROM del`) + `,
+	f AS (
+		` + frameRowInsert(`$2, $3`, `$15::text`, `ev.event_id`, `up.up_epoch`, `ev.attempts + 1`,
+	turnStartedBody(`ev.event_id`), `h, ev, up`) + `
 		RETURNING 1)
-	SELECT up.actor_epoch, up.revision, up.event_id, up.kind, up.digest, up.plugin, up.sha, up.namespace,
-		(SELECT count(*) FROM del)
-	FROM up`
+	SELECT ` + eventCols + `, up.up_epoch, up.up_revision, up.ag_kind, up.ag_digest, up.ag_plugin, up.ag_sha,
+		up.ag_namespace, paddock_check(ev.event_id IS NOT NULL, $16)
+	FROM up LEFT JOIN ev ON true`
 
-// claimDelivery is NextDelivery in one round trip (p.Expect set): one
-// implicit transaction of claimDeliverySQL and statements that act on the
-// delivery it inserted, if it did — the binding recorded, the turn.started
-// frame, the reads of the event, session, state, steers and tail. taken
-// is false when the claim took nothing (the locked path then answers);
-// the others found no delivery and did nothing.
+// claimDelivery is NextDelivery in one round trip (p.Expect set):
+// claimDeliverySQL, then the reads of the session with its state and of
+// the tail, in one implicit transaction. taken is false when the claim
+// took nothing (the locked path then answers).
 func (s *Store) claimDelivery(ctx context.Context, p store.NextDeliveryParams) (d store.Dispatch, taken bool, err error) {
 	ref, x := p.Activation, p.Expect
 	state := store.DeliveryCreated
@@ -237,38 +250,23 @@ func (s *Store) claimDelivery(ctx context.Context, p store.NextDeliveryParams) (
 	}
 	err = s.pipeTxDo(ctx, "next delivery", func(ctx context.Context, tx txConn) error {
 		d, taken = store.Dispatch{}, false
-		var epoch, revision, eventID, n int64
+		var epoch, revision int64
 		b := &pgx.Batch{}
 		b.Queue(claimDeliverySQL, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID, p.BlockOnDeadLetter,
 			p.DeliveryID, string(state), x.Binding,
 			x.Agent.Kind, x.Agent.ModuleDigest, x.Agent.Plugin, x.Agent.PluginSHA256, x.Agent.Namespace,
+			store.FrameTurnStarted, checkLockRace+"event closed concurrently",
 		).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&epoch, &revision, &eventID, &d.Agent.Kind, &d.Agent.ModuleDigest, &d.Agent.Plugin,
-				&d.Agent.PluginSHA256, &d.Agent.Namespace, &n)
+			var ok bool
+			var err error
+			d.Event, err = scanEvent(row, &epoch, &revision, &d.Agent.Kind, &d.Agent.ModuleDigest, &d.Agent.Plugin,
+				&d.Agent.PluginSHA256, &d.Agent.Namespace, &ok)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
-			taken = err == nil && n == 1
+			taken = err == nil
 			return err
 		})
-		// Invariant 10: the binding is recorded at the first attempt. The
-		// guard: the claim's candidate may have been closed (cancelled)
-		// while it waited for the activation's lock; this statement sees
-		// it and refuses the transaction (it runs again). Under the lock
-		// nothing closes it after.
-		b.Queue(`
-			UPDATE actor_events SET binding = CASE WHEN coalesce(binding, '') = '' THEN nullif($1, '') ELSE binding END
-			WHERE event_id = (SELECT event_id FROM deliveries WHERE delivery_id = $2)
-			  AND paddock_check(status = 'open', $3)
-			RETURNING `+eventCols, x.Binding, p.DeliveryID, checkLockRace+"event closed concurrently",
-		).QueryRow(func(row pgx.Row) (err error) {
-			d.Event, err = scanEvent(row)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil // nothing taken
-			}
-			return err
-		})
-		b.Queue(turnStartedOfDeliverySQL, ref.AgentUID, ref.SessionID, store.FrameTurnStarted, p.DeliveryID)
 		b.Queue(`SELECT `+sessionNoCounters+`, st.state, st.state IS NOT NULL FROM sessions s
 			LEFT JOIN session_state st ON st.agent_uid = s.agent_uid AND st.session_id = s.session_id
 			WHERE s.agent_uid = $1 AND s.session_id = $2`,
@@ -276,14 +274,6 @@ func (s *Store) claimDelivery(ctx context.Context, p store.NextDeliveryParams) (
 			var notNull bool
 			d.Session, err = scanSession(row, &d.State, &notNull)
 			d.State = store.StateFromColumn(d.State, notNull)
-			return err
-		})
-		// Steers attached to an earlier attempt come back with the retry.
-		b.Queue(`SELECT `+eventCols+` FROM actor_events
-			WHERE agent_uid = $1 AND session_id = $2 AND status = 'open'
-			  AND steer_of = (SELECT event_id FROM deliveries WHERE delivery_id = $3)
-			ORDER BY seq`, ref.AgentUID, ref.SessionID, p.DeliveryID).Query(func(rows pgx.Rows) (err error) {
-			d.Steers, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Event, error) { return scanEvent(r) })
 			return err
 		})
 		if p.TailMessages > 0 {
@@ -300,7 +290,7 @@ func (s *Store) claimDelivery(ctx context.Context, p store.NextDeliveryParams) (
 		}
 		d.Delivery = store.Delivery{
 			ID: p.DeliveryID, ActorKey: ref.ActorKey, ActivationUID: ref.UID, ActorEpoch: epoch,
-			EventID: eventID, Revision: revision, State: state, Binding: d.Event.Binding,
+			EventID: d.Event.ID, Revision: revision, State: state, Binding: d.Event.Binding,
 		}
 		d.Attempt = d.Event.Attempts + 1
 		return nil
