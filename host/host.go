@@ -557,26 +557,27 @@ func (h *Host) renewLoop(ctx context.Context) {
 		if len(refs) == 0 {
 			continue
 		}
-		// The call may take up to half a TTL (a busy store); leases renewed
-		// a third of a TTL ago still have two thirds left.
-		rctx, cancel := context.WithTimeout(ctx, h.set.LeaseTTL/2)
+		// A slice's call may take up to half a TTL (a busy store); leases
+		// renewed a third of a TTL ago still have two thirds left. A slice
+		// that fails keeps its leases (their fate is unknown: the next
+		// round, soon, tells) and the other slices go on.
 		var renewed []store.ActivationRef
-		var err error
+		failed := false
 		for chunk := range slices.Chunk(refs, renewChunk) {
-			var got []store.ActivationRef
-			got, err = h.st.RenewLeases(rctx, store.RenewLeasesParams{HostID: h.id, LeaseTTL: h.set.LeaseTTL, Refs: chunk})
+			rctx, cancel := context.WithTimeout(ctx, h.set.LeaseTTL/2)
+			got, err := h.st.RenewLeases(rctx, store.RenewLeasesParams{HostID: h.id, LeaseTTL: h.set.LeaseTTL, Refs: chunk})
+			cancel()
 			if err != nil {
-				break
+				// Leases that run out meanwhile are safe to lose (the fences
+				// reject their replies).
+				h.log.Warn("lease renewal failed; retrying", "err", err, "leases", len(chunk))
+				failed = true
+				got = chunk
 			}
 			renewed = append(renewed, got...)
 		}
-		cancel()
-		if err != nil {
-			// Try again soon; leases that run out meanwhile are safe to lose
-			// (the fences reject their replies).
-			h.log.Warn("lease renewal failed; retrying", "err", err, "leases", len(refs))
+		if failed {
 			t.Reset(min(every, 200*time.Millisecond))
-			continue
 		}
 		ok := make(map[string]bool, len(renewed))
 		for _, r := range renewed {

@@ -59,6 +59,14 @@ func frameRowInsert(key, kind, eventID, epoch, attempt, body, from string) strin
 		SELECT ` + key + `, h.last_seq, ` + kind + `, ` + eventID + `, ` + epoch + `, ` + attempt + `, ` + body + ` FROM ` + from
 }
 
+// turnCommittedBody is store.TurnCommittedBody of the turns row t (an
+// alias in scope) with messages msgs (an SQL expression of JSON text),
+// encoded as Go does.
+func turnCommittedBody(msgs string) string {
+	return `'{"turn_no":' || t.turn_no || ',"outcome":' || to_json(t.outcome)::text || ',"messages":' || ` + msgs + `::text
+			|| ',"usage":{"input_tokens":' || t.input_tokens || ',"output_tokens":' || t.output_tokens || '}}'`
+}
+
 // eventAttempt is the attempt of the turn of event $4: its attempts + 1.
 const eventAttempt = `(SELECT attempts + 1 FROM actor_events WHERE event_id = $4::bigint)`
 
@@ -77,10 +85,7 @@ var (
 	// turnCommittedSQL appends event $4's turn.committed from its turns row
 	// (written earlier in the transaction) with messages $6 (JSON):
 	// store.TurnCommittedBody, encoded as Go does.
-	turnCommittedSQL = frameInsert(eventAttempt, `(
-		SELECT '{"turn_no":' || t.turn_no || ',"outcome":' || to_json(t.outcome)::text || ',"messages":' || $6::text
-			|| ',"usage":{"input_tokens":' || t.input_tokens || ',"output_tokens":' || t.output_tokens || '}}'
-		FROM turns t WHERE t.event_id = $4::bigint)`)
+	turnCommittedSQL = frameInsert(eventAttempt, `(SELECT `+turnCommittedBody(`$6`)+` FROM turns t WHERE t.event_id = $4::bigint)`)
 	// turnEndedSQL appends an attempt-ended frame (body $6) of event $4's
 	// attempt in flight (its attempts unchanged by the caller).
 	turnEndedSQL = frameInsert(eventAttempt, `$6::text`)

@@ -550,6 +550,26 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		for i, m := range t.Messages {
 			idx[i], roles[i], contents[i] = int32(m.Index), m.Role, m.Content
 		}
+		if len(payloads) == 1 && len(alarms.Clear)+len(alarms.Set) == 0 && p.Wait == nil && store.OutcomeSleepReason(outcome) == "" {
+			// The common turn: the writes after the fence in one statement.
+			args := []any{ref.AgentUID, ref.SessionID, ref.ActorEventID,
+				fmt.Sprintf("%sevent %d is no longer open", checkSuperseded, ref.ActorEventID),
+				ref.DeliveryID, ref.ActorEpoch, string(outcome), idx, roles, contents,
+				store.FrameTurnCommitted, string(store.MustBody(t.Messages))}
+			sql := commitWritesSQL
+			if !p.KeepState {
+				sql, args = commitWritesStateSQL, append(args, store.StateColumn(p.State))
+			}
+			b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+				var ok bool
+				return row.Scan(&ok, &t.NextOpen, &t.TurnNo, &t.CommittedAt, &t.Usage.InputTokens, &t.Usage.OutputTokens)
+			})
+			if err := tx.(*pipeTx).SendBatchAlone(ctx, b).Close(); err != nil {
+				return checkErr(err)
+			}
+			t.CommittedAt = utc(t.CommittedAt)
+			return nil
+		}
 		// Invariant 4: the event closes once (and turns.event_id is UNIQUE).
 		// The same statement gives the controller its hint: is another
 		// event open? Its snapshot predates the close, so the event itself
@@ -667,6 +687,61 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		return store.Turn{}, s.explainRefusal(ctx, ref, store.FenceCommit, err)
 	}
 	return t, nil
+}
+
+// commitWritesSQL is the writes of a common commit (one payload, no
+// steers, alarms, wait or sleep) after its fence, in one statement of
+// data-modifying CTEs in the lock order of CommitTurn's batch — the event,
+// the session, its messages (and state: commitWritesStateSQL, $13), the
+// stream head last: the event closed (invariant 4: exactly once, else it
+// raises $4 — superseded), the turn appended with its journal's usage,
+// the transcript's messages ($8-$10), the turn.committed frame ($11, body
+// messages $12). It returns the check, whether another event is open (the
+// statement's snapshot predates the close, so the event is left out by
+// id), and the turn's number, time and usage. Parameters: $1 agent uid, $2
+// session id, $3 event id, $5 delivery id, $6 epoch, $7 outcome.
+var commitWritesSQL, commitWritesStateSQL = commitWrites(false), commitWrites(true)
+
+func commitWrites(state bool) string {
+	st := ""
+	if state {
+		st = `
+	st AS (
+		INSERT INTO session_state (agent_uid, session_id, state, updated_at)
+		SELECT $1, $2, $13, clock_timestamp() FROM turn
+		ON CONFLICT (agent_uid, session_id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at),`
+	}
+	return `
+	WITH closed AS (
+		UPDATE actor_events SET status = 'done', closed_at = clock_timestamp()
+		WHERE event_id = $3 AND agent_uid = $1 AND session_id = $2 AND status = 'open'
+		RETURNING 1),
+	turn AS (
+		UPDATE sessions SET turn_count = turn_count + 1
+		WHERE agent_uid = $1 AND session_id = $2 AND EXISTS (SELECT 1 FROM closed)
+		RETURNING turn_count),
+	usage AS (` + journalUsageSQL + `),
+	t AS (
+		INSERT INTO turns (agent_uid, session_id, turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at,
+			input_tokens, output_tokens)
+		SELECT $1, $2, turn.turn_count, $3, $5, $6, $7, clock_timestamp(), usage.input_tokens, usage.output_tokens
+		FROM turn, usage
+		RETURNING turn_no, committed_at, input_tokens, output_tokens, outcome),
+	m AS (
+		INSERT INTO messages (agent_uid, session_id, turn_no, idx, role, content)
+		SELECT $1, $2, turn.turn_count, u.idx, u.role, u.content
+		FROM turn, unnest($8::int[], $9::text[], $10::text[]) AS u(idx, role, content)),` + st + `
+	` + frameHeadCTE(`SELECT $1, $2, 1 FROM t`) + `,
+	f AS (
+		` + frameRowInsert(`$1, $2`, `$11::text`, `$3::bigint`, `$6::bigint`,
+	`(SELECT attempts + 1 FROM actor_events WHERE event_id = $3)`, turnCommittedBody(`$12`), `h, t`) + `
+		RETURNING 1)
+	SELECT paddock_check((SELECT count(*) FROM closed) = 1, $4),
+		(SELECT seq FROM actor_events
+		WHERE agent_uid = $1 AND session_id = $2 AND status = 'open' AND steer_of IS NULL AND event_id <> $3
+		ORDER BY seq LIMIT 1) IS NOT NULL,
+		t.turn_no, t.committed_at, t.input_tokens, t.output_tokens
+	FROM (SELECT) one LEFT JOIN t ON true` // a row, so that the check runs when t is empty
 }
 
 // queueAlarmOps queues a commit's alarm writes (store.PlanAlarmOps):

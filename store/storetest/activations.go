@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -147,9 +148,12 @@ func testRenewLeases(t *testing.T, b *bundle) {
 	c := b.claim(b.session(), ShortTTL)
 	other := b.claimOn(b.session(), "other-host", ShortTTL)
 	aKey := b.session()
-	// a is claimed last, right before the renewal: its short lease must not
-	// run out in between.
-	a := b.claim(aKey, ShortTTL)
+	// a's lease is long enough not to run out before the renewal on a
+	// loaded machine (ShortTTL did), and short enough that its check
+	// below, past its end, shows the renewal extended it.
+	const aTTL = 2 * time.Second
+	a := b.claim(aKey, aTTL)
+	aEnd := time.Now().Add(aTTL)
 
 	wrongLease := c.Ref()
 	wrongLease.LeaseID = uuid.NewString()
@@ -170,6 +174,7 @@ func testRenewLeases(t *testing.T, b *bundle) {
 	}
 
 	b.waitExpired(c, other)
+	time.Sleep(time.Until(aEnd) + 100*time.Millisecond)
 	expired, err := b.s.ExpiredActivations(b.ctx, 100)
 	noErr(t, err, "ExpiredActivations")
 	if slices.Contains(expired, a.Ref()) {
