@@ -1,0 +1,156 @@
+package host_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/store"
+)
+
+// oneTripFn answers "quick" at once; "ignore" works 300 ms without looking
+// for steers (then, given steers, says what it saw); "long" runs until its
+// context ends; "wait" ends the turn with outcome wait.
+func oneTripFn(started chan<- string) abi.TurnFunc {
+	return func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+		select {
+		case started <- req.Event.Message:
+		default:
+		}
+		reply := func(s string) (*abi.TurnResult, error) {
+			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: s}}}, nil
+		}
+		switch {
+		case len(req.Steers) > 0:
+			return reply("saw " + req.Steers[0].Message)
+		case req.Event.Message == "ignore":
+			time.Sleep(300 * time.Millisecond)
+			return reply("unsteered")
+		case req.Event.Message == "long":
+			<-ctx.Done()
+			return nil, ctx.Err()
+		case req.Event.Message == "wait":
+			return &abi.TurnResult{Outcome: abi.OutcomeWait, Wait: &abi.WaitSpec{ID: "w-" + req.TurnRef.SessionID[:8], For: "a human"},
+				Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "waiting"}}}, nil
+		}
+		return reply("re: " + req.Event.Message)
+	}
+}
+
+// wantSoundStream: frames numbered without gaps; per attempt (event, epoch,
+// attempt) a turn.started before anything else of it and no second one
+// unless a turn.retrying came between; one turn.committed per event.
+func wantSoundStream(t *testing.T, st store.Store, key store.ActorKey) []store.Frame {
+	t.Helper()
+	pg, err := st.StreamFrames(context.Background(), store.StreamFramesParams{Key: key, Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := map[string]bool{}
+	committed := map[int64]bool{}
+	for i, f := range pg.Frames {
+		if f.Seq != int64(i+1) {
+			t.Fatalf("frame %d has seq %d", i+1, f.Seq)
+		}
+		k := fmt.Sprintf("%d/%d/%d", f.EventID, f.ActorEpoch, f.Attempt)
+		switch f.Kind {
+		case store.FrameTurnStarted:
+			if open[k] {
+				t.Errorf("frame %d: a second turn.started of %s without turn.retrying", f.Seq, k)
+			}
+			open[k] = true
+		case store.FrameTurnRetrying, store.FrameTurnFailed:
+			open[k] = false
+		case store.FrameTurnCommitted:
+			if !open[k] {
+				t.Errorf("frame %d: turn.committed of %s outside a started attempt", f.Seq, k)
+			}
+			if committed[f.EventID] {
+				t.Errorf("frame %d: a second turn.committed of event %d", f.Seq, f.EventID)
+			}
+			committed[f.EventID] = true
+			open[k] = false
+		case store.FrameChunk:
+			if !open[k] {
+				t.Errorf("frame %d: a chunk of %s outside a started attempt", f.Seq, k)
+			}
+		}
+	}
+	return pg.Frames
+}
+
+// TestOneTripSecondTurnSteeredCancelledAndWaiting: the second event of a
+// live activation is dispatched with the agent the controller expects
+// (one round trip on PostgreSQL) and committed with its payloads. A steer
+// the worker ignores is refused as stale_revision and the turn reruns with
+// it; a cancel aborts it; a wait outcome commits with its frames.
+func TestOneTripSecondTurnSteeredCancelledAndWaiting(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		started := make(chan string, 16)
+		f := start(t, st, map[string]abi.TurnFunc{"o": oneTripFn(started)}, testPolicy())
+		ag := f.agent("o")
+
+		// Steered while it does not look.
+		key := f.session(ag)
+		f.signal(key, "quick")
+		f.signal(key, "ignore")
+		for recv(t, started) != "ignore" {
+		}
+		payload, _ := json.Marshal(map[string]string{"message": "left"})
+		if _, err := st.Steer(context.Background(), store.SteerParams{Key: key, Payload: payload, DeliveryID: "d-" + key.SessionID}); err != nil {
+			t.Fatal(err)
+		}
+		f.h.Ensure(key)
+		f.waitFor("the steered second turn", func() bool { return f.get(key).TurnCount == 2 })
+		var got []string
+		for _, m := range f.transcript(key)[1].Messages {
+			got = append(got, m.Role+":"+m.Content)
+		}
+		if want := "user:ignore|user:left|assistant:saw left"; strings.Join(got, "|") != want {
+			t.Errorf("second turn %q, want %q", strings.Join(got, "|"), want)
+		}
+		if n := testutil.ToFloat64(f.h.Metrics().FenceRejections.WithLabelValues(string(store.FenceStaleRevision))); n != 1 {
+			t.Errorf("stale_revision rejections = %v, want 1", n)
+		}
+		for _, e := range f.events(key) {
+			if e.Status != store.EventDone {
+				t.Errorf("event %d (%s) is %s", e.ID, e.Kind, e.Status)
+			}
+		}
+		wantSoundStream(t, st, key)
+
+		// Cancelled, then the next event runs.
+		key = f.session(ag)
+		f.signal(key, "quick")
+		f.signal(key, "long")
+		f.signal(key, "after")
+		for recv(t, started) != "long" {
+		}
+		if res, err := st.CancelEvent(context.Background(), store.CancelEventParams{Key: key, Reason: "no"}); err != nil || !res.InFlight {
+			t.Fatalf("cancel: %+v %v", res, err)
+		}
+		f.h.Ensure(key)
+		f.waitFor("the event after the cancelled one", func() bool { return f.get(key).TurnCount == 3 })
+		ts := f.transcript(key)
+		if ts[1].Outcome != store.OutcomeCancelled || ts[2].Messages[len(ts[2].Messages)-1].Content != "re: after" {
+			t.Errorf("transcript %+v", ts)
+		}
+		wantSoundStream(t, st, key)
+
+		// A wait outcome on the second turn.
+		key = f.session(ag)
+		f.signal(key, "quick")
+		f.signal(key, "wait")
+		f.waitFor("the waiting turn", func() bool { return f.get(key).TurnCount == 2 })
+		fs := wantSoundStream(t, st, key)
+		if k := fs[len(fs)-1].Kind; k != store.FrameWaitOpened {
+			t.Errorf("last frame %s, want wait.opened", k)
+		}
+	})
+}
