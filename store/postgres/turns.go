@@ -734,7 +734,7 @@ func commitWrites(state bool) string {
 	` + frameHeadCTE(`SELECT $1, $2, 1 FROM t`) + `,
 	f AS (
 		` + frameRowInsert(`$1, $2`, `$11::text`, `$3::bigint`, `$6::bigint`,
-	`(SELECT attempts + 1 FROM actor_events WHERE event_id = $3)`, turnCommittedBody(`$12`), `h, t`) + `
+		`(SELECT attempts + 1 FROM actor_events WHERE event_id = $3)`, turnCommittedBody(`$12`), `h, t`) + `
 		RETURNING 1)
 	SELECT paddock_check((SELECT count(*) FROM closed) = 1, $4),
 		(SELECT seq FROM actor_events
