@@ -114,16 +114,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		// The turn.started frame, in this round trip (the stream head's
 		// lock is this transaction's last).
 		b.Queue(turnStartedSQL, ref.AgentUID, ref.SessionID, store.FrameTurnStarted, *eventID, epoch)
-		// The session and its state, in one statement.
-		b.Queue(`SELECT `+sessionNoCounters+`, st.state, st.state IS NOT NULL FROM sessions s
-			LEFT JOIN session_state st ON st.agent_uid = s.agent_uid AND st.session_id = s.session_id
-			WHERE s.agent_uid = $1 AND s.session_id = $2`,
-			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) (err error) {
-			var notNull bool
-			d.Session, err = scanSession(row, &d.State, &notNull)
-			d.State = store.StateFromColumn(d.State, notNull)
-			return err
-		})
+		queueSession(b, ref.ActorKey, &d)
 		if steered != nil && *steered {
 			// Steers attached to an earlier attempt come back with the
 			// retry (read only when there are some: the common turn has
@@ -139,10 +130,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			queueTail(b, ref.ActorKey, p.TailMessages, &d.Tail)
 		}
 		if err := tx.(*pipeTx).SendBatchCommit(ctx, b).Close(); err != nil {
-			if pgCode(err) == codeUniqueViolation {
-				return fmt.Errorf("delivery %s: %w", p.DeliveryID, store.ErrConflict)
-			}
-			return checkErr(err)
+			return dispatchErr(p.DeliveryID, err)
 		}
 		d.Delivery = store.Delivery{
 			ID: p.DeliveryID, ActorKey: ref.ActorKey, ActivationUID: ref.UID, ActorEpoch: epoch,
@@ -156,6 +144,29 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		return store.Dispatch{}, err
 	}
 	return d, nil
+}
+
+// queueSession queues the read of the session (without its counters)
+// and its state into d.
+func queueSession(b *pgx.Batch, key store.ActorKey, d *store.Dispatch) {
+	b.Queue(`SELECT `+sessionNoCounters+`, st.state, st.state IS NOT NULL FROM sessions s
+		LEFT JOIN session_state st ON st.agent_uid = s.agent_uid AND st.session_id = s.session_id
+		WHERE s.agent_uid = $1 AND s.session_id = $2`,
+		key.AgentUID, key.SessionID).QueryRow(func(row pgx.Row) (err error) {
+		var notNull bool
+		d.Session, err = scanSession(row, &d.State, &notNull)
+		d.State = store.StateFromColumn(d.State, notNull)
+		return err
+	})
+}
+
+// dispatchErr maps a dispatch batch's error: a delivery id already used is
+// ErrConflict, a paddock_check refusal its typed error (checkErr).
+func dispatchErr(deliveryID string, err error) error {
+	if pgCode(err) == codeUniqueViolation {
+		return fmt.Errorf("delivery %s: %w", deliveryID, store.ErrConflict)
+	}
+	return checkErr(err)
 }
 
 // queueTail queues the read of the session's last n transcript messages,
@@ -267,23 +278,12 @@ func (s *Store) claimDelivery(ctx context.Context, p store.NextDeliveryParams) (
 			taken = err == nil
 			return err
 		})
-		b.Queue(`SELECT `+sessionNoCounters+`, st.state, st.state IS NOT NULL FROM sessions s
-			LEFT JOIN session_state st ON st.agent_uid = s.agent_uid AND st.session_id = s.session_id
-			WHERE s.agent_uid = $1 AND s.session_id = $2`,
-			ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) (err error) {
-			var notNull bool
-			d.Session, err = scanSession(row, &d.State, &notNull)
-			d.State = store.StateFromColumn(d.State, notNull)
-			return err
-		})
+		queueSession(b, ref.ActorKey, &d)
 		if p.TailMessages > 0 {
 			queueTail(b, ref.ActorKey, p.TailMessages, &d.Tail)
 		}
 		if err := tx.(*pipeTx).SendBatchAlone(ctx, b).Close(); err != nil {
-			if pgCode(err) == codeUniqueViolation {
-				return fmt.Errorf("delivery %s: %w", p.DeliveryID, store.ErrConflict)
-			}
-			return checkErr(err)
+			return dispatchErr(p.DeliveryID, err)
 		}
 		if !taken {
 			return nil
