@@ -22,21 +22,9 @@ import (
 // epoch; attempt and body are SQL expressions (over those and further
 // parameters) that must not be NULL.
 func frameInsert(attempt, body string) string {
-	return frameInsertFrom("", `$4::bigint`, `$5::bigint`, attempt, body)
-}
-
-// frameInsertFrom is frameInsert with the frame's event id and epoch given
-// as SQL expressions; when src is not empty it is a query of one row or
-// none, named src in them, and the frame (and its head's raise) is written
-// only when it has its row.
-func frameInsertFrom(src, eventID, epoch, attempt, body string) string {
-	with, rows, from := "", `VALUES ($1, $2, 1)`, "h"
-	if src != "" {
-		with, rows, from = `src AS (`+src+`), `, `SELECT $1, $2, 1 FROM src`, "h, src"
-	}
 	return `
-		WITH ` + with + frameHeadCTE(rows) + `
-		` + frameRowInsert(`$1, $2`, `$3::text`, eventID, epoch, attempt, body, from) + `
+		WITH ` + frameHeadCTE(`VALUES ($1, $2, 1)`) + `
+		` + frameRowInsert(`$1, $2`, `$3::text`, `$4::bigint`, `$5::bigint`, attempt, body, "h") + `
 		RETURNING seq, created_at`
 }
 

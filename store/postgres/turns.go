@@ -206,19 +206,12 @@ var claimDeliverySQL = `
 		SELECT e.event_id, ag.kind, coalesce(ag.module_digest, '') AS digest, coalesce(ag.plugin, '') AS plugin,
 			coalesce(pw.sha256, '') AS sha, ag.namespace
 		FROM activations a
-		JOIN agents ag ON ag.agent_uid = a.agent_uid
-		LEFT JOIN plugin_workers pw ON pw.namespace = ag.namespace AND pw.name = ag.plugin
-		JOIN LATERAL (SELECT event_id, seq, next_attempt_at, binding FROM actor_events
-			WHERE agent_uid = a.agent_uid AND session_id = a.session_id AND status = 'open' AND steer_of IS NULL
-			ORDER BY seq LIMIT 1) e ON true
+		` + agentJoins + `
+		JOIN LATERAL ` + oldestOpenEvent + `
 		WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3
 		  AND e.next_attempt_at <= clock_timestamp()
-		  AND NOT ($6::boolean AND EXISTS (SELECT 1 FROM actor_events d
-			WHERE d.agent_uid = a.agent_uid AND d.session_id = a.session_id AND d.status = 'dead_letter'
-			  AND d.seq < e.seq))
-		  AND NOT EXISTS (SELECT 1 FROM actor_events st
-			WHERE st.agent_uid = a.agent_uid AND st.session_id = a.session_id AND st.steer_of = e.event_id
-			  AND st.status = 'open')
+		  AND NOT ($6::boolean AND ` + deadLetterBefore + `)
+		  AND NOT ` + steersAttached + `
 		  AND (coalesce(e.binding, '') <> ''
 			OR (ag.kind, coalesce(ag.module_digest, ''), coalesce(ag.plugin, ''), coalesce(pw.sha256, ''), ag.namespace)
 				= ($10::text, $11::text, $12::text, $13::text, $14::text))),
@@ -301,27 +294,40 @@ func (s *Store) claimDelivery(ctx context.Context, p store.NextDeliveryParams) (
 	return d, true, nil
 }
 
+// The pieces of a dispatch's candidate, shared by nextDeliverySQL (the
+// locked path) and claimDeliverySQL (one statement), over the activation
+// a: the agent ag and its plugin worker pw; e, the session's oldest open
+// event that is not a steer (LATERAL, the open-events index's first
+// entries); whether a dead letter before e blocks it; whether steers are
+// attached to e.
+const (
+	agentJoins = `JOIN agents ag ON ag.agent_uid = a.agent_uid
+		LEFT JOIN plugin_workers pw ON pw.namespace = ag.namespace AND pw.name = ag.plugin`
+	oldestOpenEvent = `(SELECT event_id, seq, next_attempt_at, binding FROM actor_events
+			WHERE agent_uid = a.agent_uid AND session_id = a.session_id AND status = 'open' AND steer_of IS NULL
+			ORDER BY seq LIMIT 1) e ON true`
+	deadLetterBefore = `EXISTS (SELECT 1 FROM actor_events d
+			WHERE d.agent_uid = a.agent_uid AND d.session_id = a.session_id AND d.status = 'dead_letter'
+			  AND d.seq < e.seq)`
+	steersAttached = `EXISTS (SELECT 1 FROM actor_events st
+			WHERE st.agent_uid = a.agent_uid AND st.session_id = a.session_id AND st.steer_of = e.event_id
+			  AND st.status = 'open')`
+)
+
 // nextDeliverySQL reads a live activation (by its ref: parameters $1-$5)
 // and its session's oldest open event that is not a steer: the event's id,
 // next attempt time, whether it is due by the database clock, whether a
 // dead letter blocks it ($6: the block policy) and whether steers are
 // attached to it; then the event's recorded binding and what the agent
 // runs now (store.AgentBinding's fields).
-const nextDeliverySQL = `
+var nextDeliverySQL = `
 			SELECT a.actor_epoch, a.revision, e.event_id, e.next_attempt_at, e.next_attempt_at <= clock_timestamp(),
-				$6::boolean AND EXISTS (SELECT 1 FROM actor_events d
-					WHERE d.agent_uid = a.agent_uid AND d.session_id = a.session_id AND d.status = 'dead_letter'
-					  AND d.seq < e.seq),
-				EXISTS (SELECT 1 FROM actor_events st
-					WHERE st.agent_uid = a.agent_uid AND st.session_id = a.session_id AND st.steer_of = e.event_id
-					  AND st.status = 'open'),
+				$6::boolean AND ` + deadLetterBefore + `,
+				` + steersAttached + `,
 				e.binding, ag.kind, coalesce(ag.module_digest, ''), coalesce(ag.plugin, ''), coalesce(pw.sha256, ''), ag.namespace
 			FROM activations a
-			JOIN agents ag ON ag.agent_uid = a.agent_uid
-			LEFT JOIN plugin_workers pw ON pw.namespace = ag.namespace AND pw.name = ag.plugin
-			LEFT JOIN LATERAL (SELECT event_id, seq, next_attempt_at, binding FROM actor_events
-				WHERE agent_uid = a.agent_uid AND session_id = a.session_id AND status = 'open' AND steer_of IS NULL
-				ORDER BY seq LIMIT 1) e ON true
+			` + agentJoins + `
+			LEFT JOIN LATERAL ` + oldestOpenEvent + `
 			WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3 AND a.actor_epoch = $4
 			  AND a.lease_id = $5 AND a.state IN ` + liveStates + ` AND a.current_event_id IS NULL
 			  AND a.lease_expires_at > clock_timestamp()`
