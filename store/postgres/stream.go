@@ -49,7 +49,7 @@ func frameRowInsert(key, kind, eventID, epoch, attempt, body, from string) strin
 
 // turnCommittedBody is store.TurnCommittedBody of the turns row t (an
 // alias in scope) with messages msgs (an SQL expression of JSON text),
-// encoded as Go does.
+// encoded as Go does: the turn.committed frame's body (commitWritesSQL).
 func turnCommittedBody(msgs string) string {
 	return `'{"turn_no":' || t.turn_no || ',"outcome":' || to_json(t.outcome)::text || ',"messages":' || ` + msgs + `::text
 			|| ',"usage":{"input_tokens":' || t.input_tokens || ',"output_tokens":' || t.output_tokens || '}}'`
@@ -70,10 +70,6 @@ var (
 	// turnStartedSQL appends event $4's turn.started (frameArgs without
 	// attempt and body).
 	turnStartedSQL = frameInsert(eventAttempt, turnStartedBody(`$4::bigint`))
-	// turnCommittedSQL appends event $4's turn.committed from its turns row
-	// (written earlier in the transaction) with messages $6 (JSON):
-	// store.TurnCommittedBody, encoded as Go does.
-	turnCommittedSQL = frameInsert(eventAttempt, `(SELECT `+turnCommittedBody(`$6`)+` FROM turns t WHERE t.event_id = $4::bigint)`)
 	// turnEndedSQL appends an attempt-ended frame (body $6) of event $4's
 	// attempt in flight (its attempts unchanged by the caller).
 	turnEndedSQL = frameInsert(eventAttempt, `$6::text`)

@@ -556,49 +556,6 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		for i, m := range t.Messages {
 			idx[i], roles[i], contents[i] = int32(m.Index), m.Role, m.Content
 		}
-		if len(payloads) == 1 && len(alarms.Clear)+len(alarms.Set) == 0 && p.Wait == nil && store.OutcomeSleepReason(outcome) == "" {
-			// The common turn: the writes after the fence in one statement.
-			args := []any{ref.AgentUID, ref.SessionID, ref.ActorEventID,
-				fmt.Sprintf("%sevent %d is no longer open", checkSuperseded, ref.ActorEventID),
-				ref.DeliveryID, ref.ActorEpoch, string(outcome), idx, roles, contents,
-				store.FrameTurnCommitted, string(store.MustBody(t.Messages))}
-			sql := commitWritesSQL
-			if !p.KeepState {
-				sql, args = commitWritesStateSQL, append(args, store.StateColumn(p.State))
-			}
-			b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
-				var ok bool
-				return row.Scan(&ok, &t.NextOpen, &t.TurnNo, &t.CommittedAt, &t.Usage.InputTokens, &t.Usage.OutputTokens)
-			})
-			if err := tx.(*pipeTx).SendBatchAlone(ctx, b).Close(); err != nil {
-				return checkErr(err)
-			}
-			t.CommittedAt = utc(t.CommittedAt)
-			return nil
-		}
-		// Invariant 4: the event closes once (and turns.event_id is UNIQUE).
-		// The same statement gives the controller its hint: is another
-		// event open? Its snapshot predates the close, so the event itself
-		// is left out by id; asked as "the oldest open event", so that the
-		// plan is the open-events index's first entries however many wait
-		// (an EXISTS may be planned as a scan that stops at the first
-		// match, which can be far).
-		b.Queue(`
-			WITH closed AS (
-				UPDATE actor_events SET status = 'done', closed_at = clock_timestamp()
-				WHERE event_id = $1 AND agent_uid = $2 AND session_id = $3 AND status = 'open'
-				RETURNING 1)
-			SELECT paddock_check(count(*) = 1, $4),
-				(SELECT seq FROM actor_events
-				WHERE agent_uid = $2 AND session_id = $3 AND status = 'open' AND steer_of IS NULL AND event_id <> $1
-				ORDER BY seq LIMIT 1) IS NOT NULL
-			FROM closed`,
-			ref.ActorEventID, ref.AgentUID, ref.SessionID,
-			fmt.Sprintf("%sevent %d is no longer open", checkSuperseded, ref.ActorEventID),
-		).QueryRow(func(row pgx.Row) error {
-			var ok bool
-			return row.Scan(&ok, &t.NextOpen)
-		})
 		if steers := len(payloads) - 1; steers > 0 {
 			// The steers close with the event they were attached to.
 			b.Queue(`
@@ -612,42 +569,24 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		}
 		// Alarms before the session row: the lock order of FireDueAlarms.
 		queueAlarmOps(b, store.KeyOf(ref), alarms)
-		// The turn's usage is its event's journal (not set aside) as of
-		// now, summed in the statement that inserts the turn: no round
-		// trip of its own. The journal's rows are written under the
-		// activation's row lock, which this transaction holds.
-		b.Queue(`
-			WITH turn AS (
-				UPDATE sessions SET turn_count = turn_count + 1 WHERE agent_uid = $1 AND session_id = $2
-				RETURNING turn_count),
-			usage AS (`+journalUsageSQL+`)
-			INSERT INTO turns (agent_uid, session_id, turn_no, event_id, delivery_id, actor_epoch, outcome, committed_at,
-				input_tokens, output_tokens)
-			SELECT $1, $2, turn.turn_count, $3, $4, $5, $6, clock_timestamp(), usage.input_tokens, usage.output_tokens
-			FROM turn, usage
-			RETURNING turn_no, committed_at, input_tokens, output_tokens`,
-			ref.AgentUID, ref.SessionID, ref.ActorEventID, ref.DeliveryID, ref.ActorEpoch, string(outcome),
-		).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&t.TurnNo, &t.CommittedAt, &t.Usage.InputTokens, &t.Usage.OutputTokens)
-		})
-		if n > 0 {
-			b.Queue(`
-				INSERT INTO messages (agent_uid, session_id, turn_no, idx, role, content)
-				SELECT $1, $2, s.turn_count, m.idx, m.role, m.content
-				FROM sessions s, unnest($3::int[], $4::text[], $5::text[]) AS m(idx, role, content)
-				WHERE s.agent_uid = $1 AND s.session_id = $2`,
-				ref.AgentUID, ref.SessionID, idx, roles, contents)
-		}
+		// The event closed, the turn, its messages, the state and the
+		// turn.committed frame: one statement (commitWritesSQL).
+		args := []any{ref.AgentUID, ref.SessionID, ref.ActorEventID,
+			fmt.Sprintf("%sevent %d is no longer open", checkSuperseded, ref.ActorEventID),
+			ref.DeliveryID, ref.ActorEpoch, string(outcome), idx, roles, contents,
+			store.FrameTurnCommitted, string(store.MustBody(t.Messages))}
+		sql := commitWritesSQL
 		if !p.KeepState {
-			b.Queue(`
-				INSERT INTO session_state (agent_uid, session_id, state, updated_at)
-				VALUES ($1, $2, $3, clock_timestamp())
-				ON CONFLICT (agent_uid, session_id) DO UPDATE SET state = excluded.state, updated_at = excluded.updated_at`,
-				ref.AgentUID, ref.SessionID, store.StateColumn(p.State))
+			sql, args = commitWritesStateSQL, append(args, store.StateColumn(p.State))
 		}
+		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+			var ok bool
+			return row.Scan(&ok, &t.NextOpen, &t.TurnNo, &t.CommittedAt, &t.Usage.InputTokens, &t.Usage.OutputTokens)
+		})
 		if reason := store.OutcomeSleepReason(outcome); reason != "" {
 			// The agent sleeps (or finished) until the next signal, unless
 			// one is already waiting: open events still run (invariant 11).
+			// The session row is this transaction's already.
 			b.Queue(`
 				UPDATE sessions SET status = 'sleeping', sleep_ts = clock_timestamp(), sleep_reason = $3,
 					pending_since = NULL
@@ -656,17 +595,10 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 					WHERE agent_uid = $1 AND session_id = $2 AND status = 'open'
 					ORDER BY seq LIMIT 1) IS NULL`, ref.AgentUID, ref.SessionID, reason)
 		}
-		// The turn.committed frame, last (the stream head's lock is the
-		// transaction's last), its body built from the turns row above.
-		frame := func(b *pgx.Batch) {
-			b.Queue(turnCommittedSQL, ref.AgentUID, ref.SessionID, store.FrameTurnCommitted, ref.ActorEventID,
-				ref.ActorEpoch, string(store.MustBody(t.Messages)))
-		}
 		if p.Wait == nil {
 			// COMMIT rides with the writes (with the payloads given, the
 			// batch is the whole transaction: an implicit one). The guards
 			// above refuse inside the database (paddock_check), before it.
-			frame(b)
 			if err := tx.(*pipeTx).SendBatchAlone(ctx, b).Close(); err != nil {
 				return checkErr(err)
 			}
@@ -679,7 +611,6 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 				return checkErr(err)
 			}
 			b = &pgx.Batch{}
-			frame(b)
 			b.Queue(turnEndedSQL, ref.AgentUID, ref.SessionID, store.FrameWaitOpened, ref.ActorEventID, ref.ActorEpoch,
 				string(store.MustBody(w)))
 			if err := tx.(*pipeTx).SendBatchCommit(ctx, b).Close(); err != nil {
@@ -695,11 +626,11 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	return t, nil
 }
 
-// commitWritesSQL is the writes of a common commit (one payload, no
-// steers, alarms, wait or sleep) after its fence, in one statement of
-// data-modifying CTEs in the lock order of CommitTurn's batch — the event,
-// the session, its messages (and state: commitWritesStateSQL, $13), the
-// stream head last: the event closed (invariant 4: exactly once, else it
+// commitWritesSQL is a commit's writes after its fence (and after the
+// steers' close and the alarms, which CommitTurn queues before it), in one
+// statement of data-modifying CTEs in the lock order of the turn
+// transaction — the event, the session, its messages (and state:
+// commitWritesStateSQL, $13), the stream head last: the event closed (invariant 4: exactly once, else it
 // raises $4 — superseded), the turn appended with its journal's usage,
 // the transcript's messages ($8-$10), the turn.committed frame ($11, body
 // messages $12). It returns the check, whether another event is open (the
