@@ -271,6 +271,11 @@ func (sub *Subscription) Next(ctx context.Context) ([]Event, error) {
 		evs, behind := sub.s.since(sub.pos)
 		if behind {
 			if err := sub.readStore(readContext(ctx)); err != nil {
+				if ctx.Err() != nil {
+					// The caller left while the store was read: say so,
+					// as the wait below does.
+					return nil, ctx.Err()
+				}
 				return nil, err
 			}
 			if len(sub.backlog) > 0 {
