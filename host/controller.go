@@ -300,6 +300,12 @@ type activationRun struct {
 	// expect is what the agent ran at the last dispatch and its binding:
 	// the next dispatch's NextDeliveryParams.Expect.
 	expect *store.ExpectedBinding
+	// taken is the next turn the last commit took in its transaction
+	// (store.Turn.Next): the loop runs it without a dispatch of its own.
+	// backlog: the last commit saw another event open after its own, so
+	// the next commit asks for the next turn (CommitTurnParams.Next).
+	taken   *store.Dispatch
+	backlog bool
 	// slots is the pool whose slot the activation holds; yielded records
 	// that it stopped idle to give the slot to a waiting session.
 	slots   *pool
@@ -354,15 +360,51 @@ func (a *activationRun) expectNext(ab store.AgentBinding) {
 	}
 }
 
+// nextParams are the NextDelivery parameters of this activation's next
+// dispatch (a fresh delivery id), asked of NextDelivery or of the commit
+// before it (store.CommitTurnParams.Next).
+func (a *activationRun) nextParams() store.NextDeliveryParams {
+	return store.NextDeliveryParams{
+		Activation: a.act.Ref(), DeliveryID: uuid.NewString(), Bind: a.bind,
+		BlockOnDeadLetter: a.pol.BlockOnDeadLetter, MarkSent: true, TailMessages: a.tail(),
+		ExpectDue: a.nextOpen, Expect: a.expect,
+	}
+}
+
+// woken reports whether a wake-up is pending, and takes it.
+func (a *activationRun) woken() bool {
+	select {
+	case <-a.c.wake:
+		return true
+	default:
+		return false
+	}
+}
+
+// runnable reports whether the activation may take its next event: the
+// host is not stopping, the lease holds and the agent's pool still runs
+// here.
+func (a *activationRun) runnable(runCtx context.Context) bool {
+	return runCtx.Err() == nil && a.leaseCtx.Err() == nil && a.h.placeable(a.leaseCtx, a.agent, a.pol.Pool)
+}
+
 // loop takes due events one at a time until idle, lease loss or shutdown.
 func (a *activationRun) loop(runCtx context.Context) time.Duration {
 	h, c := a.h, a.c
 	idleSince := time.Now()
 	for {
-		if runCtx.Err() != nil || a.leaseCtx.Err() != nil {
+		switch taken := a.taken; {
+		case taken != nil && !a.runnable(runCtx):
+			// The last commit took the next event, but the activation
+			// stops: give it back unsent and uncounted (its worker never
+			// had it), which ends the activation.
+			a.taken = nil
+			return c.fail(context.Background(), taken.Delivery.TurnRef(), taken.Attempt, a.pol,
+				errors.New("activation stopped before the turn was sent"), false, "not_sent")
+		case taken != nil:
+		case runCtx.Err() != nil || a.leaseCtx.Err() != nil:
 			return a.stop()
-		}
-		if !h.placeable(a.leaseCtx, a.agent, a.pol.Pool) {
+		case !h.placeable(a.leaseCtx, a.agent, a.pol.Pool):
 			// The remote pool's last worker here left: let go of the session
 			// before taking its next event, for a host that has one.
 			a.log.Info("pool no longer runnable on this host: activation stopped", "pool", a.pol.Pool)
@@ -371,7 +413,10 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 		ctx, cancel := context.WithTimeout(a.leaseCtx, 10*time.Second)
 		var d store.Dispatch
 		var err error
-		if a.nothingOpen {
+		if a.taken != nil {
+			d, a.taken = *a.taken, nil
+			a.expectNext(d.Agent)
+		} else if a.nothingOpen {
 			// Nothing was open when the last turn committed: wait for the
 			// wake-up of the next signal instead of asking now.
 			a.nothingOpen = false
@@ -386,11 +431,7 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			case <-c.wake:
 			default:
 			}
-			d, err = h.st.NextDelivery(ctx, store.NextDeliveryParams{
-				Activation: a.act.Ref(), DeliveryID: uuid.NewString(), Bind: a.bind,
-				BlockOnDeadLetter: a.pol.BlockOnDeadLetter, MarkSent: true, TailMessages: a.tail(),
-				ExpectDue: a.nextOpen, Expect: a.expect,
-			})
+			d, err = h.st.NextDelivery(ctx, a.nextParams())
 			a.nextOpen = false
 			if err == nil {
 				a.expectNext(d.Agent)
@@ -543,9 +584,30 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			// need not read it back (CommitTurnParams.Payloads).
 			payloads = []string{string(d.Event.Payload)}
 		}
-		turn, err := h.commit(ctx, res, payloads)
-		cancel()
+		var next *store.NextDeliveryParams
+		if a.runnable(a.runCtx) && (a.backlog || a.woken()) {
+			// Another event is likely open (the last commit saw one after
+			// this turn's, or a wake-up came since the dispatch): take the
+			// next turn in the commit's transaction. Without that hint the
+			// claim would mostly find nothing, at the cost of its
+			// statement. The commit sees every write committed before it,
+			// so the wake-up is answered by it and dropped (as before a
+			// dispatch); the wake-up of a steer of this turn may be one of
+			// them, which is why a stale revision below reads the turn in
+			// flight again.
+			np := a.nextParams()
+			next = &np
+		}
+		turn, err := h.commit(ctx, res, payloads, next)
 		var fe *store.FenceError
+		if errors.As(err, &fe) && fe.Reason == store.FenceStaleRevision && latest.Delivery.Revision <= res.TurnRef.Revision {
+			// Steered after the worker answered, unseen so far: read the
+			// newest revision and its steers.
+			if cur, ierr := h.st.InFlight(ctx, a.act.Ref()); ierr == nil && cur.Event.ID == d.Event.ID {
+				latest.Delivery, latest.Steers = cur.Delivery, cur.Steers
+			}
+		}
+		cancel()
 		switch {
 		case errors.As(err, &fe) && fe.Reason == store.FenceStaleRevision && latest.Delivery.Revision > res.TurnRef.Revision:
 			// Steered while running, and the worker answered the older
@@ -570,7 +632,7 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			return "", c.fail(context.Background(), last, d.Attempt, a.pol, fmt.Errorf("commit: %w", err), true, "commit"), true
 		}
 		c.notCharged = 0
-		a.nothingOpen, a.nextOpen = !turn.NextOpen, turn.NextOpen
+		a.nothingOpen, a.nextOpen, a.backlog, a.taken = !turn.NextOpen, turn.NextOpen, turn.NextOpen, turn.Next
 		a.log.Debug("turn committed", "turn", turn.TurnNo, "event", turn.EventID, "outcome", turn.Outcome)
 		if r, ok := a.inst.(Recycler); ok && r.ShouldRecycle() {
 			a.closeInstance()
@@ -702,19 +764,19 @@ func steerOf(ref abi.TurnRef, e store.Event) abi.Steer {
 // *store.FenceError is returned; nothing was written. Every worker kind's
 // replies, late ones included, come through here.
 func (h *Host) Commit(ctx context.Context, res *abi.TurnResult) (turn store.Turn, err error) {
-	return h.commit(ctx, res, nil)
+	return h.commit(ctx, res, nil, nil)
 }
 
 // commit is Commit with the payloads the turn carried when the caller
 // dispatched it (store.CommitTurnParams.Payloads; nil: the store reads
-// them).
-func (h *Host) commit(ctx context.Context, res *abi.TurnResult, payloads []string) (turn store.Turn, err error) {
+// them) and the caller's next dispatch (CommitTurnParams.Next; nil: none).
+func (h *Host) commit(ctx context.Context, res *abi.TurnResult, payloads []string, next *store.NextDeliveryParams) (turn store.Turn, err error) {
 	ctx, span := h.startCommit(ctx, res.TurnRef)
 	defer func() { endCommit(span, turn, err) }()
 	turn, err = h.st.CommitTurn(ctx, store.CommitTurnParams{
 		Ref: res.TurnRef, Messages: res.Messages, State: res.State, KeepState: res.State == nil,
 		Outcome: res.Outcome, Alarms: res.Alarms, Wait: store.WaitFromSpec(res.Wait, res.TurnRef.ActorEventID),
-		Payloads: payloads,
+		Payloads: payloads, Next: next,
 	})
 	var fe *store.FenceError
 	if errors.As(err, &fe) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -151,6 +152,71 @@ func TestOneTripSecondTurnSteeredCancelledAndWaiting(t *testing.T) {
 		fs := wantSoundStream(t, st, key)
 		if k := fs[len(fs)-1].Kind; k != store.FrameWaitOpened {
 			t.Errorf("last frame %s, want wait.opened", k)
+		}
+	})
+}
+
+// dispatchCounter is a store that counts the turns NextDelivery dispatched
+// and those a commit took for the next turn (store.Turn.Next).
+type dispatchCounter struct {
+	store.Store
+	dispatched, taken atomic.Int64
+}
+
+func (c *dispatchCounter) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (store.Dispatch, error) {
+	d, err := c.Store.NextDelivery(ctx, p)
+	if err == nil {
+		c.dispatched.Add(1)
+	}
+	return d, err
+}
+
+func (c *dispatchCounter) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store.Turn, error) {
+	t, err := c.Store.CommitTurn(ctx, p)
+	if err == nil && t.Next != nil {
+		c.taken.Add(1)
+	}
+	return t, err
+}
+
+// TestABacklogRunsThroughTheCommitsClaims: events that wait behind a turn
+// are taken each by the commit before it (store.CommitTurnParams.Next),
+// not by a dispatch of their own, and run in order, once each, at their
+// first attempt, with a sound stream.
+func TestABacklogRunsThroughTheCommitsClaims(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		cs := &dispatchCounter{Store: st}
+		started := make(chan string, 16)
+		f := start(t, cs, map[string]abi.TurnFunc{"o": oneTripFn(started)}, testPolicy())
+		key := f.session(f.agent("o"))
+		f.signal(key, "ignore") // 300 ms: the rest queues behind it
+		for recv(t, started) != "ignore" {
+		}
+		const backlog = 5
+		for i := range backlog {
+			f.signal(key, fmt.Sprintf("q%d", i))
+		}
+		f.waitFor("the backlog's turns", func() bool { return f.get(key).TurnCount == 1+backlog })
+		ts := f.transcript(key)
+		for i, tr := range ts[1:] {
+			if got, want := tr.Messages[len(tr.Messages)-1].Content, fmt.Sprintf("re: q%d", i); got != want {
+				t.Errorf("turn %d replied %q, want %q", i+2, got, want)
+			}
+		}
+		for _, e := range f.events(key) {
+			if e.Status != store.EventDone || e.Attempts != 0 {
+				t.Errorf("event %d is %s after %d failed attempts, want done after none", e.ID, e.Status, e.Attempts)
+			}
+		}
+		for _, fr := range wantSoundStream(t, st, key) {
+			if fr.Kind == store.FrameTurnStarted && fr.Attempt != 1 {
+				t.Errorf("turn.started of event %d at attempt %d", fr.EventID, fr.Attempt)
+			}
+		}
+		d, tk := cs.dispatched.Load(), cs.taken.Load()
+		if d+tk != 1+backlog || tk < backlog-1 {
+			t.Errorf("%d turns dispatched by NextDelivery and %d taken by the commit before them, want %d in all, at least %d taken",
+				d, tk, 1+backlog, backlog-1)
 		}
 	})
 }

@@ -197,6 +197,23 @@ func CommitOutcome(p CommitTurnParams) abi.Outcome {
 	return p.Outcome
 }
 
+// CheckCommitNext validates CommitTurnParams.Next before any database
+// access: the next turn is asked of the committing turn's own activation
+// (uid, session and epoch of Ref; ErrInvalid names what differs). Without
+// a Next it returns nil.
+func CheckCommitNext(p CommitTurnParams) error {
+	n := p.Next
+	if n == nil {
+		return nil
+	}
+	a, r := n.Activation, p.Ref
+	if a.UID != r.ActivationUID || a.AgentUID != r.AgentUID || a.SessionID != r.SessionID || a.ActorEpoch != r.ActorEpoch {
+		return fmt.Errorf("next turn asked of activation %s of %s at epoch %d, the commit is of activation %s of %s at epoch %d: %w",
+			a.UID, a.ActorKey, a.ActorEpoch, r.ActivationUID, KeyOf(r), r.ActorEpoch, ErrInvalid)
+	}
+	return nil
+}
+
 // PayloadMessage returns a signal payload's "message" string
 // ({"message": "...", "data": {...}}) when it has a non-empty one.
 func PayloadMessage(payload string) (string, bool) {

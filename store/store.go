@@ -321,6 +321,12 @@ type Turn struct {
 	// (an event appended later wakes it). A driver that does not compute it
 	// reports true.
 	NextOpen bool `json:"-"`
+	// Next is the session's next turn when CommitTurnParams.Next asked for
+	// it and the driver took an event in the commit's transaction: the
+	// Dispatch NextDelivery would have returned right after the commit. Nil
+	// when nothing was due, the activation could not take it, or the driver
+	// left it to NextDelivery (the caller then calls it as usual).
+	Next *Dispatch `json:"-"`
 }
 
 // Dispatch is everything a controller needs to run one turn: the delivery
@@ -890,6 +896,17 @@ type CommitTurnParams struct {
 	// the payloads under the activation's lock (PostgreSQL: the commit is
 	// then one round trip instead of two). Nil: the driver reads them.
 	Payloads []string
+	// Next, when set, asks for the session's next turn in the commit's
+	// transaction: after the commit's writes, the driver takes the oldest
+	// due event as NextDelivery would with these parameters
+	// (Next.Activation is Ref's activation) and returns it as Turn.Next.
+	// It saves the dispatch's own transaction and round trip for a session
+	// with events waiting. Whatever the dispatch finds — nothing due, an
+	// agent that changed, an error of Bind — never undoes the commit: the
+	// driver then leaves Turn.Next nil and the caller asks NextDelivery. A
+	// driver may always leave it nil (PostgreSQL does without Next.Expect or
+	// with a Wait). Nothing is taken when the commit is refused.
+	Next *NextDeliveryParams
 	// Wait, with Outcome wait (and only with it), opens this wait of kind
 	// wait in the same transaction (frame wait.opened after
 	// turn.committed); the session sleeps with SleepReasonWait unless

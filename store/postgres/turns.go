@@ -114,7 +114,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		// The turn.started frame, in this round trip (the stream head's
 		// lock is this transaction's last).
 		b.Queue(turnStartedSQL, ref.AgentUID, ref.SessionID, store.FrameTurnStarted, *eventID, epoch)
-		queueSession(b, ref.ActorKey, &d)
+		queueSession(b, ref.ActorKey, "", &d)
 		if steered != nil && *steered {
 			// Steers attached to an earlier attempt come back with the
 			// retry (read only when there are some: the common turn has
@@ -127,7 +127,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			})
 		}
 		if p.TailMessages > 0 {
-			queueTail(b, ref.ActorKey, p.TailMessages, &d.Tail)
+			queueTail(b, ref.ActorKey, p.TailMessages, "", &d.Tail)
 		}
 		if err := tx.(*pipeTx).SendBatchCommit(ctx, b).Close(); err != nil {
 			return dispatchErr(p.DeliveryID, err)
@@ -147,18 +147,28 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 }
 
 // queueSession queues the read of the session (without its counters)
-// and its state into d.
-func queueSession(b *pgx.Batch, key store.ActorKey, d *store.Dispatch) {
+// and its state into d. With claimedBy (an activation uid) the row is read
+// only when that activation has a current event — the claim queued before
+// it in the same transaction took one — and d is left as it is otherwise.
+func queueSession(b *pgx.Batch, key store.ActorKey, claimedBy string, d *store.Dispatch) {
 	b.Queue(`SELECT `+sessionNoCounters+`, st.state, st.state IS NOT NULL FROM sessions s
 		LEFT JOIN session_state st ON st.agent_uid = s.agent_uid AND st.session_id = s.session_id
-		WHERE s.agent_uid = $1 AND s.session_id = $2`,
-		key.AgentUID, key.SessionID).QueryRow(func(row pgx.Row) (err error) {
+		WHERE s.agent_uid = $1 AND s.session_id = $2`+claimedByWhere,
+		key.AgentUID, key.SessionID, claimedBy).QueryRow(func(row pgx.Row) (err error) {
 		var notNull bool
 		d.Session, err = scanSession(row, &d.State, &notNull)
+		if errors.Is(err, pgx.ErrNoRows) && claimedBy != "" {
+			return nil
+		}
 		d.State = store.StateFromColumn(d.State, notNull)
 		return err
 	})
 }
+
+// claimedByWhere is queueSession's and queueTail's condition on their $3:
+// "" (none), or an activation uid that must have a current event.
+const claimedByWhere = ` AND ($3::text = '' OR EXISTS (SELECT 1 FROM activations
+		WHERE activation_uid = $3::text AND current_event_id IS NOT NULL))`
 
 // dispatchErr maps a dispatch batch's error: a delivery id already used is
 // ErrConflict, a paddock_check refusal its typed error (checkErr).
@@ -170,14 +180,14 @@ func dispatchErr(deliveryID string, err error) error {
 }
 
 // queueTail queues the read of the session's last n transcript messages,
-// oldest first, into out.
-func queueTail(b *pgx.Batch, key store.ActorKey, n int, out *[]abi.Message) {
+// oldest first, into out; claimedBy as for queueSession.
+func queueTail(b *pgx.Batch, key store.ActorKey, n int, claimedBy string, out *[]abi.Message) {
 	b.Queue(`
 		SELECT role, content FROM (
 			SELECT turn_no, idx, role, content FROM messages
-			WHERE agent_uid = $1 AND session_id = $2
-			ORDER BY turn_no DESC, idx DESC LIMIT $3) m
-		ORDER BY turn_no, idx`, key.AgentUID, key.SessionID, n).Query(func(rows pgx.Rows) (err error) {
+			WHERE agent_uid = $1 AND session_id = $2`+claimedByWhere+`
+			ORDER BY turn_no DESC, idx DESC LIMIT $4) m
+		ORDER BY turn_no, idx`, key.AgentUID, key.SessionID, claimedBy, n).Query(func(rows pgx.Rows) (err error) {
 		*out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (abi.Message, error) {
 			var m abi.Message
 			err := r.Scan(&m.Role, &m.Content)
@@ -243,55 +253,84 @@ var claimDeliverySQL = `
 	FROM up LEFT JOIN ev ON true`
 
 // claimDelivery is NextDelivery in one round trip (p.Expect set):
-// claimDeliverySQL, then the reads of the session with its state and of
-// the tail, in one implicit transaction. taken is false when the claim
-// took nothing (the locked path then answers).
+// queueClaim in an implicit transaction of its own. taken is false when
+// the claim took nothing (the locked path then answers).
 func (s *Store) claimDelivery(ctx context.Context, p store.NextDeliveryParams) (d store.Dispatch, taken bool, err error) {
-	ref, x := p.Activation, p.Expect
-	state := store.DeliveryCreated
-	if p.MarkSent {
-		state = store.DeliverySent
-	}
+	var c *claim
 	err = s.pipeTxDo(ctx, "next delivery", func(ctx context.Context, tx txConn) error {
-		d, taken = store.Dispatch{}, false
-		var epoch, revision int64
 		b := &pgx.Batch{}
-		b.Queue(claimDeliverySQL, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID, p.BlockOnDeadLetter,
-			p.DeliveryID, string(state), x.Binding,
-			x.Agent.Kind, x.Agent.ModuleDigest, x.Agent.Plugin, x.Agent.PluginSHA256, x.Agent.Namespace,
-			store.FrameTurnStarted, checkLockRace+"event closed concurrently",
-		).QueryRow(func(row pgx.Row) error {
-			var ok bool
-			var err error
-			d.Event, err = scanEvent(row, &epoch, &revision, &d.Agent.Kind, &d.Agent.ModuleDigest, &d.Agent.Plugin,
-				&d.Agent.PluginSHA256, &d.Agent.Namespace, &ok)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			taken = err == nil
-			return err
-		})
-		queueSession(b, ref.ActorKey, &d)
-		if p.TailMessages > 0 {
-			queueTail(b, ref.ActorKey, p.TailMessages, &d.Tail)
-		}
+		c = queueClaim(b, p, false)
 		if err := tx.(*pipeTx).SendBatchAlone(ctx, b).Close(); err != nil {
 			return dispatchErr(p.DeliveryID, err)
 		}
-		if !taken {
-			return nil
-		}
-		d.Delivery = store.Delivery{
-			ID: p.DeliveryID, ActorKey: ref.ActorKey, ActivationUID: ref.UID, ActorEpoch: epoch,
-			EventID: d.Event.ID, Revision: revision, State: state, Binding: d.Event.Binding,
-		}
-		d.Attempt = d.Event.Attempts + 1
 		return nil
 	})
-	if err != nil || !taken {
+	if err != nil {
 		return store.Dispatch{}, false, err
 	}
-	return d, true, nil
+	d, taken = c.dispatch()
+	return d, taken, nil
+}
+
+// claim is a queued claimDeliverySQL's answer (queueClaim).
+type claim struct {
+	p               store.NextDeliveryParams
+	state           store.DeliveryState
+	d               store.Dispatch
+	taken           bool
+	epoch, revision int64
+}
+
+// queueClaim queues claimDeliverySQL for p (p.Expect set), then the reads
+// of the session with its state and of the tail; after a commit in the same
+// transaction (afterCommit), those reads run only when the claim took an
+// event.
+func queueClaim(b *pgx.Batch, p store.NextDeliveryParams, afterCommit bool) *claim {
+	ref, x := p.Activation, p.Expect
+	c := &claim{p: p, state: store.DeliveryCreated}
+	if p.MarkSent {
+		c.state = store.DeliverySent
+	}
+	b.Queue(claimDeliverySQL, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID, p.BlockOnDeadLetter,
+		p.DeliveryID, string(c.state), x.Binding,
+		x.Agent.Kind, x.Agent.ModuleDigest, x.Agent.Plugin, x.Agent.PluginSHA256, x.Agent.Namespace,
+		store.FrameTurnStarted, checkLockRace+"event closed concurrently",
+	).QueryRow(func(row pgx.Row) error {
+		var ok bool
+		var err error
+		c.d.Event, err = scanEvent(row, &c.epoch, &c.revision, &c.d.Agent.Kind, &c.d.Agent.ModuleDigest,
+			&c.d.Agent.Plugin, &c.d.Agent.PluginSHA256, &c.d.Agent.Namespace, &ok)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		c.taken = err == nil
+		return err
+	})
+	claimedBy := ""
+	if afterCommit {
+		claimedBy = ref.UID
+	}
+	queueSession(b, ref.ActorKey, claimedBy, &c.d)
+	if p.TailMessages > 0 {
+		queueTail(b, ref.ActorKey, p.TailMessages, claimedBy, &c.d.Tail)
+	}
+	return c
+}
+
+// dispatch is the claim's Dispatch once its batch ran; taken is false when
+// it took nothing.
+func (c *claim) dispatch() (d store.Dispatch, taken bool) {
+	if !c.taken {
+		return store.Dispatch{}, false
+	}
+	ref := c.p.Activation
+	d = c.d
+	d.Delivery = store.Delivery{
+		ID: c.p.DeliveryID, ActorKey: ref.ActorKey, ActivationUID: ref.UID, ActorEpoch: c.epoch,
+		EventID: d.Event.ID, Revision: c.revision, State: c.state, Binding: d.Event.Binding,
+	}
+	d.Attempt = d.Event.Attempts + 1
+	return d, true
 }
 
 // The pieces of a dispatch's candidate, shared by nextDeliverySQL (the
@@ -499,9 +538,14 @@ func (s *Store) MarkDeliverySent(ctx context.Context, ref abi.TurnRef) error {
 // carried) the whole commit is one round trip, COMMIT included; without,
 // the lock's statement reads the event's and its steers' payloads and the
 // writes follow in a second round trip. A wait adds one more either way.
+//
+// With p.Next (and its Expect, and no Wait) the next turn's claim
+// (claimDeliverySQL, then the session's and the tail's reads, which run
+// only when it took an event) rides in the commit's last round trip and
+// transaction. Should the claim refuse that transaction (a lock race, a
+// delivery id in use), the commit runs again alone: the dispatch never
+// undoes the commit.
 func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store.Turn, error) {
-	ref := p.Ref
-	outcome := store.CommitOutcome(p)
 	alarms, err := store.PlanAlarmOps(p.Alarms)
 	if err != nil {
 		return store.Turn{}, fmt.Errorf("store/postgres: commit turn: %w", err)
@@ -509,8 +553,30 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	if err := store.CheckCommitWait(p); err != nil {
 		return store.Turn{}, fmt.Errorf("store/postgres: commit turn: %w", err)
 	}
+	if err := store.CheckCommitNext(p); err != nil {
+		return store.Turn{}, fmt.Errorf("store/postgres: commit turn: %w", err)
+	}
+	next := p.Next
+	if next != nil && (next.Expect == nil || p.Wait != nil) {
+		next = nil
+	}
+	t, err := s.commitTurn(ctx, p, alarms, next)
+	var fe *store.FenceError
+	if err != nil && next != nil && !errors.As(err, &fe) && ctx.Err() == nil {
+		t, err = s.commitTurn(ctx, p, alarms, nil)
+	}
+	return t, err
+}
+
+// commitTurn is CommitTurn, with the claim of next in its transaction
+// when next is set.
+func (s *Store) commitTurn(ctx context.Context, p store.CommitTurnParams, alarms store.AlarmWrites, next *store.NextDeliveryParams) (store.Turn, error) {
+	ref := p.Ref
+	outcome := store.CommitOutcome(p)
 	var t store.Turn
-	err = s.pipeTxDo(ctx, "commit turn", func(ctx context.Context, tx txConn) error {
+	var c *claim
+	err := s.pipeTxDo(ctx, "commit turn", func(ctx context.Context, tx txConn) error {
+		c = nil
 		t = store.Turn{ActorKey: store.KeyOf(ref), EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
 			ActorEpoch: ref.ActorEpoch, Outcome: outcome}
 		b := &pgx.Batch{}
@@ -596,6 +662,9 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 					ORDER BY seq LIMIT 1) IS NULL`, ref.AgentUID, ref.SessionID, reason)
 		}
 		if p.Wait == nil {
+			if next != nil {
+				c = queueClaim(b, *next, true)
+			}
 			// COMMIT rides with the writes (with the payloads given, the
 			// batch is the whole transaction: an implicit one). The guards
 			// above refuse inside the database (paddock_check), before it.
@@ -622,6 +691,11 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	})
 	if err != nil {
 		return store.Turn{}, s.explainRefusal(ctx, ref, store.FenceCommit, err)
+	}
+	if c != nil {
+		if d, taken := c.dispatch(); taken {
+			t.Next, t.NextOpen = &d, true
+		}
 	}
 	return t, nil
 }

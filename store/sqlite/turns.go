@@ -19,10 +19,19 @@ const activationLiveWhere = `activation_uid = ? AND agent_uid = ? AND session_id
 // NextDelivery takes the session's oldest open event if it is due and
 // creates its delivery; see store.Store.
 func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (store.Dispatch, error) {
+	var d store.Dispatch
+	err := s.write(ctx, "next delivery", func(tx *txn) (err error) {
+		d, err = nextDelivery(tx, p)
+		return err
+	})
+	return d, err
+}
+
+// nextDelivery is NextDelivery's transaction, in tx.
+func nextDelivery(tx *txn, p store.NextDeliveryParams) (d store.Dispatch, err error) {
 	ref := p.Activation
 	refArgs := []any{ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID}
-	var d store.Dispatch
-	err := s.write(ctx, "next delivery", func(tx *txn) error {
+	err = func() error {
 		// The activation, and what its agent runs now (for an event's first
 		// attempt below).
 		var ab store.AgentBinding
@@ -145,8 +154,32 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		}
 		d.Steers, err = attachedSteers(tx, ref.ActorKey, eventID)
 		return err
-	})
+	}()
 	return d, err
+}
+
+// nextAfterCommit is CommitTurnParams.Next: nextDelivery inside a savepoint
+// of the commit's transaction, so that whatever it finds (nothing due, not
+// live, an error of Bind) is undone alone and the commit stands. It
+// returns nil when it took nothing; an error only when the savepoint
+// itself failed.
+func nextAfterCommit(tx *txn, p store.NextDeliveryParams) (*store.Dispatch, error) {
+	if _, err := tx.tx.ExecContext(tx.ctx, `SAVEPOINT next_turn`); err != nil {
+		return nil, err
+	}
+	d, err := nextDelivery(tx, p)
+	if err != nil {
+		if _, err := tx.tx.ExecContext(tx.ctx, `ROLLBACK TO next_turn`); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := tx.tx.ExecContext(tx.ctx, `RELEASE next_turn`); err != nil {
+		return nil, err
+	}
+	if err != nil {
+		return nil, nil
+	}
+	return &d, nil
 }
 
 // attachedSteers returns the open steers attached to an event, by seq.
@@ -218,6 +251,9 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		return store.Turn{}, fmt.Errorf("store/sqlite: commit turn: %w", err)
 	}
 	if err := store.CheckCommitWait(p); err != nil {
+		return store.Turn{}, fmt.Errorf("store/sqlite: commit turn: %w", err)
+	}
+	if err := store.CheckCommitNext(p); err != nil {
 		return store.Turn{}, fmt.Errorf("store/sqlite: commit turn: %w", err)
 	}
 	var t store.Turn
@@ -321,6 +357,13 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 				ref.AgentUID, ref.SessionID, nullBytes(store.StateColumn(p.State))); err != nil {
 				return err
 			}
+		}
+		if p.Next != nil {
+			// The next turn, in this transaction (CommitTurnParams.Next).
+			if t.Next, err = nextAfterCommit(tx, *p.Next); err != nil {
+				return err
+			}
+			t.NextOpen = t.NextOpen || t.Next != nil
 		}
 		return nil
 	})

@@ -60,6 +60,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) store.Store) {
 		activationCases(),
 		fenceCases(),
 		turnCases(),
+		commitNextCases(),
 		onetripCases(),
 		maintenanceCases(),
 		crashCases(),
