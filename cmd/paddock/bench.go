@@ -53,6 +53,7 @@ type benchOptions struct {
 	rate                                                  float64
 	storeKind, dsn, worker, signalPath                    string
 	module, plugin, schema, cpuProfile, dataDir           string
+	latencyLog                                            string
 	reuse, traceEndpoint                                  string
 	traceRatio                                            float64
 	sqlStats                                              bool
@@ -222,6 +223,7 @@ func newBenchCmd() *cobra.Command {
 	f.StringVar(&o.module, "module", "examples/hasher/hasher.wasm", "the hasher wasm module (make examples)")
 	f.StringVar(&o.plugin, "plugin", "bin/hasher-plugin", "the hasher plugin binary (make plugins)")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured run to this file")
+	f.StringVar(&o.latencyLog, "latency-log", "", "write each turn of the measured run to this CSV file (sent_ms: the signal's send time from the run's start; call_ms: the signal call; latency_ms: send → committed), to find what makes a tail")
 	f.StringVar(&o.traceEndpoint, "trace-endpoint", "", "export OpenTelemetry spans over OTLP/HTTP to this URL (the cost of tracing); \"discard\": to a loopback receiver that reads and drops them; empty: tracing off")
 	f.Float64Var(&o.traceRatio, "trace-sample-ratio", 1, "with --trace-endpoint: the share of traces recorded (0 to 1)")
 	f.BoolVar(&o.sqlStats, "sql-stats", false, "print the statements sent per turn, most frequent first (PostgreSQL)")
@@ -716,6 +718,20 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	}
 	res.Latency = percentiles(lat)
 	res.InsertCall = percentiles(calls)
+	if o.latencyLog != "" {
+		var b strings.Builder
+		b.WriteString("sent_ms,call_ms,latency_ms\n")
+		i := 0
+		for _, rs := range results {
+			for _, s := range rs {
+				fmt.Fprintf(&b, "%.3f,%.3f,%.3f\n", ms(s.t.Sub(start)), ms(s.took), ms(lat[i]))
+				i++
+			}
+		}
+		if err := os.WriteFile(o.latencyLog, []byte(b.String()), 0o644); err != nil {
+			return nil, fmt.Errorf("--latency-log: %w", err)
+		}
+	}
 	if pgConn != nil {
 		res.RoundTrips = round3(float64(rt.n.Load()-rt0) / float64(o.n))
 		res.Transactions = round3(float64(rt.xacts.Load()-xact0) / float64(o.n))
