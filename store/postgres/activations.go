@@ -26,65 +26,26 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 	}
 	key := p.Key
 	a := store.Activation{UID: p.UID, ActorKey: key, LeaseID: p.LeaseID, State: store.ActivationActive, HostID: p.HostID}
-	err := s.tx(ctx, "claim activation", func(ctx context.Context, tx pgx.Tx) error {
-		var status store.SessionStatus
-		var reason string
-		var live bool
-		err := tx.QueryRow(ctx, `
-			SELECT s.status, coalesce(s.sleep_reason, ''), EXISTS (SELECT 1 FROM activations a
-				WHERE a.agent_uid = s.agent_uid AND a.session_id = s.session_id AND a.state IN `+liveStates+`)
-			FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`,
-			key.AgentUID, key.SessionID).Scan(&status, &reason, &live)
-		if err != nil {
-			return fmt.Errorf("session %s: %w", key, notFound(err))
-		}
-		if _, err := store.ClaimWake(key, status, reason, p.WakeForCapacity); err != nil {
-			return err
-		}
-		if live {
-			return fmt.Errorf("session %s: %w", key, store.ErrActivationLive)
-		}
-		// The session lock; the status (and, for a wake, the sleep reason:
-		// store.ClaimWake) is checked again under it (a sleep or destroy
-		// may have committed since the read above). A session asleep for
-		// capacity is woken here when p.WakeForCapacity says so.
-		err = tx.QueryRow(ctx, `
-			UPDATE sessions SET actor_epoch = actor_epoch + 1, status = 'active',
-				sleep_ts = CASE WHEN status = 'sleeping' THEN NULL ELSE sleep_ts END,
-				sleep_reason = CASE WHEN status = 'sleeping' THEN NULL ELSE sleep_reason END
-			WHERE agent_uid = $1 AND session_id = $2
-			  AND (status = 'active' OR ($3 AND status = 'sleeping' AND sleep_reason = ANY($4::text[])))
-			RETURNING actor_epoch`, key.AgentUID, key.SessionID, p.WakeForCapacity, store.CapacitySleepReasons()).Scan(&a.ActorEpoch)
-		if errors.Is(err, pgx.ErrNoRows) {
-			if err := tx.QueryRow(ctx, `SELECT status, coalesce(sleep_reason, '') FROM sessions WHERE agent_uid = $1 AND session_id = $2`,
-				key.AgentUID, key.SessionID).Scan(&status, &reason); err != nil {
-				return fmt.Errorf("session %s: %w", key, notFound(err))
-			}
-			if _, err := store.ClaimWake(key, status, reason, p.WakeForCapacity); err == nil {
-				// Slept and woken again while this claim waited for the
-				// session row: run it again.
-				return fmt.Errorf("session %s changed status: %w", key, errLockRace)
-			}
-			return store.ClaimRefusal(key, status)
-		}
-		if err != nil {
-			return err
-		}
-		err = tx.QueryRow(ctx, `
-			INSERT INTO activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id,
-				lease_expires_at, revision, state, host_id)
-			VALUES ($1, $2, $3, $4, $5, clock_timestamp() + $6 * interval '1 microsecond', 0, 'active', $7)
-			ON CONFLICT (agent_uid, session_id) WHERE state IN `+liveStates+` DO NOTHING
-			RETURNING lease_expires_at`,
-			p.UID, key.AgentUID, key.SessionID, a.ActorEpoch, p.LeaseID, micros(p.LeaseTTL), p.HostID,
-		).Scan(&a.LeaseExpiresAt)
+	err := s.rerun(ctx, "claim activation", func(ctx context.Context) error {
+		// One statement, one implicit transaction: the session's epoch
+		// raised (and, for a wake, its sleep cleared: store.ClaimWake)
+		// under its row lock when no activation of it is live, and the
+		// activation inserted. An activation inserted meanwhile by another
+		// claim (the partial unique index on live activations) refuses
+		// the statement, so that the epoch is not raised for nothing.
+		var ok bool
+		err := s.pool.QueryRow(ctx, claimActivationSQL, key.AgentUID, key.SessionID, p.WakeForCapacity,
+			store.CapacitySleepReasons(), p.UID, p.LeaseID, micros(p.LeaseTTL), p.HostID, checkActivationLive,
+		).Scan(&a.ActorEpoch, &a.LeaseExpiresAt, &ok)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
-			return fmt.Errorf("session %s: %w", key, store.ErrActivationLive)
+			return s.claimRefusal(ctx, p)
 		case pgCode(err) == codeUniqueViolation:
 			return fmt.Errorf("activation %s: %w", p.UID, store.ErrConflict)
+		case isCheck(err, checkActivationLive):
+			return fmt.Errorf("session %s: %w", key, store.ErrActivationLive)
 		case err != nil:
-			return err
+			return checkErr(err)
 		}
 		a.LeaseExpiresAt = utc(a.LeaseExpiresAt)
 		return nil
@@ -93,6 +54,62 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 		return store.Activation{}, err
 	}
 	return a, nil
+}
+
+// claimActivationSQL is ClaimActivation's statement: parameters $1 agent
+// uid, $2 session id, $3 wake for capacity, $4 the capacity sleep reasons,
+// $5 activation uid, $6 lease id, $7 lease ttl in µs, $8 host id, $9 the
+// check's message when a live activation appeared meanwhile. It returns
+// the new epoch and the lease's end, or no row when the session was not
+// claimable (claimRefusal says why).
+const claimActivationSQL = `
+	WITH up AS (
+		UPDATE sessions SET actor_epoch = actor_epoch + 1, status = 'active',
+			sleep_ts = CASE WHEN status = 'sleeping' THEN NULL ELSE sleep_ts END,
+			sleep_reason = CASE WHEN status = 'sleeping' THEN NULL ELSE sleep_reason END
+		WHERE agent_uid = $1 AND session_id = $2
+		  AND (status = 'active' OR ($3 AND status = 'sleeping' AND sleep_reason = ANY($4::text[])))
+		  AND NOT EXISTS (SELECT 1 FROM activations a
+			WHERE a.agent_uid = $1 AND a.session_id = $2 AND a.state IN ` + liveStates + `)
+		RETURNING actor_epoch),
+	ins AS (
+		INSERT INTO activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id,
+			lease_expires_at, revision, state, host_id)
+		SELECT $5, $1, $2, up.actor_epoch, $6, clock_timestamp() + $7 * interval '1 microsecond', 0, 'active', $8
+		FROM up
+		ON CONFLICT (agent_uid, session_id) WHERE state IN ` + liveStates + ` DO NOTHING
+		RETURNING lease_expires_at)
+	SELECT up.actor_epoch, ins.lease_expires_at, paddock_check(ins.lease_expires_at IS NOT NULL, $9)
+	FROM up LEFT JOIN ins ON true`
+
+// checkActivationLive is claimActivationSQL's check: a live activation of
+// the session was inserted while the claim waited for the session's row.
+const checkActivationLive = "a live activation appeared"
+
+// claimRefusal explains a claim that wrote nothing: the session is not
+// found, asleep, destroyed (store.ClaimWake) or has a live activation. A
+// session found claimable after all changed since the claim's statement:
+// a lock race, so the claim runs again.
+func (s *Store) claimRefusal(ctx context.Context, p store.ClaimActivationParams) error {
+	key := p.Key
+	var status store.SessionStatus
+	var reason string
+	var live bool
+	err := s.pool.QueryRow(ctx, `
+		SELECT s.status, coalesce(s.sleep_reason, ''), EXISTS (SELECT 1 FROM activations a
+			WHERE a.agent_uid = s.agent_uid AND a.session_id = s.session_id AND a.state IN `+liveStates+`)
+		FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`,
+		key.AgentUID, key.SessionID).Scan(&status, &reason, &live)
+	if err != nil {
+		return fmt.Errorf("session %s: %w", key, notFound(err))
+	}
+	if _, err := store.ClaimWake(key, status, reason, p.WakeForCapacity); err != nil {
+		return err
+	}
+	if live {
+		return fmt.Errorf("session %s: %w", key, store.ErrActivationLive)
+	}
+	return fmt.Errorf("session %s changed while it was claimed: %w", key, errLockRace)
 }
 
 // RenewLeases extends, in one statement, the leases of the given live,

@@ -236,6 +236,12 @@ func (s *Store) explainRefusal(ctx context.Context, ref abi.TurnRef, op store.Fe
 	})
 }
 
+// isCheck reports whether err is paddock_check's refusal with message msg.
+func isCheck(err error, msg string) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == codeCheckFailed && pe.Message == msg
+}
+
 // checkErr maps a paddock_check refusal to its typed error: a superseded
 // delivery's *store.FenceError, or errLockRace (the transaction reruns).
 func checkErr(err error) error {
