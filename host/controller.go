@@ -203,7 +203,8 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	defer h.dropLease(act.UID)
 
 	a = &activationRun{c: c, h: h, act: act, agent: agent, pol: pol, log: log, runCtx: runCtx, leaseCtx: leaseCtx, slots: slots,
-		nextOpen: true} // peek.AnyOpen
+		nextOpen: true, // peek.AnyOpen
+		expect:   h.expected(expectKey{agent.UID, pol.Pool})}
 	defer a.closeInstance()
 	return a.loop(runCtx)
 }
@@ -357,7 +358,32 @@ func (a *activationRun) expectNext(ab store.AgentBinding) {
 	a.expect = nil
 	if b, err := a.bind(ab); err == nil {
 		a.expect = &store.ExpectedBinding{Agent: ab, Binding: b}
+		a.h.setExpected(expectKey{a.agent.UID, a.pol.Pool}, *a.expect)
 	}
+}
+
+// expectKey names an agent in a pool (Host.expects).
+type expectKey struct{ agentUID, pool string }
+
+// expected is the expectation of the agent's last dispatch in the pool on
+// this host, for an activation's first dispatch (nil: none yet). It is a
+// hint only: a dispatch whose agent row no longer matches it binds anew.
+func (h *Host) expected(k expectKey) *store.ExpectedBinding {
+	h.expectMu.Lock()
+	defer h.expectMu.Unlock()
+	if x, ok := h.expects[k]; ok {
+		return &x
+	}
+	return nil
+}
+
+func (h *Host) setExpected(k expectKey, x store.ExpectedBinding) {
+	h.expectMu.Lock()
+	defer h.expectMu.Unlock()
+	if h.expects == nil {
+		h.expects = map[expectKey]store.ExpectedBinding{}
+	}
+	h.expects[k] = x
 }
 
 // nextParams are the NextDelivery parameters of this activation's next

@@ -239,6 +239,12 @@ type Host struct {
 	// rescan asks scanLoop for a scan now (Rescan).
 	rescan chan struct{}
 
+	// expects is the last expectation of each agent in each pool (the
+	// store.ExpectedBinding of its last dispatch on this host), which an
+	// activation's first dispatch starts from.
+	expectMu sync.Mutex
+	expects  map[expectKey]store.ExpectedBinding
+
 	commitMu sync.Mutex
 	commitCh chan struct{}
 	onCommit func(store.Turn)
