@@ -196,6 +196,9 @@ func (s *Store) StopActivation(ctx context.Context, ref store.ActivationRef) err
 func (s *Store) ExpiredActivations(ctx context.Context, limit int) ([]store.ActivationRef, error) {
 	var out []store.ActivationRef
 	err := s.call(ctx, "expired activations", func(ctx context.Context) error {
+		// Through activations_live (one entry per live activation): no
+		// index covers the lease, so that its renewal is a HOT update
+		// (migration 00012).
 		rows, err := s.leases.Query(ctx, `
 			SELECT activation_uid, agent_uid, session_id, actor_epoch, lease_id FROM activations
 			WHERE state IN `+liveStates+` AND lease_expires_at <= clock_timestamp()

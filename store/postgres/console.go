@@ -182,7 +182,7 @@ func (r prefixRow) Scan(dest ...any) error {
 
 // ClusterFigures reads the overview's figures in one snapshot; see
 // store.Store. Live activations through the partial index
-// activations_lease, pending sessions through sessions_browse_pending,
+// activations_live, pending sessions through sessions_browse_pending,
 // the last minute's turns through turns_committed_at.
 func (s *Store) ClusterFigures(ctx context.Context) (store.ClusterFigures, error) {
 	f := store.ClusterFigures{Pending: map[string]int64{}}
@@ -194,7 +194,7 @@ func (s *Store) ClusterFigures(ctx context.Context) (store.ClusterFigures, error
 		f.Now = utc(f.Now)
 		rows, err := tx.Query(ctx, `
 			SELECT host_id, agent_uid, count(*), count(current_event_id), min(lease_expires_at), max(lease_expires_at)
-			FROM activations WHERE state IN `+liveStates+` AND lease_expires_at > '-infinity'
+			FROM activations WHERE state IN `+liveStates+`
 			GROUP BY host_id, agent_uid ORDER BY host_id, agent_uid`)
 		if err != nil {
 			return err
