@@ -428,6 +428,7 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			return c.fail(context.Background(), taken.Delivery.TurnRef(), taken.Attempt, a.pol,
 				errors.New("activation stopped before the turn was sent"), false, "not_sent")
 		case taken != nil:
+			// Runnable: it runs below, without a dispatch.
 		case runCtx.Err() != nil || a.leaseCtx.Err() != nil:
 			return a.stop()
 		case !h.placeable(a.leaseCtx, a.agent, a.pol.Pool):
@@ -611,7 +612,9 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			payloads = []string{string(d.Event.Payload)}
 		}
 		var next *store.NextDeliveryParams
-		if a.runnable(a.runCtx) && (a.backlog || a.woken()) {
+		if !a.runnable(a.runCtx) {
+			// Stopping: the loop lets go of the session after this commit.
+		} else if woken := a.woken(); woken || a.backlog {
 			// Another event is likely open (the last commit saw one after
 			// this turn's, or a wake-up came since the dispatch): take the
 			// next turn in the commit's transaction. Without that hint the
