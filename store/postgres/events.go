@@ -173,7 +173,7 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 	} else if s.groupCommit {
 		// With the appends of other sessions that arrived meanwhile
 		// (groupcommit.go); a batch that could not decide it says solo.
-		r := s.appends.append(ctx, key, ne)
+		r := s.appends.do(ctx, appendIn{key: key, ne: ne})
 		e, created, err = r.e, r.created, r.err
 		if r.solo {
 			err = errLockRace // the locked path below decides

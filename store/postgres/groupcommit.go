@@ -38,40 +38,41 @@ const (
 	groupMax = 64
 )
 
-type appendReq struct {
-	ctx  context.Context
-	key  store.ActorKey
-	ne   newEvent
-	done chan appendRes
-}
-
-type appendRes struct {
-	e       store.Event
-	created bool
-	// solo: the batch did not decide this append; run it on its own.
-	solo bool
-	err  error
-}
-
-// appendGroup queues appends for the flushers.
-type appendGroup struct {
+// group is the machinery of a group commit: callers queue requests
+// (do); groupFlushers flushers each take what queued while the previous
+// batch was in flight, up to groupMax, and flush it as one batch, which
+// answers every request of it. In is a request's input, Out its answer.
+type group[In, Out any] struct {
 	s     *Store
-	queue chan *appendReq
+	queue chan *groupReq[In, Out]
 	once  sync.Once
 	// stopped is closed when no flusher runs any more (or none started):
 	// a request not answered by then never will be.
 	stopped chan struct{}
+	// flush sends a batch and answers each request on its done channel.
+	flush func(batch []*groupReq[In, Out])
+	// failed is the answer to a request that failed before its batch: its
+	// context ended, or the store closed.
+	failed func(err error) Out
 }
 
-func (g *appendGroup) start() {
+// groupReq is one request of a group: its caller's context, its input
+// and where its answer goes.
+type groupReq[In, Out any] struct {
+	ctx  context.Context
+	in   In
+	done chan Out
+}
+
+func (g *group[In, Out]) start() {
 	g.once.Do(func() {
-		g.queue = make(chan *appendReq, 4*groupMax)
+		g.queue = make(chan *groupReq[In, Out], 4*groupMax)
 		g.stopped = make(chan struct{})
 		g.s.mu.Lock()
 		defer g.s.mu.Unlock()
 		if g.s.isClosed {
 			close(g.stopped)
-			return // appends then fail with "store closed"
+			return // requests then fail with "store closed"
 		}
 		var flushers sync.WaitGroup
 		for range groupFlushers {
@@ -87,24 +88,24 @@ func (g *appendGroup) start() {
 	})
 }
 
-// append queues one append and waits for its batch.
-func (g *appendGroup) append(ctx context.Context, key store.ActorKey, ne newEvent) appendRes {
+// do queues one request and waits for its batch.
+func (g *group[In, Out]) do(ctx context.Context, in In) Out {
 	g.start()
-	r := &appendReq{ctx: ctx, key: key, ne: ne, done: make(chan appendRes, 1)}
+	r := &groupReq[In, Out]{ctx: ctx, in: in, done: make(chan Out, 1)}
 	select {
 	case g.queue <- r:
 	case <-ctx.Done():
-		return appendRes{err: ctx.Err()}
+		return g.failed(ctx.Err())
 	case <-g.s.closedCtx.Done():
-		return appendRes{err: errors.New("store closed")}
+		return g.failed(errors.New("store closed"))
 	}
 	select {
 	case res := <-r.done:
 		return res
 	case <-ctx.Done():
-		// The append may still commit; like a single statement whose
+		// The request may still commit; like a single statement whose
 		// caller gave up, its outcome is unknown to the caller.
-		return appendRes{err: ctx.Err()}
+		return g.failed(ctx.Err())
 	case <-g.stopped:
 		// Every flusher has returned (the store closed): r was answered
 		// or never will be.
@@ -112,20 +113,20 @@ func (g *appendGroup) append(ctx context.Context, key store.ActorKey, ne newEven
 		case res := <-r.done:
 			return res
 		default:
-			return appendRes{err: errors.New("store closed")}
+			return g.failed(errors.New("store closed"))
 		}
 	}
 }
 
-func (g *appendGroup) flushLoop() {
+func (g *group[In, Out]) flushLoop() {
 	for {
-		var first *appendReq
+		var first *groupReq[In, Out]
 		select {
 		case first = <-g.queue:
 		case <-g.s.closedCtx.Done():
 			return
 		}
-		batch := []*appendReq{first}
+		batch := []*groupReq[In, Out]{first}
 	more:
 		for len(batch) < groupMax {
 			select {
@@ -139,53 +140,152 @@ func (g *appendGroup) flushLoop() {
 	}
 }
 
-// flush sends one batch and answers its callers.
-func (g *appendGroup) flush(batch []*appendReq) {
-	live := batch[:0:0]
+// live answers the requests of batch whose caller gave up and returns the
+// others, sorted by session (key of each) with a session's own requests
+// in arrival order: one lock order for every batch, so that two batches
+// in flight cannot deadlock on each other's rows.
+func live[In, Out any](g *group[In, Out], batch []*groupReq[In, Out], key func(In) store.ActorKey) []*groupReq[In, Out] {
+	out := batch[:0:0]
 	for _, r := range batch {
 		if r.ctx.Err() != nil {
-			r.done <- appendRes{err: r.ctx.Err()}
+			r.done <- g.failed(r.ctx.Err())
 			continue
 		}
-		live = append(live, r)
+		out = append(out, r)
 	}
-	if len(live) == 0 {
+	slices.SortStableFunc(out, func(a, b *groupReq[In, Out]) int {
+		ka, kb := key(a.in), key(b.in)
+		return cmp.Or(strings.Compare(ka.AgentUID, kb.AgentUID), strings.Compare(ka.SessionID, kb.SessionID))
+	})
+	return out
+}
+
+// sendGroup sends b, the statements of n requests, as one implicit
+// transaction under the deadline of the batch's first request. solo: the
+// server refused a statement (a deadlock with another batch, a check that
+// raised), so the transaction rolled back and nothing of the batch was
+// written — each request then runs on its own path. Any other error
+// (the connection) is the batch's: it may have committed.
+func (s *Store) sendGroup(first context.Context, b *pgx.Batch, n int, what string) (solo bool, err error) {
+	ctx, cancel := withDeadline(context.WithoutCancel(first), s.callTimeout)
+	defer cancel()
+	err = s.pool.SendBatch(ctx, b).Close()
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return false, nil
+	case errors.As(err, &pgErr):
+		return true, nil
+	}
+	return false, fmt.Errorf("group commit of %d %s: %w", n, what, err)
+}
+
+// appendIn is an append of the group (appendGroup).
+type appendIn struct {
+	key store.ActorKey
+	ne  newEvent
+}
+
+type appendRes struct {
+	e       store.Event
+	created bool
+	// solo: the batch did not decide this append; run it on its own.
+	solo bool
+	err  error
+}
+
+// appendGroup is the group commit of appends.
+type appendGroup = group[appendIn, appendRes]
+
+// newAppendGroup returns s's group commit of appends.
+func newAppendGroup(s *Store) *appendGroup {
+	g := &appendGroup{s: s, failed: func(err error) appendRes { return appendRes{err: err} }}
+	g.flush = func(batch []*groupReq[appendIn, appendRes]) { flushAppends(g, batch) }
+	return g
+}
+
+// flushAppends sends one batch of appends and answers its callers.
+func flushAppends(g *appendGroup, batch []*groupReq[appendIn, appendRes]) {
+	reqs := live(g, batch, func(in appendIn) store.ActorKey { return in.key })
+	if len(reqs) == 0 {
 		return
 	}
-	// One lock order for every batch (sessions sorted), so that two
-	// batches in flight cannot deadlock on each other's session rows; a
-	// session's own appends keep their arrival order (stable sort).
-	slices.SortStableFunc(live, func(a, b *appendReq) int {
-		return cmp.Or(strings.Compare(a.key.AgentUID, b.key.AgentUID), strings.Compare(a.key.SessionID, b.key.SessionID))
-	})
-	ctx, cancel := withDeadline(context.WithoutCancel(live[0].ctx), g.s.callTimeout)
-	defer cancel()
-	res := make([]appendRes, len(live))
+	res := make([]appendRes, len(reqs))
 	b := &pgx.Batch{}
-	for i, r := range live {
-		b.Queue(appendEventSQL, insertEventArgs(r.key, r.ne)...).QueryRow(func(row pgx.Row) error {
+	for i, r := range reqs {
+		b.Queue(appendEventSQL, insertEventArgs(r.in.key, r.in.ne)...).QueryRow(func(row pgx.Row) error {
 			e, created, err := insertResult(scanEvent(row))
 			res[i] = appendRes{e: e, created: created, solo: err == nil && !created, err: err}
 			return err
 		})
 	}
-	err := g.s.pool.SendBatch(ctx, b).Close()
-	var pgErr *pgconn.PgError
-	switch {
-	case err == nil:
-	case errors.As(err, &pgErr):
-		// The server refused a statement (a deadlock with another batch,
-		// an idempotency-key race): the implicit transaction rolled back,
-		// so nothing of the batch was written. Each append goes alone.
-		for i := range res {
+	solo, err := g.s.sendGroup(reqs[0].ctx, b, len(reqs), "appends")
+	for i, r := range reqs {
+		switch {
+		case solo:
+			// An idempotency-key race, a deadlock: each append goes alone.
 			res[i] = appendRes{solo: true}
+		case err != nil:
+			res[i] = appendRes{err: err}
 		}
-	default:
-		for i := range res {
-			res[i] = appendRes{err: fmt.Errorf("group commit of %d appends: %w", len(live), err)}
-		}
-	}
-	for i, r := range live {
 		r.done <- res[i]
+	}
+}
+
+// Group commit of turn commits. Concurrent CommitTurn calls of different
+// sessions that carry their payloads and open no wait (the common commit:
+// its fence and writes are one batch already) go out together in one
+// implicit transaction, as appends do, sorted by session: one round trip
+// and one WAL flush for all. A commit's fence raises inside the database
+// when it refuses, which rolls the whole batch back; every commit of such
+// a batch then runs on its own path, where a refusal is explained and a
+// lock race reruns. One session's refusal thus never undoes another's
+// commit; it costs the others one more try.
+
+// commitIn is a commit of the group (commitGroup).
+type commitIn struct {
+	p      store.CommitTurnParams
+	alarms store.AlarmWrites
+	next   *store.NextDeliveryParams
+}
+
+type commitRes struct {
+	t store.Turn
+	// solo: the batch rolled back; run the commit on its own.
+	solo bool
+	err  error
+}
+
+// commitGroup is the group commit of turn commits.
+type commitGroup = group[commitIn, commitRes]
+
+// newCommitGroup returns s's group commit of turn commits.
+func newCommitGroup(s *Store) *commitGroup {
+	g := &commitGroup{s: s, failed: func(err error) commitRes { return commitRes{err: err} }}
+	g.flush = func(batch []*groupReq[commitIn, commitRes]) { flushCommits(g, batch) }
+	return g
+}
+
+// flushCommits sends one batch of commits and answers their callers.
+func flushCommits(g *commitGroup, batch []*groupReq[commitIn, commitRes]) {
+	reqs := live(g, batch, func(in commitIn) store.ActorKey { return store.KeyOf(in.p.Ref) })
+	if len(reqs) == 0 {
+		return
+	}
+	b := &pgx.Batch{}
+	qs := make([]*queuedCommit, len(reqs))
+	for i, r := range reqs {
+		qs[i] = queueCommit(b, r.in.p, r.in.p.Payloads, true, r.in.alarms, r.in.next)
+	}
+	solo, err := g.s.sendGroup(reqs[0].ctx, b, len(reqs), "turn commits")
+	for i, r := range reqs {
+		switch {
+		case solo:
+			r.done <- commitRes{solo: true}
+		case err != nil:
+			r.done <- commitRes{err: err}
+		default:
+			r.done <- commitRes{t: qs[i].turn()}
+		}
 	}
 }

@@ -159,3 +159,99 @@ func TestAppendsEndWhenTheStoreCloses(t *testing.T) {
 		t.Fatal("appends still blocked a minute after Close")
 	}
 }
+
+// TestGroupCommitOfConcurrentCommits: rounds of concurrent commits of many
+// sessions, each with a replay of a turn committed in the round before
+// (which its fence refuses), share batches, and each still gets exactly
+// its own outcome: every fresh commit commits its turn with its own
+// messages, every replay is refused as superseded and writes nothing. A
+// refusal rolls its batch back, so the others of it commit on their own.
+func TestGroupCommitOfConcurrentCommits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tr := &batchCounter{}
+	s, err := postgres.Open(ctx, pgtest.DSN(t), postgres.WithTracer(tr))
+	must(t, err, "Open")
+	t.Cleanup(func() { _ = s.Close() })
+	f := newFixtureOn(t, s)
+	const sessions, rounds = 16, 6
+	acts := make([]store.Activation, sessions)
+	for i := range acts {
+		f.key = f.session(f.key.AgentUID)
+		acts[i] = f.claim(time.Hour)
+	}
+	var last []abi.TurnRef // the refs committed in the round before
+	var batches int64       // of the rounds without replays
+	for round := range rounds {
+		refs := make([]abi.TurnRef, sessions)
+		payloads := make([]string, sessions)
+		for i, a := range acts {
+			f.key = a.ActorKey
+			f.append(fmt.Sprintf("r%d-s%d", round, i))
+			d := f.next(a)
+			refs[i], payloads[i] = d.Delivery.TurnRef(), string(d.Event.Payload)
+		}
+		tr.batches.Store(0)
+		var wg sync.WaitGroup
+		errs := make(chan error, 2*sessions)
+		for i, ref := range refs {
+			wg.Go(func() {
+				turn, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: ref, Outcome: abi.OutcomeOK, KeepState: true,
+					Messages: []abi.Message{{Role: abi.RoleAssistant, Content: fmt.Sprintf("reply r%d-s%d", round, i)}},
+					Payloads: []string{payloads[i]}})
+				switch {
+				case err != nil:
+					errs <- fmt.Errorf("round %d session %d: %w", round, i, err)
+				case turn.TurnNo != int64(round+1) || len(turn.Messages) != 2 ||
+					turn.Messages[0].Content != fmt.Sprintf("r%d-s%d", round, i) ||
+					turn.Messages[1].Content != fmt.Sprintf("reply r%d-s%d", round, i):
+					errs <- fmt.Errorf("round %d session %d: turn %d with %+v", round, i, turn.TurnNo, turn.Messages)
+				}
+			})
+		}
+		for i, ref := range last {
+			if round%2 == 0 || i%4 != 0 {
+				continue // replays in odd rounds only: the even ones count batches
+			}
+			wg.Go(func() {
+				_, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: ref, Outcome: abi.OutcomeOK, KeepState: true,
+					Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "MUST NOT BE WRITTEN"}},
+					Payloads: []string{`{"message":"replayed"}`}})
+				var fe *store.FenceError
+				if !errors.As(err, &fe) || fe.Reason != store.FenceSupersededDelivery {
+					errs <- fmt.Errorf("replay of %s: %v, want a superseded_delivery refusal", ref, err)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if round%2 == 0 {
+			batches += tr.batches.Load()
+		}
+		last = refs
+	}
+	for i, a := range acts {
+		turns, err := s.Transcript(ctx, store.TranscriptParams{Key: a.ActorKey, Limit: 100})
+		must(t, err, "Transcript")
+		if len(turns) != rounds {
+			t.Fatalf("session %d has %d turns, want %d", i, len(turns), rounds)
+		}
+		for r, turn := range turns {
+			if got := turn.Messages[len(turn.Messages)-1].Content; got != fmt.Sprintf("reply r%d-s%d", r, i) {
+				t.Fatalf("session %d turn %d replied %q", i, r+1, got)
+			}
+		}
+	}
+	// Not a timing assertion: with 16 concurrent commits a round, batches
+	// must have held more than one commit on average, or nothing was
+	// grouped (counted in the rounds without replays, whose refusals roll
+	// their batch back and send its commits alone).
+	if total := int64(sessions * rounds / 2); batches >= total {
+		t.Fatalf("%d batches for %d commits: nothing was grouped", batches, total)
+	} else {
+		t.Logf("%d commits in %d batches", total, batches)
+	}
+}

@@ -116,9 +116,11 @@ type Store struct {
 	isClosed  bool
 	subs      sync.WaitGroup
 
-	// groupCommit sends concurrent appends in shared batches (appends).
+	// groupCommit sends concurrent appends, and concurrent commits, in
+	// shared batches (appends, commits).
 	groupCommit bool
-	appends     appendGroup
+	appends     *appendGroup
+	commits     *commitGroup
 
 	// origin tags the notifications of this Store value's appends, so that
 	// its own listeners tell their echoes from other writers' (subscribe.go).
@@ -234,7 +236,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		groupCommit: !cfg.noGroupCommit,
 		origin:      fmt.Sprintf("%016x", rand.Uint64()),
 	}
-	s.appends.s = s
+	s.appends, s.commits = newAppendGroup(s), newCommitGroup(s)
 	return s, nil
 }
 

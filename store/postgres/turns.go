@@ -560,6 +560,16 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	if next != nil && (next.Expect == nil || p.Wait != nil) {
 		next = nil
 	}
+	if s.groupCommit && p.Payloads != nil && p.Wait == nil {
+		// With the commits of other sessions that arrived meanwhile
+		// (commitGroup); a batch that rolled back sends each alone.
+		if r := s.commits.do(ctx, commitIn{p: p, alarms: alarms, next: next}); !r.solo {
+			if r.err != nil {
+				return store.Turn{}, wrap("commit turn", r.err)
+			}
+			return r.t, nil
+		}
+	}
 	t, err := s.commitTurn(ctx, p, alarms, next)
 	var fe *store.FenceError
 	if err != nil && next != nil && !errors.As(err, &fe) && ctx.Err() == nil {
@@ -572,13 +582,8 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 // when next is set.
 func (s *Store) commitTurn(ctx context.Context, p store.CommitTurnParams, alarms store.AlarmWrites, next *store.NextDeliveryParams) (store.Turn, error) {
 	ref := p.Ref
-	outcome := store.CommitOutcome(p)
-	var t store.Turn
-	var c *claim
+	var q *queuedCommit
 	err := s.pipeTxDo(ctx, "commit turn", func(ctx context.Context, tx txConn) error {
-		c = nil
-		t = store.Turn{ActorKey: store.KeyOf(ref), EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
-			ActorEpoch: ref.ActorEpoch, Outcome: outcome}
 		b := &pgx.Batch{}
 		payloads := p.Payloads
 		if payloads == nil {
@@ -611,93 +616,126 @@ func (s *Store) commitTurn(ctx context.Context, p store.CommitTurnParams, alarms
 			}
 			payloads = append([]string{*payload}, steers...)
 			b = &pgx.Batch{}
-		} else {
-			// The caller's payloads are those of the ref's revision: a steer
-			// attached since raised it, and the fence refuses.
-			b.Queue(commitFenceLocking, refArgs(ref, fenceRefusedDelivery, fenceRefusedActivation)...)
 		}
-		t.Messages = store.TurnMessages(payloads, p.Messages)
-		n := len(t.Messages)
-		idx, roles, contents := make([]int32, n), make([]string, n), make([]string, n)
-		for i, m := range t.Messages {
-			idx[i], roles[i], contents[i] = int32(m.Index), m.Role, m.Content
+		if p.Wait != nil {
+			next = nil
 		}
-		if steers := len(payloads) - 1; steers > 0 {
-			// The steers close with the event they were attached to.
-			b.Queue(`
-				WITH closed AS (
-					UPDATE actor_events SET status = 'done', closed_at = clock_timestamp()
-					WHERE agent_uid = $1 AND session_id = $2 AND steer_of = $3 AND status = 'open'
-					RETURNING 1)
-				SELECT paddock_check(count(*) = $4, $5) FROM closed`,
-				ref.AgentUID, ref.SessionID, ref.ActorEventID, steers,
-				fmt.Sprintf("%ssteers of event %d changed during the commit", checkLockRace, ref.ActorEventID))
-		}
-		// Alarms before the session row: the lock order of FireDueAlarms.
-		queueAlarmOps(b, store.KeyOf(ref), alarms)
-		// The event closed, the turn, its messages, the state and the
-		// turn.committed frame: one statement (commitWritesSQL).
-		args := []any{ref.AgentUID, ref.SessionID, ref.ActorEventID,
-			fmt.Sprintf("%sevent %d is no longer open", checkSuperseded, ref.ActorEventID),
-			ref.DeliveryID, ref.ActorEpoch, string(outcome), idx, roles, contents,
-			store.FrameTurnCommitted, string(store.MustBody(t.Messages))}
-		sql := commitWritesSQL
-		if !p.KeepState {
-			sql, args = commitWritesStateSQL, append(args, store.StateColumn(p.State))
-		}
-		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
-			var ok bool
-			return row.Scan(&ok, &t.NextOpen, &t.TurnNo, &t.CommittedAt, &t.Usage.InputTokens, &t.Usage.OutputTokens)
-		})
-		if reason := store.OutcomeSleepReason(outcome); reason != "" {
-			// The agent sleeps (or finished) until the next signal, unless
-			// one is already waiting: open events still run (invariant 11).
-			// The session row is this transaction's already.
-			b.Queue(`
-				UPDATE sessions SET status = 'sleeping', sleep_ts = clock_timestamp(), sleep_reason = $3,
-					pending_since = NULL
-				WHERE agent_uid = $1 AND session_id = $2 AND status = 'active'
-				  AND (SELECT seq FROM actor_events
-					WHERE agent_uid = $1 AND session_id = $2 AND status = 'open'
-					ORDER BY seq LIMIT 1) IS NULL`, ref.AgentUID, ref.SessionID, reason)
-		}
+		q = queueCommit(b, p, payloads, p.Payloads != nil, alarms, next)
 		if p.Wait == nil {
-			if next != nil {
-				c = queueClaim(b, *next, true)
-			}
 			// COMMIT rides with the writes (with the payloads given, the
 			// batch is the whole transaction: an implicit one). The guards
 			// above refuse inside the database (paddock_check), before it.
 			if err := tx.(*pipeTx).SendBatchAlone(ctx, b).Close(); err != nil {
 				return checkErr(err)
 			}
-		} else {
-			// A wait: its insert may refuse (an id the session used), and
-			// its frame's body is the row; one round trip more.
-			var w store.Wait
-			queueInsertWait(b, store.KeyOf(ref), store.WaitKindWait, ref.ActorEventID, p.Wait, &w)
-			if err := tx.SendBatch(ctx, b).Close(); err != nil {
-				return checkErr(err)
-			}
-			b = &pgx.Batch{}
-			b.Queue(turnEndedSQL, ref.AgentUID, ref.SessionID, store.FrameWaitOpened, ref.ActorEventID, ref.ActorEpoch,
-				string(store.MustBody(w)))
-			if err := tx.(*pipeTx).SendBatchCommit(ctx, b).Close(); err != nil {
-				return checkErr(err)
-			}
+			return nil
 		}
-		t.CommittedAt = utc(t.CommittedAt)
+		// A wait: its insert may refuse (an id the session used), and its
+		// frame's body is the row; one round trip more.
+		var w store.Wait
+		queueInsertWait(b, store.KeyOf(ref), store.WaitKindWait, ref.ActorEventID, p.Wait, &w)
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return checkErr(err)
+		}
+		b = &pgx.Batch{}
+		b.Queue(turnEndedSQL, ref.AgentUID, ref.SessionID, store.FrameWaitOpened, ref.ActorEventID, ref.ActorEpoch,
+			string(store.MustBody(w)))
+		if err := tx.(*pipeTx).SendBatchCommit(ctx, b).Close(); err != nil {
+			return checkErr(err)
+		}
 		return nil
 	})
 	if err != nil {
 		return store.Turn{}, s.explainRefusal(ctx, ref, store.FenceCommit, err)
 	}
-	if c != nil {
-		if d, taken := c.dispatch(); taken {
+	return q.turn(), nil
+}
+
+// queuedCommit is a commit queued in a batch (queueCommit); turn is its
+// answer once the batch committed.
+type queuedCommit struct {
+	t store.Turn
+	c *claim
+}
+
+// queueCommit queues the statements of p's commit after its fence's lock
+// (with fence, the commit's fence itself first: commitFenceLocking):
+// attached steers closed, the alarms, the writes (commitWritesSQL), a
+// sleep, and the claim of next (with its reads) when set. payloads are the
+// turn's (p.Payloads, or those the lock's statement read).
+func queueCommit(b *pgx.Batch, p store.CommitTurnParams, payloads []string, fence bool, alarms store.AlarmWrites,
+	next *store.NextDeliveryParams) *queuedCommit {
+	ref := p.Ref
+	outcome := store.CommitOutcome(p)
+	q := &queuedCommit{t: store.Turn{ActorKey: store.KeyOf(ref), EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
+		ActorEpoch: ref.ActorEpoch, Outcome: outcome}}
+	t := &q.t
+	if fence {
+		// The caller's payloads are those of the ref's revision: a steer
+		// attached since raised it, and the fence refuses.
+		b.Queue(commitFenceLocking, refArgs(ref, fenceRefusedDelivery, fenceRefusedActivation)...)
+	}
+	t.Messages = store.TurnMessages(payloads, p.Messages)
+	n := len(t.Messages)
+	idx, roles, contents := make([]int32, n), make([]string, n), make([]string, n)
+	for i, m := range t.Messages {
+		idx[i], roles[i], contents[i] = int32(m.Index), m.Role, m.Content
+	}
+	if steers := len(payloads) - 1; steers > 0 {
+		// The steers close with the event they were attached to.
+		b.Queue(`
+			WITH closed AS (
+				UPDATE actor_events SET status = 'done', closed_at = clock_timestamp()
+				WHERE agent_uid = $1 AND session_id = $2 AND steer_of = $3 AND status = 'open'
+				RETURNING 1)
+			SELECT paddock_check(count(*) = $4, $5) FROM closed`,
+			ref.AgentUID, ref.SessionID, ref.ActorEventID, steers,
+			fmt.Sprintf("%ssteers of event %d changed during the commit", checkLockRace, ref.ActorEventID))
+	}
+	// Alarms before the session row: the lock order of FireDueAlarms.
+	queueAlarmOps(b, store.KeyOf(ref), alarms)
+	// The event closed, the turn, its messages, the state and the
+	// turn.committed frame: one statement (commitWritesSQL).
+	args := []any{ref.AgentUID, ref.SessionID, ref.ActorEventID,
+		fmt.Sprintf("%sevent %d is no longer open", checkSuperseded, ref.ActorEventID),
+		ref.DeliveryID, ref.ActorEpoch, string(outcome), idx, roles, contents,
+		store.FrameTurnCommitted, string(store.MustBody(t.Messages))}
+	sql := commitWritesSQL
+	if !p.KeepState {
+		sql, args = commitWritesStateSQL, append(args, store.StateColumn(p.State))
+	}
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+		var ok bool
+		return row.Scan(&ok, &t.NextOpen, &t.TurnNo, &t.CommittedAt, &t.Usage.InputTokens, &t.Usage.OutputTokens)
+	})
+	if reason := store.OutcomeSleepReason(outcome); reason != "" {
+		// The agent sleeps (or finished) until the next signal, unless
+		// one is already waiting: open events still run (invariant 11).
+		// The session row is this transaction's already.
+		b.Queue(`
+			UPDATE sessions SET status = 'sleeping', sleep_ts = clock_timestamp(), sleep_reason = $3,
+				pending_since = NULL
+			WHERE agent_uid = $1 AND session_id = $2 AND status = 'active'
+			  AND (SELECT seq FROM actor_events
+				WHERE agent_uid = $1 AND session_id = $2 AND status = 'open'
+				ORDER BY seq LIMIT 1) IS NULL`, ref.AgentUID, ref.SessionID, reason)
+	}
+	if next != nil {
+		q.c = queueClaim(b, *next, true)
+	}
+	return q
+}
+
+// turn is the committed turn, with the next turn its claim took.
+func (q *queuedCommit) turn() store.Turn {
+	t := q.t
+	t.CommittedAt = utc(t.CommittedAt)
+	if q.c != nil {
+		if d, taken := q.c.dispatch(); taken {
 			t.Next, t.NextOpen = &d, true
 		}
 	}
-	return t, nil
+	return t
 }
 
 // commitWritesSQL is a commit's writes after its fence (and after the
