@@ -181,7 +181,7 @@ func TestGroupCommitOfConcurrentCommits(t *testing.T) {
 		acts[i] = f.claim(time.Hour)
 	}
 	var last []abi.TurnRef // the refs committed in the round before
-	var batches int64       // of the rounds without replays
+	var batches int64      // of the rounds without replays
 	for round := range rounds {
 		refs := make([]abi.TurnRef, sessions)
 		payloads := make([]string, sessions)
