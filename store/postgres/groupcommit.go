@@ -289,3 +289,54 @@ func flushCommits(g *commitGroup, batch []*groupReq[commitIn, commitRes]) {
 		}
 	}
 }
+
+// Group commit of dispatches: concurrent one-statement claims
+// (NextDelivery with an expectation, queueClaim) of different sessions go
+// out together in one implicit transaction, sorted by session, as appends
+// and commits do. A claim that takes nothing answers no row; one that
+// raises (a lock race) rolls its batch back, and every claim of it then
+// runs on its own.
+
+// claimRes is a claim's answer from its batch.
+type claimRes struct {
+	d     store.Dispatch
+	taken bool
+	// solo: the batch rolled back; run the claim on its own.
+	solo bool
+	err  error
+}
+
+// claimGroup is the group commit of dispatches.
+type claimGroup = group[store.NextDeliveryParams, claimRes]
+
+// newClaimGroup returns s's group commit of dispatches.
+func newClaimGroup(s *Store) *claimGroup {
+	g := &claimGroup{s: s, failed: func(err error) claimRes { return claimRes{err: err} }}
+	g.flush = func(batch []*groupReq[store.NextDeliveryParams, claimRes]) { flushClaims(g, batch) }
+	return g
+}
+
+// flushClaims sends one batch of claims and answers their callers.
+func flushClaims(g *claimGroup, batch []*groupReq[store.NextDeliveryParams, claimRes]) {
+	reqs := live(g, batch, func(p store.NextDeliveryParams) store.ActorKey { return p.Activation.ActorKey })
+	if len(reqs) == 0 {
+		return
+	}
+	b := &pgx.Batch{}
+	cs := make([]*claim, len(reqs))
+	for i, r := range reqs {
+		cs[i] = queueClaim(b, r.in, false)
+	}
+	solo, err := g.s.sendGroup(reqs[0].ctx, b, len(reqs), "dispatches")
+	for i, r := range reqs {
+		switch {
+		case solo:
+			r.done <- claimRes{solo: true}
+		case err != nil:
+			r.done <- claimRes{err: err}
+		default:
+			d, taken := cs[i].dispatch()
+			r.done <- claimRes{d: d, taken: taken}
+		}
+	}
+}

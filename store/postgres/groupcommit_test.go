@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/paddock-dev/paddock/abi"
@@ -160,13 +161,13 @@ func TestAppendsEndWhenTheStoreCloses(t *testing.T) {
 	}
 }
 
-// TestGroupCommitOfConcurrentCommits: rounds of concurrent commits of many
-// sessions, each with a replay of a turn committed in the round before
+// TestGroupCommitOfConcurrentDispatchesAndCommits: rounds of concurrent dispatches and
+// commits of many sessions, each with a replay of a turn committed in the round before
 // (which its fence refuses), share batches, and each still gets exactly
 // its own outcome: every fresh commit commits its turn with its own
 // messages, every replay is refused as superseded and writes nothing. A
 // refusal rolls its batch back, so the others of it commit on their own.
-func TestGroupCommitOfConcurrentCommits(t *testing.T) {
+func TestGroupCommitOfConcurrentDispatchesAndCommits(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tr := &batchCounter{}
@@ -182,17 +183,46 @@ func TestGroupCommitOfConcurrentCommits(t *testing.T) {
 	}
 	var last []abi.TurnRef // the refs committed in the round before
 	var batches int64      // of the rounds without replays
+	var expect *store.ExpectedBinding
+	var agent atomic.Pointer[store.AgentBinding]
+	var dispatches, dispatchBatches int64
 	for round := range rounds {
 		refs := make([]abi.TurnRef, sessions)
 		payloads := make([]string, sessions)
 		for i, a := range acts {
 			f.key = a.ActorKey
 			f.append(fmt.Sprintf("r%d-s%d", round, i))
-			d := f.next(a)
-			refs[i], payloads[i] = d.Delivery.TurnRef(), string(d.Event.Payload)
 		}
+		// The dispatches, concurrent too once the agent is known: they
+		// share batches (claimGroup) and each takes its own session's event.
 		tr.batches.Store(0)
 		var wg sync.WaitGroup
+		for i, a := range acts {
+			wg.Go(func() {
+				p := store.NextDeliveryParams{Activation: a.Ref(), DeliveryID: uuid.NewString(), Binding: "sha256:test",
+					MarkSent: true, TailMessages: 10, ExpectDue: true, Expect: expect}
+				d, err := s.NextDelivery(ctx, p)
+				if err != nil {
+					t.Errorf("round %d session %d: NextDelivery: %v", round, i, err)
+					return
+				}
+				if got := string(d.Event.Payload); got != fmt.Sprintf(`{"message": "r%d-s%d"}`, round, i) {
+					t.Errorf("round %d session %d dispatched %s", round, i, got)
+				}
+				refs[i], payloads[i] = d.Delivery.TurnRef(), string(d.Event.Payload)
+				agent.Store(&d.Agent)
+			})
+		}
+		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
+		if expect != nil {
+			dispatchBatches += tr.batches.Load()
+			dispatches += sessions
+		}
+		expect = &store.ExpectedBinding{Agent: *agent.Load(), Binding: "sha256:test"}
+		tr.batches.Store(0)
 		errs := make(chan error, 2*sessions)
 		for i, ref := range refs {
 			wg.Go(func() {
@@ -249,6 +279,10 @@ func TestGroupCommitOfConcurrentCommits(t *testing.T) {
 	// must have held more than one commit on average, or nothing was
 	// grouped (counted in the rounds without replays, whose refusals roll
 	// their batch back and send its commits alone).
+	if dispatchBatches >= dispatches {
+		t.Fatalf("%d batches for %d dispatches: nothing was grouped", dispatchBatches, dispatches)
+	}
+	t.Logf("%d dispatches in %d batches", dispatches, dispatchBatches)
 	if total := int64(sessions * rounds / 2); batches >= total {
 		t.Fatalf("%d batches for %d commits: nothing was grouped", batches, total)
 	} else {

@@ -116,11 +116,12 @@ type Store struct {
 	isClosed  bool
 	subs      sync.WaitGroup
 
-	// groupCommit sends concurrent appends, and concurrent commits, in
-	// shared batches (appends, commits).
+	// groupCommit sends concurrent appends, commits and one-statement
+	// dispatches in shared batches (appends, commits, claims).
 	groupCommit bool
 	appends     *appendGroup
 	commits     *commitGroup
+	claims      *claimGroup
 
 	// origin tags the notifications of this Store value's appends, so that
 	// its own listeners tell their echoes from other writers' (subscribe.go).
@@ -236,7 +237,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		groupCommit: !cfg.noGroupCommit,
 		origin:      fmt.Sprintf("%016x", rand.Uint64()),
 	}
-	s.appends, s.commits = newAppendGroup(s), newCommitGroup(s)
+	s.appends, s.commits, s.claims = newAppendGroup(s), newCommitGroup(s), newClaimGroup(s)
 	return s, nil
 }
 

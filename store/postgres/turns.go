@@ -253,9 +253,17 @@ var claimDeliverySQL = `
 	FROM up LEFT JOIN ev ON true`
 
 // claimDelivery is NextDelivery in one round trip (p.Expect set):
-// queueClaim in an implicit transaction of its own. taken is false when
+// queueClaim in an implicit transaction, shared with the claims of other
+// sessions (claimGroup) or its own. taken is false when
 // the claim took nothing (the locked path then answers).
 func (s *Store) claimDelivery(ctx context.Context, p store.NextDeliveryParams) (d store.Dispatch, taken bool, err error) {
+	if s.groupCommit {
+		// With the claims of other sessions that arrived meanwhile
+		// (claimGroup); a batch that rolled back sends each alone.
+		if r := s.claims.do(ctx, p); !r.solo {
+			return r.d, r.taken, wrap("next delivery", dispatchErr(p.DeliveryID, r.err))
+		}
+	}
 	var c *claim
 	err = s.pipeTxDo(ctx, "next delivery", func(ctx context.Context, tx txConn) error {
 		b := &pgx.Batch{}
