@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/store"
@@ -74,7 +76,7 @@ func TestShutdownWithBacklogsLosesNoEventAndChargesNoAttempt(t *testing.T) {
 		var turns atomic.Int64
 		fn := func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 			turns.Add(1)
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(15 * time.Millisecond)
 			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "re: " + req.Event.Message}}}, nil
 		}
 		funcs := map[string]abi.TurnFunc{"b": fn}
@@ -108,12 +110,31 @@ func TestShutdownWithBacklogsLosesNoEventAndChargesNoAttempt(t *testing.T) {
 			}
 			if round < rounds-1 {
 				// Stop mid-backlog.
-				at := turns.Load() + int64(sessions*backlog/rounds)
-				f.waitFor("some turns", func() bool { return turns.Load() >= at })
+				at := int64(sessions * backlog * (round + 1) / (rounds + 1))
+				deadline := time.Now().Add(time.Minute)
+				for turns.Load() < at {
+					if time.Now().After(deadline) {
+						for _, key := range keys {
+							sess := f.get(key)
+							t.Logf("session %s: %s/%s turns=%d open=%d epoch=%d", key, sess.Status, sess.SleepReason, sess.TurnCount, sess.OpenEvents, sess.ActorEpoch)
+							for _, e := range f.events(key) {
+								if e.Status != store.EventDone {
+									t.Logf("  event %d %s attempts=%d next=%s err=%q", e.ID, e.Status, e.Attempts, e.NextAttemptAt.Format(time.RFC3339Nano), e.LastError)
+									break
+								}
+							}
+						}
+						t.Fatalf("round %d: timed out waiting for some turns (%d of %d)", round, turns.Load(), at)
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
 				stop()
 				if err := <-done; err != nil {
 					t.Fatalf("host.Run: %v", err)
 				}
+				t.Logf("round %d: %v turns taken by a commit given back unsent, %v cut short by the shutdown", round,
+					testutil.ToFloat64(h.Metrics().FailedAttempts.WithLabelValues("not_sent")),
+					testutil.ToFloat64(h.Metrics().FailedAttempts.WithLabelValues("shutdown")))
 				continue
 			}
 			f.waitFor("every event", func() bool {
