@@ -2,12 +2,14 @@ package host_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/paddock-dev/paddock/abi"
@@ -231,5 +233,97 @@ func TestAnAgentUpdateMidBacklogBindsTheRestToTheNewAgent(t *testing.T) {
 			}
 		}
 		wantSoundStream(t, st, key)
+	})
+}
+
+// afterTakeStore is a real store whose CommitTurn runs after once, right
+// after the first commit that took the event carrying message trigger
+// (store.Turn.Next): a write landing between that commit and the taken
+// turn's run.
+type afterTakeStore struct {
+	store.Store
+	trigger string
+	once    atomic.Bool
+	after   func(n *store.Dispatch)
+}
+
+func (s *afterTakeStore) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store.Turn, error) {
+	t, err := s.Store.CommitTurn(ctx, p)
+	if err == nil && t.Next != nil {
+		if m, _ := store.PayloadMessage(string(t.Next.Event.Payload)); m == s.trigger && s.once.CompareAndSwap(false, true) {
+			s.after(t.Next)
+		}
+	}
+	return t, err
+}
+
+// TestSteerOrCancelOfATakenTurnBeforeItRuns: a steer or a cancel lands
+// right after the commit that took the next turn, before that turn runs,
+// with or without the wake-up that would tell the controller: the steer
+// reaches the turn (the stale revision is read again), the cancel ends it,
+// and the events after it run.
+func TestSteerOrCancelOfATakenTurnBeforeItRuns(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		for _, c := range []struct {
+			kind string
+			poke bool
+		}{{"steer", true}, {"steer", false}, {"cancel", true}} {
+			t.Run(fmt.Sprintf("%s/poke=%v", c.kind, c.poke), func(t *testing.T) {
+				started := make(chan string, 64)
+				hs := &afterTakeStore{Store: st, trigger: "two"}
+				f := start(t, hs, map[string]abi.TurnFunc{"o": oneTripFn(started)}, testPolicy())
+				key := f.session(f.agent("o"))
+				hs.after = func(n *store.Dispatch) {
+					ctx := context.Background()
+					switch c.kind {
+					case "steer":
+						payload, _ := json.Marshal(map[string]string{"message": "left"})
+						r, err := st.Steer(ctx, store.SteerParams{Key: key, Payload: payload, DeliveryID: uuid.NewString()})
+						if err != nil || !r.InFlight || r.Ref.ActorEventID != n.Event.ID {
+							t.Errorf("steer of the taken turn: %+v %v", r, err)
+						}
+					case "cancel":
+						r, err := st.CancelEvent(ctx, store.CancelEventParams{Key: key, EventID: n.Event.ID, Reason: "no"})
+						if err != nil || !r.InFlight {
+							t.Errorf("cancel of the taken turn: %+v %v", r, err)
+						}
+					}
+					if c.poke {
+						f.h.Ensure(key)
+					}
+				}
+				f.signal(key, "ignore") // 300 ms: the rest queues behind it
+				for recv(t, started) != "ignore" {
+				}
+				f.signal(key, "one")
+				f.signal(key, "two")
+				f.signal(key, "three")
+				f.waitFor("every turn", func() bool { return f.get(key).TurnCount == 4 })
+				var got []string
+				for _, tr := range f.transcript(key) {
+					var ms []string
+					for _, m := range tr.Messages {
+						ms = append(ms, m.Content)
+					}
+					got = append(got, strings.Join(ms, "+"))
+				}
+				want := "ignore+unsteered|one+re: one|two+left+saw left|three+re: three"
+				if c.kind == "cancel" {
+					want = "ignore+unsteered|one+re: one|two+cancelled: no|three+re: three"
+				}
+				if g := strings.Join(got, "|"); g != want {
+					t.Errorf("transcript %q, want %q", g, want)
+				}
+				for _, e := range f.events(key) {
+					if e.Attempts != 0 {
+						t.Errorf("event %d charged %d attempts", e.ID, e.Attempts)
+					}
+				}
+				wantSoundStream(t, st, key)
+				if !hs.once.Load() {
+					t.Errorf("no commit took the event %q: the race was not run", hs.trigger)
+				}
+			})
+		}
 	})
 }
