@@ -25,6 +25,8 @@ func breakNextCases() []testCase {
 		{"CommitNext/ANextEventWithSteersComesWithThem", testCommitNextSteered},
 		{"CommitNext/AStaleRevisionTakesNothing", testCommitNextStale},
 		{"CommitNext/RacingCancelSteerDestroyStopEndsEachEventOnce", testCommitNextRaces},
+		{"CommitNext/AUsedDeliveryIDLeavesTheCommitStanding", testCommitNextUsedDeliveryID},
+		{"CommitNext/AnExpiredLeaseRefusesTheCommitAndTakesNothing", testCommitNextExpired},
 	}
 }
 
@@ -288,4 +290,49 @@ func testCommitNextRaces(t *testing.T, b *bundle) {
 		}
 		b.wantStreamSound(key, what)
 	}
+}
+
+func testCommitNextUsedDeliveryID(t *testing.T, b *bundle) {
+	key := b.session()
+	b.message(key, "one")
+	two := b.message(key, "two")
+	act := b.claim(key, LongTTL)
+	d, err := b.nextExpect(act, nil)
+	noErr(t, err, "dispatch")
+	np := b.nextExpectOf(act, d, false)
+	np.DeliveryID = d.Delivery.ID // in use: the committing turn's own
+	turn, err := b.commitOutcomeNext(d, abi.OutcomeOK, np)
+	noErr(t, err, "commit whose Next reuses a delivery id")
+	if turn.Next != nil {
+		t.Fatalf("Turn.Next took event %d under a delivery id in use", turn.Next.Event.ID)
+	}
+	wantEq(t, len(b.transcript(key)), 1, "turns: the commit stands")
+	wantStatus(t, b, key, d.Event.ID, store.EventDone)
+	b.wantIdle(act, "after a Next that could not be taken")
+	n, err := b.nextExpect(act, b.expectedOf(d))
+	noErr(t, err, "NextDelivery after the commit")
+	wantEq(t, n.Event.ID, two.ID, "the next event")
+	wantEq(t, n.Attempt, 1, "its attempt")
+	b.wantStreamSound(key, "after the used delivery id")
+}
+
+func testCommitNextExpired(t *testing.T, b *bundle) {
+	key := b.session()
+	b.message(key, "one")
+	two := b.message(key, "two")
+	act := b.claim(key, ShortTTL)
+	d, err := b.nextExpect(act, nil)
+	noErr(t, err, "dispatch")
+	b.waitExpired(act)
+	before := b.snapshot(key)
+	turn, err := b.commitOutcomeNext(d, abi.OutcomeOK, b.nextExpectOf(act, d, false))
+	var fe *store.FenceError
+	if !errors.As(err, &fe) {
+		t.Fatalf("commit under an expired lease with Next: %v, want a fence", err)
+	}
+	if turn.Next != nil {
+		t.Fatalf("a refused commit took event %d", turn.Next.Event.ID)
+	}
+	b.sameSnapshot(key, before, "a refused commit with Next")
+	wantEq(t, b.event(key, two.ID).Binding, "", "the next event's binding")
 }
