@@ -327,3 +327,70 @@ func TestSteerOrCancelOfATakenTurnBeforeItRuns(t *testing.T) {
 		}
 	})
 }
+
+// leaseLossStore is a real store whose lease renewal, once armed, reports
+// every lease lost a single time (as a renewal that found them expired
+// does), then renews as usual.
+type leaseLossStore struct {
+	store.Store
+	armed atomic.Bool
+	lost  chan struct{}
+}
+
+func (s *leaseLossStore) RenewLeases(ctx context.Context, p store.RenewLeasesParams) ([]store.ActivationRef, error) {
+	if s.armed.CompareAndSwap(true, false) {
+		close(s.lost)
+		return nil, nil
+	}
+	return s.Store.RenewLeases(ctx, p)
+}
+
+// TestALeaseLostWithATakenTurnGivesItBackUncounted: the lease is lost
+// right after the commit that took the next turn: that turn is given back
+// unsent and uncounted, and every event still commits once, in order, at
+// no charged attempt.
+func TestALeaseLostWithATakenTurnGivesItBackUncounted(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		ls := &leaseLossStore{Store: st, lost: make(chan struct{})}
+		hs := &afterTakeStore{Store: ls, trigger: "two"}
+		started := make(chan string, 64)
+		f := start(t, hs, map[string]abi.TurnFunc{"o": oneTripFn(started)}, testPolicy())
+		hs.after = func(*store.Dispatch) {
+			ls.armed.Store(true)
+			select {
+			case <-ls.lost:
+			case <-time.After(time.Minute):
+				t.Error("no lease renewal within a minute")
+			}
+			// The renewal loop cancels the lease right after the call.
+			time.Sleep(300 * time.Millisecond)
+		}
+		key := f.session(f.agent("o"))
+		f.signal(key, "ignore") // 300 ms: the rest queues behind it
+		for recv(t, started) != "ignore" {
+		}
+		f.signal(key, "one")
+		f.signal(key, "two")
+		f.signal(key, "three")
+		f.waitFor("every turn", func() bool { return f.get(key).TurnCount == 4 })
+		var got []string
+		for _, tr := range f.transcript(key) {
+			got = append(got, tr.Messages[len(tr.Messages)-1].Content)
+		}
+		if g, w := strings.Join(got, "|"), "unsteered|re: one|re: two|re: three"; g != w {
+			t.Errorf("transcript replies %q, want %q", g, w)
+		}
+		for _, e := range f.events(key) {
+			if e.Status != store.EventDone || e.Attempts != 0 {
+				t.Errorf("event %d is %s after %d charged attempts", e.ID, e.Status, e.Attempts)
+			}
+		}
+		wantSoundStream(t, st, key)
+		if !hs.once.Load() {
+			t.Fatalf("no commit took the event %q: the race was not run", hs.trigger)
+		}
+		if n := testutil.ToFloat64(f.h.Metrics().FailedAttempts.WithLabelValues("not_sent")); n != 1 {
+			t.Errorf("%v turns given back unsent, want 1 (the taken one)", n)
+		}
+	})
+}
