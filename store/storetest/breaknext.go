@@ -27,6 +27,7 @@ func breakNextCases() []testCase {
 		{"CommitNext/RacingCancelSteerDestroyStopEndsEachEventOnce", testCommitNextRaces},
 		{"CommitNext/AUsedDeliveryIDLeavesTheCommitStanding", testCommitNextUsedDeliveryID},
 		{"CommitNext/AnExpiredLeaseRefusesTheCommitAndTakesNothing", testCommitNextExpired},
+		{"CommitNext/ASteeredTurnsCommitTakesTheNextWithAShortTail", testCommitNextAfterSteer},
 	}
 }
 
@@ -335,4 +336,35 @@ func testCommitNextExpired(t *testing.T, b *bundle) {
 	}
 	b.sameSnapshot(key, before, "a refused commit with Next")
 	wantEq(t, b.event(key, two.ID).Binding, "", "the next event's binding")
+}
+
+func testCommitNextAfterSteer(t *testing.T, b *bundle) {
+	key := b.session()
+	b.message(key, "one")
+	two := b.message(key, "two")
+	act := b.claim(key, LongTTL)
+	d, err := b.nextExpect(act, nil)
+	noErr(t, err, "dispatch")
+	r := b.steer(key, "left", "")
+	np := b.nextExpectOf(act, d, false)
+	np.TailMessages = 2
+	// The steered turn commits under its new ref, without payloads (the
+	// store reads the event's and the steer's).
+	turn, err := b.s.CommitTurn(b.ctx, store.CommitTurnParams{Ref: r.Ref, Outcome: abi.OutcomeOK, State: []byte("s1"),
+		Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "saw left"}}, Next: &np})
+	noErr(t, err, "commit of the steered turn with Next")
+	wantMessages(t, turn.Messages, abi.RoleUser, "one", abi.RoleUser, "left", abi.RoleAssistant, "saw left")
+	n, err := b.nextOrDispatch(turn, np)
+	noErr(t, err, "the next turn")
+	wantEq(t, n.Event.ID, two.ID, "the next event")
+	wantEq(t, len(n.Steers), 0, "the next event's steers")
+	wantEq(t, fmt.Sprint(n.Tail), fmt.Sprint([]abi.Message{{Role: abi.RoleUser, Content: "left"}, {Role: abi.RoleAssistant, Content: "saw left"}}),
+		"the next turn's tail: the last two messages")
+	wantBytes(t, n.State, []byte("s1"), "the next turn's state")
+	for _, e := range b.events(key) {
+		if e.SteerOf != 0 {
+			wantEq(t, e.Status, store.EventDone, "the steer's status")
+		}
+	}
+	b.wantStreamSound(key, "after the steered commit with Next")
 }
