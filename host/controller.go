@@ -651,7 +651,15 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 				// under the real one (which may itself be fenced off by now).
 				return "", c.fail(context.Background(), last, d.Attempt, a.pol, fmt.Errorf("worker echoed a wrong turn_ref: %w", err), true, "wrong_ref"), true
 			}
-			return "", 0, true
+			// Refused: the event was closed meanwhile (a cancel whose
+			// wake-up has not come yet clears the current event and leaves
+			// the activation live and idle) or the activation was lost. Ask
+			// the store again, as after a cancelled turn: NextDelivery takes
+			// the next event, or answers that the activation is no longer
+			// live. Ending here would leave a live activation nobody runs,
+			// and the events behind it waiting for its lease to lapse.
+			a.nothingOpen, a.nextOpen, a.backlog = false, true, false
+			return "", 0, false
 		case err != nil:
 			// The commit failed for another reason (the database refused the
 			// data, or the connection broke). Record a failed attempt through
