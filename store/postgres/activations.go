@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -142,7 +143,7 @@ func (s *Store) RenewLeases(ctx context.Context, p store.RenewLeasesParams) ([]s
 				SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[]) WITH ORDINALITY
 					AS r(activation_uid, agent_uid, session_id, actor_epoch, lease_id, n)),
 			held AS (
-				SELECT r.n, a.activation_uid FROM activations a JOIN r USING (activation_uid, agent_uid, session_id, actor_epoch, lease_id)
+				SELECT r.n, a.activation_uid, a.lease_expires_at FROM activations a JOIN r USING (activation_uid, agent_uid, session_id, actor_epoch, lease_id)
 				WHERE a.host_id = $7 AND a.state IN `+liveStates+` AND a.lease_expires_at > clock_timestamp()),
 			locked AS (
 				SELECT a.activation_uid FROM activations a
@@ -153,15 +154,50 @@ func (s *Store) RenewLeases(ctx context.Context, p store.RenewLeasesParams) ([]s
 				FROM locked WHERE a.activation_uid = locked.activation_uid
 				  AND a.host_id = $7 AND a.state IN `+liveStates+` AND a.lease_expires_at > clock_timestamp()
 				RETURNING a.activation_uid)
-			SELECT r.activation_uid, r.agent_uid, r.session_id, r.actor_epoch, r.lease_id FROM r JOIN held USING (n)
+			SELECT r.activation_uid, r.agent_uid, r.session_id, r.actor_epoch, r.lease_id,
+				held.activation_uid NOT IN (SELECT activation_uid FROM renewed)
+				  AND held.lease_expires_at < clock_timestamp() + $6 / 2 * interval '1 microsecond'
+			FROM r JOIN held USING (n)
 			WHERE held.activation_uid IN (SELECT activation_uid FROM renewed)
 			   OR held.activation_uid NOT IN (SELECT activation_uid FROM locked)`,
 			uids, agents, sessions, epochs, leases, micros(p.LeaseTTL), p.HostID)
 		if err != nil {
 			return err
 		}
-		out, err = pgx.CollectRows(rows, scanRef)
-		return err
+		var urgent []store.ActivationRef
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.ActivationRef, error) {
+			var ref store.ActivationRef
+			var late bool
+			err := r.Scan(&ref.UID, &ref.AgentUID, &ref.SessionID, &ref.ActorEpoch, &ref.LeaseID, &late)
+			if late {
+				urgent = append(urgent, ref)
+			}
+			return ref, err
+		})
+		if err != nil {
+			return err
+		}
+		// A row skipped with less than half its lease left was skipped at
+		// the round before too (a busy session's turn transactions held
+		// it both times): renew it now, waiting for its lock (a turn
+		// transaction's, milliseconds), or a busy session could lose its
+		// lease to bad luck. One statement per row, so that this wait
+		// holds no other row and cannot deadlock with a batch that locks
+		// several sessions' rows in its own order.
+		for _, ref := range urgent {
+			tag, err := s.leases.Exec(ctx, `
+				UPDATE activations SET lease_expires_at = clock_timestamp() + $6 * interval '1 microsecond'
+				WHERE activation_uid = $1 AND agent_uid = $2 AND session_id = $3 AND actor_epoch = $4 AND lease_id = $5
+				  AND host_id = $7 AND state IN `+liveStates+` AND lease_expires_at > clock_timestamp()`,
+				ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID, micros(p.LeaseTTL), p.HostID)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() == 0 {
+				out = slices.DeleteFunc(out, func(r store.ActivationRef) bool { return r == ref })
+			}
+		}
+		return nil
 	})
 	return out, err
 }

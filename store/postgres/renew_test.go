@@ -48,7 +48,7 @@ func TestRenewLeasesSkipsRowsATurnHolds(t *testing.T) {
 	ctx, cancel := context.WithTimeout(f.ctx, 5*time.Second)
 	defer cancel()
 	refs := []store.ActivationRef{busy.Ref(), free.Ref(), lost}
-	held, err := s.RenewLeases(ctx, store.RenewLeasesParams{HostID: busy.HostID, LeaseTTL: 2 * time.Minute, Refs: refs})
+	held, err := s.RenewLeases(ctx, store.RenewLeasesParams{HostID: busy.HostID, LeaseTTL: time.Minute, Refs: refs})
 	must(t, err, "RenewLeases while a turn holds a row (it must not wait for it)")
 	got := map[string]bool{}
 	for _, r := range held {
@@ -62,9 +62,54 @@ func TestRenewLeasesSkipsRowsATurnHolds(t *testing.T) {
 	}
 	release()
 
-	held, err = s.RenewLeases(ctx, store.RenewLeasesParams{HostID: busy.HostID, LeaseTTL: 2 * time.Minute, Refs: refs[:1]})
+	held, err = s.RenewLeases(ctx, store.RenewLeasesParams{HostID: busy.HostID, LeaseTTL: time.Minute, Refs: refs[:1]})
 	must(t, err, "RenewLeases")
 	if len(held) != 1 || !expiry(busy.UID).After(busyBefore) {
 		t.Fatalf("the next round did not renew the freed lease (held %+v)", held)
+	}
+}
+
+// TestRenewLeasesWaitsForARowSkippedTooLong: a lease that a turn
+// transaction's lock made the renewal skip until less than half of it is
+// left is renewed waiting for that lock, so that a busy session does not
+// lose its lease to its own turns.
+func TestRenewLeasesWaitsForARowSkippedTooLong(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	s, err := postgres.Open(context.Background(), dsn)
+	must(t, err, "Open")
+	t.Cleanup(func() { _ = s.Close() })
+	f := newFixtureOn(t, s)
+	f.append("busy")
+	const ttl = 4 * time.Second
+	busy := f.claim(ttl)
+	var before time.Time
+	conn, err := pgx.Connect(f.ctx, dsn)
+	must(t, err, "connect")
+	defer conn.Close(context.Background())
+	must(t, conn.QueryRow(f.ctx, `SELECT lease_expires_at FROM activations WHERE activation_uid = $1`, busy.UID).Scan(&before), "read lease")
+
+	release := holdActivationRow(t, dsn, busy.UID)
+	// Less than half of the lease left: a skip now could be the last
+	// before it runs out.
+	time.Sleep(time.Until(before.Add(-ttl/2)) + 200*time.Millisecond)
+	type result struct {
+		held []store.ActivationRef
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		held, err := s.RenewLeases(f.ctx, store.RenewLeasesParams{HostID: busy.HostID, LeaseTTL: ttl, Refs: []store.ActivationRef{busy.Ref()}})
+		done <- result{held, err}
+	}()
+	time.Sleep(100 * time.Millisecond) // let it reach the lock; the outcome does not depend on it
+	release()
+	r := <-done
+	must(t, r.err, "RenewLeases")
+	var after time.Time
+	must(t, conn.QueryRow(f.ctx, `SELECT lease_expires_at FROM activations WHERE activation_uid = $1`, busy.UID).Scan(&after), "read lease")
+	if len(r.held) != 1 || !after.After(before) {
+		t.Fatalf("held %+v, lease %s → %s: the renewal skipped a lease with less than half of it left instead of waiting for it",
+			r.held, before, after)
 	}
 }
