@@ -61,7 +61,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) store.Store) {
 		fenceCases(),
 		turnCases(),
 		commitNextCases(),
-		breakNextCases(),
+		commitNextEdgeCases(),
 		onetripCases(),
 		maintenanceCases(),
 		crashCases(),

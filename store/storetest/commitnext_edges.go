@@ -16,7 +16,7 @@ import (
 // (CommitTurnParams.Next): what it must not take, and the writes that race
 // it.
 
-func breakNextCases() []testCase {
+func commitNextEdgeCases() []testCase {
 	return []testCase{
 		{"CommitNext/SleepOrFinishWithAnEventOpenRunsItAndStaysActive", testCommitNextSleepWithOpen},
 		{"CommitNext/SleepWithNothingOpenParksAndTakesNothing", testCommitNextSleepNothingOpen},
