@@ -367,7 +367,7 @@ const (
 // dead letter blocks it ($6: the block policy) and whether steers are
 // attached to it; then the event's recorded binding and what the agent
 // runs now (store.AgentBinding's fields).
-var nextDeliverySQL = `
+const nextDeliverySQL = `
 			SELECT a.actor_epoch, a.revision, e.event_id, e.next_attempt_at, e.next_attempt_at <= clock_timestamp(),
 				$6::boolean AND ` + deadLetterBefore + `,
 				` + steersAttached + `,
@@ -587,7 +587,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 }
 
 // commitTurn is CommitTurn, with the claim of next in its transaction
-// when next is set.
+// when next is set (CommitTurn leaves it nil with a wait).
 func (s *Store) commitTurn(ctx context.Context, p store.CommitTurnParams, alarms store.AlarmWrites, next *store.NextDeliveryParams) (store.Turn, error) {
 	ref := p.Ref
 	var q *queuedCommit
@@ -624,9 +624,6 @@ func (s *Store) commitTurn(ctx context.Context, p store.CommitTurnParams, alarms
 			}
 			payloads = append([]string{*payload}, steers...)
 			b = &pgx.Batch{}
-		}
-		if p.Wait != nil {
-			next = nil
 		}
 		q = queueCommit(b, p, payloads, p.Payloads != nil, alarms, next)
 		if p.Wait == nil {

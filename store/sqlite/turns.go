@@ -363,7 +363,6 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 			if t.Next, err = nextAfterCommit(tx, *p.Next); err != nil {
 				return err
 			}
-			t.NextOpen = t.NextOpen || t.Next != nil
 		}
 		return nil
 	})
