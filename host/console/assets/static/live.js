@@ -110,20 +110,28 @@
     form.addEventListener("submit", function (ev) {
       ev.preventDefault();
       var body = new URLSearchParams(new FormData(form));
+      // The field is cleared as the message leaves, not when the answer
+      // comes: the turn's reply may stream in first, and what the user
+      // types after it must not be wiped. A message not sent comes back
+      // if the field is still empty.
+      var input = form.querySelector("input[name=message]");
+      var sent = input.value;
+      input.value = "";
+      var restore = function () { if (input.value === "") { input.value = sent; } };
       say("sending…");
       fetch(form.action, { method: "POST", body: body, credentials: "same-origin" }).then(function (resp) {
         return resp.text().then(function (html) {
           if (resp.ok) {
-            form.querySelector("input[name=message]").value = "";
             say("live · sent");
             return;
           }
+          restore();
           // The error page's message, read as text from an inert document.
           var doc = new DOMParser().parseFromString(html, "text/html");
           var msg = doc.getElementById("error");
           say("refused (" + resp.status + "): " + (msg ? msg.textContent : resp.statusText));
         });
-      }).catch(function (err) { say("not sent: " + err); });
+      }).catch(function (err) { restore(); say("not sent: " + err); });
     });
   }
   es.addEventListener("stream.reset", function () { say("the stream was compacted: reload the page for the full transcript"); });
