@@ -117,12 +117,8 @@ func (c *controller) runSafely(runCtx, turnCtx context.Context) (retryIn time.Du
 func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	h := c.h
 	ctx, cancel := context.WithTimeout(runCtx, 10*time.Second)
-	agent, err := h.st.GetAgent(ctx, store.AnyNamespace, c.key.AgentUID)
-	var peek store.SessionPeek
-	if err == nil {
-		peek, err = h.st.PeekSession(ctx, c.key)
-	}
-	sess := peek.Session
+	peek, err := h.st.PeekSession(ctx, c.key)
+	sess, agent := peek.Session, peek.Agent
 	cancel()
 	if err != nil {
 		if !errors.Is(err, store.ErrNotFound) && runCtx.Err() == nil {
@@ -172,11 +168,30 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	defer func() { slots.release(a != nil && a.yielded) }()
 	h.consumeForce(c.key)
 
-	ctx, cancel = context.WithTimeout(runCtx, 10*time.Second)
-	act, err := h.st.ClaimActivation(ctx, store.ClaimActivationParams{
+	// The claim takes the first turn in its transaction when this host
+	// knows what the agent ran last (an expectation, for the one-statement
+	// claim), at the epoch the peek implies: a claim that gives another
+	// takes nothing, and the loop asks NextDelivery as usual.
+	run := &activationRun{c: c, h: h, agent: agent, pol: pol, runCtx: runCtx, slots: slots,
+		nextOpen: true, // peek.AnyOpen
+		expect:   h.expected(expectKey{agent.UID, pol.Pool})}
+	claim := store.ClaimActivationParams{
 		Key: c.key, UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: h.id, LeaseTTL: h.set.LeaseTTL,
 		WakeForCapacity: forCapacity,
-	})
+	}
+	if run.expect != nil {
+		run.act = store.Activation{UID: claim.UID, ActorKey: c.key, ActorEpoch: sess.ActorEpoch + 1, LeaseID: claim.LeaseID}
+		first := run.nextParams()
+		claim.First = &first
+		// A pending wake-up is answered by the claim's look, as by
+		// NextDelivery's in the loop.
+		select {
+		case <-c.wake:
+		default:
+		}
+	}
+	ctx, cancel = context.WithTimeout(runCtx, 10*time.Second)
+	act, err := h.st.ClaimActivation(ctx, claim)
 	cancel()
 	switch {
 	case err == nil:
@@ -202,9 +217,12 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	h.holdLease(act.Ref(), leaseLost)
 	defer h.dropLease(act.UID)
 
-	a = &activationRun{c: c, h: h, act: act, agent: agent, pol: pol, log: log, runCtx: runCtx, leaseCtx: leaseCtx, slots: slots,
-		nextOpen: true, // peek.AnyOpen
-		expect:   h.expected(expectKey{agent.UID, pol.Pool})}
+	a = run
+	a.act, a.log, a.leaseCtx, a.taken = act, log, leaseCtx, act.First
+	a.act.First = nil
+	if a.taken != nil {
+		a.nextOpen = false
+	}
 	defer a.closeInstance()
 	return a.loop(runCtx)
 }

@@ -160,7 +160,7 @@ func TestOneTripSecondTurnSteeredCancelledAndWaiting(t *testing.T) {
 // and those a commit took for the next turn (store.Turn.Next).
 type dispatchCounter struct {
 	store.Store
-	dispatched, taken atomic.Int64
+	dispatched, taken, first atomic.Int64
 }
 
 func (c *dispatchCounter) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (store.Dispatch, error) {
@@ -177,6 +177,54 @@ func (c *dispatchCounter) CommitTurn(ctx context.Context, p store.CommitTurnPara
 		c.taken.Add(1)
 	}
 	return t, err
+}
+
+func (c *dispatchCounter) ClaimActivation(ctx context.Context, p store.ClaimActivationParams) (store.Activation, error) {
+	a, err := c.Store.ClaimActivation(ctx, p)
+	if err == nil && a.First != nil {
+		c.first.Add(1)
+	}
+	return a, err
+}
+
+// TestASessionsFirstTurnIsTakenByTheActivationsClaim: once the host has
+// run the agent, a session woken by a signal gets its first turn from the
+// claim of its activation (store.ClaimActivationParams.First), not from a
+// dispatch of its own; each runs once, at its first attempt, with a sound
+// stream.
+func TestASessionsFirstTurnIsTakenByTheActivationsClaim(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		cs := &dispatchCounter{Store: st}
+		f := start(t, cs, map[string]abi.TurnFunc{"o": oneTripFn(make(chan string))}, testPolicy())
+		ag := f.agent("o")
+		warm := f.session(ag)
+		f.signal(warm, "hello")
+		f.waitFor("the first session's turn", func() bool { return f.get(warm).TurnCount == 1 })
+		const sessions = 4
+		keys := make([]store.ActorKey, sessions)
+		for i := range keys {
+			keys[i] = f.session(ag)
+			f.signal(keys[i], fmt.Sprintf("s%d", i))
+		}
+		for i, key := range keys {
+			f.waitFor("each session's turn", func() bool { return f.get(key).TurnCount == 1 })
+			ts := f.transcript(key)
+			if got, want := ts[0].Messages[len(ts[0].Messages)-1].Content, fmt.Sprintf("re: s%d", i); got != want {
+				t.Errorf("session %d replied %q, want %q", i, got, want)
+			}
+			for _, e := range f.events(key) {
+				if e.Status != store.EventDone || e.Attempts != 0 {
+					t.Errorf("event %d is %s after %d failed attempts, want done after none", e.ID, e.Status, e.Attempts)
+				}
+			}
+			wantSoundStream(t, st, key)
+		}
+		// The first session's turn had no expectation to start from (it
+		// was dispatched); the others' claims took theirs.
+		if f, d := cs.first.Load(), cs.dispatched.Load(); f != sessions || d != 1 {
+			t.Errorf("%d first turns taken by the activation's claim and %d dispatched, want %d and 1", f, d, sessions)
+		}
+	})
 }
 
 // TestABacklogRunsThroughTheCommitsClaims: events that wait behind a turn

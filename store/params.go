@@ -214,6 +214,22 @@ func CheckCommitNext(p CommitTurnParams) error {
 	return nil
 }
 
+// CheckClaimFirst validates ClaimActivationParams.First before any
+// database access: the first turn is asked of the activation being claimed
+// (its uid, lease id and key; ErrInvalid names what differs). Without a
+// First it returns nil.
+func CheckClaimFirst(p ClaimActivationParams) error {
+	f := p.First
+	if f == nil {
+		return nil
+	}
+	if a := f.Activation; a.UID != p.UID || a.LeaseID != p.LeaseID || a.ActorKey != p.Key {
+		return fmt.Errorf("first turn asked of activation %s (lease %s) of %s, the claim is of activation %s (lease %s) of %s: %w",
+			a.UID, a.LeaseID, a.ActorKey, p.UID, p.LeaseID, p.Key, ErrInvalid)
+	}
+	return nil
+}
+
 // PayloadMessage returns a signal payload's "message" string
 // ({"message": "...", "data": {...}}) when it has a non-empty one.
 func PayloadMessage(payload string) (string, bool) {

@@ -152,10 +152,13 @@ type PluginWorker struct {
 }
 
 // SessionPeek is PeekSession's answer: the session row without its
-// counters (OpenEvents and DeadLetters are 0) and whether any event is open.
+// counters (OpenEvents and DeadLetters are 0), whether any event is open,
+// and the session's agent row (what a controller needs before it claims an
+// activation, in one read).
 type SessionPeek struct {
 	Session Session
 	AnyOpen bool
+	Agent   Agent
 }
 
 // Session is a session row with its counters.
@@ -255,6 +258,10 @@ type Activation struct {
 	Revision       int64           `json:"revision"`
 	State          ActivationState `json:"state"`
 	HostID         string          `json:"host_id"`
+	// First is the turn ClaimActivation took for the new activation
+	// (ClaimActivationParams.First); nil otherwise, and in every other
+	// read of an activation.
+	First *Dispatch `json:"-"`
 }
 
 // Ref returns the activation's compare-and-set identity.
@@ -411,10 +418,11 @@ type Store interface {
 	// The counters cost O(the session's open events); the host's own
 	// reads use PeekSession.
 	GetSession(ctx context.Context, key ActorKey) (Session, error)
-	// PeekSession returns the session without its counters and whether
+	// PeekSession returns the session without its counters, whether
 	// any of its events is open (the first entry of the open-events
-	// index), or ErrNotFound: what a controller reads before claiming,
-	// at a cost that does not grow with the events waiting.
+	// index) and its agent's row, or ErrNotFound: what a controller reads
+	// before claiming, in one round trip, at a cost that does not grow
+	// with the events waiting.
 	PeekSession(ctx context.Context, key ActorKey) (SessionPeek, error)
 	// ListSessions pages an agent's sessions by session id.
 	ListSessions(ctx context.Context, p ListSessionsParams) ([]Session, error)
@@ -790,6 +798,18 @@ type ClaimActivationParams struct {
 	// ErrSessionSleeping and stays asleep (ClaimWake; docs/DESIGN.md
 	// invariant 11). Without it a sleeping session is refused.
 	WakeForCapacity bool
+	// First, when set, asks for the new activation's first turn in the
+	// claim's transaction: after the claim, the driver takes the oldest due
+	// event as NextDelivery would with these parameters and returns it as
+	// Activation.First. First.Activation names the claimed activation (UID,
+	// LeaseID, Key) at the epoch the caller expects the claim to give —
+	// the session's epoch + 1 as it last read it; by the fences' equality,
+	// nothing is taken when the claim gives another. It saves the first
+	// dispatch's own transaction and round trip for a session woken by a
+	// signal. Whatever the dispatch finds never undoes the claim: Activation.First
+	// is then nil and the caller asks NextDelivery. A driver may always
+	// leave it nil (PostgreSQL does without First.Expect).
+	First *NextDeliveryParams
 }
 
 // RenewLeasesParams are RenewLeases' inputs.

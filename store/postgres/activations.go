@@ -21,10 +21,40 @@ import (
 // transaction, epoch bump included, is rolled back. The first SELECT is only
 // a fast path (and keeps a claim from queueing on the session row behind a
 // commit of the live activation): it takes no lock.
+//
+// With p.First (and its Expect) the first turn's claim (claimDeliverySQL,
+// then the session's and the tail's reads, which run only when it took an
+// event) rides in the same round trip and implicit transaction, after the
+// activation's statement. Should it refuse that transaction (a lock race,
+// a delivery id in use), the claim runs again without it: the dispatch
+// never undoes the claim.
 func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationParams) (store.Activation, error) {
 	if err := store.CheckLeaseTTL(p.LeaseTTL); err != nil {
 		return store.Activation{}, fmt.Errorf("store/postgres: claim activation: %w", err)
 	}
+	if err := store.CheckClaimFirst(p); err != nil {
+		return store.Activation{}, fmt.Errorf("store/postgres: claim activation: %w", err)
+	}
+	if p.First != nil && p.First.Expect != nil {
+		a, err := s.claimActivation(ctx, p, p.First)
+		var fe *firstRefusal
+		if !errors.As(err, &fe) {
+			return a, err
+		}
+	}
+	return s.claimActivation(ctx, p, nil)
+}
+
+// firstRefusal is the error of a claim whose first turn's claim refused
+// the transaction (ClaimActivation then claims again without it).
+type firstRefusal struct{ err error }
+
+func (f *firstRefusal) Error() string { return "first turn: " + f.err.Error() }
+func (f *firstRefusal) Unwrap() error { return f.err }
+
+// claimActivation is ClaimActivation, with the claim of first in its
+// transaction when first is set.
+func (s *Store) claimActivation(ctx context.Context, p store.ClaimActivationParams, first *store.NextDeliveryParams) (store.Activation, error) {
 	key := p.Key
 	a := store.Activation{UID: p.UID, ActorKey: key, LeaseID: p.LeaseID, State: store.ActivationActive, HostID: p.HostID}
 	err := s.rerun(ctx, "claim activation", func(ctx context.Context) error {
@@ -34,21 +64,42 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 		// activation inserted. An activation inserted meanwhile by another
 		// claim (the partial unique index on live activations) refuses
 		// the statement, so that the epoch is not raised for nothing.
-		var ok bool
-		err := s.pool.QueryRow(ctx, claimActivationSQL, key.AgentUID, key.SessionID, p.WakeForCapacity,
+		var ok, claimed bool
+		b := &pgx.Batch{}
+		b.Queue(claimActivationSQL, key.AgentUID, key.SessionID, p.WakeForCapacity,
 			store.CapacitySleepReasons(), p.UID, p.LeaseID, micros(p.LeaseTTL), p.HostID, checkActivationLive,
-		).Scan(&a.ActorEpoch, &a.LeaseExpiresAt, &ok)
+		).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&a.ActorEpoch, &a.LeaseExpiresAt, &ok)
+			claimed = err == nil
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			return err
+		})
+		var c *claim
+		if first != nil {
+			c = queueClaim(b, *first, true)
+		}
+		err := s.pool.SendBatch(ctx, b).Close()
 		switch {
-		case errors.Is(err, pgx.ErrNoRows):
+		case err == nil && !claimed:
 			return s.claimRefusal(ctx, p)
-		case pgCode(err) == codeUniqueViolation:
-			return fmt.Errorf("activation %s: %w", p.UID, store.ErrConflict)
 		case isCheck(err, checkActivationLive):
 			return fmt.Errorf("session %s: %w", key, store.ErrActivationLive)
+		case err != nil && first != nil && claimed:
+			// The activation's statement passed; the first turn's refused.
+			return &firstRefusal{err: dispatchErr(first.DeliveryID, err)}
+		case pgCode(err) == codeUniqueViolation:
+			return fmt.Errorf("activation %s: %w", p.UID, store.ErrConflict)
 		case err != nil:
 			return checkErr(err)
 		}
 		a.LeaseExpiresAt = utc(a.LeaseExpiresAt)
+		if c != nil {
+			if d, taken := c.dispatch(); taken {
+				a.First = &d
+			}
+		}
 		return nil
 	})
 	if err != nil {

@@ -351,20 +351,32 @@ func (s *Store) GetSession(ctx context.Context, key store.ActorKey) (store.Sessi
 	return ss, err
 }
 
-// PeekSession returns the session without counters and whether any event
-// is open; see store.Store.
+// PeekSession returns the session without counters, whether any event is
+// open and the session's agent; see store.Store.
 func (s *Store) PeekSession(ctx context.Context, key store.ActorKey) (store.SessionPeek, error) {
 	var p store.SessionPeek
 	err := s.call(ctx, "peek session", func(ctx context.Context) (err error) {
 		p = store.SessionPeek{}
-		p.Session, err = scanSession(prefixRow{s.pool.QueryRow(ctx, `SELECT (SELECT seq FROM actor_events
+		// The session and its agent: two statements, one round trip.
+		b := &pgx.Batch{}
+		b.Queue(`SELECT (SELECT seq FROM actor_events
 				 WHERE agent_uid = s.agent_uid AND session_id = s.session_id AND status = 'open'
 				 ORDER BY seq LIMIT 1) IS NOT NULL, `+sessionNoCounters+`
-			FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`, key.AgentUID, key.SessionID), []any{&p.AnyOpen}})
-		if err != nil {
-			return fmt.Errorf("session %s: %w", key, notFound(err))
-		}
-		return nil
+			FROM sessions s WHERE s.agent_uid = $1 AND s.session_id = $2`, key.AgentUID, key.SessionID).QueryRow(
+			func(row pgx.Row) (err error) {
+				if p.Session, err = scanSession(prefixRow{row, []any{&p.AnyOpen}}); err != nil {
+					return fmt.Errorf("session %s: %w", key, notFound(err))
+				}
+				return nil
+			})
+		b.Queue(`SELECT `+agentCols+` FROM agents WHERE agent_uid = $1`, key.AgentUID).QueryRow(
+			func(row pgx.Row) (err error) {
+				if p.Agent, err = scanAgent(row); err != nil {
+					return fmt.Errorf("agent %s: %w", key.AgentUID, notFound(err))
+				}
+				return nil
+			})
+		return s.pool.SendBatch(ctx, b).Close()
 	})
 	return p, err
 }

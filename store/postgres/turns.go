@@ -290,10 +290,10 @@ type claim struct {
 }
 
 // queueClaim queues claimDeliverySQL for p (p.Expect set), then the reads
-// of the session with its state and of the tail; after a commit in the same
-// transaction (afterCommit), those reads run only when the claim took an
-// event.
-func queueClaim(b *pgx.Batch, p store.NextDeliveryParams, afterCommit bool) *claim {
+// of the session with its state and of the tail; with onlyIfTaken (after a
+// commit or an activation's claim in the same transaction), those reads
+// run only when the claim took an event.
+func queueClaim(b *pgx.Batch, p store.NextDeliveryParams, onlyIfTaken bool) *claim {
 	ref, x := p.Activation, p.Expect
 	c := &claim{p: p, state: store.DeliveryCreated}
 	if p.MarkSent {
@@ -315,7 +315,7 @@ func queueClaim(b *pgx.Batch, p store.NextDeliveryParams, afterCommit bool) *cla
 		return err
 	})
 	claimedBy := ""
-	if afterCommit {
+	if onlyIfTaken {
 		claimedBy = ref.UID
 	}
 	queueSession(b, ref.ActorKey, claimedBy, &c.d)

@@ -27,9 +27,13 @@ func scanActivation(sc scanner) (store.Activation, error) {
 
 // ClaimActivation starts a new activation for the key; see store.Store. The
 // epoch bump and the insert are one transaction: when the partial unique
-// index refuses the insert, both roll back.
+// index refuses the insert, both roll back. With p.First the first turn is
+// taken in the same transaction, inside a savepoint (nextAfterCommit).
 func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationParams) (store.Activation, error) {
 	if err := store.CheckLeaseTTL(p.LeaseTTL); err != nil {
+		return store.Activation{}, fmt.Errorf("store/sqlite: claim activation: %w", err)
+	}
+	if err := store.CheckClaimFirst(p); err != nil {
 		return store.Activation{}, fmt.Errorf("store/sqlite: claim activation: %w", err)
 	}
 	var a store.Activation
@@ -67,6 +71,12 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 			return fmt.Errorf("%s: %w", p.Key, store.ErrActivationLive)
 		case isConstraint(err):
 			return fmt.Errorf("activation uid %s: %w", p.UID, store.ErrConflict)
+		case err != nil:
+			return err
+		}
+		if p.First != nil {
+			// The first turn, in this transaction (ClaimActivationParams.First).
+			a.First, err = nextAfterCommit(tx, *p.First)
 		}
 		return err
 	})

@@ -344,8 +344,8 @@ func (s *Store) GetSession(ctx context.Context, key store.ActorKey) (store.Sessi
 	return ss, err
 }
 
-// PeekSession returns the session without counters and whether any event
-// is open; see store.Store.
+// PeekSession returns the session without counters, whether any event is
+// open and the session's agent; see store.Store.
 func (s *Store) PeekSession(ctx context.Context, key store.ActorKey) (store.SessionPeek, error) {
 	var p store.SessionPeek
 	err := s.read(ctx, "peek session", func(tx *txn) (err error) {
@@ -356,6 +356,10 @@ func (s *Store) PeekSession(ctx context.Context, key store.ActorKey) (store.Sess
 			FROM sessions s WHERE s.agent_uid = ? AND s.session_id = ?`, key.AgentUID, key.SessionID), []any{&p.AnyOpen}})
 		if err != nil {
 			return fmt.Errorf("session %s: %w", key, notFound(err))
+		}
+		p.Agent, err = scanAgent(tx.queryRow(`SELECT `+agentCols+` FROM agents WHERE agent_uid = ?`, key.AgentUID))
+		if err != nil {
+			return fmt.Errorf("agent %s: %w", key.AgentUID, notFound(err))
 		}
 		return nil
 	})

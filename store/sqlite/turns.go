@@ -158,9 +158,10 @@ func nextDelivery(tx *txn, p store.NextDeliveryParams) (d store.Dispatch, err er
 	return d, err
 }
 
-// nextAfterCommit is CommitTurnParams.Next: nextDelivery inside a savepoint
-// of the commit's transaction, so that whatever it finds (nothing due, not
-// live, an error of Bind) is undone alone and the commit stands. It
+// nextAfterCommit is CommitTurnParams.Next (and ClaimActivationParams.First):
+// nextDelivery inside a savepoint of the commit's (the claim's)
+// transaction, so that whatever it finds (nothing due, not live, an error
+// of Bind) is undone alone and the commit stands. It
 // returns nil when it took nothing; an error only when the savepoint
 // itself failed.
 func nextAfterCommit(tx *txn, p store.NextDeliveryParams) (*store.Dispatch, error) {

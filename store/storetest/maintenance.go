@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
 )
@@ -14,19 +16,23 @@ func maintenanceCases() []testCase {
 	return []testCase{
 		{"ExpireActivation/CountsAnAttemptOnlyForASentDelivery", testExpire},
 		{"RunnableSessions/DueOldestEventNoLiveActivationOldestDueFirst", testRunnable},
-		{"PeekSession/TheRowAndWhetherAnyEventIsOpenWithoutCounting", testPeekSession},
+		{"PeekSession/TheRowAndWhetherAnyEventIsOpenWithoutCountingAndTheAgent", testPeekSession},
 	}
 }
 
 // testPeekSession: PeekSession answers the session's row (the counters
-// left at 0) and whether any event is open, before, during and after a
-// turn; an unknown session is ErrNotFound.
+// left at 0), whether any event is open, before, during and after a turn,
+// and the session's agent (as GetAgent reads it, updates included); an
+// unknown session is ErrNotFound.
 func testPeekSession(t *testing.T, b *bundle) {
 	key := b.session()
 	p, err := b.s.PeekSession(b.ctx, key)
 	noErr(t, err, "PeekSession of a new session")
 	wantEq(t, p.AnyOpen, false, "AnyOpen with no event")
 	wantEq(t, p.Session.ActorKey, key, "Session key")
+	ag, err := b.s.GetAgent(b.ctx, store.AnyNamespace, key.AgentUID)
+	noErr(t, err, "GetAgent")
+	wantEq(t, p.Agent, ag, "Agent: the session's, as GetAgent reads it")
 	b.message(key, "one")
 	b.message(key, "two")
 	p, err = b.s.PeekSession(b.ctx, key)
@@ -41,6 +47,17 @@ func testPeekSession(t *testing.T, b *bundle) {
 	noErr(t, err, "PeekSession after both turns")
 	wantEq(t, p.AnyOpen, false, "AnyOpen once both committed")
 	wantEq(t, p.Session.TurnCount, int64(2), "TurnCount")
+	// An agent updated: the peek reads it as it is now.
+	v1, v2 := b.module("peek v1"), b.module("peek v2")
+	a := b.newAgent("peek-"+uuid.NewString()[:8], v1.Digest, store.CrashRestart)
+	other := b.sessionOf(a.UID, store.CrashRestart)
+	_, err = b.s.CreateAgent(b.ctx, store.CreateAgentParams{UID: a.UID, Name: a.Name, ModuleDigest: v2.Digest,
+		CrashPolicy: store.CrashRestart, Upsert: true})
+	noErr(t, err, "update the agent")
+	p, err = b.s.PeekSession(b.ctx, other)
+	noErr(t, err, "PeekSession after the agent's update")
+	wantEq(t, p.Agent.UID, a.UID, "Agent")
+	wantEq(t, p.Agent.ModuleDigest, v2.Digest, "Agent's module after the update")
 	_, err = b.s.PeekSession(b.ctx, store.ActorKey{AgentUID: key.AgentUID, SessionID: "no-such-session"})
 	wantIs(t, err, store.ErrNotFound, "PeekSession of an unknown session")
 }
