@@ -18,9 +18,8 @@ import (
 // Invariant 1 is decided by the partial unique index activations_live: the
 // INSERT names it as its ON CONFLICT arbiter, so a concurrent claim that
 // lost waits for the winner's commit and then inserts nothing; the
-// transaction, epoch bump included, is rolled back. The first SELECT is only
-// a fast path (and keeps a claim from queueing on the session row behind a
-// commit of the live activation): it takes no lock.
+// statement raises and the transaction, epoch bump included, is rolled
+// back (claimActivationSQL).
 //
 // With p.First (and its Expect) the first turn's claim (claimDeliverySQL,
 // then the session's and the tail's reads, which run only when it took an
@@ -28,6 +27,10 @@ import (
 // activation's statement. Should it refuse that transaction (a lock race,
 // a delivery id in use), the claim runs again without it: the dispatch
 // never undoes the claim.
+//
+// Concurrent claims of different sessions go out together in one batch
+// (activationGroup), as appends, commits and dispatches do; a batch that
+// rolled back sends each claim alone.
 func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationParams) (store.Activation, error) {
 	if err := store.CheckLeaseTTL(p.LeaseTTL); err != nil {
 		return store.Activation{}, fmt.Errorf("store/postgres: claim activation: %w", err)
@@ -35,14 +38,34 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 	if err := store.CheckClaimFirst(p); err != nil {
 		return store.Activation{}, fmt.Errorf("store/postgres: claim activation: %w", err)
 	}
-	if p.First != nil && p.First.Expect != nil {
-		a, err := s.claimActivation(ctx, p, p.First)
+	if p.First != nil && p.First.Expect == nil {
+		p.First = nil
+	}
+	if s.groupCommit {
+		r := s.activations.do(ctx, p)
+		switch {
+		case r.solo:
+		case r.err != nil:
+			return store.Activation{}, wrap("claim activation", r.err)
+		case r.claimed:
+			return r.a, nil
+		default:
+			// Not claimable, or it changed since (a lock race: claim
+			// again alone).
+			if err := s.claimRefusal(ctx, p); !retryable(err) {
+				return store.Activation{}, wrap("claim activation", err)
+			}
+		}
+	}
+	if p.First != nil {
+		a, err := s.claimActivation(ctx, p)
 		var fe *firstRefusal
 		if !errors.As(err, &fe) {
 			return a, err
 		}
+		p.First = nil
 	}
-	return s.claimActivation(ctx, p, nil)
+	return s.claimActivation(ctx, p)
 }
 
 // firstRefusal is the error of a claim whose first turn's claim refused
@@ -52,60 +75,82 @@ type firstRefusal struct{ err error }
 func (f *firstRefusal) Error() string { return "first turn: " + f.err.Error() }
 func (f *firstRefusal) Unwrap() error { return f.err }
 
-// claimActivation is ClaimActivation, with the claim of first in its
-// transaction when first is set.
-func (s *Store) claimActivation(ctx context.Context, p store.ClaimActivationParams, first *store.NextDeliveryParams) (store.Activation, error) {
-	key := p.Key
-	a := store.Activation{UID: p.UID, ActorKey: key, LeaseID: p.LeaseID, State: store.ActivationActive, HostID: p.HostID}
+// claimActivation is ClaimActivation alone, with the claim of p.First in
+// its transaction when set.
+func (s *Store) claimActivation(ctx context.Context, p store.ClaimActivationParams) (store.Activation, error) {
+	var q *queuedActivation
 	err := s.rerun(ctx, "claim activation", func(ctx context.Context) error {
-		// One statement, one implicit transaction: the session's epoch
-		// raised (and, for a wake, its sleep cleared: store.ClaimWake)
-		// under its row lock when no activation of it is live, and the
-		// activation inserted. An activation inserted meanwhile by another
-		// claim (the partial unique index on live activations) refuses
-		// the statement, so that the epoch is not raised for nothing.
-		var ok, claimed bool
 		b := &pgx.Batch{}
-		b.Queue(claimActivationSQL, key.AgentUID, key.SessionID, p.WakeForCapacity,
-			store.CapacitySleepReasons(), p.UID, p.LeaseID, micros(p.LeaseTTL), p.HostID, checkActivationLive,
-		).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&a.ActorEpoch, &a.LeaseExpiresAt, &ok)
-			claimed = err == nil
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			return err
-		})
-		var c *claim
-		if first != nil {
-			c = queueClaim(b, *first, true)
-		}
+		q = queueActivation(b, p)
 		err := s.pool.SendBatch(ctx, b).Close()
 		switch {
-		case err == nil && !claimed:
+		case err == nil && !q.claimed:
 			return s.claimRefusal(ctx, p)
 		case isCheck(err, checkActivationLive):
-			return fmt.Errorf("session %s: %w", key, store.ErrActivationLive)
-		case err != nil && first != nil && claimed:
+			return fmt.Errorf("session %s: %w", p.Key, store.ErrActivationLive)
+		case err != nil && p.First != nil && q.claimed:
 			// The activation's statement passed; the first turn's refused.
-			return &firstRefusal{err: dispatchErr(first.DeliveryID, err)}
+			return &firstRefusal{err: dispatchErr(p.First.DeliveryID, err)}
 		case pgCode(err) == codeUniqueViolation:
 			return fmt.Errorf("activation %s: %w", p.UID, store.ErrConflict)
 		case err != nil:
 			return checkErr(err)
-		}
-		a.LeaseExpiresAt = utc(a.LeaseExpiresAt)
-		if c != nil {
-			if d, taken := c.dispatch(); taken {
-				a.First = &d
-			}
 		}
 		return nil
 	})
 	if err != nil {
 		return store.Activation{}, err
 	}
-	return a, nil
+	return q.activation(), nil
+}
+
+// queuedActivation is a claim of an activation queued in a batch
+// (queueActivation); activation is its answer once the batch committed.
+type queuedActivation struct {
+	a       store.Activation
+	claimed bool
+	first   *claim
+}
+
+// queueActivation queues p's claim (claimActivationSQL): one statement,
+// one implicit transaction with the rest of its batch — the session's
+// epoch raised (and, for a wake, its sleep cleared: store.ClaimWake) under
+// its row lock when no activation of it is live, and the activation
+// inserted. An activation inserted meanwhile by another claim (the partial
+// unique index on live activations) refuses the statement, so that the
+// epoch is not raised for nothing. Then p.First's claim, when set.
+func queueActivation(b *pgx.Batch, p store.ClaimActivationParams) *queuedActivation {
+	key := p.Key
+	q := &queuedActivation{a: store.Activation{UID: p.UID, ActorKey: key, LeaseID: p.LeaseID,
+		State: store.ActivationActive, HostID: p.HostID}}
+	b.Queue(claimActivationSQL, key.AgentUID, key.SessionID, p.WakeForCapacity,
+		store.CapacitySleepReasons(), p.UID, p.LeaseID, micros(p.LeaseTTL), p.HostID, checkActivationLive,
+	).QueryRow(func(row pgx.Row) error {
+		var ok bool
+		err := row.Scan(&q.a.ActorEpoch, &q.a.LeaseExpiresAt, &ok)
+		q.claimed = err == nil
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	if p.First != nil {
+		q.first = queueClaim(b, *p.First, true)
+	}
+	return q
+}
+
+// activation is the claimed activation, with the first turn its claim
+// took.
+func (q *queuedActivation) activation() store.Activation {
+	a := q.a
+	a.LeaseExpiresAt = utc(a.LeaseExpiresAt)
+	if q.first != nil {
+		if d, taken := q.first.dispatch(); taken {
+			a.First = &d
+		}
+	}
+	return a
 }
 
 // claimActivationSQL is ClaimActivation's statement: parameters $1 agent

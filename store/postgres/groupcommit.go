@@ -340,3 +340,59 @@ func flushClaims(g *claimGroup, batch []*groupReq[store.NextDeliveryParams, clai
 		}
 	}
 }
+
+// Group commit of activation claims: concurrent ClaimActivation calls of
+// different sessions (each with its first turn's claim, when asked) go out
+// together in one implicit transaction, sorted by session, as the others
+// do — the wake-up of many sessions at once (a burst of signals to idle
+// sessions) costs one round trip and one WAL flush per batch. A claim
+// that finds its session unclaimable answers no row (the caller then
+// reads why); one that raises (a live activation appeared, a first turn's
+// lock race) rolls its batch back, and every claim of it then runs on its
+// own.
+
+// activationRes is a claim's answer from its batch.
+type activationRes struct {
+	a store.Activation
+	// claimed is false when the session was not claimable (claimRefusal
+	// says why).
+	claimed bool
+	// solo: the batch rolled back; run the claim on its own.
+	solo bool
+	err  error
+}
+
+// activationGroup is the group commit of activation claims.
+type activationGroup = group[store.ClaimActivationParams, activationRes]
+
+// newActivationGroup returns s's group commit of activation claims.
+func newActivationGroup(s *Store) *activationGroup {
+	g := &activationGroup{s: s, failed: func(err error) activationRes { return activationRes{err: err} }}
+	g.flush = func(batch []*groupReq[store.ClaimActivationParams, activationRes]) { flushActivations(g, batch) }
+	return g
+}
+
+// flushActivations sends one batch of activation claims and answers their
+// callers.
+func flushActivations(g *activationGroup, batch []*groupReq[store.ClaimActivationParams, activationRes]) {
+	reqs := live(g, batch, func(p store.ClaimActivationParams) store.ActorKey { return p.Key })
+	if len(reqs) == 0 {
+		return
+	}
+	b := &pgx.Batch{}
+	qs := make([]*queuedActivation, len(reqs))
+	for i, r := range reqs {
+		qs[i] = queueActivation(b, r.in)
+	}
+	solo, err := g.s.sendGroup(reqs[0].ctx, b, len(reqs), "activation claims")
+	for i, r := range reqs {
+		switch {
+		case solo:
+			r.done <- activationRes{solo: true}
+		case err != nil:
+			r.done <- activationRes{err: err}
+		default:
+			r.done <- activationRes{a: qs[i].activation(), claimed: qs[i].claimed}
+		}
+	}
+}

@@ -289,3 +289,98 @@ func TestGroupCommitOfConcurrentDispatchesAndCommits(t *testing.T) {
 		t.Logf("%d commits in %d batches", total, batches)
 	}
 }
+
+// TestGroupCommitOfConcurrentActivationClaims: concurrent claims of many
+// sessions, each asking for its first turn and some sessions claimed twice
+// at once, share batches (activationGroup) and each gets its own outcome:
+// one live activation per session (invariant 1), the other claim refused
+// with ErrActivationLive, and each winner's first turn its own session's
+// event at attempt 1.
+func TestGroupCommitOfConcurrentActivationClaims(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tr := &batchCounter{}
+	s, err := postgres.Open(ctx, pgtest.DSN(t), postgres.WithTracer(tr))
+	must(t, err, "Open")
+	t.Cleanup(func() { _ = s.Close() })
+	f := newFixtureOn(t, s)
+	// The expectation a host keeps of the agent (its last dispatch).
+	f.key = f.session(f.key.AgentUID)
+	f.append("warm")
+	warm := f.claim(time.Hour)
+	d, err := s.NextDelivery(ctx, store.NextDeliveryParams{Activation: warm.Ref(), DeliveryID: uuid.NewString(),
+		Binding: "sha256:test", MarkSent: true})
+	must(t, err, "NextDelivery")
+	expect := &store.ExpectedBinding{Agent: d.Agent, Binding: "sha256:test"}
+	const sessions = 24
+	keys := make([]store.ActorKey, sessions)
+	for i := range keys {
+		keys[i] = f.session(f.key.AgentUID)
+		f.key = keys[i]
+		f.append(fmt.Sprintf("s%d", i))
+	}
+	tr.batches.Store(0)
+	type result struct {
+		a   store.Activation
+		err error
+	}
+	// Sessions i%3 == 0 are claimed twice at once.
+	var claims []int
+	for i := range keys {
+		claims = append(claims, i)
+		if i%3 == 0 {
+			claims = append(claims, i)
+		}
+	}
+	results := make([]result, len(claims))
+	var wg sync.WaitGroup
+	for c, i := range claims {
+		wg.Go(func() {
+			p := store.ClaimActivationParams{Key: keys[i], UID: uuid.NewString(), LeaseID: uuid.NewString(),
+				HostID: "host", LeaseTTL: time.Hour}
+			p.First = &store.NextDeliveryParams{Activation: store.ActivationRef{UID: p.UID, ActorKey: keys[i],
+				ActorEpoch: 1, LeaseID: p.LeaseID}, DeliveryID: uuid.NewString(), MarkSent: true, TailMessages: 10,
+				ExpectDue: true, Expect: expect}
+			a, err := s.ClaimActivation(ctx, p)
+			results[c] = result{a, err}
+		})
+	}
+	wg.Wait()
+	won := make(map[int]int)
+	winner := make(map[int]string)
+	for c, i := range claims {
+		r := results[c]
+		switch {
+		case errors.Is(r.err, store.ErrActivationLive):
+			continue
+		case r.err != nil:
+			t.Fatalf("session %d: ClaimActivation: %v", i, r.err)
+		}
+		won[i]++
+		winner[i] = r.a.UID
+		if r.a.First == nil {
+			t.Errorf("session %d: the winning claim took no first turn", i)
+			continue
+		}
+		if got, want := string(r.a.First.Event.Payload), fmt.Sprintf(`{"message": "s%d"}`, i); got != want || r.a.First.Attempt != 1 {
+			t.Errorf("session %d: first turn %s at attempt %d, want %s at 1", i, got, r.a.First.Attempt, want)
+		}
+	}
+	for i := range keys {
+		if won[i] != 1 {
+			t.Errorf("session %d: %d claims won, want 1", i, won[i])
+		}
+		cur, err := s.CurrentActivation(ctx, keys[i])
+		must(t, err, "CurrentActivation")
+		if cur.UID != winner[i] || cur.State != store.ActivationActive {
+			t.Errorf("session %d: current activation %s (%s), want the winner's %s, active", i, cur.UID, cur.State, winner[i])
+		}
+	}
+	// Not a timing assertion: with 32 concurrent claims, batches must
+	// have held more than one on average, or nothing was grouped.
+	if b := tr.batches.Load(); b >= int64(len(claims)) {
+		t.Fatalf("%d batches for %d claims: nothing was grouped", b, len(claims))
+	} else {
+		t.Logf("%d claims in %d batches", len(claims), b)
+	}
+}

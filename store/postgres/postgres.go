@@ -122,6 +122,7 @@ type Store struct {
 	appends     *appendGroup
 	commits     *commitGroup
 	claims      *claimGroup
+	activations *activationGroup
 
 	// origin tags the notifications of this Store value's appends, so that
 	// its own listeners tell their echoes from other writers' (subscribe.go).
@@ -238,6 +239,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		origin:      fmt.Sprintf("%016x", rand.Uint64()),
 	}
 	s.appends, s.commits, s.claims = newAppendGroup(s), newCommitGroup(s), newClaimGroup(s)
+	s.activations = newActivationGroup(s)
 	return s, nil
 }
 
