@@ -191,6 +191,7 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 		}
 	}
 	ctx, cancel = context.WithTimeout(runCtx, 10*time.Second)
+	sent := time.Now()
 	act, err := h.st.ClaimActivation(ctx, claim)
 	cancel()
 	switch {
@@ -214,7 +215,7 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	log.Debug("activation claimed")
 	leaseCtx, leaseLost := context.WithCancel(turnCtx)
 	defer leaseLost()
-	h.holdLease(act.Ref(), leaseLost)
+	h.holdLease(act.Ref(), leaseLost, sent)
 	defer h.dropLease(act.UID)
 
 	a = run
@@ -828,11 +829,21 @@ func (h *Host) Commit(ctx context.Context, res *abi.TurnResult) (turn store.Turn
 func (h *Host) commit(ctx context.Context, res *abi.TurnResult, payloads []string, next *store.NextDeliveryParams) (turn store.Turn, err error) {
 	ctx, span := h.startCommit(ctx, res.TurnRef)
 	defer func() { endCommit(span, turn, err) }()
+	// The commit renews the lease of an activation this host holds, which
+	// spares its renewal at the next round (renewLoop).
+	var ttl time.Duration
+	if h.holdsLease(res.TurnRef.ActivationUID) {
+		ttl = h.set.LeaseTTL
+	}
+	sent := time.Now()
 	turn, err = h.st.CommitTurn(ctx, store.CommitTurnParams{
 		Ref: res.TurnRef, Messages: res.Messages, State: res.State, KeepState: res.State == nil,
 		Outcome: res.Outcome, Alarms: res.Alarms, Wait: store.WaitFromSpec(res.Wait, res.TurnRef.ActorEventID),
-		Payloads: payloads, Next: next,
+		Payloads: payloads, Next: next, LeaseTTL: ttl,
 	})
+	if err == nil && ttl > 0 {
+		h.leaseRenewed(res.TurnRef.ActivationUID, sent)
+	}
 	var fe *store.FenceError
 	if errors.As(err, &fe) {
 		h.metrics.FenceRejections.WithLabelValues(string(fe.Reason)).Inc()

@@ -523,11 +523,37 @@ func (h *Host) exit(c *controller) bool {
 type lease struct {
 	ref  store.ActivationRef
 	lost context.CancelFunc
+	// renewedAt is when the last write known to have renewed the lease
+	// was sent (the claim, a commit with CommitTurnParams.LeaseTTL), by
+	// this host's monotonic clock: the database set the lease to at least
+	// LeaseTTL after it. renewLoop skips a lease renewed since its last
+	// round.
+	renewedAt time.Time
 }
 
-func (h *Host) holdLease(ref store.ActivationRef, lost context.CancelFunc) {
+// holdLease records the lease of an activation claimed by a call sent at
+// sent.
+func (h *Host) holdLease(ref store.ActivationRef, lost context.CancelFunc, sent time.Time) {
 	h.mu.Lock()
-	h.leases[ref.UID] = &lease{ref: ref, lost: lost}
+	h.leases[ref.UID] = &lease{ref: ref, lost: lost, renewedAt: sent}
+	h.mu.Unlock()
+}
+
+// holdsLease reports whether this host holds the activation's lease.
+func (h *Host) holdsLease(uid string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.leases[uid]
+	return ok
+}
+
+// leaseRenewed records that a commit sent at sent renewed the
+// activation's lease (CommitTurnParams.LeaseTTL).
+func (h *Host) leaseRenewed(uid string, sent time.Time) {
+	h.mu.Lock()
+	if l, ok := h.leases[uid]; ok && sent.After(l.renewedAt) {
+		l.renewedAt = sent
+	}
 	h.mu.Unlock()
 }
 
@@ -542,7 +568,11 @@ func (h *Host) dropLease(uid string) {
 
 // renewLoop renews every lease of this host in one batched statement every
 // LeaseTTL/3; an activation the store did not renew is lost, and its
-// controller is told at once.
+// controller is told at once. A lease that a commit renewed since the
+// round before (CommitTurnParams.LeaseTTL) is skipped: it has more than
+// two thirds of a TTL left, so at the next round it still has more than a
+// third — no less than a lease the store skipped at a round because a turn
+// held its row (RenewLeases), and such a commit is what held it.
 func (h *Host) renewLoop(ctx context.Context) {
 	every := h.set.LeaseTTL / 3
 	t := time.NewTimer(every)
@@ -554,9 +584,13 @@ func (h *Host) renewLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		t.Reset(every)
+		round := time.Now()
 		h.mu.Lock()
 		refs := make([]store.ActivationRef, 0, len(h.leases))
 		for _, l := range h.leases {
+			if round.Sub(l.renewedAt) < every {
+				continue
+			}
 			refs = append(refs, l.ref)
 		}
 		h.mu.Unlock()

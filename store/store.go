@@ -927,6 +927,12 @@ type CommitTurnParams struct {
 	// driver may always leave it nil (PostgreSQL does without Next.Expect or
 	// with a Wait). Nothing is taken when the commit is refused.
 	Next *NextDeliveryParams
+	// LeaseTTL, when positive, renews the activation's lease in the
+	// commit's own write of the activation row, to the database clock +
+	// LeaseTTL (never shortening it): a renewal by the lease's holder, under
+	// the commit's fences, that spares RenewLeases a write for an
+	// activation that commits often. Zero leaves the lease as it is.
+	LeaseTTL time.Duration
 	// Wait, with Outcome wait (and only with it), opens this wait of kind
 	// wait in the same transaction (frame wait.opened after
 	// turn.committed); the session sleeps with SleepReasonWait unless

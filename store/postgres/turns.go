@@ -462,7 +462,8 @@ const (
 // that matched no row refuses the transaction inside the database
 // (paddock_check, parameters $8 and $9: fenceRefusedDelivery and
 // fenceRefusedActivation), so that the writes after it can ride in the same
-// round trip. checkErr turns the refusal into a *fenceRefusal, and
+// round trip. It renews the lease by $10 µs (CommitTurnParams.LeaseTTL; 0
+// leaves it: the guard says it is still ahead of the clock). checkErr turns the refusal into a *fenceRefusal, and
 // explainRefusal classifies it after the rollback.
 //
 // commitFenceLocking is the same fence taking the activation's row lock
@@ -483,7 +484,8 @@ func commitFenceSQL(lock bool) string {
 		locked = ` AND EXISTS (SELECT 1 FROM l)`
 	}
 	return head + `state = 'accepted', closed_at = clock_timestamp()
-			WHERE ` + deliveryWhere + ` AND state = 'sent'` + locked + fenceMid + `current_event_id = NULL
+			WHERE ` + deliveryWhere + ` AND state = 'sent'` + locked + fenceMid + `current_event_id = NULL,
+				lease_expires_at = greatest(lease_expires_at, clock_timestamp() + $10 * interval '1 microsecond')
 			WHERE ` + activationWhere + ` AND lease_expires_at > clock_timestamp()` + ` AND EXISTS (SELECT 1 FROM d)
 			RETURNING 1)
 		SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM d) THEN paddock_check(false, $8)
@@ -615,7 +617,7 @@ func (s *Store) commitTurn(ctx context.Context, p store.CommitTurnParams, alarms
 				}
 				return err
 			})
-			b.Queue(commitFenceRaising, refArgs(ref, fenceRefusedDelivery, fenceRefusedActivation)...)
+			b.Queue(commitFenceRaising, refArgs(ref, fenceRefusedDelivery, fenceRefusedActivation, micros(p.LeaseTTL))...)
 			if err := tx.SendBatch(ctx, b).Close(); err != nil {
 				return checkErr(err)
 			}
@@ -678,7 +680,7 @@ func queueCommit(b *pgx.Batch, p store.CommitTurnParams, payloads []string, fenc
 	if fence {
 		// The caller's payloads are those of the ref's revision: a steer
 		// attached since raised it, and the fence refuses.
-		b.Queue(commitFenceLocking, refArgs(ref, fenceRefusedDelivery, fenceRefusedActivation)...)
+		b.Queue(commitFenceLocking, refArgs(ref, fenceRefusedDelivery, fenceRefusedActivation, micros(p.LeaseTTL))...)
 	}
 	t.Messages = store.TurnMessages(payloads, p.Messages)
 	n := len(t.Messages)

@@ -261,9 +261,12 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	err = s.write(ctx, "commit turn", func(tx *txn) error {
 		// BEGIN IMMEDIATE already holds the write lock: the activation row
 		// cannot change under us (the watchdog serialises behind this).
+		// The lease is renewed by p.LeaseTTL (0 leaves it: the guard says
+		// it is still ahead of the clock).
 		res, err := tx.exec(`
-			UPDATE activations SET current_event_id = NULL
-			WHERE `+activationTurnWhere+` AND lease_expires_at > `+nowMS, activationArgs(ref)...)
+			UPDATE activations SET current_event_id = NULL, lease_expires_at = max(lease_expires_at, `+nowMS+` + ?)
+			WHERE `+activationTurnWhere+` AND lease_expires_at > `+nowMS,
+			append([]any{max(p.LeaseTTL, 0).Milliseconds()}, activationArgs(ref)...)...)
 		if err != nil {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
 )
 
@@ -20,6 +21,7 @@ func activationCases() []testCase {
 		{"Invariant2/EpochsStrictlyIncreaseAcrossClaimsFailuresAndExpiries", testEpochsIncrease},
 		{"Claim/UnknownSessionNotFound", testClaimUnknown},
 		{"RenewLeases/RenewsOnlyMatchingLiveUnexpiredRefsOfTheHost", testRenewLeases},
+		{"CommitTurn/LeaseTTLRenewsTheLeaseNeverShortensIt", testCommitRenewsLease},
 		{"StopActivation/CompareAndSetOnIdleLiveActivation", testStopActivation},
 		{"NextDelivery/RequiresLiveIdleUnexpiredActivation", testNextDeliveryLiveness},
 	}
@@ -284,5 +286,58 @@ func testNextDeliveryLiveness(t *testing.T, b *bundle) {
 		if e.Seq == 2 && (e.Status != store.EventOpen || e.Attempts != 0 || e.Binding != "") {
 			t.Fatalf("event after refused NextDelivery: %+v", e)
 		}
+	}
+}
+
+// testCommitRenewsLease: a commit with LeaseTTL renews the activation's
+// lease to the database clock + LeaseTTL, on both commit paths (payloads
+// given or read); without it, with a TTL shorter than what is left, or
+// when the commit is refused, the lease stays as it was.
+func testCommitRenewsLease(t *testing.T, b *bundle) {
+	key := b.session()
+	for _, m := range []string{"one", "two", "three", "four"} {
+		b.message(key, m)
+	}
+	act := b.claim(key, time.Minute)
+	lease := func() (store.ActivationInfo, time.Time) {
+		t.Helper()
+		cur, err := b.s.CurrentActivation(b.ctx, key)
+		noErr(t, err, "CurrentActivation")
+		return cur, cur.LeaseExpiresAt
+	}
+	commit := func(d store.Dispatch, ttl time.Duration, payloads bool) error {
+		p := store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK, KeepState: true,
+			Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "ok"}}, LeaseTTL: ttl}
+		if payloads {
+			p.Payloads = []string{string(d.Event.Payload)}
+		}
+		_, err := b.s.CommitTurn(b.ctx, p)
+		return err
+	}
+	_, l0 := lease()
+	noErr(t, commit(b.next(act), 0, true), "commit without LeaseTTL")
+	if _, l := lease(); !l.Equal(l0) {
+		t.Fatalf("a commit without LeaseTTL moved the lease from %v to %v", l0, l)
+	}
+	for _, payloads := range []bool{false, true} {
+		d := b.next(act)
+		noErr(t, commit(d, time.Hour, payloads), fmt.Sprintf("commit with LeaseTTL 1h (payloads given: %v)", payloads))
+		cur, l := lease()
+		if left := l.Sub(cur.Now); left < 59*time.Minute || left > time.Hour {
+			t.Fatalf("lease %v after a commit with LeaseTTL 1h (payloads given: %v): %v left, want about 1h", l, payloads, left)
+		}
+		// Replayed: refused, and the lease is not touched.
+		var fe *store.FenceError
+		if err := commit(d, 10*time.Hour, payloads); !errors.As(err, &fe) {
+			t.Fatalf("replayed commit: %v, want a fence refusal", err)
+		}
+		if _, l2 := lease(); !l2.Equal(l) {
+			t.Fatalf("a refused commit moved the lease from %v to %v", l, l2)
+		}
+	}
+	_, l1 := lease()
+	noErr(t, commit(b.next(act), time.Second, true), "commit with a LeaseTTL shorter than what is left")
+	if _, l := lease(); !l.Equal(l1) {
+		t.Fatalf("a commit with LeaseTTL 1s moved the lease from %v to %v, want it kept", l1, l)
 	}
 }
