@@ -67,11 +67,12 @@ const (
 )
 
 // Service runs the front-door operations against one host and its store.
-// Its only state of its own is the web console's logins (ConsoleLogin) and
-// the signals_per_minute buckets of this host (quota.go); it is safe for
-// concurrent use.
+// Its only state of its own is the web console's logins (ConsoleLogin),
+// the signals_per_minute buckets of this host (quota.go) and a cache of
+// agent identities (ResolveAgent); it is safe for concurrent use.
 type Service struct {
 	signals *signalBuckets
+	agents  *agentIDs
 	h       *host.Host
 	st      store.Store
 	modules Modules
@@ -88,7 +89,8 @@ type Service struct {
 // checks plugin registrations (nil: this host runs no plugin workers, and
 // RegisterPlugin returns ErrPluginsDisabled).
 func New(h *host.Host, modules Modules, plugins Plugins) *Service {
-	return &Service{h: h, st: h.Store(), modules: modules, plugins: plugins, logins: newConsoleLogins(), signals: &signalBuckets{}}
+	return &Service{h: h, st: h.Store(), modules: modules, plugins: plugins, logins: newConsoleLogins(), signals: &signalBuckets{},
+		agents: &agentIDs{}}
 }
 
 // Health is what a health check reports.

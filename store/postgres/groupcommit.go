@@ -143,7 +143,8 @@ func (g *group[In, Out]) flushLoop() {
 // live answers the requests of batch whose caller gave up and returns the
 // others, sorted by session (key of each) with a session's own requests
 // in arrival order: one lock order for every batch, so that two batches
-// in flight cannot deadlock on each other's rows.
+// in flight cannot deadlock on each other's rows. A nil key keeps the
+// arrival order (requests that lock no row).
 func live[In, Out any](g *group[In, Out], batch []*groupReq[In, Out], key func(In) store.ActorKey) []*groupReq[In, Out] {
 	out := batch[:0:0]
 	for _, r := range batch {
@@ -152,6 +153,9 @@ func live[In, Out any](g *group[In, Out], batch []*groupReq[In, Out], key func(I
 			continue
 		}
 		out = append(out, r)
+	}
+	if key == nil {
+		return out
 	}
 	slices.SortStableFunc(out, func(a, b *groupReq[In, Out]) int {
 		ka, kb := key(a.in), key(b.in)
@@ -337,6 +341,62 @@ func flushClaims(g *claimGroup, batch []*groupReq[store.NextDeliveryParams, clai
 		default:
 			d, taken := cs[i].dispatch()
 			r.done <- claimRes{d: d, taken: taken}
+		}
+	}
+}
+
+// Group commit of audit rows. Every mutating API call appends one audit
+// row before its answer is released (docs/DESIGN.md "Tokens, roles and
+// the audit log"); alone, that is one more commit and WAL flush per call.
+// Concurrent AppendAudit calls go out together instead: one batch of
+// inserts in one implicit transaction, each caller answered once the batch
+// committed, so that a row is still durable before its call's answer. The
+// inserts lock no row and keep their arrival order. An insert the server
+// refuses (a NUL byte in a field) rolls its batch back; each row of it is
+// then inserted on its own, so that one bad row never costs another's.
+
+// auditRes is an audit row's answer from its batch.
+type auditRes struct {
+	e store.AuditEntry
+	// solo: the batch rolled back; insert the row on its own.
+	solo bool
+	err  error
+}
+
+// auditGroup is the group commit of audit rows.
+type auditGroup = group[store.AppendAuditParams, auditRes]
+
+// newAuditGroup returns s's group commit of audit rows.
+func newAuditGroup(s *Store) *auditGroup {
+	g := &auditGroup{s: s, failed: func(err error) auditRes { return auditRes{err: err} }}
+	g.flush = func(batch []*groupReq[store.AppendAuditParams, auditRes]) { flushAudits(g, batch) }
+	return g
+}
+
+// flushAudits sends one batch of audit rows and answers their callers.
+func flushAudits(g *auditGroup, batch []*groupReq[store.AppendAuditParams, auditRes]) {
+	reqs := live(g, batch, nil)
+	if len(reqs) == 0 {
+		return
+	}
+	res := make([]auditRes, len(reqs))
+	b := &pgx.Batch{}
+	for i, r := range reqs {
+		b.Queue(insertAuditSQL, auditArgs(r.in)...).QueryRow(func(row pgx.Row) error {
+			var err error
+			res[i].e, err = scanAudit(row)
+			return err
+		})
+	}
+	solo, err := g.s.sendGroup(reqs[0].ctx, b, len(reqs), "audit rows")
+	for i, r := range reqs {
+		switch {
+		case solo:
+			r.done <- auditRes{solo: true}
+		case err != nil:
+			r.done <- auditRes{err: err}
+		default:
+			r.done <- res[i]
 		}
 	}
 }

@@ -289,3 +289,60 @@ func TestGroupCommitOfConcurrentDispatchesAndCommits(t *testing.T) {
 		t.Logf("%d commits in %d batches", total, batches)
 	}
 }
+
+// TestGroupCommitOfConcurrentAuditRows: audit rows appended at once share
+// batches, and each caller gets its own committed row back; a row the
+// server refuses (a NUL byte in its object) rolls its batch back, fails
+// alone, and costs the others of its batch nothing but a second try.
+func TestGroupCommitOfConcurrentAuditRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tr := &batchCounter{}
+	s, err := postgres.Open(ctx, pgtest.DSN(t), postgres.WithTracer(tr))
+	must(t, err, "Open")
+	t.Cleanup(func() { _ = s.Close() })
+	const callers, each = 16, 20
+	var wg sync.WaitGroup
+	var good, bad atomic.Int64
+	for i := range callers {
+		wg.Go(func() {
+			for j := range each {
+				p := store.AppendAuditParams{TokenID: fmt.Sprint("tok", i), Action: "signal.send",
+					Object: fmt.Sprintf("/v1/agents/a/sessions/s%d-%d/signals", i, j), Result: "ok", Status: 202}
+				refused := i%4 == 0 && j%5 == 0
+				if refused {
+					p.Object += "\x00"
+				}
+				e, err := s.AppendAudit(ctx, p)
+				switch {
+				case refused && err == nil:
+					t.Errorf("caller %d row %d with a NUL byte was stored as %d", i, j, e.ID)
+				case refused:
+					bad.Add(1)
+				case err != nil:
+					t.Errorf("caller %d row %d: %v", i, j, err)
+				case e.ID <= 0 || e.Object != p.Object || e.TokenID != p.TokenID:
+					t.Errorf("caller %d row %d: got %+v back", i, j, e)
+				default:
+					good.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	es, err := s.ListAudit(ctx, store.ListAuditParams{Limit: store.MaxAuditLimit})
+	must(t, err, "ListAudit")
+	if int64(len(es)) != good.Load() || bad.Load() == 0 {
+		t.Fatalf("%d rows stored for %d accepted appends (%d refused)", len(es), good.Load(), bad.Load())
+	}
+	// Not a timing assertion: with 16 concurrent callers, batches must
+	// have held more than one row on average, or nothing was grouped.
+	if b := tr.batches.Load(); b >= callers*each {
+		t.Fatalf("%d batches for %d audit rows: nothing was grouped", b, callers*each)
+	} else {
+		t.Logf("%d audit rows in %d batches (%d single statements)", callers*each, b, tr.queries.Load())
+	}
+}

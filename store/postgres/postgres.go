@@ -116,12 +116,14 @@ type Store struct {
 	isClosed  bool
 	subs      sync.WaitGroup
 
-	// groupCommit sends concurrent appends, commits and one-statement
-	// dispatches in shared batches (appends, commits, claims).
+	// groupCommit sends concurrent appends, commits, one-statement
+	// dispatches and audit rows in shared batches (appends, commits,
+	// claims, audits).
 	groupCommit bool
 	appends     *appendGroup
 	commits     *commitGroup
 	claims      *claimGroup
+	audits      *auditGroup
 
 	// origin tags the notifications of this Store value's appends, so that
 	// its own listeners tell their echoes from other writers' (subscribe.go).
@@ -140,8 +142,8 @@ type config struct {
 	noGroupCommit bool
 }
 
-// WithoutGroupCommit sends every AppendEvent on its own (default: group
-// commit, groupcommit.go).
+// WithoutGroupCommit sends every AppendEvent, CommitTurn, dispatch and
+// AppendAudit on its own (default: group commit, groupcommit.go).
 func WithoutGroupCommit() Option {
 	return func(c *config) { c.noGroupCommit = true }
 }
@@ -237,7 +239,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		groupCommit: !cfg.noGroupCommit,
 		origin:      fmt.Sprintf("%016x", rand.Uint64()),
 	}
-	s.appends, s.commits, s.claims = newAppendGroup(s), newCommitGroup(s), newClaimGroup(s)
+	s.appends, s.commits, s.claims, s.audits = newAppendGroup(s), newCommitGroup(s), newClaimGroup(s), newAuditGroup(s)
 	return s, nil
 }
 
