@@ -16,7 +16,9 @@
 // returns the store.Agent that the session operations are called with,
 // GetSession the store.Session that the event operations are called with.
 // So a front door resolves the addressed resource before it reads the rest
-// of a request, and no operation reads a row twice.
+// of a request, and no operation reads a row twice. The hot signal path
+// reads none: SignalAgent resolves an agent's identity (ResolveAgent) from
+// a cache.
 package service
 
 import (

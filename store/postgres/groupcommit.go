@@ -24,6 +24,14 @@ import (
 // under load. Every caller still returns only after its own event is
 // committed ("durable before 202").
 //
+// Audit rows ride in the same batches (AppendAudit): every mutating API
+// call appends one before its answer is released (docs/DESIGN.md "Tokens,
+// roles and the audit log"), a signal's right after its event, so
+// concurrent signals' events and audit rows share round trips and WAL
+// flushes, each caller still answered only once its row committed. An
+// audit row locks no row (it sorts first, with the zero key); one the
+// server refuses (a NUL byte) rolls its batch back like a failed append.
+//
 // A batch is all or nothing. When a statement in it fails (a deadlock with
 // another batch, an idempotency-key race), the transaction rolled back and
 // each append runs again on its own; an append that found nothing to do (a
@@ -143,8 +151,7 @@ func (g *group[In, Out]) flushLoop() {
 // live answers the requests of batch whose caller gave up and returns the
 // others, sorted by session (key of each) with a session's own requests
 // in arrival order: one lock order for every batch, so that two batches
-// in flight cannot deadlock on each other's rows. A nil key keeps the
-// arrival order (requests that lock no row).
+// in flight cannot deadlock on each other's rows.
 func live[In, Out any](g *group[In, Out], batch []*groupReq[In, Out], key func(In) store.ActorKey) []*groupReq[In, Out] {
 	out := batch[:0:0]
 	for _, r := range batch {
@@ -153,9 +160,6 @@ func live[In, Out any](g *group[In, Out], batch []*groupReq[In, Out], key func(I
 			continue
 		}
 		out = append(out, r)
-	}
-	if key == nil {
-		return out
 	}
 	slices.SortStableFunc(out, func(a, b *groupReq[In, Out]) int {
 		ka, kb := key(a.in), key(b.in)
@@ -184,15 +188,20 @@ func (s *Store) sendGroup(first context.Context, b *pgx.Batch, n int, what strin
 	return false, fmt.Errorf("group commit of %d %s: %w", n, what, err)
 }
 
-// appendIn is an append of the group (appendGroup).
+// appendIn is an append of the group (appendGroup): an event, or an
+// audit row when audit is set.
 type appendIn struct {
 	key store.ActorKey
 	ne  newEvent
+	// audit, when set, is an audit row to insert instead (AppendAudit).
+	audit *store.AppendAuditParams
 }
 
 type appendRes struct {
 	e       store.Event
 	created bool
+	// row is an audit row's, as inserted.
+	row store.AuditEntry
 	// solo: the batch did not decide this append; run it on its own.
 	solo bool
 	err  error
@@ -217,6 +226,14 @@ func flushAppends(g *appendGroup, batch []*groupReq[appendIn, appendRes]) {
 	res := make([]appendRes, len(reqs))
 	b := &pgx.Batch{}
 	for i, r := range reqs {
+		if r.in.audit != nil {
+			b.Queue(insertAuditSQL, auditArgs(*r.in.audit)...).QueryRow(func(row pgx.Row) error {
+				var err error
+				res[i].row, err = scanAudit(row)
+				return err
+			})
+			continue
+		}
 		b.Queue(appendEventSQL, insertEventArgs(r.in.key, r.in.ne)...).QueryRow(func(row pgx.Row) error {
 			e, created, err := insertResult(scanEvent(row))
 			res[i] = appendRes{e: e, created: created, solo: err == nil && !created, err: err}
@@ -227,7 +244,8 @@ func flushAppends(g *appendGroup, batch []*groupReq[appendIn, appendRes]) {
 	for i, r := range reqs {
 		switch {
 		case solo:
-			// An idempotency-key race, a deadlock: each append goes alone.
+			// An idempotency-key race, a deadlock, a refused audit row:
+			// each append goes alone.
 			res[i] = appendRes{solo: true}
 		case err != nil:
 			res[i] = appendRes{err: err}
@@ -341,62 +359,6 @@ func flushClaims(g *claimGroup, batch []*groupReq[store.NextDeliveryParams, clai
 		default:
 			d, taken := cs[i].dispatch()
 			r.done <- claimRes{d: d, taken: taken}
-		}
-	}
-}
-
-// Group commit of audit rows. Every mutating API call appends one audit
-// row before its answer is released (docs/DESIGN.md "Tokens, roles and
-// the audit log"); alone, that is one more commit and WAL flush per call.
-// Concurrent AppendAudit calls go out together instead: one batch of
-// inserts in one implicit transaction, each caller answered once the batch
-// committed, so that a row is still durable before its call's answer. The
-// inserts lock no row and keep their arrival order. An insert the server
-// refuses (a NUL byte in a field) rolls its batch back; each row of it is
-// then inserted on its own, so that one bad row never costs another's.
-
-// auditRes is an audit row's answer from its batch.
-type auditRes struct {
-	e store.AuditEntry
-	// solo: the batch rolled back; insert the row on its own.
-	solo bool
-	err  error
-}
-
-// auditGroup is the group commit of audit rows.
-type auditGroup = group[store.AppendAuditParams, auditRes]
-
-// newAuditGroup returns s's group commit of audit rows.
-func newAuditGroup(s *Store) *auditGroup {
-	g := &auditGroup{s: s, failed: func(err error) auditRes { return auditRes{err: err} }}
-	g.flush = func(batch []*groupReq[store.AppendAuditParams, auditRes]) { flushAudits(g, batch) }
-	return g
-}
-
-// flushAudits sends one batch of audit rows and answers their callers.
-func flushAudits(g *auditGroup, batch []*groupReq[store.AppendAuditParams, auditRes]) {
-	reqs := live(g, batch, nil)
-	if len(reqs) == 0 {
-		return
-	}
-	res := make([]auditRes, len(reqs))
-	b := &pgx.Batch{}
-	for i, r := range reqs {
-		b.Queue(insertAuditSQL, auditArgs(r.in)...).QueryRow(func(row pgx.Row) error {
-			var err error
-			res[i].e, err = scanAudit(row)
-			return err
-		})
-	}
-	solo, err := g.s.sendGroup(reqs[0].ctx, b, len(reqs), "audit rows")
-	for i, r := range reqs {
-		switch {
-		case solo:
-			r.done <- auditRes{solo: true}
-		case err != nil:
-			r.done <- auditRes{err: err}
-		default:
-			r.done <- res[i]
 		}
 	}
 }

@@ -116,14 +116,13 @@ type Store struct {
 	isClosed  bool
 	subs      sync.WaitGroup
 
-	// groupCommit sends concurrent appends, commits, one-statement
-	// dispatches and audit rows in shared batches (appends, commits,
-	// claims, audits).
+	// groupCommit sends concurrent appends and audit rows, commits and
+	// one-statement dispatches in shared batches (appends, commits,
+	// claims).
 	groupCommit bool
 	appends     *appendGroup
 	commits     *commitGroup
 	claims      *claimGroup
-	audits      *auditGroup
 
 	// origin tags the notifications of this Store value's appends, so that
 	// its own listeners tell their echoes from other writers' (subscribe.go).
@@ -239,7 +238,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		groupCommit: !cfg.noGroupCommit,
 		origin:      fmt.Sprintf("%016x", rand.Uint64()),
 	}
-	s.appends, s.commits, s.claims, s.audits = newAppendGroup(s), newCommitGroup(s), newClaimGroup(s), newAuditGroup(s)
+	s.appends, s.commits, s.claims = newAppendGroup(s), newCommitGroup(s), newClaimGroup(s)
 	return s, nil
 }
 

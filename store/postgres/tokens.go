@@ -118,16 +118,16 @@ func auditArgs(p store.AppendAuditParams) []any {
 }
 
 // AppendAudit appends a row to the audit log; see store.Store. Concurrent
-// calls share one batch and commit (auditGroup), each returning once its
-// row is committed.
+// calls share batches and commits with each other and with appends
+// (appendGroup), each returning once its row is committed.
 func (s *Store) AppendAudit(ctx context.Context, p store.AppendAuditParams) (store.AuditEntry, error) {
 	if err := store.CheckAudit(p); err != nil {
 		return store.AuditEntry{}, fmt.Errorf("store/postgres: append audit: %w", err)
 	}
 	if s.groupCommit {
-		r := s.audits.do(ctx, p)
+		r := s.appends.do(ctx, appendIn{audit: &p})
 		if !r.solo {
-			return r.e, wrap("append audit", r.err)
+			return r.row, wrap("append audit", r.err)
 		}
 	}
 	var e store.AuditEntry
