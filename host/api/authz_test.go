@@ -638,3 +638,77 @@ func TestARevokedTokensOpenStreamEnds(t *testing.T) {
 		t.Fatalf("the bootstrap token's stream: %v", err)
 	}
 }
+
+// TestConcurrentSignalsEachFindTheirAuditRowOnceAnswered: signals sent at
+// once (their audit rows may share a commit) each find their own row in
+// the audit log as soon as their answer arrived; signals refused for the
+// caller's role write none.
+func TestConcurrentSignalsEachFindTheirAuditRowOnceAnswered(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newAuthEnv(t, driver)
+		const senders, each = 8, 5
+		paths := make([]string, senders)
+		for i := range paths {
+			code, m := e.call("POST", "/v1/agents/notes/sessions", e.tokens["client"], []byte(`{}`))
+			if code != 201 {
+				t.Fatalf("create session: %d %v", code, m)
+			}
+			paths[i] = "/v1/agents/notes/sessions/" + m["session_id"].(string) + "/signals"
+		}
+		// rows counts the audit rows of path by token id.
+		rows := func(path string) (map[string]int, error) {
+			code, raw, _ := e.raw("GET", "/v1/audit?limit=1000", e.tokens["admin"], nil)
+			var m struct {
+				Entries []struct {
+					TokenID string `json:"token_id"`
+					Object  string `json:"object"`
+				} `json:"entries"`
+			}
+			if err := json.Unmarshal(raw, &m); code != 200 || err != nil {
+				return nil, fmt.Errorf("audit: %d %s", code, raw)
+			}
+			out := map[string]int{}
+			for _, r := range m.Entries {
+				if r.Object == path {
+					out[r.TokenID]++
+				}
+			}
+			return out, nil
+		}
+		var wg sync.WaitGroup
+		for i, path := range paths {
+			wg.Go(func() {
+				for j := range each {
+					if i%4 == 3 {
+						// A reader may not signal: refused, no row.
+						if code, raw, _ := e.raw("POST", path, e.tokens["reader"], []byte(`{"message":"x"}`)); code != 403 {
+							t.Errorf("reader's signal: %d %s", code, raw)
+						}
+						continue
+					}
+					body := fmt.Appendf(nil, `{"message":"m%d","idempotency_key":"k%d"}`, j, j)
+					if code, raw, _ := e.raw("POST", path, e.tokens["client"], body); code != 202 {
+						t.Errorf("sender %d signal %d: %d %s", i, j, code, raw)
+						return
+					}
+					got, err := rows(path)
+					if err != nil || got[e.ids["client"]] != j+1 {
+						t.Errorf("sender %d after signal %d: audit rows %v (%v), want %d of the client", i, j, got, err, j+1)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		for i, path := range paths {
+			got, err := rows(path)
+			want := map[string]int{e.ids["client"]: each}
+			if i%4 == 3 {
+				want = map[string]int{}
+			}
+			if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("sender %d: audit rows %v (%v), want %v", i, got, err, want)
+			}
+		}
+	})
+}

@@ -11,8 +11,9 @@ import (
 // sendSignal accepts a signal: message (the default kind), steer, cancel
 // or wake (docs/DESIGN.md "Steering and cancellation"), with 202.
 func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
-	a, err := s.svc.GetAgent(r.Context(), r.PathValue("agent"))
-	if err != nil {
+	// Resolved (from the service's cache) before the body is read: an
+	// unknown agent is a 404 whatever the body.
+	if _, err := s.svc.ResolveAgent(r.Context(), r.PathValue("agent")); err != nil {
 		return err
 	}
 	var in client.Signal
@@ -24,7 +25,7 @@ func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 		EventID: in.EventID, ForceAllocation: in.ForceAllocation, MidTurn: host.MidTurn(in.MidTurn),
 	}
 	auditAs(w, service.SignalOp(p), "") // a steer or a cancel is audited as one
-	res, err := s.svc.Signal(r.Context(), a, r.PathValue("session"), p)
+	res, err := s.svc.SignalAgent(r.Context(), r.PathValue("agent"), r.PathValue("session"), p)
 	if err != nil {
 		return err
 	}

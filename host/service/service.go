@@ -16,7 +16,9 @@
 // returns the store.Agent that the session operations are called with,
 // GetSession the store.Session that the event operations are called with.
 // So a front door resolves the addressed resource before it reads the rest
-// of a request, and no operation reads a row twice.
+// of a request, and no operation reads a row twice. The hot signal path
+// reads none: SignalAgent resolves an agent's identity (ResolveAgent) from
+// a cache.
 package service
 
 import (
@@ -67,11 +69,12 @@ const (
 )
 
 // Service runs the front-door operations against one host and its store.
-// Its only state of its own is the web console's logins (ConsoleLogin) and
-// the signals_per_minute buckets of this host (quota.go); it is safe for
-// concurrent use.
+// Its only state of its own is the web console's logins (ConsoleLogin),
+// the signals_per_minute buckets of this host (quota.go) and a cache of
+// agent identities (ResolveAgent); it is safe for concurrent use.
 type Service struct {
 	signals *signalBuckets
+	agents  *agentIDs
 	h       *host.Host
 	st      store.Store
 	modules Modules
@@ -88,7 +91,8 @@ type Service struct {
 // checks plugin registrations (nil: this host runs no plugin workers, and
 // RegisterPlugin returns ErrPluginsDisabled).
 func New(h *host.Host, modules Modules, plugins Plugins) *Service {
-	return &Service{h: h, st: h.Store(), modules: modules, plugins: plugins, logins: newConsoleLogins(), signals: &signalBuckets{}}
+	return &Service{h: h, st: h.Store(), modules: modules, plugins: plugins, logins: newConsoleLogins(), signals: &signalBuckets{},
+		agents: &agentIDs{}}
 }
 
 // Health is what a health check reports.

@@ -27,6 +27,8 @@ import (
 // runs the host to see Ensure wake it.
 
 type fixture struct {
+	// path is the SQLite database file.
+	path  string
 	svc   *service.Service
 	st    store.Store
 	h     *host.Host
@@ -37,7 +39,8 @@ func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "p.db"))
+	path := filepath.Join(t.TempDir(), "p.db")
+	st, err := sqlite.Open(ctx, path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +57,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{svc: service.New(h, wr, nil), st: st, h: h}
+	f := &fixture{path: path, svc: service.New(h, wr, nil), st: st, h: h}
 	_, b := wasmtest.BuildExample(t, wasmtest.Notes)
 	m, created, err := f.svc.UploadModule(ctx, b)
 	if err != nil || !created {

@@ -24,6 +24,14 @@ import (
 // under load. Every caller still returns only after its own event is
 // committed ("durable before 202").
 //
+// Audit rows ride in the same batches (AppendAudit): every mutating API
+// call appends one before its answer is released (docs/DESIGN.md "Tokens,
+// roles and the audit log"), a signal's right after its event, so
+// concurrent signals' events and audit rows share round trips and WAL
+// flushes, each caller still answered only once its row committed. An
+// audit row locks no row (it sorts first, with the zero key); one the
+// server refuses (a NUL byte) rolls its batch back like a failed append.
+//
 // A batch is all or nothing. When a statement in it fails (a deadlock with
 // another batch, an idempotency-key race), the transaction rolled back and
 // each append runs again on its own; an append that found nothing to do (a
@@ -180,15 +188,20 @@ func (s *Store) sendGroup(first context.Context, b *pgx.Batch, n int, what strin
 	return false, fmt.Errorf("group commit of %d %s: %w", n, what, err)
 }
 
-// appendIn is an append of the group (appendGroup).
+// appendIn is an append of the group (appendGroup): an event, or an
+// audit row when audit is set.
 type appendIn struct {
 	key store.ActorKey
 	ne  newEvent
+	// audit, when set, is an audit row to insert instead (AppendAudit).
+	audit *store.AppendAuditParams
 }
 
 type appendRes struct {
 	e       store.Event
 	created bool
+	// row is an audit row's, as inserted.
+	row store.AuditEntry
 	// solo: the batch did not decide this append; run it on its own.
 	solo bool
 	err  error
@@ -213,6 +226,14 @@ func flushAppends(g *appendGroup, batch []*groupReq[appendIn, appendRes]) {
 	res := make([]appendRes, len(reqs))
 	b := &pgx.Batch{}
 	for i, r := range reqs {
+		if r.in.audit != nil {
+			b.Queue(insertAuditSQL, auditArgs(*r.in.audit)...).QueryRow(func(row pgx.Row) error {
+				var err error
+				res[i].row, err = scanAudit(row)
+				return err
+			})
+			continue
+		}
 		b.Queue(appendEventSQL, insertEventArgs(r.in.key, r.in.ne)...).QueryRow(func(row pgx.Row) error {
 			e, created, err := insertResult(scanEvent(row))
 			res[i] = appendRes{e: e, created: created, solo: err == nil && !created, err: err}
@@ -223,7 +244,8 @@ func flushAppends(g *appendGroup, batch []*groupReq[appendIn, appendRes]) {
 	for i, r := range reqs {
 		switch {
 		case solo:
-			// An idempotency-key race, a deadlock: each append goes alone.
+			// An idempotency-key race, a deadlock, a refused audit row:
+			// each append goes alone.
 			res[i] = appendRes{solo: true}
 		case err != nil:
 			res[i] = appendRes{err: err}

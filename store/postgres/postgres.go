@@ -116,8 +116,9 @@ type Store struct {
 	isClosed  bool
 	subs      sync.WaitGroup
 
-	// groupCommit sends concurrent appends, commits and one-statement
-	// dispatches in shared batches (appends, commits, claims).
+	// groupCommit sends concurrent appends and audit rows, commits and
+	// one-statement dispatches in shared batches (appends, commits,
+	// claims).
 	groupCommit bool
 	appends     *appendGroup
 	commits     *commitGroup
@@ -141,8 +142,8 @@ type config struct {
 	noGroupCommit bool
 }
 
-// WithoutGroupCommit sends every AppendEvent on its own (default: group
-// commit, groupcommit.go).
+// WithoutGroupCommit sends every AppendEvent, CommitTurn, dispatch and
+// AppendAudit on its own (default: group commit, groupcommit.go).
 func WithoutGroupCommit() Option {
 	return func(c *config) { c.noGroupCommit = true }
 }

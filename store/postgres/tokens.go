@@ -108,18 +108,32 @@ func scanAudit(sc interface{ Scan(...any) error }) (store.AuditEntry, error) {
 	return e, err
 }
 
-// AppendAudit appends a row to the audit log; see store.Store.
+// insertAuditSQL inserts one audit row (auditArgs) and returns it.
+const insertAuditSQL = `INSERT INTO audit_log (token_id, namespace, action, object, result, status)
+	VALUES ($1, $2, $3, $4, $5, $6) RETURNING ` + auditCols
+
+// auditArgs are insertAuditSQL's arguments.
+func auditArgs(p store.AppendAuditParams) []any {
+	return []any{p.TokenID, p.Namespace, p.Action, p.Object, p.Result, p.Status}
+}
+
+// AppendAudit appends a row to the audit log; see store.Store. Concurrent
+// calls share batches and commits with each other and with appends
+// (appendGroup), each returning once its row is committed.
 func (s *Store) AppendAudit(ctx context.Context, p store.AppendAuditParams) (store.AuditEntry, error) {
 	if err := store.CheckAudit(p); err != nil {
 		return store.AuditEntry{}, fmt.Errorf("store/postgres: append audit: %w", err)
 	}
+	if s.groupCommit {
+		r := s.appends.do(ctx, appendIn{audit: &p})
+		if !r.solo {
+			return r.row, wrap("append audit", r.err)
+		}
+	}
 	var e store.AuditEntry
 	err := s.call(ctx, "append audit", func(ctx context.Context) error {
 		var err error
-		e, err = scanAudit(s.pool.QueryRow(ctx, `
-			INSERT INTO audit_log (token_id, namespace, action, object, result, status)
-			VALUES ($1, $2, $3, $4, $5, $6) RETURNING `+auditCols,
-			p.TokenID, p.Namespace, p.Action, p.Object, p.Result, p.Status))
+		e, err = scanAudit(s.pool.QueryRow(ctx, insertAuditSQL, auditArgs(p)...))
 		return err
 	})
 	return e, err

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ func tokenCases() []testCase {
 		{"Tokens/InvalidInputsAreRefusedAndStoreNothing", testTokensInvalid},
 		{"Audit/AppendedRowsPageNewestFirstByNamespace", testAudit},
 		{"Audit/InvalidRowsAndPagesAreRefused", testAuditInvalid},
+		{"Audit/ConcurrentAppendsEachReturnTheirOwnStoredRow", testAuditConcurrent},
 	}
 }
 
@@ -206,4 +208,61 @@ func testAuditInvalid(t *testing.T, b *bundle) {
 	es, err := b.s.ListAudit(b.ctx, store.ListAuditParams{})
 	noErr(t, err, "ListAudit")
 	wantEq(t, len(es), 0, "rows stored by refused appends")
+}
+
+// testAuditConcurrent: audit rows appended at once (a driver may send them
+// in one batch and commit) each come back as their own row, with their own
+// id, and each is stored and listed once its AppendAudit returned.
+func testAuditConcurrent(t *testing.T, b *bundle) {
+	const callers, each = 16, 8
+	got := make([][]store.AuditEntry, callers)
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			for j := range each {
+				p := store.AppendAuditParams{TokenID: fmt.Sprintf("tok%d", i), Namespace: "team-a", Action: "signal.send",
+					Object: fmt.Sprintf("/v1/agents/a/sessions/s%d-%d/signals", i, j), Result: "ok", Status: 202}
+				e, err := b.s.AppendAudit(b.ctx, p)
+				if err != nil {
+					t.Errorf("caller %d row %d: %v", i, j, err)
+					return
+				}
+				if e.ID <= 0 || e.TokenID != p.TokenID || e.Object != p.Object || e.Status != 202 {
+					t.Errorf("caller %d row %d: got %+v back", i, j, e)
+					return
+				}
+				// Stored when AppendAudit returned: a reader finds it.
+				es, err := b.s.ListAudit(b.ctx, store.ListAuditParams{Before: e.ID + 1, Limit: 1})
+				if err != nil || len(es) != 1 || es[0].ID != e.ID || es[0].Object != p.Object {
+					t.Errorf("caller %d row %d (id %d) read back: %+v, %v", i, j, e.ID, es, err)
+					return
+				}
+				got[i] = append(got[i], e)
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	ids := map[int64]bool{}
+	for i := range got {
+		for j, e := range got[i] {
+			if ids[e.ID] {
+				t.Fatalf("id %d returned twice", e.ID)
+			}
+			ids[e.ID] = true
+			if j > 0 && e.ID <= got[i][j-1].ID {
+				t.Fatalf("caller %d: row %d has id %d after %d", i, j, e.ID, got[i][j-1].ID)
+			}
+		}
+	}
+	es, err := b.s.ListAudit(b.ctx, store.ListAuditParams{Limit: store.MaxAuditLimit})
+	noErr(t, err, "ListAudit")
+	wantEq(t, len(es), callers*each, "rows stored")
+	for _, e := range es {
+		if !ids[e.ID] {
+			t.Fatalf("stored row %d was returned to no caller", e.ID)
+		}
+	}
 }
