@@ -291,11 +291,12 @@ func TestGroupCommitOfConcurrentDispatchesAndCommits(t *testing.T) {
 }
 
 // TestGroupCommitOfConcurrentActivationClaims: concurrent claims of many
-// sessions, each asking for its first turn and some sessions claimed twice
-// at once, share batches (activationGroup) and each gets its own outcome:
-// one live activation per session (invariant 1), the other claim refused
-// with ErrActivationLive, and each winner's first turn its own session's
-// event at attempt 1.
+// sessions, each asking for its first turn, share batches
+// (activationGroup) and each gets its own outcome; then, in a second round,
+// sessions claimed twice at once: one live activation per session
+// (invariant 1), the other claim refused with ErrActivationLive (a claim
+// that raises sends its batch alone), each winner's first turn its own
+// session's event at attempt 1.
 func TestGroupCommitOfConcurrentActivationClaims(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -312,77 +313,85 @@ func TestGroupCommitOfConcurrentActivationClaims(t *testing.T) {
 		Binding: "sha256:test", MarkSent: true})
 	must(t, err, "NextDelivery")
 	expect := &store.ExpectedBinding{Agent: d.Agent, Binding: "sha256:test"}
-	const sessions = 24
-	keys := make([]store.ActorKey, sessions)
-	for i := range keys {
-		keys[i] = f.session(f.key.AgentUID)
-		f.key = keys[i]
-		f.append(fmt.Sprintf("s%d", i))
-	}
-	tr.batches.Store(0)
-	type result struct {
-		a   store.Activation
-		err error
-	}
-	// Sessions i%3 == 0 are claimed twice at once.
-	var claims []int
-	for i := range keys {
-		claims = append(claims, i)
-		if i%3 == 0 {
-			claims = append(claims, i)
+	const sessions = 16
+	round := func(name string, claims []int) {
+		keys := make([]store.ActorKey, sessions)
+		for i := range keys {
+			keys[i] = f.session(f.key.AgentUID)
+			f.key = keys[i]
+			f.append(fmt.Sprintf("%s-s%d", name, i))
+		}
+		tr.batches.Store(0)
+		type result struct {
+			a   store.Activation
+			err error
+		}
+		results := make([]result, len(claims))
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for c, i := range claims {
+			wg.Go(func() {
+				p := store.ClaimActivationParams{Key: keys[i], UID: uuid.NewString(), LeaseID: uuid.NewString(),
+					HostID: "host", LeaseTTL: time.Hour}
+				p.First = &store.NextDeliveryParams{Activation: store.ActivationRef{UID: p.UID, ActorKey: keys[i],
+					ActorEpoch: 1, LeaseID: p.LeaseID}, DeliveryID: uuid.NewString(), MarkSent: true, TailMessages: 10,
+					ExpectDue: true, Expect: expect}
+				<-start
+				a, err := s.ClaimActivation(ctx, p)
+				results[c] = result{a, err}
+			})
+		}
+		close(start)
+		wg.Wait()
+		won, winner := make(map[int]int), make(map[int]string)
+		for c, i := range claims {
+			r := results[c]
+			switch {
+			case errors.Is(r.err, store.ErrActivationLive):
+				continue
+			case r.err != nil:
+				t.Fatalf("%s: session %d: ClaimActivation: %v", name, i, r.err)
+			}
+			won[i]++
+			winner[i] = r.a.UID
+			if r.a.First == nil {
+				t.Errorf("%s: session %d: the winning claim took no first turn", name, i)
+				continue
+			}
+			want := fmt.Sprintf(`{"message": "%s-s%d"}`, name, i)
+			if got := string(r.a.First.Event.Payload); got != want || r.a.First.Attempt != 1 {
+				t.Errorf("%s: session %d: first turn %s at attempt %d, want %s at 1", name, i, got, r.a.First.Attempt, want)
+			}
+		}
+		for i := range keys {
+			if won[i] != 1 {
+				t.Errorf("%s: session %d: %d claims won, want 1", name, i, won[i])
+			}
+			cur, err := s.CurrentActivation(ctx, keys[i])
+			must(t, err, "CurrentActivation")
+			if cur.UID != winner[i] || cur.State != store.ActivationActive {
+				t.Errorf("%s: session %d: current activation %s (%s), want the winner's %s, active", name, i, cur.UID, cur.State, winner[i])
+			}
 		}
 	}
-	results := make([]result, len(claims))
-	var wg sync.WaitGroup
-	for c, i := range claims {
-		wg.Go(func() {
-			p := store.ClaimActivationParams{Key: keys[i], UID: uuid.NewString(), LeaseID: uuid.NewString(),
-				HostID: "host", LeaseTTL: time.Hour}
-			p.First = &store.NextDeliveryParams{Activation: store.ActivationRef{UID: p.UID, ActorKey: keys[i],
-				ActorEpoch: 1, LeaseID: p.LeaseID}, DeliveryID: uuid.NewString(), MarkSent: true, TailMessages: 10,
-				ExpectDue: true, Expect: expect}
-			a, err := s.ClaimActivation(ctx, p)
-			results[c] = result{a, err}
-		})
+	distinct := make([]int, sessions)
+	for i := range distinct {
+		distinct[i] = i
 	}
-	wg.Wait()
-	won := make(map[int]int)
-	winner := make(map[int]string)
-	for c, i := range claims {
-		r := results[c]
-		switch {
-		case errors.Is(r.err, store.ErrActivationLive):
-			continue
-		case r.err != nil:
-			t.Fatalf("session %d: ClaimActivation: %v", i, r.err)
-		}
-		won[i]++
-		winner[i] = r.a.UID
-		if r.a.First == nil {
-			t.Errorf("session %d: the winning claim took no first turn", i)
-			continue
-		}
-		if got, want := string(r.a.First.Event.Payload), fmt.Sprintf(`{"message": "s%d"}`, i); got != want || r.a.First.Attempt != 1 {
-			t.Errorf("session %d: first turn %s at attempt %d, want %s at 1", i, got, r.a.First.Attempt, want)
-		}
-	}
-	for i := range keys {
-		if won[i] != 1 {
-			t.Errorf("session %d: %d claims won, want 1", i, won[i])
-		}
-		cur, err := s.CurrentActivation(ctx, keys[i])
-		must(t, err, "CurrentActivation")
-		if cur.UID != winner[i] || cur.State != store.ActivationActive {
-			t.Errorf("session %d: current activation %s (%s), want the winner's %s, active", i, cur.UID, cur.State, winner[i])
-		}
-	}
-	// Not a timing assertion: with 32 concurrent claims, batches must
-	// have held more than one on average, or nothing was grouped.
-	if b := tr.batches.Load(); b >= int64(len(claims)) {
-		t.Fatalf("%d batches for %d claims: nothing was grouped", b, len(claims))
+	round("distinct", distinct)
+	// Not a timing assertion: with 16 claims released at once and none
+	// refused, batches must have held more than one on average, or
+	// nothing was grouped.
+	if b := tr.batches.Load(); b >= sessions {
+		t.Fatalf("%d batches for %d claims: nothing was grouped", b, sessions)
 	} else {
-		t.Logf("%d claims in %d batches", len(claims), b)
+		t.Logf("%d claims in %d batches", sessions, b)
 	}
+	var twice []int
+	for i := range sessions {
+		twice = append(twice, i, i)
+	}
+	round("twice", twice)
 }
 
 // TestGroupCommitOfConcurrentAuditRows: audit rows appended at once, and
