@@ -263,7 +263,8 @@ type Wasm struct {
 
 // Runtime configures this host's leases and loops (restart to change).
 type Runtime struct {
-	// LeaseTTL is an activation lease's length; renewed every LeaseTTL/3.
+	// LeaseTTL is an activation lease's length; renewed by each commit of
+	// its turns, and every LeaseTTL/3 when none renewed it since.
 	// A dead host's sessions move to live hosts within LeaseTTL plus one
 	// ScanInterval.
 	LeaseTTL time.Duration `koanf:"lease_ttl"`
