@@ -87,7 +87,8 @@ func (m MidTurn) Valid() bool {
 // Policy is everything a host runs with: host-wide settings, fixed at
 // start, and agent policies, which SetPolicy may replace while running.
 type Policy struct {
-	// LeaseTTL is the activation lease length; renewed every LeaseTTL/3.
+	// LeaseTTL is the activation lease length; renewed by each commit of
+	// its turns, and every LeaseTTL/3 when none renewed it since.
 	LeaseTTL time.Duration
 	// ScanInterval paces the watchdog, alarm firing and runnable scan.
 	ScanInterval time.Duration
