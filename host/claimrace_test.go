@@ -1,0 +1,254 @@
+package host_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/store"
+)
+
+// peekClaimHook runs a hook between a controller's PeekSession and its
+// ClaimActivation with a first turn (store.ClaimActivationParams.First):
+// once per armed session, just before the claim is sent, and an after
+// hook once it returned. It records each armed claim's answer.
+type peekClaimHook struct {
+	store.Store
+	mu    sync.Mutex
+	hooks map[store.ActorKey]*claimHookOf
+}
+
+type claimHookOf struct {
+	before, after func(ctx context.Context)
+	fired         chan struct{}
+	act           store.Activation
+	err           error
+}
+
+func (h *peekClaimHook) arm(key store.ActorKey, before, after func(ctx context.Context)) *claimHookOf {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.hooks == nil {
+		h.hooks = map[store.ActorKey]*claimHookOf{}
+	}
+	c := &claimHookOf{before: before, after: after, fired: make(chan struct{})}
+	h.hooks[key] = c
+	return c
+}
+
+func (h *peekClaimHook) ClaimActivation(ctx context.Context, p store.ClaimActivationParams) (store.Activation, error) {
+	h.mu.Lock()
+	c := h.hooks[p.Key]
+	if c != nil && p.First != nil {
+		delete(h.hooks, p.Key)
+	} else {
+		c = nil
+	}
+	h.mu.Unlock()
+	if c == nil {
+		return h.Store.ClaimActivation(ctx, p)
+	}
+	if c.before != nil {
+		c.before(ctx)
+	}
+	c.act, c.err = h.Store.ClaimActivation(ctx, p)
+	if c.after != nil {
+		c.after(ctx)
+	}
+	close(c.fired)
+	return c.act, c.err
+}
+
+// echoAs answers "<name>: <message>".
+func echoAs(name string) abi.TurnFunc {
+	return func(_ context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+		return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: fmt.Sprintf("%s: %s", name, req.Event.Message)}}}, nil
+	}
+}
+
+// TestWritesBetweenThePeekAndTheFirstTurnsClaim: whatever lands between a
+// controller's PeekSession and its activation's claim with the first turn
+// (another activation that came and went, one that is still live, a
+// cancel, a destroy, a sleep, an agent update) is honoured: the first turn
+// is never taken at a stale epoch, a cancelled event never runs, nothing
+// runs in a destroyed or sleeping session, each event runs once at its
+// first attempt, and an agent updated meanwhile runs its new binding
+// (docs/DESIGN.md invariants 1 and 10).
+func TestWritesBetweenThePeekAndTheFirstTurnsClaim(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		hk := &peekClaimHook{Store: st}
+		f := start(t, hk, map[string]abi.TurnFunc{"old": echoAs("old"), "new": echoAs("new")}, testPolicy())
+		ctx := context.Background()
+		ag := f.agent("old")
+		warm := f.session(ag)
+		f.signal(warm, "warm")
+		f.waitFor("the warm-up turn", func() bool { return f.get(warm).TurnCount == 1 })
+		other := func() store.ClaimActivationParams {
+			return store.ClaimActivationParams{UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: "intruder", LeaseTTL: testPolicy().LeaseTTL}
+		}
+		ranOnce := func(t *testing.T, key store.ActorKey, reply string) {
+			t.Helper()
+			f.waitFor("the turn", func() bool { return f.get(key).TurnCount >= 1 })
+			ts := f.transcript(key)
+			if len(ts) != 1 {
+				t.Fatalf("%d turns, want 1", len(ts))
+			}
+			if got := ts[0].Messages[len(ts[0].Messages)-1].Content; got != reply {
+				t.Errorf("replied %q, want %q", got, reply)
+			}
+			for _, e := range f.events(key) {
+				if e.Status != store.EventDone || e.Attempts != 0 {
+					t.Errorf("event %d is %s after %d failed attempts, want done after none", e.ID, e.Status, e.Attempts)
+				}
+			}
+			wantSoundStream(t, st, key)
+		}
+
+		t.Run("AnotherActivationCameAndWent", func(t *testing.T) {
+			key := f.session(ag)
+			c := hk.arm(key, func(ctx context.Context) {
+				p := other()
+				p.Key = key
+				a, err := st.ClaimActivation(ctx, p)
+				if err != nil {
+					t.Errorf("intruder's claim: %v", err)
+					return
+				}
+				if err := st.StopActivation(ctx, a.Ref()); err != nil {
+					t.Errorf("intruder's stop: %v", err)
+				}
+			}, nil)
+			f.signal(key, "hi")
+			recv(t, c.fired)
+			if c.err != nil {
+				t.Fatalf("the controller's claim: %v", c.err)
+			}
+			if c.act.First != nil {
+				t.Errorf("the claim at epoch %d took a first turn at epoch %d", c.act.ActorEpoch, c.act.First.Delivery.ActorEpoch)
+			}
+			ranOnce(t, key, "old: hi")
+		})
+
+		t.Run("AnotherActivationIsLive", func(t *testing.T) {
+			key := f.session(ag)
+			var intruder store.Activation
+			c := hk.arm(key, func(ctx context.Context) {
+				p := other()
+				p.Key = key
+				var err error
+				if intruder, err = st.ClaimActivation(ctx, p); err != nil {
+					t.Errorf("intruder's claim: %v", err)
+				}
+			}, func(ctx context.Context) {
+				// Give the session back; the scan finds it runnable.
+				if err := st.StopActivation(ctx, intruder.Ref()); err != nil {
+					t.Errorf("intruder's stop: %v", err)
+				}
+			})
+			f.signal(key, "hi")
+			recv(t, c.fired)
+			if !errors.Is(c.err, store.ErrActivationLive) {
+				t.Fatalf("the controller's claim beside a live activation: %+v, %v; want ErrActivationLive", c.act, c.err)
+			}
+			f.h.Ensure(key)
+			ranOnce(t, key, "old: hi")
+		})
+
+		t.Run("TheEventWasCancelled", func(t *testing.T) {
+			key := f.session(ag)
+			es := make(chan store.Event, 1)
+			c := hk.arm(key, func(ctx context.Context) {
+				e := recv(t, es)
+				es <- e
+				if _, err := st.CancelEvent(ctx, store.CancelEventParams{Key: key, EventID: e.ID, Reason: "test"}); err != nil {
+					t.Errorf("CancelEvent: %v", err)
+				}
+			}, nil)
+			es <- f.signal(key, "cancelled")
+			recv(t, c.fired)
+			e := <-es
+			if c.err != nil {
+				t.Fatalf("the controller's claim: %v", c.err)
+			}
+			if c.act.First != nil {
+				t.Fatalf("the claim took cancelled event %d", c.act.First.Event.ID)
+			}
+			f.signal(key, "next")
+			f.waitFor("the next turn", func() bool { return f.get(key).TurnCount >= 1 })
+			ts := f.transcript(key)
+			if len(ts) != 1 || ts[0].EventID == e.ID {
+				t.Fatalf("turns %+v: want one, not of the cancelled event %d", ts, e.ID)
+			}
+		})
+
+		t.Run("TheSessionWasDestroyed", func(t *testing.T) {
+			key := f.session(ag)
+			c := hk.arm(key, func(ctx context.Context) {
+				if _, err := st.DestroySession(ctx, key); err != nil {
+					t.Errorf("DestroySession: %v", err)
+				}
+			}, nil)
+			f.signal(key, "hi")
+			recv(t, c.fired)
+			if c.err == nil {
+				t.Fatalf("a claim of a destroyed session: %+v (first %+v)", c.act, c.act.First)
+			}
+			if ts := f.transcript(key); len(ts) != 0 {
+				t.Fatalf("a destroyed session ran %d turns", len(ts))
+			}
+		})
+
+		t.Run("TheSessionWasPutToSleep", func(t *testing.T) {
+			key := f.session(ag)
+			c := hk.arm(key, func(ctx context.Context) {
+				if _, err := st.SleepSession(ctx, store.SleepSessionParams{Key: key, Reason: store.SleepReasonAgent}); err != nil {
+					t.Errorf("SleepSession: %v", err)
+				}
+			}, nil)
+			f.signal(key, "hi")
+			recv(t, c.fired)
+			if !errors.Is(c.err, store.ErrSessionSleeping) {
+				t.Fatalf("a claim of a sleeping session: %+v, %v; want ErrSessionSleeping", c.act, c.err)
+			}
+			if ts := f.transcript(key); len(ts) != 0 {
+				t.Fatalf("a sleeping session ran %d turns", len(ts))
+			}
+			if _, err := st.WakeSession(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			f.h.Ensure(key)
+			ranOnce(t, key, "old: hi")
+		})
+
+		t.Run("TheAgentWasUpdated", func(t *testing.T) {
+			ag2 := f.agent("old")
+			warm2 := f.session(ag2)
+			f.signal(warm2, "warm")
+			f.waitFor("the warm-up turn", func() bool { return f.get(warm2).TurnCount == 1 })
+			if _, _, err := st.PutModule(ctx, store.PutModuleParams{Digest: "new", ABIVersion: abi.Version, Bytes: []byte("new")}); err != nil {
+				t.Fatal(err)
+			}
+			key := f.session(ag2)
+			c := hk.arm(key, func(ctx context.Context) {
+				if _, err := st.CreateAgent(ctx, store.CreateAgentParams{UID: uuid.NewString(), Name: ag2.Name, ModuleDigest: "new",
+					CrashPolicy: store.CrashRestart, Upsert: true}); err != nil {
+					t.Errorf("agent update: %v", err)
+				}
+			}, nil)
+			f.signal(key, "hi")
+			recv(t, c.fired)
+			if c.err != nil {
+				t.Fatalf("the controller's claim: %v", c.err)
+			}
+			ranOnce(t, key, "new: hi")
+			if es := f.events(key); len(es) != 1 || es[0].Binding != "new" {
+				t.Fatalf("events %+v: want one bound to the new module", es)
+			}
+		})
+	})
+}
