@@ -252,3 +252,43 @@ func TestWritesBetweenThePeekAndTheFirstTurnsClaim(t *testing.T) {
 		})
 	})
 }
+
+// TestAFirstTurnTakenByTheClaimCarriesTheSessionsStateAndTranscript: a
+// session whose activation stopped idle between its turns gets each next
+// turn from the claim of a new activation (store.ClaimActivationParams.First),
+// and that turn sees the state and transcript tail the turns before it
+// committed, as a dispatched one would.
+func TestAFirstTurnTakenByTheClaimCarriesTheSessionsStateAndTranscript(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		cs := &dispatchCounter{Store: st}
+		tails := make(chan int, 16)
+		fn := func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			tails <- len(req.Transcript)
+			return counter(ctx, req)
+		}
+		f := start(t, cs, map[string]abi.TurnFunc{"c": fn}, testPolicy())
+		ag := f.agent("c")
+		key := f.session(ag)
+		const turns = 3
+		for i := range turns {
+			f.signal(key, fmt.Sprintf("m%d", i))
+			f.waitFor("the turn", func() bool { return f.get(key).TurnCount == int64(i+1) })
+			if got := recv(t, tails); got != 2*i {
+				t.Errorf("turn %d saw %d transcript messages, want %d", i+1, got, 2*i)
+			}
+			f.waitFor("the activation's idle stop", func() bool {
+				cur, err := st.CurrentActivation(context.Background(), key)
+				return err == nil && !cur.Live()
+			})
+		}
+		ts := f.transcript(key)
+		for i, tr := range ts {
+			if got, want := tr.Messages[len(tr.Messages)-1].Content, fmt.Sprintf("%d: m%d", i+1, i); got != want {
+				t.Errorf("turn %d replied %q, want %q (state carried)", i+1, got, want)
+			}
+		}
+		if n := cs.first.Load(); n != turns-1 {
+			t.Errorf("%d turns taken by their activation's claim, want %d", n, turns-1)
+		}
+	})
+}
