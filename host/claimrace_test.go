@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/store"
 )
 
@@ -289,6 +291,82 @@ func TestAFirstTurnTakenByTheClaimCarriesTheSessionsStateAndTranscript(t *testin
 		}
 		if n := cs.first.Load(); n != turns-1 {
 			t.Errorf("%d turns taken by their activation's claim, want %d", n, turns-1)
+		}
+	})
+}
+
+// TestTwoHostsWokenForTheSameSessionsRunEachFirstTurnOnce: two hosts over
+// one store, both expecting the agent, are both told of signals to many
+// idle sessions at once, so that their controllers race to claim each
+// session with its first turn (store.ClaimActivationParams.First): each
+// event runs on a worker exactly once, at its first attempt, under one
+// epoch per session (docs/DESIGN.md invariant 1).
+func TestTwoHostsWokenForTheSameSessionsRunEachFirstTurnOnce(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		var mu sync.Mutex
+		runs := map[string]int{}
+		fn := func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			mu.Lock()
+			runs[req.Event.Message]++
+			mu.Unlock()
+			return echoAs("r")(ctx, req)
+		}
+		funcs := map[string]abi.TurnFunc{"r": fn}
+		pol := testPolicy()
+		pol.IdleTimeout = time.Minute // the warm activations stay, each on its host
+		fa := runHost(t, host.Options{Store: st, Runner: funcRunner{funcs}, Policy: pol, Logger: quietLogger(), HostID: "a"})
+		fb := runHost(t, host.Options{Store: st, Runner: funcRunner{funcs}, Policy: pol, Logger: quietLogger(), HostID: "b"})
+		ag := fa.agent("r")
+		// Each host runs the agent once: both expect it.
+		for i, f := range []*fixture{fa, fb} {
+			key := f.session(ag)
+			payload := fmt.Sprintf(`{"message":"warm%d"}`, i)
+			e, _, err := st.AppendEvent(context.Background(), store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: []byte(payload)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.h.Appended(e)
+			f.waitFor("the warm-up turn", func() bool { return f.get(key).TurnCount == 1 })
+		}
+		const sessions = 24
+		keys := make([]store.ActorKey, sessions)
+		events := make([]store.Event, sessions)
+		for i := range keys {
+			keys[i] = fa.session(ag)
+			payload := fmt.Sprintf(`{"message":"s%d"}`, i)
+			e, _, err := st.AppendEvent(context.Background(), store.AppendEventParams{Key: keys[i], Kind: abi.EventMessage, Payload: []byte(payload)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			events[i] = e
+		}
+		var wg sync.WaitGroup
+		for _, f := range []*fixture{fa, fb} {
+			wg.Go(func() {
+				for _, e := range events {
+					f.h.Appended(e)
+				}
+			})
+		}
+		wg.Wait()
+		for i, key := range keys {
+			fa.waitFor("each session's turn", func() bool { return fa.get(key).TurnCount == 1 })
+			for _, e := range fa.events(key) {
+				if e.Status != store.EventDone || e.Attempts != 0 {
+					t.Errorf("session %d: event %d is %s after %d failed attempts, want done after none", i, e.ID, e.Status, e.Attempts)
+				}
+			}
+			if ts := fa.transcript(key); len(ts) != 1 {
+				t.Errorf("session %d: %d turns", i, len(ts))
+			}
+			wantSoundStream(t, st, key)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for i := range sessions {
+			if n := runs[fmt.Sprintf("s%d", i)]; n != 1 {
+				t.Errorf("session %d's event ran %d times on a worker, want once", i, n)
+			}
 		}
 	})
 }
