@@ -188,6 +188,34 @@ func TestWritesBetweenThePeekAndTheFirstTurnsClaim(t *testing.T) {
 			}
 		})
 
+		t.Run("ASteerLanded", func(t *testing.T) {
+			key := f.session(ag)
+			c := hk.arm(key, func(ctx context.Context) {
+				if _, err := st.Steer(ctx, store.SteerParams{Key: key, Payload: []byte(`{"message":"steer"}`), DeliveryID: uuid.NewString()}); err != nil {
+					t.Errorf("Steer: %v", err)
+				}
+			}, nil)
+			f.signal(key, "hi")
+			recv(t, c.fired)
+			if c.err != nil {
+				t.Fatalf("the controller's claim: %v", c.err)
+			}
+			f.waitFor("every event closed", func() bool {
+				for _, e := range f.events(key) {
+					if e.Status == store.EventOpen {
+						return false
+					}
+				}
+				return true
+			})
+			for _, e := range f.events(key) {
+				if e.Attempts != 0 {
+					t.Errorf("event %d (%s) closed after %d failed attempts", e.ID, e.Status, e.Attempts)
+				}
+			}
+			wantSoundStream(t, st, key)
+		})
+
 		t.Run("TheSessionWasDestroyed", func(t *testing.T) {
 			key := f.session(ag)
 			c := hk.arm(key, func(ctx context.Context) {
