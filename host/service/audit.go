@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"regexp"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/paddock-dev/paddock/store"
@@ -19,8 +20,8 @@ func (s *Service) Audit(ctx context.Context, op Op, object, result string, statu
 	// marked cut, so that every call is recorded (a row refused for its
 	// length would hide the call from the log).
 	_, err := s.st.AppendAudit(ctx, store.AppendAuditParams{
-		TokenID: callerOf(ctx).TokenID, Namespace: NamespaceOf(ctx), Action: string(op),
-		Object: cutAuditField(redactTokens(object)), Result: cutAuditField(result), Status: status,
+		TokenID: callerOf(ctx).TokenID, Namespace: cutAuditField(auditText(NamespaceOf(ctx))), Action: string(op),
+		Object: cutAuditField(auditText(redactTokens(object))), Result: cutAuditField(auditText(result)), Status: status,
 	})
 	return wrap("audit", err)
 }
@@ -67,6 +68,13 @@ var tokenInPath = regexp.MustCompile(TokenPrefix + `[^/]*`)
 // log records paths, and a token's secret never reaches a row.
 func redactTokens(path string) string {
 	return tokenInPath.ReplaceAllString(path, TokenPrefix+"…")
+}
+
+// auditText is s as a text column stores it on every driver: invalid UTF-8
+// and NUL bytes (a percent-escaped path may hold both; PostgreSQL refuses
+// them, which would lose the call's row) become U+FFFD.
+func auditText(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 // cutAuditField cuts s to store.MaxAuditField bytes (on a UTF-8
