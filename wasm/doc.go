@@ -74,7 +74,10 @@
 // It is the only way to stop a guest that spins. wazero then checks for
 // cancellation on every loop back-edge, which makes tight guest loops
 // ~20x slower (wazero/wazero#2466) and a JSON-bound turn ~4x slower
-// (measured: 0.8 ms without, 2.5 ms with). Agents here are untrusted, so the
+// (measured: 0.8 ms without, 2.5 ms with). The bench's hasher turn
+// (SHA-256 of 1 KiB and a small JSON job) takes 51 us without and 262 us
+// with, on a quiet machine; that is about 45 % of the host's CPU in
+// `paddock bench` (its --cpuprofile). Agents here are untrusted, so the
 // check stays on; a compute-heavy trusted agent belongs in a plugin worker.
-// Re-measure when wazero ships its inline check (PR #2533).
+// Re-measure when wazero ships its inline check (PRs #2524, #2533).
 package wasm
