@@ -290,26 +290,11 @@ func newCommitGroup(s *Store) *commitGroup {
 
 // flushCommits sends one batch of commits and answers their callers.
 func flushCommits(g *commitGroup, batch []*groupReq[commitIn, commitRes]) {
-	reqs := live(g, batch, func(in commitIn) store.ActorKey { return store.KeyOf(in.p.Ref) })
-	if len(reqs) == 0 {
-		return
-	}
-	b := &pgx.Batch{}
-	qs := make([]*queuedCommit, len(reqs))
-	for i, r := range reqs {
-		qs[i] = queueCommit(b, r.in.p, r.in.p.Payloads, true, r.in.alarms, r.in.next)
-	}
-	solo, err := g.s.sendGroup(reqs[0].ctx, b, len(reqs), "turn commits")
-	for i, r := range reqs {
-		switch {
-		case solo:
-			r.done <- commitRes{solo: true}
-		case err != nil:
-			r.done <- commitRes{err: err}
-		default:
-			r.done <- commitRes{t: qs[i].turn()}
-		}
-	}
+	flushQueued(g, batch, "turn commits", func(in commitIn) store.ActorKey { return store.KeyOf(in.p.Ref) },
+		func(b *pgx.Batch, in commitIn) *queuedCommit {
+			return queueCommit(b, in.p, in.p.Payloads, true, in.alarms, in.next)
+		},
+		func(q *queuedCommit) commitRes { return commitRes{t: q.turn()} }, commitRes{solo: true})
 }
 
 // Group commit of dispatches: concurrent one-statement claims
@@ -340,27 +325,12 @@ func newClaimGroup(s *Store) *claimGroup {
 
 // flushClaims sends one batch of claims and answers their callers.
 func flushClaims(g *claimGroup, batch []*groupReq[store.NextDeliveryParams, claimRes]) {
-	reqs := live(g, batch, func(p store.NextDeliveryParams) store.ActorKey { return p.Activation.ActorKey })
-	if len(reqs) == 0 {
-		return
-	}
-	b := &pgx.Batch{}
-	cs := make([]*claim, len(reqs))
-	for i, r := range reqs {
-		cs[i] = queueClaim(b, r.in, false)
-	}
-	solo, err := g.s.sendGroup(reqs[0].ctx, b, len(reqs), "dispatches")
-	for i, r := range reqs {
-		switch {
-		case solo:
-			r.done <- claimRes{solo: true}
-		case err != nil:
-			r.done <- claimRes{err: err}
-		default:
-			d, taken := cs[i].dispatch()
-			r.done <- claimRes{d: d, taken: taken}
-		}
-	}
+	flushQueued(g, batch, "dispatches", func(p store.NextDeliveryParams) store.ActorKey { return p.Activation.ActorKey },
+		func(b *pgx.Batch, p store.NextDeliveryParams) *claim { return queueClaim(b, p, false) },
+		func(c *claim) claimRes {
+			d, taken := c.dispatch()
+			return claimRes{d: d, taken: taken}
+		}, claimRes{solo: true})
 }
 
 // Group commit of activation claims: concurrent ClaimActivation calls of
@@ -397,24 +367,37 @@ func newActivationGroup(s *Store) *activationGroup {
 // flushActivations sends one batch of activation claims and answers their
 // callers.
 func flushActivations(g *activationGroup, batch []*groupReq[store.ClaimActivationParams, activationRes]) {
-	reqs := live(g, batch, func(p store.ClaimActivationParams) store.ActorKey { return p.Key })
+	flushQueued(g, batch, "activation claims", func(p store.ClaimActivationParams) store.ActorKey { return p.Key },
+		queueActivation, func(q *queuedActivation) activationRes {
+			return activationRes{a: q.activation(), claimed: q.claimed}
+		}, activationRes{solo: true})
+}
+
+// flushQueued sends one batch of requests that each queue their statements
+// (queue, in the batch's session order: live) and are answered from what
+// they queued once the batch committed (answer). A batch the server
+// refused answers each request with solo (run it on its own); a
+// connection error is every request's (g.failed).
+func flushQueued[In, Out, Q any](g *group[In, Out], batch []*groupReq[In, Out], what string,
+	key func(In) store.ActorKey, queue func(*pgx.Batch, In) Q, answer func(Q) Out, solo Out) {
+	reqs := live(g, batch, key)
 	if len(reqs) == 0 {
 		return
 	}
 	b := &pgx.Batch{}
-	qs := make([]*queuedActivation, len(reqs))
+	qs := make([]Q, len(reqs))
 	for i, r := range reqs {
-		qs[i] = queueActivation(b, r.in)
+		qs[i] = queue(b, r.in)
 	}
-	solo, err := g.s.sendGroup(reqs[0].ctx, b, len(reqs), "activation claims")
+	refused, err := g.s.sendGroup(reqs[0].ctx, b, len(reqs), what)
 	for i, r := range reqs {
 		switch {
-		case solo:
-			r.done <- activationRes{solo: true}
+		case refused:
+			r.done <- solo
 		case err != nil:
-			r.done <- activationRes{err: err}
+			r.done <- g.failed(err)
 		default:
-			r.done <- activationRes{a: qs[i].activation(), claimed: qs[i].claimed}
+			r.done <- answer(qs[i])
 		}
 	}
 }
