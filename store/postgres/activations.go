@@ -29,7 +29,7 @@ import (
 // never undoes the claim.
 //
 // Concurrent claims of different sessions go out together in one batch
-// (activationGroup), as appends, commits and dispatches do; a batch that
+// (the group commit), as appends, commits and dispatches do; a batch that
 // rolled back sends each claim alone.
 func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationParams) (store.Activation, error) {
 	if err := store.CheckLeaseTTL(p.LeaseTTL); err != nil {

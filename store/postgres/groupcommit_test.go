@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -194,7 +195,7 @@ func TestGroupCommitOfConcurrentDispatchesAndCommits(t *testing.T) {
 			f.append(fmt.Sprintf("r%d-s%d", round, i))
 		}
 		// The dispatches, concurrent too once the agent is known: they
-		// share batches (claimGroup) and each takes its own session's event.
+		// share batches (the group commit) and each takes its own session's event.
 		tr.batches.Store(0)
 		var wg sync.WaitGroup
 		for i, a := range acts {
@@ -292,7 +293,7 @@ func TestGroupCommitOfConcurrentDispatchesAndCommits(t *testing.T) {
 
 // TestGroupCommitOfConcurrentActivationClaims: concurrent claims of many
 // sessions, each asking for its first turn, share batches
-// (activationGroup) and each gets its own outcome; then, in a second round,
+// (the group commit) and each gets its own outcome; then, in a second round,
 // sessions claimed twice at once: one live activation per session
 // (invariant 1), the other claim refused with ErrActivationLive (a claim
 // that raises sends its batch alone), each winner's first turn its own
@@ -470,4 +471,153 @@ func TestGroupCommitOfConcurrentAuditRows(t *testing.T) {
 	} else {
 		t.Logf("%d events and audit rows in %d batches (%d single statements)", 2*callers*each, b, tr.queries.Load())
 	}
+}
+
+// kindsTracer records, for each batch sent, whether it held a turn commit
+// and an append.
+type kindsTracer struct{ batches, mixed atomic.Int64 }
+
+type batchKinds struct{ commit, append atomic.Bool }
+
+type batchKindsKey struct{}
+
+func (k *kindsTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (k *kindsTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (k *kindsTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	k.batches.Add(1)
+	return context.WithValue(ctx, batchKindsKey{}, &batchKinds{})
+}
+func (k *kindsTracer) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	bk, _ := ctx.Value(batchKindsKey{}).(*batchKinds)
+	if bk == nil {
+		return
+	}
+	if strings.Contains(d.SQL, "INSERT INTO turns") {
+		bk.commit.Store(true)
+	}
+	if strings.Contains(d.SQL, "status <> 'destroyed'") && strings.Contains(d.SQL, "INSERT INTO actor_events") {
+		bk.append.Store(true)
+	}
+}
+func (k *kindsTracer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchEndData) {
+	if bk, _ := ctx.Value(batchKindsKey{}).(*batchKinds); bk != nil && bk.commit.Load() && bk.append.Load() {
+		k.mixed.Add(1)
+	}
+}
+
+// TestGroupCommitOfMixedKinds: each round, the turn commits of many
+// sessions, appends of their next events and, in odd rounds, replays of
+// the turns committed the round before (which their fences refuse) are
+// sent at once. The kinds share batches — a session's append in the same
+// transaction as its own commit and others' — and every request still gets
+// exactly its own outcome: every turn commits once with its own event, no
+// append is lost or doubled by a batch a replay rolled back, each
+// session's events are contiguous.
+func TestGroupCommitOfMixedKinds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tr := &kindsTracer{}
+	s, err := postgres.Open(ctx, pgtest.DSN(t), postgres.WithTracer(tr))
+	must(t, err, "Open")
+	t.Cleanup(func() { _ = s.Close() })
+	f := newFixtureOn(t, s)
+	const sessions, rounds = 12, 6
+	acts := make([]store.Activation, sessions)
+	for i := range acts {
+		f.key = f.session(f.key.AgentUID)
+		acts[i] = f.claim(time.Hour)
+		f.append(fmt.Sprintf("m0-s%d", i))
+	}
+	var last []abi.TurnRef
+	for round := range rounds {
+		refs, payloads := make([]abi.TurnRef, sessions), make([]string, sessions)
+		for i, a := range acts {
+			d := f.next(a)
+			if want := fmt.Sprintf(`{"message": "m%d-s%d"}`, round, i); string(d.Event.Payload) != want {
+				t.Fatalf("round %d session %d dispatched %s, want %s", round, i, d.Event.Payload, want)
+			}
+			refs[i], payloads[i] = d.Delivery.TurnRef(), string(d.Event.Payload)
+		}
+		start := make(chan struct{})
+		errs := make(chan error, 3*sessions)
+		var wg sync.WaitGroup
+		for i, a := range acts {
+			wg.Go(func() {
+				<-start
+				turn, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: refs[i], Outcome: abi.OutcomeOK, KeepState: true,
+					Messages: []abi.Message{{Role: abi.RoleAssistant, Content: fmt.Sprintf("reply m%d-s%d", round, i)}},
+					Payloads: []string{payloads[i]}})
+				if err != nil {
+					errs <- fmt.Errorf("round %d session %d: commit: %w", round, i, err)
+				} else if turn.TurnNo != int64(round+1) {
+					errs <- fmt.Errorf("round %d session %d: turn %d", round, i, turn.TurnNo)
+				}
+			})
+			wg.Go(func() {
+				<-start
+				e, created, err := s.AppendEvent(ctx, store.AppendEventParams{Key: a.ActorKey, Kind: abi.EventMessage,
+					Payload: []byte(fmt.Sprintf(`{"message": "m%d-s%d"}`, round+1, i))})
+				if err != nil || !created || e.Seq != int64(round+2) {
+					errs <- fmt.Errorf("round %d session %d: append: seq %d, created %v, %v", round, i, e.Seq, created, err)
+				}
+			})
+		}
+		for i, ref := range last {
+			if round%2 == 0 || i%3 != 0 {
+				continue
+			}
+			wg.Go(func() {
+				<-start
+				_, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: ref, Outcome: abi.OutcomeOK, KeepState: true,
+					Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "MUST NOT BE WRITTEN"}},
+					Payloads: []string{`{"message":"replayed"}`}})
+				var fe *store.FenceError
+				if !errors.As(err, &fe) || fe.Reason != store.FenceSupersededDelivery {
+					errs <- fmt.Errorf("replay of %s: %v, want a superseded_delivery refusal", ref, err)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if t.Failed() {
+			t.FailNow()
+		}
+		last = refs
+	}
+	for i, a := range acts {
+		turns, err := s.Transcript(ctx, store.TranscriptParams{Key: a.ActorKey, Limit: 100})
+		must(t, err, "Transcript")
+		if len(turns) != rounds {
+			t.Fatalf("session %d has %d turns, want %d", i, len(turns), rounds)
+		}
+		for r, turn := range turns {
+			if len(turn.Messages) != 2 || turn.Messages[0].Content != fmt.Sprintf("m%d-s%d", r, i) ||
+				turn.Messages[1].Content != fmt.Sprintf("reply m%d-s%d", r, i) {
+				t.Fatalf("session %d turn %d: %+v", i, r+1, turn.Messages)
+			}
+		}
+		evs, err := s.ListEvents(ctx, store.ListEventsParams{Key: a.ActorKey, Limit: 100})
+		must(t, err, "ListEvents")
+		if len(evs) != rounds+1 {
+			t.Fatalf("session %d has %d events, want %d", i, len(evs), rounds+1)
+		}
+		for j, e := range evs {
+			if e.Seq != int64(j+1) {
+				t.Fatalf("session %d event %d has seq %d", i, j, e.Seq)
+			}
+		}
+	}
+	// Not a timing assertion: 24 or more requests released together each
+	// round find the one flusher busy with the first of them, so the rest
+	// share the next batch, commits and appends alike.
+	if tr.mixed.Load() == 0 {
+		t.Fatalf("no batch of %d held both a commit and an append: the kinds were not grouped together", tr.batches.Load())
+	}
+	t.Logf("%d batches held both a commit and an append", tr.mixed.Load())
 }

@@ -116,14 +116,11 @@ type Store struct {
 	isClosed  bool
 	subs      sync.WaitGroup
 
-	// groupCommit sends concurrent appends and audit rows, commits and
-	// one-statement dispatches in shared batches (appends, commits,
-	// claims).
+	// groupCommit sends concurrent appends and audit rows, commits,
+	// one-statement dispatches and activation claims in shared batches
+	// (groups, one batcher).
 	groupCommit bool
-	appends     *appendGroup
-	commits     *commitGroup
-	claims      *claimGroup
-	activations *activationGroup
+	groups
 
 	// origin tags the notifications of this Store value's appends, so that
 	// its own listeners tell their echoes from other writers' (subscribe.go).
@@ -239,8 +236,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		groupCommit: !cfg.noGroupCommit,
 		origin:      fmt.Sprintf("%016x", rand.Uint64()),
 	}
-	s.appends, s.commits, s.claims = newAppendGroup(s), newCommitGroup(s), newClaimGroup(s)
-	s.activations = newActivationGroup(s)
+	s.groups = newGroups(s)
 	return s, nil
 }
 

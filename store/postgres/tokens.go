@@ -119,7 +119,7 @@ func auditArgs(p store.AppendAuditParams) []any {
 
 // AppendAudit appends a row to the audit log; see store.Store. Concurrent
 // calls share batches and commits with each other and with appends
-// (appendGroup), each returning once its row is committed.
+// (the group commit), each returning once its row is committed.
 func (s *Store) AppendAudit(ctx context.Context, p store.AppendAuditParams) (store.AuditEntry, error) {
 	if err := store.CheckAudit(p); err != nil {
 		return store.AuditEntry{}, fmt.Errorf("store/postgres: append audit: %w", err)

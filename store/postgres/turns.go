@@ -254,12 +254,12 @@ var claimDeliverySQL = `
 
 // claimDelivery is NextDelivery in one round trip (p.Expect set):
 // queueClaim in an implicit transaction, shared with the claims of other
-// sessions (claimGroup) or its own. taken is false when
+// sessions (the group commit) or its own. taken is false when
 // the claim took nothing (the locked path then answers).
 func (s *Store) claimDelivery(ctx context.Context, p store.NextDeliveryParams) (d store.Dispatch, taken bool, err error) {
 	if s.groupCommit {
 		// With the claims of other sessions that arrived meanwhile
-		// (claimGroup); a batch that rolled back sends each alone.
+		// (the group commit); a batch that rolled back sends each alone.
 		if r := s.claims.do(ctx, p); !r.solo {
 			return r.d, r.taken, wrap("next delivery", dispatchErr(p.DeliveryID, r.err))
 		}
@@ -572,7 +572,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	}
 	if s.groupCommit && p.Payloads != nil && p.Wait == nil {
 		// With the commits of other sessions that arrived meanwhile
-		// (commitGroup); a batch that rolled back sends each alone.
+		// (the group commit); a batch that rolled back sends each alone.
 		if r := s.commits.do(ctx, commitIn{p: p, alarms: alarms, next: next}); !r.solo {
 			if r.err != nil {
 				return store.Turn{}, wrap("commit turn", r.err)
