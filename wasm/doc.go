@@ -80,4 +80,14 @@
 // `paddock bench` (its --cpuprofile). Agents here are untrusted, so the
 // check stays on; a compute-heavy trusted agent belongs in a plugin worker.
 // Re-measure when wazero ships its inline check (PRs #2524, #2533).
+//
+// A check of our own compiled into the module (a flag global tested at
+// every function entry and loop head, set by the host at the deadline, as
+// wasmtime's epoch interruption does) is not enough on its own, tried
+// here: wazero's native code has no preemption point, so a guest that
+// spins blocks the Go garbage collector's stop-the-world, and the
+// goroutine that would set the flag never runs again — the whole host
+// hangs. Such a check must also leave the guest for Go every N passes (a
+// fuel counter calling an imported host function), which means
+// renumbering the module's function indices.
 package wasm

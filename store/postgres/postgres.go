@@ -194,7 +194,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
 		pcfg.MaxConns = max(20, int32(4*runtime.NumCPU()))
 	}
 	// A batch sent without BEGIN runs as one implicit transaction (the
-	// group commit of appends, a commit in one round trip): at READ
+	// group commit, a commit in one round trip): at READ
 	// COMMITTED, as BEGIN says elsewhere, whatever the database's default.
 	pcfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "read committed"
 	ctx, cancel := withDeadline(ctx, max(cfg.callTimeout, time.Minute))
