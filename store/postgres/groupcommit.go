@@ -28,10 +28,12 @@ import (
 // One flusher, one batch in flight: the kinds share transactions (a
 // session's append and another session's commit cost one WAL flush, not
 // two), and no batch ever waits for another batch's row locks. On the
-// bench (N=10000, K=1000, P=8) one shared flusher sends 0.7 transactions
+// bench (N=10000, K=1000, P=8) one shared flusher sends 0.34 transactions
 // per turn where four groups of two flushers each sent 1.25, and the
-// database spends a quarter less CPU per turn: fewer, larger
-// transactions (docs/DESIGN.md "Store").
+// database spends about a quarter less CPU per turn: fewer, larger
+// transactions (docs/DESIGN.md "Store"). Two shared flushers, or one
+// that splits a batch into two of disjoint sessions sent at once, were
+// measured no faster.
 //
 // A batch's statements are sorted by session, and a session's by rank:
 // the statements that lock the session's activation first (commits,
