@@ -36,11 +36,13 @@ import (
 // measured no faster.
 //
 // A batch's statements are sorted by session, and a session's by rank:
-// the statements that lock the session's activation first (commits,
-// dispatches, activation claims) before those that lock only its session
-// row (appends): the lock order of every turn transaction outside the
-// group, so that a batch and a request run on its own path cannot
-// deadlock. Audit rows lock no row (they sort first, with the zero key).
+// commits and dispatches (which lock the session's activation first, then
+// its rows) and activation claims (the session row, then a new activation
+// row) before appends (the session row only): a session's appends last,
+// after whatever locks its activation, as in every turn transaction
+// outside the group, so that a batch and a request run on its own path
+// cannot deadlock. Audit rows lock no row (they sort first, with the zero
+// key).
 //
 // A batch is all or nothing. When a statement in it fails (a commit's
 // fence refusing, a lock race, an idempotency-key race, a refused audit
@@ -58,7 +60,7 @@ const groupMax = 128
 // Ranks: the order of a session's requests within a batch.
 const (
 	rankLocksActivation = iota // commits, dispatches, activation claims
-	rankLocksSession           // appends and audit rows
+	rankLocksSession           // appends and audit rows: after the rest
 )
 
 // batcher is the group commit's queue and flusher, shared by every kind
