@@ -53,8 +53,11 @@ func TestBenchRunsTheWorkloadOnEveryStoreAndWorker(t *testing.T) {
 				r.Worker != c.worker || r.Store != c.store || r.PeakRSSMB <= 0 || r.WorkerMeanMS <= 0 {
 				t.Fatalf("figures: %+v", r)
 			}
-			if c.store == "postgres" && (r.RoundTrips < 1 || r.Transactions < 1) {
-				t.Fatalf("PostgreSQL round trips %.2f and transactions %.2f per turn: want ≥ 1 each", r.RoundTrips, r.Transactions)
+			// Measured, and above zero: the group commit shares one round
+			// trip and transaction among several turns, so under load a
+			// turn may cost less than one of each.
+			if c.store == "postgres" && (r.RoundTrips <= 0 || r.Transactions <= 0) {
+				t.Fatalf("PostgreSQL round trips %.2f and transactions %.2f per turn: want > 0 each (measured)", r.RoundTrips, r.Transactions)
 			}
 			if c.store == "sqlite" && r.RoundTrips != -1 {
 				t.Fatalf("SQLite round trips %.2f: want -1 (not measured)", r.RoundTrips)
