@@ -243,7 +243,10 @@ func live(batch []groupItem) []groupItem {
 // the server refused a statement (a deadlock, a check that raised), so the
 // transaction rolled back and nothing of the batch was written — each
 // request then runs on its own path. Any other error (the connection) is
-// the batch's: it may have committed.
+// the batch's: it may have committed. So is an error of severity FATAL or
+// PANIC: a backend the postmaster makes quit (a crash of another backend,
+// a shutdown) may send it after its transaction committed, in place of
+// ReadyForQuery; run again, the batch would be written twice.
 func (s *Store) sendGroup(first context.Context, b *pgx.Batch, n int) (refused bool, err error) {
 	ctx, cancel := withDeadline(context.WithoutCancel(first), s.callTimeout)
 	defer cancel()
@@ -252,10 +255,17 @@ func (s *Store) sendGroup(first context.Context, b *pgx.Batch, n int) (refused b
 	switch {
 	case err == nil:
 		return false, nil
-	case errors.As(err, &pgErr):
+	case errors.As(err, &pgErr) && !endsConnection(pgErr):
 		return true, nil
 	}
 	return false, fmt.Errorf("group commit of %d requests: %w", n, err)
+}
+
+// endsConnection reports whether e has severity FATAL or PANIC: the
+// backend ends the connection, whether or not its transaction committed.
+func endsConnection(e *pgconn.PgError) bool {
+	sev := cmp.Or(e.SeverityUnlocalized, e.Severity)
+	return sev == "FATAL" || sev == "PANIC"
 }
 
 // groups are the kinds of request of s's group commit, sharing one
