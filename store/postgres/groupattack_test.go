@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -410,5 +411,83 @@ func TestGroupCommitFatalAfterCommitIsNotRerun(t *testing.T) {
 	}
 	if n != 1 {
 		t.Fatalf("the append is there %d times, want once (its batch committed; it must not run again)", n)
+	}
+}
+
+// TestFatalAfterCommitIsNotExplainedAsARefusal: an activation claim that
+// carries its first turn's claim, and a commit that carries the next
+// turn's claim, whose transaction committed but whose connection then
+// reported FATAL, are not run again without the claim they carried — with
+// the group commit and without. Run again, the claim found its own
+// activation live and the commit its own turn done, and the caller was
+// told a live activation exists or its turn was superseded when both were
+// written; a connection failure's outcome is unknown to its caller, and
+// is reported as such.
+func TestFatalAfterCommitIsNotExplainedAsARefusal(t *testing.T) {
+	t.Parallel()
+	for _, grouped := range []bool{true, false} {
+		t.Run(fmt.Sprint("grouped=", grouped), func(t *testing.T) {
+			ctx := context.Background()
+			p, proxied := newFatalProxy(t, pgtest.DSN(t))
+			var opts []postgres.Option
+			if !grouped {
+				opts = append(opts, postgres.WithoutGroupCommit())
+			}
+			s, err := postgres.Open(ctx, proxied, opts...)
+			must(t, err, "Open")
+			t.Cleanup(func() { _ = s.Close() })
+			f := newFixtureOn(t, s)
+			f.append("warm")
+			d := f.next(f.claim(time.Hour))
+			expect := &store.ExpectedBinding{Agent: d.Agent, Binding: "sha256:test"}
+			first := func(key store.ActorKey) store.ClaimActivationParams {
+				cp := store.ClaimActivationParams{Key: key, UID: uuid.NewString(), LeaseID: uuid.NewString(),
+					HostID: "host", LeaseTTL: time.Hour}
+				cp.First = &store.NextDeliveryParams{Activation: store.ActivationRef{UID: cp.UID, ActorKey: key,
+					ActorEpoch: 1, LeaseID: cp.LeaseID}, DeliveryID: uuid.NewString(), MarkSent: true,
+					ExpectDue: true, Expect: expect}
+				return cp
+			}
+
+			// A claim with its first turn, told FATAL after its commit.
+			f.key = f.session(f.key.AgentUID)
+			f.append("one")
+			p.armed.Store(true)
+			_, err = s.ClaimActivation(ctx, first(f.key))
+			if p.fired.Load() != 1 {
+				t.Fatalf("the proxy fired %d times, want once", p.fired.Load())
+			}
+			if errors.Is(err, store.ErrActivationLive) {
+				t.Errorf("a claim that committed was told: %v", err)
+			}
+
+			// A commit with the next turn's claim, told FATAL after its
+			// commit.
+			f.key = f.session(f.key.AgentUID)
+			f.append("two")
+			f.append("three")
+			a, err := s.ClaimActivation(ctx, first(f.key))
+			must(t, err, "ClaimActivation")
+			if a.First == nil {
+				t.Fatal("the claim took no first turn")
+			}
+			p.armed.Store(true)
+			_, err = s.CommitTurn(ctx, store.CommitTurnParams{Ref: a.First.Delivery.TurnRef(), Outcome: abi.OutcomeOK,
+				KeepState: true, Payloads: []string{string(a.First.Event.Payload)},
+				Next: &store.NextDeliveryParams{Activation: a.Ref(), DeliveryID: uuid.NewString(), MarkSent: true,
+					ExpectDue: true, Expect: expect}})
+			if p.fired.Load() != 2 {
+				t.Fatalf("the proxy fired %d times, want twice", p.fired.Load())
+			}
+			var fe *store.FenceError
+			if errors.As(err, &fe) {
+				t.Errorf("a commit that committed was told: %v", err)
+			}
+			turns, err := s.Transcript(ctx, store.TranscriptParams{Key: f.key, Limit: 10})
+			must(t, err, "Transcript")
+			if len(turns) != 1 {
+				t.Fatalf("%d turns, want the one committed", len(turns))
+			}
+		})
 	}
 }

@@ -268,6 +268,14 @@ func endsConnection(e *pgconn.PgError) bool {
 	return sev == "FATAL" || sev == "PANIC"
 }
 
+// connectionEnded reports whether err is a server error of severity FATAL
+// or PANIC (endsConnection): its transaction may have committed, so the
+// request must not run again.
+func connectionEnded(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && endsConnection(pe)
+}
+
 // groups are the kinds of request of s's group commit, sharing one
 // batcher.
 type groups struct {
