@@ -491,3 +491,281 @@ func TestFatalAfterCommitIsNotExplainedAsARefusal(t *testing.T) {
 		})
 	}
 }
+
+// TestGroupAttackHammerHasNoDeadlocks is TestLifecycleHammerHasNoDeadlocks
+// with the turn loop on the group commit's paths: activation claims that
+// carry their first turn, one-statement dispatches (with an expectation)
+// and commits that carry their payloads, batched with the appends, while
+// steers, cancels, redrives, sleeps, wakes, failures, alarm firings and
+// destroys run on their own paths against the same sessions. PostgreSQL
+// must never detect a deadlock, and every event must end consistent.
+func TestGroupAttackHammerHasNoDeadlocks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("hammer")
+	}
+	t.Parallel()
+	dsn, stores := openN(t, 2)
+	f := newFixtureOn(t, stores[0])
+	agent, err := f.s.GetAgent(f.ctx, store.DefaultNamespace, "agent")
+	must(t, err, "GetAgent")
+	f.append("warm")
+	warm := f.next(f.claim(time.Hour))
+	expect := &store.ExpectedBinding{Agent: warm.Agent, Binding: "sha256:test"}
+	policies := []store.CrashPolicy{store.CrashRestart, store.CrashRestart, store.CrashRestart, store.CrashSleep,
+		store.CrashSleep, store.CrashDestroy}
+	keys := make([]store.ActorKey, len(policies))
+	for i, pol := range policies {
+		ss, _, err := f.s.CreateSession(f.ctx, store.CreateSessionParams{AgentUID: agent.UID,
+			SessionID: uuid.NewString(), CrashPolicy: pol})
+		must(t, err, "CreateSession")
+		keys[i] = ss.ActorKey
+	}
+	ctx, stop := context.WithTimeout(context.Background(), 4*time.Second)
+	defer stop()
+	bg := context.Background()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failures []error
+	fail := func(err error) {
+		mu.Lock()
+		failures = append(failures, err)
+		mu.Unlock()
+	}
+	var commits, failed, fenced, steered, cancelled, fired, redriven, destroyed atomic.Int64
+	done := func() bool { return ctx.Err() != nil }
+	// One worker per session: claim, dispatch, then commit with alarm ops
+	// (on a fence — steered or cancelled — commit the newest delivery
+	// instead) or, one turn in five, fail it counted.
+	for i, key := range keys {
+		s := stores[i%2]
+		wg.Go(func() {
+			var act store.Activation
+			claimed := false
+			for !done() {
+				if !claimed {
+					var err error
+					cp := store.ClaimActivationParams{Key: key, UID: uuid.NewString(),
+						LeaseID: uuid.NewString(), HostID: "h", LeaseTTL: time.Minute}
+					cp.First = &store.NextDeliveryParams{Activation: store.ActivationRef{UID: cp.UID, ActorKey: key,
+						ActorEpoch: 1, LeaseID: cp.LeaseID}, DeliveryID: uuid.NewString(), MarkSent: true,
+						Binding: "sha256:test", Expect: expect}
+					act, err = s.ClaimActivation(bg, cp)
+					switch {
+					case errors.Is(err, store.ErrSessionDestroyed):
+						return
+					case errors.Is(err, store.ErrSessionSleeping):
+						if _, err := s.WakeSession(bg, key); err != nil && !errors.Is(err, store.ErrSessionDestroyed) {
+							fail(fmt.Errorf("wake: %w", err))
+							return
+						}
+						continue
+					case err != nil:
+						fail(fmt.Errorf("claim: %w", err))
+						return
+					}
+					claimed = true
+				}
+				var d store.Dispatch
+				var err error
+				if act.First != nil {
+					d, act.First = *act.First, nil
+				} else {
+					d, err = s.NextDelivery(bg, store.NextDeliveryParams{Activation: act.Ref(),
+						DeliveryID: uuid.NewString(), Binding: "sha256:test", MarkSent: true, Expect: expect})
+				}
+				payloads := []string{string(d.Event.Payload)}
+				var nd *store.NoDueEventError
+				switch {
+				case errors.As(err, &nd):
+					_, _, err = s.AppendEvent(bg, store.AppendEventParams{Key: key, Kind: abi.EventMessage,
+						Payload: []byte(`{"message": "m"}`)})
+					if errors.Is(err, store.ErrSessionDestroyed) {
+						return
+					}
+					if err != nil {
+						fail(fmt.Errorf("append: %w", err))
+						return
+					}
+					continue
+				case errors.Is(err, store.ErrNotLive): // destroyed
+					claimed = false
+					continue
+				case err != nil:
+					fail(fmt.Errorf("next delivery: %w", err))
+					return
+				}
+				ref := d.Delivery.TurnRef()
+				failIt := rand.N(5) == 0
+				for !done() {
+					if failIt {
+						_, err = s.FailAttempt(bg, store.FailAttemptParams{Ref: ref, Error: "boom", Counted: true,
+							MaxAttempts: 2})
+						if err == nil {
+							failed.Add(1)
+							claimed = false // the activation failed
+							break
+						}
+					} else {
+						past := time.Now().Add(-time.Second)
+						_, err = s.CommitTurn(bg, store.CommitTurnParams{Ref: ref, KeepState: true, Payloads: payloads,
+							Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "r"}},
+							Alarms: []abi.AlarmOp{{Name: "a", At: &past}, {Name: "b", InMs: 1},
+								{Name: "c", Clear: true}}})
+						if err == nil {
+							commits.Add(1)
+							break
+						}
+					}
+					if !errors.Is(err, store.ErrFence) {
+						fail(fmt.Errorf("commit or fail (%v): %w", failIt, err))
+						return
+					}
+					fenced.Add(1)
+					in, err := s.InFlight(bg, act.Ref())
+					if errors.Is(err, store.ErrNotLive) {
+						break // cancelled (idle again) or destroyed (NextDelivery says)
+					}
+					if err != nil {
+						fail(fmt.Errorf("in flight: %w", err))
+						return
+					}
+					ref = in.Delivery.TurnRef()
+					payloads = nil // steered: the commit reads its payloads
+				}
+			}
+		})
+	}
+	// Steerers, cancellers, redrivers, sleepers, wakers; the destroyer.
+	for i := range 2 {
+		s := stores[i]
+		wg.Go(func() {
+			for !done() {
+				key := keys[rand.N(len(keys))]
+				r, err := s.Steer(bg, store.SteerParams{Key: key, DeliveryID: uuid.NewString(),
+					Payload: []byte(`{"message": "steer"}`)})
+				switch {
+				case err == nil && r.InFlight:
+					steered.Add(1)
+				case err == nil, errors.Is(err, store.ErrSessionDestroyed):
+				default:
+					fail(fmt.Errorf("steer: %w", err))
+					return
+				}
+				_, err = s.CancelEvent(bg, store.CancelEventParams{Key: keys[rand.N(len(keys))], Reason: "hammer"})
+				switch {
+				case err == nil:
+					cancelled.Add(1)
+				case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrConflict):
+				default:
+					fail(fmt.Errorf("cancel: %w", err))
+					return
+				}
+				dls, err := s.ListDeadLetters(bg, store.ListDeadLettersParams{AgentUID: agent.UID, Limit: 5})
+				if err != nil {
+					fail(fmt.Errorf("list dead letters: %w", err))
+					return
+				}
+				for _, dl := range dls {
+					_, err := s.RedriveEvent(bg, dl.Event.ActorKey, dl.Event.ID)
+					switch {
+					case err == nil:
+						redriven.Add(1)
+					case errors.Is(err, store.ErrConflict), errors.Is(err, store.ErrSessionDestroyed):
+					default:
+						fail(fmt.Errorf("redrive: %w", err))
+						return
+					}
+				}
+				key = keys[rand.N(len(keys))]
+				_, err = s.SleepSession(bg, store.SleepSessionParams{Key: key, Reason: "capacity"})
+				if err != nil && !errors.Is(err, store.ErrActivationLive) && !errors.Is(err, store.ErrSessionDestroyed) {
+					fail(fmt.Errorf("sleep: %w", err))
+					return
+				}
+				if _, err := s.WakeSession(bg, key); err != nil && !errors.Is(err, store.ErrSessionDestroyed) {
+					fail(fmt.Errorf("wake: %w", err))
+					return
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		select {
+		case <-time.After(3 * time.Second):
+		case <-ctx.Done():
+			return
+		}
+		for _, key := range keys[:2] {
+			if _, err := stores[1].DestroySession(bg, key); err != nil {
+				fail(fmt.Errorf("destroy: %w", err))
+				return
+			}
+			destroyed.Add(1)
+		}
+	})
+	// Firers on both stores.
+	for i := range 2 {
+		s := stores[i]
+		wg.Go(func() {
+			for !done() {
+				got, err := s.FireDueAlarms(bg, 10)
+				if err != nil {
+					fail(fmt.Errorf("fire: %w", err))
+					return
+				}
+				fired.Add(int64(len(got)))
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range failures {
+		t.Error(err)
+	}
+	t.Logf("commits %d, counted failures %d, fenced replies %d, steers in flight %d, cancels %d, redrives %d, "+
+		"alarm keys %d, destroyed %d", commits.Load(), failed.Load(), fenced.Load(), steered.Load(), cancelled.Load(),
+		redriven.Load(), fired.Load(), destroyed.Load())
+	if commits.Load() == 0 || failed.Load() == 0 || steered.Load() == 0 || fired.Load() == 0 || cancelled.Load() == 0 {
+		t.Errorf("the hammer did not exercise every path")
+	}
+	// Every done steer closed with the event it was attached to; a
+	// destroyed session has no open event; a turn per done event.
+	for _, key := range keys {
+		ss, err := stores[0].GetSession(bg, key)
+		must(t, err, "GetSession")
+		evs, err := stores[0].ListEvents(bg, store.ListEventsParams{Key: key, Limit: 1000})
+		must(t, err, "ListEvents")
+		turns, err := stores[0].Transcript(bg, store.TranscriptParams{Key: key, Limit: 1000})
+		must(t, err, "Transcript")
+		turnOf := map[int64]int64{}
+		for _, turn := range turns {
+			if prev, dup := turnOf[turn.EventID]; dup {
+				t.Errorf("session %v: event %d committed as turns %d and %d", key, turn.EventID, prev, turn.TurnNo)
+			}
+			turnOf[turn.EventID] = turn.TurnNo
+		}
+		status := map[int64]store.EventStatus{}
+		for _, e := range evs {
+			status[e.ID] = e.Status
+		}
+		for _, e := range evs {
+			if e.SteerOf != 0 && e.Status == store.EventDone && status[e.SteerOf] != store.EventDone {
+				t.Errorf("steer %d is done but its event %d is %s", e.ID, e.SteerOf, status[e.SteerOf])
+			}
+			if ss.Status == store.SessionDestroyed && e.Status == store.EventOpen {
+				t.Errorf("destroyed session %v has open event %d", key, e.ID)
+			}
+		}
+		if ss.OpenEvents != int64(countStatus(evs, store.EventOpen)) ||
+			ss.DeadLetters != int64(countStatus(evs, store.EventDeadLetter)) {
+			t.Errorf("session %v counters %+v disagree with its events", key, ss)
+		}
+	}
+	// Close both stores so that their backends exit (flushing their
+	// statistics), then read the server's deadlock counter.
+	for _, s := range stores {
+		_ = s.Close()
+	}
+	if n := deadlocks(t, dsn); n != 0 {
+		t.Fatalf("PostgreSQL detected %d deadlocks", n)
+	}
+}
