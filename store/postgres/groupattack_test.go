@@ -285,7 +285,8 @@ func TestGroupAttackCancelledCallersAndClose(t *testing.T) {
 
 // fatalProxy forwards PostgreSQL connections to target and, once armed,
 // replaces the next ReadyForQuery that follows a data row with an
-// ErrorResponse of severity FATAL and closes the connection: what a
+// ErrorResponse of severity FATAL (or nothing, when silent) and closes the
+// connection: what a
 // backend sends when the postmaster makes it quit (SQLSTATE 57P02, a crash
 // of another backend; 57P01, a fast shutdown) after its transaction
 // committed but before it said so. The server has committed; the client
@@ -295,6 +296,8 @@ type fatalProxy struct {
 	target string
 	armed  atomic.Bool
 	fired  atomic.Int64
+	// silent: close the connection instead of sending FATAL.
+	silent atomic.Bool
 }
 
 // newFatalProxy starts a proxy to dsn's server and returns it with a DSN
@@ -366,7 +369,9 @@ func (p *fatalProxy) handle(c net.Conn) {
 		case 'Z':
 			if sawRow && p.armed.CompareAndSwap(true, false) {
 				p.fired.Add(1)
-				_, _ = c.Write(fatalAfterCommit)
+				if !p.silent.Load() {
+					_, _ = c.Write(fatalAfterCommit)
+				}
 				return
 			}
 			sawRow = false
@@ -417,7 +422,7 @@ func TestGroupCommitFatalAfterCommitIsNotRerun(t *testing.T) {
 // TestFatalAfterCommitIsNotExplainedAsARefusal: an activation claim that
 // carries its first turn's claim, and a commit that carries the next
 // turn's claim, whose transaction committed but whose connection then
-// reported FATAL, are not run again without the claim they carried — with
+// reported FATAL (or closed), are not run again without the claim they carried — with
 // the group commit and without. Run again, the claim found its own
 // activation live and the commit its own turn done, and the caller was
 // told a live activation exists or its turn was superseded when both were
@@ -425,10 +430,12 @@ func TestGroupCommitFatalAfterCommitIsNotRerun(t *testing.T) {
 // is reported as such.
 func TestFatalAfterCommitIsNotExplainedAsARefusal(t *testing.T) {
 	t.Parallel()
-	for _, grouped := range []bool{true, false} {
-		t.Run(fmt.Sprint("grouped=", grouped), func(t *testing.T) {
+	for _, c := range []struct{ grouped, silent bool }{{true, false}, {false, false}, {true, true}, {false, true}} {
+		grouped := c.grouped
+		t.Run(fmt.Sprintf("grouped=%v,closed=%v", c.grouped, c.silent), func(t *testing.T) {
 			ctx := context.Background()
 			p, proxied := newFatalProxy(t, pgtest.DSN(t))
+			p.silent.Store(c.silent)
 			var opts []postgres.Option
 			if !grouped {
 				opts = append(opts, postgres.WithoutGroupCommit())

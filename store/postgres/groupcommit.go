@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -268,12 +270,17 @@ func endsConnection(e *pgconn.PgError) bool {
 	return sev == "FATAL" || sev == "PANIC"
 }
 
-// connectionEnded reports whether err is a server error of severity FATAL
-// or PANIC (endsConnection): its transaction may have committed, so the
-// request must not run again.
+// connectionEnded reports whether err ended the connection rather than
+// the transaction: a server error of severity FATAL or PANIC
+// (endsConnection), the connection closed or timed out. The transaction
+// may have committed, so the request must not run again.
 func connectionEnded(err error) bool {
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && endsConnection(pe)
+	if errors.As(err, &pe) {
+		return endsConnection(pe)
+	}
+	var ne net.Error
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne) || pgconn.Timeout(err)
 }
 
 // groups are the kinds of request of s's group commit, sharing one
