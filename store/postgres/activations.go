@@ -88,8 +88,9 @@ func (s *Store) claimActivation(ctx context.Context, p store.ClaimActivationPara
 			return s.claimRefusal(ctx, p)
 		case isCheck(err, checkActivationLive):
 			return fmt.Errorf("session %s: %w", p.Key, store.ErrActivationLive)
-		case err != nil && p.First != nil && q.claimed:
-			// The activation's statement passed; the first turn's refused.
+		case err != nil && p.First != nil && q.claimed && !connectionEnded(err):
+			// The activation's statement passed; the first turn's refused
+			// (not the connection: the claim may have committed).
 			return &firstRefusal{err: dispatchErr(p.First.DeliveryID, err)}
 		case pgCode(err) == codeUniqueViolation:
 			return fmt.Errorf("activation %s: %w", p.UID, store.ErrConflict)

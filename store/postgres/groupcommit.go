@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -245,7 +247,10 @@ func live(batch []groupItem) []groupItem {
 // the server refused a statement (a deadlock, a check that raised), so the
 // transaction rolled back and nothing of the batch was written — each
 // request then runs on its own path. Any other error (the connection) is
-// the batch's: it may have committed.
+// the batch's: it may have committed. So is an error of severity FATAL or
+// PANIC: a backend the postmaster makes quit (a crash of another backend,
+// a shutdown) may send it after its transaction committed, in place of
+// ReadyForQuery; run again, the batch would be written twice.
 func (s *Store) sendGroup(first context.Context, b *pgx.Batch, n int) (refused bool, err error) {
 	ctx, cancel := withDeadline(context.WithoutCancel(first), s.callTimeout)
 	defer cancel()
@@ -254,10 +259,30 @@ func (s *Store) sendGroup(first context.Context, b *pgx.Batch, n int) (refused b
 	switch {
 	case err == nil:
 		return false, nil
-	case errors.As(err, &pgErr):
+	case errors.As(err, &pgErr) && !endsConnection(pgErr):
 		return true, nil
 	}
 	return false, fmt.Errorf("group commit of %d requests: %w", n, err)
+}
+
+// endsConnection reports whether e has severity FATAL or PANIC: the
+// backend ends the connection, whether or not its transaction committed.
+func endsConnection(e *pgconn.PgError) bool {
+	sev := cmp.Or(e.SeverityUnlocalized, e.Severity)
+	return sev == "FATAL" || sev == "PANIC"
+}
+
+// connectionEnded reports whether err ended the connection rather than
+// the transaction: a server error of severity FATAL or PANIC
+// (endsConnection), the connection closed or timed out. The transaction
+// may have committed, so the request must not run again.
+func connectionEnded(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return endsConnection(pe)
+	}
+	var ne net.Error
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne) || pgconn.Timeout(err)
 }
 
 // groups are the kinds of request of s's group commit, sharing one

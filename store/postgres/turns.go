@@ -582,7 +582,7 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	}
 	t, err := s.commitTurn(ctx, p, alarms, next)
 	var fe *store.FenceError
-	if err != nil && next != nil && !errors.As(err, &fe) && ctx.Err() == nil {
+	if err != nil && next != nil && !errors.As(err, &fe) && !connectionEnded(err) && ctx.Err() == nil {
 		t, err = s.commitTurn(ctx, p, alarms, nil)
 	}
 	return t, err
