@@ -172,16 +172,9 @@ func TestGroupCommitOfConcurrentDispatchesAndCommits(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tr := &batchCounter{}
-	s, err := postgres.Open(ctx, pgtest.DSN(t), postgres.WithTracer(tr))
-	must(t, err, "Open")
-	t.Cleanup(func() { _ = s.Close() })
-	f := newFixtureOn(t, s)
+	s, f := openTraced(t, tr)
 	const sessions, rounds = 16, 6
-	acts := make([]store.Activation, sessions)
-	for i := range acts {
-		f.key = f.session(f.key.AgentUID)
-		acts[i] = f.claim(time.Hour)
-	}
+	acts := liveSessions(f, sessions)
 	var last []abi.TurnRef // the refs committed in the round before
 	var batches int64      // of the rounds without replays
 	var expect *store.ExpectedBinding
@@ -245,12 +238,8 @@ func TestGroupCommitOfConcurrentDispatchesAndCommits(t *testing.T) {
 				continue // replays in odd rounds only: the even ones count batches
 			}
 			wg.Go(func() {
-				_, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: ref, Outcome: abi.OutcomeOK, KeepState: true,
-					Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "MUST NOT BE WRITTEN"}},
-					Payloads: []string{`{"message":"replayed"}`}})
-				var fe *store.FenceError
-				if !errors.As(err, &fe) || fe.Reason != store.FenceSupersededDelivery {
-					errs <- fmt.Errorf("replay of %s: %v, want a superseded_delivery refusal", ref, err)
+				if err := replayRefused(ctx, s, ref); err != nil {
+					errs <- err
 				}
 			})
 		}
@@ -519,15 +508,11 @@ func TestGroupCommitOfMixedKinds(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	tr := &kindsTracer{}
-	s, err := postgres.Open(ctx, pgtest.DSN(t), postgres.WithTracer(tr))
-	must(t, err, "Open")
-	t.Cleanup(func() { _ = s.Close() })
-	f := newFixtureOn(t, s)
+	s, f := openTraced(t, tr)
 	const sessions, rounds = 12, 6
-	acts := make([]store.Activation, sessions)
-	for i := range acts {
-		f.key = f.session(f.key.AgentUID)
-		acts[i] = f.claim(time.Hour)
+	acts := liveSessions(f, sessions)
+	for i, a := range acts {
+		f.key = a.ActorKey
 		f.append(fmt.Sprintf("m0-s%d", i))
 	}
 	var last []abi.TurnRef
@@ -570,12 +555,8 @@ func TestGroupCommitOfMixedKinds(t *testing.T) {
 			}
 			wg.Go(func() {
 				<-start
-				_, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: ref, Outcome: abi.OutcomeOK, KeepState: true,
-					Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "MUST NOT BE WRITTEN"}},
-					Payloads: []string{`{"message":"replayed"}`}})
-				var fe *store.FenceError
-				if !errors.As(err, &fe) || fe.Reason != store.FenceSupersededDelivery {
-					errs <- fmt.Errorf("replay of %s: %v, want a superseded_delivery refusal", ref, err)
+				if err := replayRefused(ctx, s, ref); err != nil {
+					errs <- err
 				}
 			})
 		}
@@ -620,4 +601,38 @@ func TestGroupCommitOfMixedKinds(t *testing.T) {
 		t.Fatalf("no batch of %d held both a commit and an append: the kinds were not grouped together", tr.batches.Load())
 	}
 	t.Logf("%d batches held both a commit and an append", tr.mixed.Load())
+}
+
+// openTraced opens a store on a fresh database with tracer, and the
+// fixture on it.
+func openTraced(t *testing.T, tracer pgx.QueryTracer) (*postgres.Store, *fixture) {
+	t.Helper()
+	s, err := postgres.Open(context.Background(), pgtest.DSN(t), postgres.WithTracer(tracer))
+	must(t, err, "Open")
+	t.Cleanup(func() { _ = s.Close() })
+	return s, newFixtureOn(t, s)
+}
+
+// liveSessions creates n sessions of f's agent, each with a live
+// activation of an hour's lease.
+func liveSessions(f *fixture, n int) []store.Activation {
+	acts := make([]store.Activation, n)
+	for i := range acts {
+		f.key = f.session(f.key.AgentUID)
+		acts[i] = f.claim(time.Hour)
+	}
+	return acts
+}
+
+// replayRefused commits ref, a turn committed already, again; it returns
+// an error unless the fence refused it as superseded.
+func replayRefused(ctx context.Context, s *postgres.Store, ref abi.TurnRef) error {
+	_, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: ref, Outcome: abi.OutcomeOK, KeepState: true,
+		Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "MUST NOT BE WRITTEN"}},
+		Payloads: []string{`{"message":"replayed"}`}})
+	var fe *store.FenceError
+	if !errors.As(err, &fe) || fe.Reason != store.FenceSupersededDelivery {
+		return fmt.Errorf("replay of %s: %v, want a superseded_delivery refusal", ref, err)
+	}
+	return nil
 }

@@ -343,7 +343,11 @@ func TestLifecycleWritesNotify(t *testing.T) {
 // see the package doc) must keep PostgreSQL from ever detecting a deadlock
 // (the driver would retry one silently, so the test reads the server's own
 // counter), and every event must end consistent.
-func TestLifecycleHammerHasNoDeadlocks(t *testing.T) {
+func TestLifecycleHammerHasNoDeadlocks(t *testing.T) { lifecycleHammer(t, false) }
+
+// lifecycleHammer is TestLifecycleHammerHasNoDeadlocks; grouped puts its
+// turn loop on the group commit's paths (TestGroupAttackHammerHasNoDeadlocks).
+func lifecycleHammer(t *testing.T, grouped bool) {
 	if testing.Short() {
 		t.Skip("hammer")
 	}
@@ -352,6 +356,12 @@ func TestLifecycleHammerHasNoDeadlocks(t *testing.T) {
 	f := newFixtureOn(t, stores[0])
 	agent, err := f.s.GetAgent(f.ctx, store.DefaultNamespace, "agent")
 	must(t, err, "GetAgent")
+	var expect *store.ExpectedBinding // the one-statement dispatch's
+	if grouped {
+		f.append("warm")
+		warm := f.next(f.claim(time.Hour))
+		expect = &store.ExpectedBinding{Agent: warm.Agent, Binding: "sha256:test"}
+	}
 	policies := []store.CrashPolicy{store.CrashRestart, store.CrashRestart, store.CrashRestart, store.CrashSleep,
 		store.CrashSleep, store.CrashDestroy}
 	keys := make([]store.ActorKey, len(policies))
@@ -385,8 +395,14 @@ func TestLifecycleHammerHasNoDeadlocks(t *testing.T) {
 			for !done() {
 				if !claimed {
 					var err error
-					act, err = s.ClaimActivation(bg, store.ClaimActivationParams{Key: key, UID: uuid.NewString(),
-						LeaseID: uuid.NewString(), HostID: "h", LeaseTTL: time.Minute})
+					cp := store.ClaimActivationParams{Key: key, UID: uuid.NewString(),
+						LeaseID: uuid.NewString(), HostID: "h", LeaseTTL: time.Minute}
+					if grouped {
+						cp.First = &store.NextDeliveryParams{Activation: store.ActivationRef{UID: cp.UID, ActorKey: key,
+							ActorEpoch: 1, LeaseID: cp.LeaseID}, DeliveryID: uuid.NewString(), MarkSent: true,
+							Binding: "sha256:test", Expect: expect}
+					}
+					act, err = s.ClaimActivation(bg, cp)
 					switch {
 					case errors.Is(err, store.ErrSessionDestroyed):
 						return
@@ -402,8 +418,18 @@ func TestLifecycleHammerHasNoDeadlocks(t *testing.T) {
 					}
 					claimed = true
 				}
-				d, err := s.NextDelivery(bg, store.NextDeliveryParams{Activation: act.Ref(),
-					DeliveryID: uuid.NewString(), Binding: "sha256:test", MarkSent: true})
+				var d store.Dispatch
+				var err error
+				if act.First != nil {
+					d, act.First = *act.First, nil
+				} else {
+					d, err = s.NextDelivery(bg, store.NextDeliveryParams{Activation: act.Ref(),
+						DeliveryID: uuid.NewString(), Binding: "sha256:test", MarkSent: true, Expect: expect})
+				}
+				var payloads []string // the commit reads them
+				if grouped {
+					payloads = []string{string(d.Event.Payload)}
+				}
 				var nd *store.NoDueEventError
 				switch {
 				case errors.As(err, &nd):
@@ -437,7 +463,7 @@ func TestLifecycleHammerHasNoDeadlocks(t *testing.T) {
 						}
 					} else {
 						past := time.Now().Add(-time.Second)
-						_, err = s.CommitTurn(bg, store.CommitTurnParams{Ref: ref, KeepState: true,
+						_, err = s.CommitTurn(bg, store.CommitTurnParams{Ref: ref, KeepState: true, Payloads: payloads,
 							Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "r"}},
 							Alarms: []abi.AlarmOp{{Name: "a", At: &past}, {Name: "b", InMs: 1},
 								{Name: "c", Clear: true}}})
@@ -460,6 +486,7 @@ func TestLifecycleHammerHasNoDeadlocks(t *testing.T) {
 						return
 					}
 					ref = in.Delivery.TurnRef()
+					payloads = nil // steered: the commit reads its payloads
 				}
 			}
 		})
@@ -563,6 +590,15 @@ func TestLifecycleHammerHasNoDeadlocks(t *testing.T) {
 		must(t, err, "GetSession")
 		evs, err := stores[0].ListEvents(bg, store.ListEventsParams{Key: key, Limit: 1000})
 		must(t, err, "ListEvents")
+		turns, err := stores[0].Transcript(bg, store.TranscriptParams{Key: key, Limit: 1000})
+		must(t, err, "Transcript")
+		turnOf := map[int64]int64{}
+		for _, turn := range turns {
+			if prev, dup := turnOf[turn.EventID]; dup {
+				t.Errorf("session %v: event %d committed as turns %d and %d", key, turn.EventID, prev, turn.TurnNo)
+			}
+			turnOf[turn.EventID] = turn.TurnNo
+		}
 		status := map[int64]store.EventStatus{}
 		for _, e := range evs {
 			status[e.ID] = e.Status
