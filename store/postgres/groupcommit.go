@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -263,26 +261,6 @@ func (s *Store) sendGroup(first context.Context, b *pgx.Batch, n int) (refused b
 		return true, nil
 	}
 	return false, fmt.Errorf("group commit of %d requests: %w", n, err)
-}
-
-// endsConnection reports whether e has severity FATAL or PANIC: the
-// backend ends the connection, whether or not its transaction committed.
-func endsConnection(e *pgconn.PgError) bool {
-	sev := cmp.Or(e.SeverityUnlocalized, e.Severity)
-	return sev == "FATAL" || sev == "PANIC"
-}
-
-// connectionEnded reports whether err ended the connection rather than
-// the transaction: a server error of severity FATAL or PANIC
-// (endsConnection), the connection closed or timed out. The transaction
-// may have committed, so the request must not run again.
-func connectionEnded(err error) bool {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return endsConnection(pe)
-	}
-	var ne net.Error
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne) || pgconn.Timeout(err)
 }
 
 // groups are the kinds of request of s's group commit, sharing one

@@ -54,12 +54,15 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math/rand/v2"
+	"net"
 	"runtime"
 	"strings"
 	"sync"
@@ -413,6 +416,26 @@ func retryable(err error) bool {
 		return true
 	}
 	return false
+}
+
+// endsConnection reports whether e has severity FATAL or PANIC: the
+// backend ends the connection, whether or not its transaction committed.
+func endsConnection(e *pgconn.PgError) bool {
+	sev := cmp.Or(e.SeverityUnlocalized, e.Severity)
+	return sev == "FATAL" || sev == "PANIC"
+}
+
+// connectionEnded reports whether err ended the connection rather than
+// the transaction: a server error of severity FATAL or PANIC
+// (endsConnection), the connection closed or timed out. The transaction
+// may have committed, so the request must not run again.
+func connectionEnded(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return endsConnection(pe)
+	}
+	var ne net.Error
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne) || pgconn.Timeout(err)
 }
 
 // notFound maps pgx.ErrNoRows to store.ErrNotFound.
