@@ -173,17 +173,6 @@ func attackWorkers(s *postgres.Store, acts []store.Activation, o *attackOutcome,
 	}
 }
 
-// attackSessions creates n sessions on f's agent, each with an active
-// activation.
-func attackSessions(f *fixture, n int) []store.Activation {
-	acts := make([]store.Activation, n)
-	for i := range acts {
-		f.key = f.session(f.key.AgentUID)
-		acts[i] = f.claim(time.Hour)
-	}
-	return acts
-}
-
 // TestGroupAttackConnectionKilledMidBatch: while appends and turns of
 // many sessions go through the group commit, another connection keeps
 // terminating the store's backends (pg_terminate_backend), so batches die
@@ -200,7 +189,7 @@ func TestGroupAttackConnectionKilledMidBatch(t *testing.T) {
 	must(t, err, "Open")
 	t.Cleanup(func() { _ = s.Close() })
 	f := newFixtureOn(t, s)
-	acts := attackSessions(f, 12)
+	acts := liveSessions(f, 12)
 	killer, err := pgx.Connect(ctx, dsn)
 	must(t, err, "Connect")
 	defer killer.Close(ctx)
@@ -248,7 +237,7 @@ func TestGroupAttackCancelledCallersAndClose(t *testing.T) {
 	s, err := postgres.Open(ctx, dsn)
 	must(t, err, "Open")
 	f := newFixtureOn(t, s)
-	acts := attackSessions(f, 16)
+	acts := liveSessions(f, 16)
 
 	o := newAttackOutcome()
 	stop, cancelStop := context.WithCancel(ctx)
