@@ -124,7 +124,8 @@ func checkAttackedSessions(t *testing.T, s *postgres.Store, keys []store.ActorKe
 
 // attackWorkers starts, on s, per session one appender (sequential
 // appends with unique payloads) and, on half of the sessions, one turn
-// loop (a dispatch, then a commit that carries its payload, both grouped);
+// loop (a dispatch on the locked path, then a commit that carries its
+// payload, grouped);
 // they run until stop ends, tolerate errors, and record what they were
 // told in o. ctxOf gives each call its context.
 func attackWorkers(s *postgres.Store, acts []store.Activation, o *attackOutcome, stop context.Context,
