@@ -92,7 +92,9 @@ type call struct {
 // supersede, stalled send) the turn fails at once with KindWorkerLost —
 // within HeartbeatTimeout of the worker going silent, whatever ctx's
 // deadline. ctx's deadline is sent with the turn; when ctx ends the
-// broker sends CANCEL and Turn returns KindTimeout or KindCanceled. Steers
+// broker sends CANCEL and Turn returns KindTimeout or KindCanceled, also
+// when a RESULT is read after ctx ended (a result is used only while the
+// caller still waits for it). Steers
 // from abi.WithSteers go out as STEER messages. The worker's host calls
 // (CALL) are answered through ctx's abi.Caller (abi.WithCaller; none:
 // not_configured) under ctx, so the turn's end aborts them.
@@ -251,6 +253,14 @@ func (i *Instance) run(ctx context.Context, s *session, c *call, req *abi.TurnRe
 				b.st.busy.Add(1)
 				return nil, true, nil
 			case wire.KindResult:
+				if err := ctx.Err(); err != nil {
+					// The turn's context ended before its result was read:
+					// the caller has given up on this turn (a cancel or its
+					// deadline), so the result is not used, whichever of
+					// the two the select saw first. The worker has already
+					// ended the turn; no CANCEL is due.
+					return nil, false, i.fail(s, ctxKind(ctx), "", accepted, err, req)
+				}
 				return i.result(s, ev.body, req, allowed)
 			case wire.KindError:
 				var e wire.Error
