@@ -131,6 +131,11 @@ type Instance struct {
 	mu     sync.Mutex // serialises Turn, guards turns and mod's memory
 	turns  int
 	closed atomic.Bool
+	// stopMu guards stop: the cancel of the turn in the guest, nil between
+	// turns. Close cancels a running turn instead of closing the module
+	// under its code; the turn closes it when the guest has returned.
+	stopMu sync.Mutex
+	stop   context.CancelFunc
 	// callStart is when the guest call being made started (its deadline is
 	// reported as a duration from there).
 	callStart time.Time
@@ -147,8 +152,12 @@ func (r *Runtime) instantiate(ctx context.Context, digest string, compiled wazer
 	defer inst.glog.endTurn(ictx)
 	// The initialiser belongs to no event: a host call made there answers
 	// not_configured, whatever Caller ctx carries.
-	gctx := withTurnCalls(withGuestLog(abi.WithCaller(ictx, nil), inst.glog), &turnCalls{digest: digest})
+	gctx, leave, err := r.enter(withTurnCalls(withGuestLog(abi.WithCaller(ictx, nil), inst.glog), &turnCalls{digest: digest}))
+	if err != nil {
+		return nil, err
+	}
 	mod, err := r.wz.InstantiateModule(gctx, compiled, cfg)
+	leave()
 	if err != nil {
 		if r.isClosed() {
 			return nil, ErrClosed
@@ -204,18 +213,39 @@ func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnRes
 	i.callStart = time.Now()
 	ctx, cancel := context.WithTimeout(ctx, i.rt.cfg.TurnTimeout)
 	defer cancel()
+	gctx, leave, err := i.rt.enter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer leave()
+	i.stopMu.Lock()
+	if i.closed.Load() {
+		i.stopMu.Unlock()
+		return nil, ErrInstanceClosed
+	}
+	i.stop = cancel
+	i.stopMu.Unlock()
+	defer func() {
+		i.stopMu.Lock()
+		i.stop = nil
+		i.stopMu.Unlock()
+	}()
 	ref := req.TurnRef.String()
 	i.glog.startTurn(ref)
 	defer i.glog.endTurn(ctx)
 	var steers *turnSteers
 	// Host calls go through the Caller the controller put in ctx
 	// (abi.WithCaller), under the turn's deadline.
-	callCtx := withTurnCalls(withGuestLog(ctx, i.glog), &turnCalls{digest: i.digest})
+	callCtx := withTurnCalls(withGuestLog(gctx, i.glog), &turnCalls{digest: i.digest})
 	if ch := abi.SteersOf(ctx); ch != nil {
 		steers = &turnSteers{ch: ch, log: i.rt.log, digest: i.digest, glog: i.glog}
 		callCtx = withTurnSteers(callCtx, steers)
 	}
 	res, err := i.runTurn(callCtx, req, in, steers)
+	if err == nil && i.closed.Load() {
+		// Closed while the guest ran, which returned before it noticed.
+		err = &TurnError{Kind: KindCanceled, Op: ExportTurn, Digest: i.digest, Err: ErrInstanceClosed}
+	}
 	if err != nil {
 		var te *TurnError
 		if !errors.As(err, &te) {
@@ -380,6 +410,15 @@ func (i *Instance) Closed() bool { return i.closed.Load() }
 // Calling Close again returns nil.
 func (i *Instance) Close(ctx context.Context) error {
 	if i.closed.Swap(true) {
+		return nil
+	}
+	i.stopMu.Lock()
+	stop := i.stop
+	i.stopMu.Unlock()
+	if stop != nil {
+		// A turn is in the guest: stop it; it closes the module when the
+		// guest has returned.
+		stop()
 		return nil
 	}
 	if err := i.mod.Close(ctx); err != nil {

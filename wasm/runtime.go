@@ -16,8 +16,10 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/wasm/internal/interrupt"
 )
 
 // Names of the wasm guest ABI (abi/README.md, "Wasm guest ABI").
@@ -211,6 +213,12 @@ type Runtime struct {
 	mu      sync.Mutex
 	closed  bool
 	modules map[string]*module // by digest
+	// closing ends with Close: the guest calls in flight (running, under
+	// mu) stop at their next fuel check or host call, and Close waits for
+	// them before it releases the instances' memory.
+	closing    context.Context
+	stopGuests context.CancelFunc
+	running    sync.WaitGroup
 }
 
 // module is one digest's compilation, shared by the Load calls that wait
@@ -233,10 +241,12 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Runtime, error)
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	// No WithCloseOnContextDone: modules carry a fuel check instead
+	// (compile, interrupt.Instrument; see the package doc).
 	rc := wazero.NewRuntimeConfig().
-		WithCloseOnContextDone(true). // the only way to stop a spinning guest; see package doc
 		WithMemoryLimitPages(cfg.MemoryLimitPages)
 	r := &Runtime{cfg: cfg, log: logger, modules: map[string]*module{}}
+	r.closing, r.stopGuests = context.WithCancel(context.WithoutCancel(ctx))
 	if cfg.CacheDir != "" {
 		r.cache, err = wazero.NewCompilationCacheWithDir(cfg.CacheDir)
 		if err != nil {
@@ -254,6 +264,16 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Runtime, error)
 	}
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r.wz); err != nil {
 		return fail(fmt.Errorf("wasm: instantiate WASI: %w", err))
+	}
+	// The fuel check's yield (interrupt.Instrument). Its module is not in
+	// r.imports, so no module may import it itself.
+	if _, err := r.wz.NewHostModuleBuilder(interruptModule().Import).
+		NewFunctionBuilder().
+		WithGoModuleFunction(api.GoModuleFunc(hostYield), nil, []api.ValueType{api.ValueTypeI32}).
+		WithResultNames("fuel").
+		Export(interruptModule().Name).
+		Instantiate(ctx); err != nil {
+		return fail(fmt.Errorf("wasm: instantiate host module %q: %w", interruptModule().Import, err))
 	}
 	host, err := r.wz.NewHostModuleBuilder(HostModule).
 		NewFunctionBuilder().
@@ -397,8 +417,12 @@ func (r *Runtime) compile(ctx context.Context, digest string, wasm []byte) (waze
 		before = r.cacheFiles()
 	}
 	start := time.Now()
+	instrumented, err := interrupt.Instrument(wasm, interruptModule(), fuelPerYield)
+	if err != nil {
+		return nil, info, &ModuleError{Digest: digest, Reason: ReasonInvalidWasm, Err: err}
+	}
 	workers := min(runtime.GOMAXPROCS(0), 4)
-	compiled, err := r.wz.CompileModule(experimental.WithCompilationWorkers(ctx, workers), wasm)
+	compiled, err := r.wz.CompileModule(experimental.WithCompilationWorkers(ctx, workers), instrumented)
 	info.CompileTime = time.Since(start)
 	if err != nil {
 		if r.isClosed() {
@@ -439,8 +463,12 @@ func (r *Runtime) probeVersion(ctx context.Context, digest string, compiled waze
 	inst.callStart = time.Now()
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.InitTimeout)
 	defer cancel()
-	gctx := withTurnCalls(withGuestLog(abi.WithCaller(cctx, nil), inst.glog), &turnCalls{digest: digest})
+	gctx, leave, err := r.enter(withTurnCalls(withGuestLog(abi.WithCaller(cctx, nil), inst.glog), &turnCalls{digest: digest}))
+	if err != nil {
+		return 0, err
+	}
 	out, err := inst.mod.ExportedFunction(ExportABIVersion).Call(gctx)
+	leave()
 	if err != nil {
 		return 0, &ModuleError{Digest: digest, Reason: ReasonInitFailed,
 			Err: inst.classify(cctx, "paddock_abi_version", err)}
@@ -499,7 +527,8 @@ func (r *Runtime) Instantiate(ctx context.Context, digest string) (*Instance, er
 
 // Close closes every instance and compiled module of the Runtime and
 // releases the compilation cache (its directory stays). Turns in progress
-// fail. Calling Close again returns nil.
+// fail (KindCanceled): Close stops them at their next fuel check or host
+// call and waits for them. Calling Close again returns nil.
 func (r *Runtime) Close(ctx context.Context) error {
 	r.mu.Lock()
 	if r.closed {
@@ -509,6 +538,11 @@ func (r *Runtime) Close(ctx context.Context) error {
 	r.closed = true
 	r.modules = map[string]*module{}
 	r.mu.Unlock()
+	// Stop the guests in flight and wait for them to leave: closing a
+	// module releases its memory, which must not happen under running
+	// code.
+	r.stopGuests()
+	r.running.Wait()
 	err := r.wz.Close(ctx)
 	if r.cache != nil {
 		err = errors.Join(err, r.cache.Close(ctx))
@@ -523,4 +557,51 @@ func (r *Runtime) isClosed() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.closed
+}
+
+// fuelPerYield is the fuel a guest gets at a time: function entries and
+// loop iterations between two calls to hostYield (≈ 0.1-0.5 ms of guest
+// code; the yield itself costs a host call, ≈ 0.1 µs). It bounds how long
+// a guest can hold off a stop, and the Go garbage collector's
+// stop-the-world.
+const fuelPerYield = 1 << 16
+
+// interruptModule is the yield import interrupt.Instrument adds.
+func interruptModule() interrupt.Module {
+	return interrupt.Module{Import: "paddock_interrupt", Name: "yield"}
+}
+
+// hostYield is the fuel check's yield: it stops the guest call (a
+// sys.ExitError, which wazero returns from the call as is) when its ctx
+// ended — the turn's deadline, its cancellation, Instance.Close or
+// Runtime.Close — else it answers the next fuel.
+func hostYield(ctx context.Context, _ api.Module, stack []uint64) {
+	if err := ctx.Err(); err != nil {
+		code := uint32(sys.ExitCodeContextCanceled)
+		if errors.Is(err, context.DeadlineExceeded) {
+			code = sys.ExitCodeDeadlineExceeded
+		}
+		panic(sys.NewExitError(code))
+	}
+	stack[0] = api.EncodeI32(fuelPerYield)
+}
+
+// enter registers a guest call about to run under ctx: the returned ctx
+// also ends when the Runtime closes, and leave must be called when the
+// call returned. Errors: ErrClosed.
+func (r *Runtime) enter(ctx context.Context) (context.Context, func(), error) {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil, nil, ErrClosed
+	}
+	r.running.Add(1)
+	r.mu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(r.closing, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+		r.running.Done()
+	}, nil
 }

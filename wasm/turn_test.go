@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -220,6 +221,38 @@ func TestTurnStopsOnCallerContext(t *testing.T) {
 		time.AfterFunc(200*time.Millisecond, cancel)
 		_, err := inst.Turn(ctx, request("nap 600000", nil, 1))
 		turnError(t, err, wasm.KindCanceled)
+	})
+	t.Run("spin leaves the GC free", func(t *testing.T) {
+		// wazero's native code has no preemption point: a guest that never
+		// left it would block the GC's stop-the-world, and every goroutine
+		// with it, until the turn's end. The fuel check's yields let a GC
+		// finish while the guest still spins.
+		t.Parallel()
+		inst := b.instance(t, b.faulty(t))
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		turnDone := make(chan error, 1)
+		go func() {
+			_, err := inst.Turn(ctx, request("loop", nil, 1))
+			turnDone <- err
+		}()
+		time.Sleep(100 * time.Millisecond) // let the guest spin
+		for range 3 {
+			gcDone := make(chan struct{})
+			go func() { runtime.GC(); close(gcDone) }()
+			select {
+			case <-gcDone:
+			case err := <-turnDone:
+				t.Fatalf("the turn ended (%v) before a GC started while it spun could finish", err)
+			}
+		}
+		select {
+		case err := <-turnDone:
+			t.Fatalf("the spinning turn ended by itself: %v", err)
+		default:
+		}
+		cancel()
+		turnError(t, <-turnDone, wasm.KindCanceled)
 	})
 	t.Run("close", func(t *testing.T) {
 		t.Parallel()

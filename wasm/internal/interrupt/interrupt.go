@@ -1,0 +1,657 @@
+// Package interrupt compiles a fuel check into a WebAssembly module, so
+// that the host can stop a guest that spins without wazero's
+// WithCloseOnContextDone, which makes every loop iteration an indirect call
+// (wazero/wazero#2466: a JSON-bound Go guest turn ~4x slower, the bench's
+// hasher turn ~5x).
+//
+// Instrument adds to the module one mutable i32 global (the fuel) and one
+// imported function, Module.Name (() -> i32), and inserts at the entry of
+// every function and at the head of every loop:
+//
+//	global.get $fuel
+//	i32.eqz
+//	if
+//	  call $yield      ;; the host: stop the guest, or answer new fuel
+//	  global.set $fuel
+//	end
+//	global.get $fuel
+//	i32.const 1
+//	i32.sub
+//	global.set $fuel
+//
+// A guest runs at most the fuel's worth of function entries and loop
+// iterations between two calls to the host (a spin that neither loops nor
+// calls is bounded by its code size), so the host's yield function can stop
+// it there (panic with a sys.ExitError) and, as important, the Go runtime
+// gets a preemption point: native wazero code has none, so a guest that
+// never left it would block the garbage collector's stop-the-world, and the
+// whole host with it.
+//
+// The new import comes after the module's imported functions, so every
+// defined function's index moves up by one: Instrument renumbers them in
+// calls (call, return_call), ref.func, exports, the start function,
+// element segments, constant expressions and the name section. The new
+// global is the last in the global index space, so no global moves; code
+// that names a global or function index the original module does not have
+// is refused, so that the original code can never reach the fuel. DWARF
+// sections (.debug_*), whose code offsets no longer hold, are dropped.
+//
+// The module is not otherwise validated here: wazero validates the output.
+// Instrument only reads as far as it must, and any malformed or unsupported
+// input (an opcode it does not know, a truncated section) is an error,
+// never a panic.
+package interrupt
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Section ids of the WebAssembly binary format (core spec 5.5).
+const (
+	secCustom   = 0
+	secType     = 1
+	secImport   = 2
+	secFunction = 3
+	secGlobal   = 6
+	secExport   = 7
+	secStart    = 8
+	secElement  = 9
+	secCode     = 10
+)
+
+// Section order of the known sections, for where to insert a new one.
+var sectionOrder = map[byte]int{1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 13: 6, 6: 7, 7: 8, 8: 9, 9: 10, 12: 11, 10: 12, 11: 13}
+
+// Module names the import Instrument adds.
+type Module struct {
+	// Import is the module name of the yield import, Name its field name.
+	Import, Name string
+}
+
+// ErrMalformed wraps every error of Instrument: the input is not a module
+// it can instrument (malformed, or using an encoding it does not know).
+var ErrMalformed = errors.New("interrupt: cannot instrument module")
+
+// counts is what Instrument learns of the index spaces.
+type counts struct {
+	importedFuncs, definedFuncs     uint32
+	importedGlobals, definedGlobals uint32
+	types                           uint32
+}
+
+func (c counts) funcs() uint32   { return c.importedFuncs + c.definedFuncs }
+func (c counts) globals() uint32 { return c.importedGlobals + c.definedGlobals }
+
+// section is one section of the input, its content unparsed.
+type section struct {
+	id      byte
+	content []byte
+}
+
+// Instrument returns a copy of wasm (a binary module) with the fuel check
+// described in the package doc; the yield import is m. initialFuel (> 0) is
+// the fuel global's initial value. Errors wrap ErrMalformed.
+func Instrument(wasm []byte, m Module, initialFuel int32) (out []byte, err error) {
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("%w: %w", ErrMalformed, err)
+		}
+	}()
+	if initialFuel <= 0 {
+		return nil, fmt.Errorf("initial fuel %d, want > 0", initialFuel)
+	}
+	if len(wasm) < 8 || string(wasm[:4]) != "\x00asm" || binary.LittleEndian.Uint32(wasm[4:8]) != 1 {
+		return nil, errors.New("not a version 1 WebAssembly binary")
+	}
+	var secs []section
+	r := &reader{b: wasm[8:]}
+	for len(r.b) > 0 {
+		id := r.byte()
+		n := r.u32()
+		content := r.bytes(int(n))
+		if r.err != nil {
+			return nil, fmt.Errorf("section %d: %w", id, r.err)
+		}
+		secs = append(secs, section{id, content})
+	}
+	var c counts
+	for _, s := range secs {
+		var err error
+		switch s.id {
+		case secType:
+			c.types, err = vecCount(s.content)
+		case secImport:
+			c.importedFuncs, c.importedGlobals, err = countImports(s.content)
+		case secFunction:
+			c.definedFuncs, err = vecCount(s.content)
+		case secGlobal:
+			c.definedGlobals, err = vecCount(s.content)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("section %d: %w", s.id, err)
+		}
+	}
+	yieldType := c.types
+	yield := c.importedFuncs // the new import's function index
+	fuel := c.globals()      // the new global's index
+	rn := renumber{c: c}
+	has := map[byte]bool{}
+	for i, s := range secs {
+		has[s.id] = true
+		var content []byte
+		var err error
+		switch s.id {
+		case secType:
+			content, err = appendEntry(s.content, []byte{0x60, 0x00, 0x01, 0x7f})
+		case secImport:
+			content, err = appendEntry(s.content, importEntry(m, yieldType))
+		case secGlobal:
+			content, err = rn.globals(s.content, initialFuel)
+		case secExport:
+			content, err = rn.exports(s.content)
+		case secStart:
+			content, err = rn.start(s.content)
+		case secElement:
+			content, err = rn.elements(s.content)
+		case secCode:
+			content, err = rn.code(s.content, check(fuel, yield))
+		case secCustom:
+			content, err = rn.custom(s.content)
+		default:
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("section %d: %w", s.id, err)
+		}
+		secs[i].content = content
+	}
+	if !has[secType] {
+		secs = insertSection(secs, section{secType, []byte{1, 0x60, 0x00, 0x01, 0x7f}})
+	}
+	if !has[secImport] {
+		secs = insertSection(secs, section{secImport, append([]byte{1}, importEntry(m, yieldType)...)})
+	}
+	if !has[secGlobal] {
+		secs = insertSection(secs, section{secGlobal, append([]byte{1}, fuelGlobal(initialFuel)...)})
+	}
+	out = append(make([]byte, 0, len(wasm)+len(wasm)/8), wasm[:8]...)
+	for _, s := range secs {
+		if s.content == nil && s.id == secCustom {
+			continue // dropped
+		}
+		out = append(out, s.id)
+		out = binary.AppendUvarint(out, uint64(len(s.content)))
+		out = append(out, s.content...)
+	}
+	return out, nil
+}
+
+// insertSection inserts s before the first known section that must follow
+// it (custom sections keep their places).
+func insertSection(secs []section, s section) []section {
+	at := len(secs)
+	for i, o := range secs {
+		if o.id != secCustom && sectionOrder[o.id] > sectionOrder[s.id] {
+			at = i
+			break
+		}
+	}
+	secs = append(secs, section{})
+	copy(secs[at+1:], secs[at:])
+	secs[at] = s
+	return secs
+}
+
+// check is the instrumented sequence of the package doc.
+func check(fuel, yield uint32) []byte {
+	g := binary.AppendUvarint(nil, uint64(fuel))
+	b := append([]byte{0x23}, g...)            // global.get $fuel
+	b = append(b, 0x45, 0x04, 0x40, 0x10)      // i32.eqz; if; call
+	b = binary.AppendUvarint(b, uint64(yield)) // $yield
+	b = append(append(b, 0x24), g...)          // global.set $fuel
+	b = append(b, 0x0b)                        // end
+	b = append(append(b, 0x23), g...)          // global.get $fuel
+	b = append(b, 0x41, 0x01, 0x6b)            // i32.const 1; i32.sub
+	return append(append(b, 0x24), g...)       // global.set $fuel
+}
+
+func importEntry(m Module, typeIdx uint32) []byte {
+	b := appendName(nil, m.Import)
+	b = appendName(b, m.Name)
+	b = append(b, 0x00) // func
+	return binary.AppendUvarint(b, uint64(typeIdx))
+}
+
+func fuelGlobal(initial int32) []byte {
+	b := []byte{0x7f, 0x01, 0x41} // i32, mutable, i32.const
+	b = binary.AppendVarint(b, int64(initial))
+	return append(b, 0x0b)
+}
+
+func appendName(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// vecCount reads the element count of a section that is one vector.
+func vecCount(content []byte) (uint32, error) {
+	r := &reader{b: content}
+	n := r.u32()
+	return n, r.err
+}
+
+// appendEntry returns the vector content with entry appended (its count
+// plus one, the entries copied).
+func appendEntry(content, entry []byte) ([]byte, error) {
+	r := &reader{b: content}
+	n := r.u32()
+	if r.err != nil {
+		return nil, r.err
+	}
+	if n == ^uint32(0) {
+		return nil, errors.New("vector too long")
+	}
+	b := binary.AppendUvarint(make([]byte, 0, len(content)+len(entry)+5), uint64(n+1))
+	b = append(b, r.b...)
+	return append(b, entry...), nil
+}
+
+// countImports counts the imported functions and globals.
+func countImports(content []byte) (funcs, globals uint32, err error) {
+	r := &reader{b: content}
+	n := r.u32()
+	for range n {
+		r.name()
+		r.name()
+		switch kind := r.byte(); kind {
+		case 0x00: // func: typeidx
+			r.u32()
+			funcs++
+		case 0x01: // table: reftype, limits
+			r.valtype()
+			r.limits()
+		case 0x02: // memory: limits
+			r.limits()
+		case 0x03: // global: valtype, mut
+			r.valtype()
+			r.byte()
+			globals++
+		case 0x04: // tag: attribute, typeidx
+			r.byte()
+			r.u32()
+		default:
+			r.fail(fmt.Errorf("import kind %#x", kind))
+		}
+		if r.err != nil {
+			return 0, 0, r.err
+		}
+	}
+	if r.err == nil && len(r.b) != 0 {
+		r.fail(errors.New("bytes after the last import"))
+	}
+	return funcs, globals, r.err
+}
+
+// renumber rewrites function indices (≥ importedFuncs: +1) and refuses
+// indices outside the original index spaces.
+type renumber struct{ c counts }
+
+// fn maps an original function index to the instrumented module's.
+func (rn renumber) fn(idx uint32) (uint32, error) {
+	if idx >= rn.c.funcs() {
+		return 0, fmt.Errorf("function index %d out of range (%d functions)", idx, rn.c.funcs())
+	}
+	if idx >= rn.c.importedFuncs {
+		idx++
+	}
+	return idx, nil
+}
+
+// copyFunc copies one function index from r to w, renumbered.
+func (rn renumber) copyFunc(r *reader, w []byte) []byte {
+	idx := r.u32()
+	if r.err != nil {
+		return w
+	}
+	n, err := rn.fn(idx)
+	if err != nil {
+		r.fail(err)
+		return w
+	}
+	return binary.AppendUvarint(w, uint64(n))
+}
+
+// constExpr copies a constant expression up to and including its end,
+// renumbering ref.func and checking global.get.
+func (rn renumber) constExpr(r *reader, w []byte) []byte {
+	for r.err == nil {
+		op := r.byte()
+		w = append(w, op)
+		switch op {
+		case 0x0b: // end
+			return w
+		case 0x41, 0x42: // i32.const, i64.const
+			w = r.copyLEB(w)
+		case 0x43:
+			w = append(w, r.bytes(4)...)
+		case 0x44:
+			w = append(w, r.bytes(8)...)
+		case 0x23: // global.get
+			idx := r.u32()
+			if r.err == nil && idx >= rn.c.globals() {
+				r.fail(fmt.Errorf("global index %d out of range (%d globals)", idx, rn.c.globals()))
+			}
+			w = binary.AppendUvarint(w, uint64(idx))
+		case 0xd0: // ref.null heaptype
+			w = r.copyLEB(w)
+		case 0xd2: // ref.func
+			w = rn.copyFunc(r, w)
+		case 0x6a, 0x6b, 0x6c, 0x7c, 0x7d, 0x7e: // extended-const add/sub/mul
+		case 0xfd: // v128.const
+			sub := r.u32()
+			if r.err == nil && sub != 12 {
+				r.fail(fmt.Errorf("opcode 0xfd %d in a constant expression", sub))
+			}
+			w = binary.AppendUvarint(w, uint64(sub))
+			w = append(w, r.bytes(16)...)
+		default:
+			r.fail(fmt.Errorf("opcode %#x in a constant expression", op))
+		}
+	}
+	return w
+}
+
+// globals copies the global section, renumbering its initialisers, and
+// appends the fuel global.
+func (rn renumber) globals(content []byte, initial int32) ([]byte, error) {
+	r := &reader{b: content}
+	n := r.u32()
+	if r.err == nil && n == ^uint32(0) {
+		r.fail(errors.New("vector too long"))
+	}
+	w := binary.AppendUvarint(make([]byte, 0, len(content)+8), uint64(n+1))
+	for range n {
+		if r.err != nil {
+			break
+		}
+		w = r.copyValtype(w)
+		w = append(w, r.byte()) // mut
+		w = rn.constExpr(r, w)
+	}
+	if err := r.end(); err != nil {
+		return nil, err
+	}
+	return append(w, fuelGlobal(initial)...), nil
+}
+
+func (rn renumber) exports(content []byte) ([]byte, error) {
+	r := &reader{b: content}
+	n := r.u32()
+	w := binary.AppendUvarint(make([]byte, 0, len(content)+8), uint64(n))
+	for range n {
+		if r.err != nil {
+			break
+		}
+		nm := r.name()
+		w = appendName(w, nm)
+		kind := r.byte()
+		w = append(w, kind)
+		if kind == 0x00 {
+			w = rn.copyFunc(r, w)
+		} else {
+			w = r.copyLEB(w)
+		}
+	}
+	if err := r.end(); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func (rn renumber) start(content []byte) ([]byte, error) {
+	r := &reader{b: content}
+	w := rn.copyFunc(r, nil)
+	if err := r.end(); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// elements copies the element section (flags 0-7, core spec 5.5.12),
+// renumbering function indices and ref.func.
+func (rn renumber) elements(content []byte) ([]byte, error) {
+	r := &reader{b: content}
+	n := r.u32()
+	w := binary.AppendUvarint(make([]byte, 0, len(content)+8), uint64(n))
+	for range n {
+		if r.err != nil {
+			break
+		}
+		flags := r.u32()
+		if r.err == nil && flags > 7 {
+			r.fail(fmt.Errorf("element segment flags %d", flags))
+			break
+		}
+		w = binary.AppendUvarint(w, uint64(flags))
+		if flags&0x02 != 0 && flags&0x01 == 0 { // 2, 6: explicit table index
+			w = r.copyLEB(w)
+		}
+		if flags&0x01 == 0 { // active: offset
+			w = rn.constExpr(r, w)
+		}
+		exprs := flags&0x04 != 0
+		if flags&0x03 != 0 { // 1, 2, 3, 5, 6, 7: elemkind or reftype
+			if exprs {
+				w = r.copyValtype(w)
+			} else {
+				w = append(w, r.byte())
+			}
+		}
+		count := r.u32()
+		w = binary.AppendUvarint(w, uint64(count))
+		for range count {
+			if r.err != nil {
+				break
+			}
+			if exprs {
+				w = rn.constExpr(r, w)
+			} else {
+				w = rn.copyFunc(r, w)
+			}
+		}
+	}
+	if err := r.end(); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// custom renumbers the name section's function-indexed maps and drops
+// DWARF sections; others are kept as they are. A name section that does
+// not parse is dropped (it is debug information: wazero names frames
+// with it, nothing depends on it).
+func (rn renumber) custom(content []byte) ([]byte, error) {
+	r := &reader{b: content}
+	nm := r.name()
+	if r.err != nil {
+		return nil, r.err
+	}
+	switch {
+	case strings.HasPrefix(nm, ".debug_"):
+		return nil, nil
+	case nm != "name":
+		return content, nil
+	}
+	w := appendName(make([]byte, 0, len(content)+16), nm)
+	for len(r.b) > 0 && r.err == nil {
+		id := r.byte()
+		sub := &reader{b: r.bytes(int(r.u32()))}
+		if r.err != nil {
+			break
+		}
+		var body []byte
+		switch id {
+		case 1: // function names: namemap
+			body = rn.nameMap(sub, nil)
+		case 2, 3: // local and label names: indirect namemap by function
+			n := sub.u32()
+			body = binary.AppendUvarint(nil, uint64(n))
+			for range n {
+				if sub.err != nil {
+					break
+				}
+				body = rn.copyFunc(sub, body)
+				inner := sub.u32()
+				body = binary.AppendUvarint(body, uint64(inner))
+				for range inner {
+					body = sub.copyLEB(body)
+					body = appendName(body, sub.name())
+				}
+			}
+		default:
+			body = sub.b
+			sub.b = nil
+		}
+		if err := sub.end(); err != nil {
+			return nil, nil // malformed names: drop the section
+		}
+		w = append(w, id)
+		w = binary.AppendUvarint(w, uint64(len(body)))
+		w = append(w, body...)
+	}
+	if r.err != nil {
+		return nil, nil
+	}
+	return w, nil
+}
+
+func (rn renumber) nameMap(r *reader, w []byte) []byte {
+	n := r.u32()
+	w = binary.AppendUvarint(w, uint64(n))
+	for range n {
+		if r.err != nil {
+			break
+		}
+		w = rn.copyFunc(r, w)
+		w = appendName(w, r.name())
+	}
+	return w
+}
+
+// code copies the code section with chk inserted at every function's
+// entry and loop head, function indices renumbered.
+func (rn renumber) code(content, chk []byte) ([]byte, error) {
+	r := &reader{b: content}
+	n := r.u32()
+	if r.err == nil && n != rn.c.definedFuncs {
+		return nil, fmt.Errorf("%d function bodies for %d functions", n, rn.c.definedFuncs)
+	}
+	w := binary.AppendUvarint(make([]byte, 0, len(content)+len(content)/4), uint64(n))
+	var body []byte
+	for i := range n {
+		size := r.u32()
+		b := &reader{b: r.bytes(int(size))}
+		if r.err != nil {
+			return nil, fmt.Errorf("function body %d: %w", i, r.err)
+		}
+		var err error
+		if body, err = rn.body(b, body[:0], chk); err != nil {
+			return nil, fmt.Errorf("function body %d: %w", i, err)
+		}
+		w = binary.AppendUvarint(w, uint64(len(body)))
+		w = append(w, body...)
+	}
+	if err := r.end(); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// body copies one function body: its locals, chk, then its instructions
+// with chk after every loop's block type.
+func (rn renumber) body(r *reader, w, chk []byte) ([]byte, error) {
+	groups := r.u32()
+	w = binary.AppendUvarint(w, uint64(groups))
+	for range groups {
+		if r.err != nil {
+			break
+		}
+		w = r.copyLEB(w)
+		w = r.copyValtype(w)
+	}
+	w = append(w, chk...)
+	for len(r.b) > 0 && r.err == nil {
+		op := r.byte()
+		w = append(w, op)
+		switch {
+		case op == 0x03: // loop bt
+			w = r.copyLEB(w)
+			w = append(w, chk...)
+		case op == 0x02, op == 0x04: // block, if: blocktype
+			w = r.copyLEB(w)
+		case op == 0x10, op == 0x12, op == 0xd2: // call, return_call, ref.func
+			w = rn.copyFunc(r, w)
+		case op == 0x11, op == 0x13: // call_indirect, return_call_indirect: type, table
+			w = r.copyLEB(w)
+			w = r.copyLEB(w)
+		case op == 0x0c, op == 0x0d, op == 0x20, op == 0x21, op == 0x22, op == 0x25, op == 0x26,
+			op == 0x3f, op == 0x40: // br, br_if, local.*, table.get/set, memory.size/grow
+			w = r.copyLEB(w)
+		case op == 0x23, op == 0x24: // global.get/set
+			idx := r.u32()
+			if r.err == nil && idx >= rn.c.globals() {
+				r.fail(fmt.Errorf("global index %d out of range (%d globals)", idx, rn.c.globals()))
+			}
+			w = binary.AppendUvarint(w, uint64(idx))
+		case op == 0x0e: // br_table vec(label) label
+			k := r.u32()
+			w = binary.AppendUvarint(w, uint64(k))
+			for range k {
+				if r.err != nil {
+					break
+				}
+				w = r.copyLEB(w)
+			}
+			w = r.copyLEB(w)
+		case op == 0x1c: // select t*
+			k := r.u32()
+			w = binary.AppendUvarint(w, uint64(k))
+			for range k {
+				if r.err != nil {
+					break
+				}
+				w = r.copyValtype(w)
+			}
+		case op >= 0x28 && op <= 0x3e: // loads and stores
+			w = r.copyMemarg(w)
+		case op == 0x41, op == 0x42: // i32.const, i64.const
+			w = r.copyLEB(w)
+		case op == 0x43:
+			w = append(w, r.bytes(4)...)
+		case op == 0x44:
+			w = append(w, r.bytes(8)...)
+		case op == 0xd0: // ref.null heaptype
+			w = r.copyLEB(w)
+		case op == 0x00, op == 0x01, op == 0x05, op == 0x0b, op == 0x0f, op == 0x1a, op == 0x1b,
+			op >= 0x45 && op <= 0xc4, op == 0xd1: // no immediates
+		case op == 0xfc:
+			w = r.copyPrefixFC(w)
+		case op == 0xfd:
+			w = r.copyPrefixFD(w)
+		case op == 0xfe:
+			w = r.copyPrefixFE(w)
+		default:
+			r.fail(fmt.Errorf("opcode %#x", op))
+		}
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	if len(w) == 0 || w[len(w)-1] != 0x0b {
+		return nil, errors.New("function body does not end with end")
+	}
+	return w, nil
+}

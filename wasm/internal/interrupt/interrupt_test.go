@@ -1,0 +1,293 @@
+package interrupt_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"testing"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+
+	"github.com/paddock-dev/paddock/wasm/internal/interrupt"
+)
+
+// A hand-encoded module (core spec 5.5), enough to reach every index the
+// instrumenter renumbers.
+
+func uleb(v uint64) []byte { return binary.AppendUvarint(nil, v) }
+
+func name(s string) []byte { return append(uleb(uint64(len(s))), s...) }
+
+func vec(items ...[]byte) []byte {
+	b := uleb(uint64(len(items)))
+	for _, it := range items {
+		b = append(b, it...)
+	}
+	return b
+}
+
+func section(id byte, content []byte) []byte {
+	return append(append([]byte{id}, uleb(uint64(len(content)))...), content...)
+}
+
+func cat(parts ...[]byte) []byte {
+	var b []byte
+	for _, p := range parts {
+		b = append(b, p...)
+	}
+	return b
+}
+
+func body(locals []byte, code ...[]byte) []byte {
+	b := cat(locals, cat(code...), []byte{0x0b})
+	return append(uleb(uint64(len(b))), b...)
+}
+
+const (
+	i32 = 0x7f
+	// Function indices of testModule: imports first.
+	fnImportA, fnImportB = 0, 1
+	fnSum, fnTwice       = 2, 3 // exported "sum", "twice"
+	fnStart              = 4    // start: sets global 1
+	fnViaTable           = 5    // exported "via_table": call_indirect to table[1]
+	fnStartedFlag        = 6    // exported "started": global 1
+)
+
+// testModule imports two functions and a global, defines five functions
+// (a loop summing 1..n, a direct call, a start function, an indirect call
+// through a table filled by two element segments — one of indices, one of
+// ref.func expressions), a global initialised with ref.func, exports and a
+// name section.
+func testModule() []byte {
+	types := section(1, vec(
+		[]byte{0x60, 1, i32, 1, i32}, // 0: (i32) -> i32
+		[]byte{0x60, 0, 0},           // 1: () -> ()
+		[]byte{0x60, 0, 1, i32},      // 2: () -> i32
+	))
+	imports := section(2, vec(
+		cat(name("env"), name("a"), []byte{0x00}, uleb(0)),
+		cat(name("env"), name("b"), []byte{0x00}, uleb(1)),
+		cat(name("env"), name("g"), []byte{0x03, i32, 0x00}),
+	))
+	funcs := section(3, vec(uleb(0), uleb(0), uleb(1), uleb(2), uleb(2)))
+	table := section(4, vec([]byte{0x70, 0x00, 4}))
+	memory := section(5, vec([]byte{0x00, 1}))
+	globals := section(6, vec(
+		[]byte{i32, 0x01, 0x41, 0x00, 0x0b},   // 1: started flag
+		[]byte{0x70, 0x00, 0xd2, fnSum, 0x0b}, // 2: funcref = ref.func sum
+	))
+	exports := section(7, vec(
+		cat(name("sum"), []byte{0x00}, uleb(fnSum)),
+		cat(name("twice"), []byte{0x00}, uleb(fnTwice)),
+		cat(name("via_table"), []byte{0x00}, uleb(fnViaTable)),
+		cat(name("started"), []byte{0x00}, uleb(fnStartedFlag)),
+		cat(name("memory"), []byte{0x02}, uleb(0)),
+	))
+	start := section(8, uleb(fnStart))
+	elements := section(9, vec(
+		cat([]byte{0x00, 0x41, 0x00, 0x0b}, vec(uleb(fnSum))),                                           // table[0] = sum
+		cat([]byte{0x04, 0x41, 0x01, 0x0b}, vec([]byte{0xd2, fnTwice, 0x0b}, []byte{0xd0, 0x70, 0x0b})), // table[1] = twice, table[2] = null
+	))
+	code := section(10, vec(
+		// sum(n): s = 0; loop { if n == 0 break; s += n; n-- }; s
+		body(vec([]byte{1, i32}),
+			[]byte{0x02, 0x40, 0x03, 0x40}, // block loop
+			[]byte{0x20, 0, 0x45, 0x0d, 1}, // local.get 0; i32.eqz; br_if 1
+			[]byte{0x20, 1, 0x20, 0, 0x6a, 0x21, 1},
+			[]byte{0x20, 0, 0x41, 1, 0x6b, 0x21, 0},
+			[]byte{0x0c, 0, 0x0b, 0x0b}, // br 0; end; end
+			[]byte{0x20, 1}),
+		// twice(n) = sum(n) * 2, by a direct call
+		body(vec(), []byte{0x20, 0, 0x10, fnSum, 0x41, 2, 0x6c}),
+		// start: global 1 = 1 (global 0 is the import)
+		body(vec(), []byte{0x41, 1, 0x24, 1}),
+		// via_table(): call_indirect (i32)->i32 table[1](10)
+		body(vec(), cat([]byte{0x41, 10, 0x41, 1, 0x11, 0, 0})),
+		// started(): global 1
+		body(vec(), []byte{0x23, 1}),
+	))
+	names := section(0, cat(name("name"),
+		[]byte{1}, func() []byte {
+			m := vec(cat(uleb(fnImportA), name("imp_a")), cat(uleb(fnSum), name("summer")), cat(uleb(fnTwice), name("doubler")))
+			return append(uleb(uint64(len(m))), m...)
+		}()))
+	return cat([]byte("\x00asm\x01\x00\x00\x00"), types, imports, funcs, table, memory, globals, exports, start, elements, code, names)
+}
+
+var yieldImport = interrupt.Module{Import: "paddock_interrupt", Name: "yield"}
+
+// envModule is the "env" module testModule imports from: a(x) = x, b(),
+// and the global g.
+func envModule() []byte {
+	return cat([]byte("\x00asm\x01\x00\x00\x00"),
+		section(1, vec([]byte{0x60, 1, i32, 1, i32}, []byte{0x60, 0, 0})),
+		section(3, vec(uleb(0), uleb(1))),
+		section(6, vec([]byte{i32, 0x00, 0x41, 7, 0x0b})),
+		section(7, vec(cat(name("a"), []byte{0x00}, uleb(0)), cat(name("b"), []byte{0x00}, uleb(1)), cat(name("g"), []byte{0x03}, uleb(0)))),
+		section(10, vec(body(vec(), []byte{0x20, 0}), body(vec()))))
+}
+
+// run instantiates wasm (instrumented) after "env", with a yield that
+// counts its calls and answers fuel.
+func run(t *testing.T, wasm []byte, fuel int32) (api.Module, *int) {
+	t.Helper()
+	ctx := context.Background()
+	rt := wazero.NewRuntime(ctx)
+	t.Cleanup(func() { rt.Close(ctx) })
+	yields := new(int)
+	if _, err := rt.NewHostModuleBuilder(yieldImport.Import).NewFunctionBuilder().
+		WithFunc(func() int32 { *yields++; return fuel }).Export(yieldImport.Name).Instantiate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.InstantiateWithConfig(ctx, envModule(), wazero.NewModuleConfig().WithName("env")); err != nil {
+		t.Fatal(err)
+	}
+	mod, err := rt.InstantiateWithConfig(ctx, wasm, wazero.NewModuleConfig().WithName("m"))
+	if err != nil {
+		t.Fatalf("instantiate the instrumented module: %v", err)
+	}
+	return mod, yields
+}
+
+func call(t *testing.T, mod api.Module, fn string, args ...uint64) int32 {
+	t.Helper()
+	out, err := mod.ExportedFunction(fn).Call(context.Background(), args...)
+	if err != nil {
+		t.Fatalf("%s: %v", fn, err)
+	}
+	return api.DecodeI32(out[0])
+}
+
+// The instrumented module computes what the original does, through
+// direct calls, a table filled by both kinds of element segment, the
+// start function and exports, all renumbered; the yield runs about once
+// per fuel's worth of loop iterations and function entries; the name
+// section still names the same functions.
+func TestInstrumentedModuleBehavesAsTheOriginal(t *testing.T) {
+	orig := testModule()
+	plain, _ := run(t, orig, 1) // the original has no yield import: nothing calls it
+	const fuel = 10
+	wasm, err := interrupt.Instrument(orig, yieldImport, fuel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, yields := run(t, wasm, fuel)
+	for _, c := range []struct {
+		fn   string
+		args []uint64
+		want int32
+	}{
+		{"sum", []uint64{100}, 5050},
+		{"twice", []uint64{4}, 20},
+		{"via_table", nil, 110},
+		{"started", nil, 1},
+	} {
+		if got := call(t, plain, c.fn, c.args...); got != c.want {
+			t.Fatalf("original %s = %d, want %d", c.fn, got, c.want)
+		}
+		if got := call(t, inst, c.fn, c.args...); got != c.want {
+			t.Errorf("instrumented %s = %d, want %d", c.fn, got, c.want)
+		}
+	}
+	// sum(100) alone: one entry and 101 loop heads, at one fuel each.
+	before := *yields
+	call(t, inst, "sum", 100)
+	if got := *yields - before; got < 101/fuel || got > 102/fuel+1 {
+		t.Errorf("sum(100) yielded %d times with fuel %d, want about %d", got, fuel, 102/fuel)
+	}
+	for fn, want := range map[string]string{"sum": "summer", "twice": "doubler"} {
+		if got := inst.ExportedFunction(fn).Definition().Name(); got != want {
+			t.Errorf("name of %s is %q after instrumenting, want %q", fn, got, want)
+		}
+	}
+}
+
+// Code of the original that names the global the fuel will be, or a
+// function past the original ones, is refused: it could otherwise reset
+// its own fuel. Malformed input is an error wrapping ErrMalformed, never a
+// panic.
+func TestInstrumentRefusesOutOfRangeIndices(t *testing.T) {
+	m := testModule()
+	// started() reads global 1; global 3 is one past the original's
+	// (1 imported, 2 defined): the index the fuel would get.
+	bad := replaceOnce(t, m, []byte{0x23, 1, 0x0b}, []byte{0x24, 3, 0x0b})
+	if _, err := interrupt.Instrument(bad, yieldImport, 10); !errors.Is(err, interrupt.ErrMalformed) {
+		t.Errorf("global.set of the fuel's index: %v, want ErrMalformed", err)
+	}
+	badCall := replaceOnce(t, m, []byte{0x10, fnSum}, []byte{0x10, 7})
+	if _, err := interrupt.Instrument(badCall, yieldImport, 10); !errors.Is(err, interrupt.ErrMalformed) {
+		t.Errorf("call of function 7 of 7: %v, want ErrMalformed", err)
+	}
+	// Cut anywhere but between two sections, the module is malformed.
+	boundary := map[int]bool{8: true}
+	for at := 8; at < len(m); {
+		size, n := binary.Uvarint(m[at+1:])
+		at += 1 + n + int(size)
+		boundary[at] = true
+	}
+	for n := range len(m) {
+		_, err := interrupt.Instrument(m[:n], yieldImport, 10)
+		if err != nil && !errors.Is(err, interrupt.ErrMalformed) {
+			t.Fatalf("truncated to %d bytes: %v does not wrap ErrMalformed", n, err)
+		}
+		if err == nil && !boundary[n] {
+			t.Fatalf("truncated to %d bytes, inside a section: no error", n)
+		}
+	}
+}
+
+func replaceOnce(t *testing.T, b, old, new []byte) []byte {
+	t.Helper()
+	for i := 0; i+len(old) <= len(b); i++ {
+		if string(b[i:i+len(old)]) == string(old) {
+			return cat(b[:i], new, b[i+len(old):])
+		}
+	}
+	t.Fatalf("%x not in module", old)
+	return nil
+}
+
+// FuzzInstrument: any input either fails with ErrMalformed or gives a
+// module, and a module wazero accepts stays one it accepts once
+// instrumented.
+func FuzzInstrument(f *testing.F) {
+	f.Add(testModule())
+	f.Add(envModule())
+	f.Fuzz(func(t *testing.T, wasm []byte) {
+		out, err := interrupt.Instrument(wasm, yieldImport, 100)
+		if err != nil {
+			if !errors.Is(err, interrupt.ErrMalformed) {
+				t.Fatalf("error %v does not wrap ErrMalformed", err)
+			}
+			return
+		}
+		if !small(wasm) {
+			return // wazero's own allocations for a vector of millions kill the fuzz worker
+		}
+		ctx := context.Background()
+		rt := wazero.NewRuntime(ctx)
+		defer rt.Close(ctx)
+		if _, err := rt.CompileModule(ctx, wasm); err != nil {
+			return
+		}
+		if _, err := rt.CompileModule(ctx, out); err != nil {
+			t.Fatalf("the original compiles, the instrumented module does not: %v", err)
+		}
+	})
+}
+
+// small reports whether every section of wasm (a module Instrument took)
+// declares at most 1,000 entries.
+func small(wasm []byte) bool {
+	for at := 8; at < len(wasm); {
+		size, n := binary.Uvarint(wasm[at+1:])
+		if wasm[at] != 0 {
+			if count, _ := binary.Uvarint(wasm[at+1+n:]); count > 1000 {
+				return false
+			}
+		}
+		at += 1 + n + int(size)
+	}
+	return true
+}
