@@ -41,7 +41,7 @@
 // (instantiate + _initialize ~6 ms, then a cold first turn ~6 ms) and
 // ~12 MB of host allocations per turn; a warm instance ~2.5 ms and ~20 KB.
 // The warm floor is the Go guest's encoding/json running as wasm (~120 us
-// per turn) multiplied ~4x by WithCloseOnContextDone (below). Isolation
+// per turn; it was ~4x that with WithCloseOnContextDone, below). Isolation
 // between sessions does not need a fresh instance: by default one instance
 // only ever serves one session, whose state arrives in every request
 // anyway (an agent may opt into sharing warm instances among its sessions:
@@ -69,25 +69,30 @@
 // source is the same in every instance, which would also make the guest's
 // map hashing predictable.
 //
-// # Why WithCloseOnContextDone
+// # Why a fuel check, not WithCloseOnContextDone
 //
-// It is the only way to stop a guest that spins. wazero then checks for
-// cancellation on every loop back-edge, which makes tight guest loops
-// ~20x slower (wazero/wazero#2466) and a JSON-bound turn ~4x slower
-// (measured: 0.8 ms without, 2.5 ms with). The bench's hasher turn
-// (SHA-256 of 1 KiB and a small JSON job) takes 51 us without and 262 us
-// with, on a quiet machine; that is about 45 % of the host's CPU in
-// `paddock bench` (its --cpuprofile). Agents here are untrusted, so the
-// check stays on; a compute-heavy trusted agent belongs in a plugin worker.
-// Re-measure when wazero ships its inline check (PRs #2524, #2533).
+// A guest that spins must be stoppable at its turn's deadline. wazero's
+// WithCloseOnContextDone does it by checking for cancellation at every
+// loop back-edge through an indirect call, which makes tight guest loops
+// ~20x slower (wazero/wazero#2466): the bench's hasher turn (SHA-256 of 1
+// KiB and a small JSON job) took ~300 us with it, ~45 % of the host's CPU
+// in `paddock bench`.
 //
-// A check of our own compiled into the module (a flag global tested at
-// every function entry and loop head, set by the host at the deadline, as
-// wasmtime's epoch interruption does) is not enough on its own, tried
-// here: wazero's native code has no preemption point, so a guest that
-// spins blocks the Go garbage collector's stop-the-world, and the
-// goroutine that would set the flag never runs again — the whole host
-// hangs. Such a check must also leave the guest for Go every N passes (a
-// fuel counter calling an imported host function), which means
-// renumbering the module's function indices.
+// Instead, compile rewrites every module before wazero compiles it
+// (internal/interrupt): a fuel global decremented at every function entry
+// and loop head, and a call to the imported paddock_interrupt.yield when
+// it reaches 0 (fuelPerYield). hostYield stops the call with a
+// sys.ExitError once the call's context ended — the turn's deadline or
+// cancel, Instance.Close, Runtime.Close — else it hands out more fuel. The
+// hasher turn takes ~80 us (go test -bench ModuleTurn ./examples/hasher/).
+//
+// A flag alone (as wasmtime's epoch interruption) is not enough here:
+// wazero's native code has no preemption point, so a guest that never
+// leaves it blocks the Go garbage collector's stop-the-world, and the
+// whole host with it. The yield is that exit, at least every fuelPerYield
+// entries or iterations (TestTurnStopsOnCallerContext runs a GC while a
+// guest spins). For the same reason a module is never closed under
+// running code: Instance.Close cancels a running turn, which closes the
+// module once the guest returned, and Runtime.Close waits for the guest
+// calls in flight (Runtime.enter).
 package wasm
