@@ -31,9 +31,11 @@ import (
 // bench (N=10000, K=1000, P=8) one shared flusher sends 0.34 transactions
 // per turn where four groups of two flushers each sent 1.25, and the
 // database spends about a quarter less CPU per turn: fewer, larger
-// transactions (docs/DESIGN.md "Store"). Two shared flushers, or one
-// that splits a batch into two of disjoint sessions sent at once, were
-// measured no faster.
+// transactions (docs/DESIGN.md "Store"). Two shared flushers, one that
+// splits a batch into two of disjoint sessions sent at once, or lanes of
+// their own flusher each with a session always in one lane, were
+// measured no faster: more transactions per turn cost the database more
+// CPU than the shorter waits save.
 //
 // A batch's statements are sorted by session, and a session's by rank:
 // commits and dispatches (which lock the session's activation first, then
