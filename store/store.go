@@ -773,6 +773,14 @@ type AppendEventParams struct {
 	// "Tracing"); empty stores NULL. A re-send of an idempotency key keeps
 	// the first event's.
 	Traceparent string
+	// Audit, when set, is the audit row of the API call that appends the
+	// event (CheckAudit's rules): written in the append's own transaction
+	// if and only if the event is created (created true), so that a
+	// call's event and its row commit together and the call costs one
+	// commit, not two. When the append creates nothing (an idempotent
+	// re-send, a refusal, an error) no row is written: the caller writes
+	// the row of what it answers (docs/DESIGN.md "Tokens and audit").
+	Audit *AppendAuditParams
 }
 
 // ListEventsParams page a session's events.

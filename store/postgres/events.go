@@ -120,6 +120,28 @@ const insertEventSQL = `
 // destroyed or idempotency key used", which the locked path sorts out.
 var appendEventSQL = strings.Replace(insertEventSQL, "/*writable*/", "AND status <> 'destroyed'", 1)
 
+// appendEventAuditSQL is appendEventSQL that also inserts the call's
+// audit row ($9-$14: auditArgs) when it inserts the event
+// (store.AppendEventParams.Audit).
+var appendEventAuditSQL = strings.Replace(appendEventSQL, "RETURNING *)", `RETURNING *),
+	aud AS (
+		INSERT INTO audit_log (token_id, namespace, action, object, result, status)
+		SELECT $9, $10, $11, $12, $13, $14 FROM ins)`, 1)
+
+// queueAppend queues the fast path's statement of an append (with its
+// audit row when audit is set) and returns how to read its answer.
+func queueAppend(b *pgx.Batch, key store.ActorKey, ne newEvent, audit *store.AppendAuditParams, read func(e store.Event, created bool, err error)) {
+	sql, args := appendEventSQL, insertEventArgs(key, ne)
+	if audit != nil {
+		sql, args = appendEventAuditSQL, append(args, auditArgs(*audit)...)
+	}
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+		e, created, err := insertResult(scanEvent(row))
+		read(e, created, err)
+		return err
+	})
+}
+
 func insertEventArgs(key store.ActorKey, ne newEvent) []any {
 	var steerOf *int64
 	if ne.steerOf != 0 {
@@ -164,6 +186,11 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 	if err != nil {
 		return store.Event{}, false, fmt.Errorf("store/postgres: append event: %w", err)
 	}
+	if p.Audit != nil {
+		if err := store.CheckAudit(*p.Audit); err != nil {
+			return store.Event{}, false, fmt.Errorf("store/postgres: append event: %w", err)
+		}
+	}
 	// Fast path: one statement, one round trip, its own transaction.
 	ne := newEvent{kind: p.Kind, payload: payload, idempotencyKey: p.IdempotencyKey, traceparent: p.Traceparent, origin: s.origin}
 	var e store.Event
@@ -173,16 +200,16 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 	} else if s.groupCommit {
 		// With the appends of other sessions that arrived meanwhile
 		// (groupcommit.go); a batch that could not decide it says solo.
-		r := s.appends.do(ctx, appendIn{key: key, ne: ne})
+		r := s.appends.do(ctx, appendIn{key: key, ne: ne, eventAudit: p.Audit})
 		e, created, err = r.e, r.created, r.err
 		if r.solo {
 			err = errLockRace // the locked path below decides
 		}
 	} else {
 		err = s.call(ctx, "append event", func(ctx context.Context) error {
-			var err error
-			e, created, err = insertResult(scanEvent(s.pool.QueryRow(ctx, appendEventSQL, insertEventArgs(key, ne)...)))
-			return err
+			b := &pgx.Batch{}
+			queueAppend(b, key, ne, p.Audit, func(ev store.Event, c bool, _ error) { e, created = ev, c })
+			return s.pool.SendBatch(ctx, b).Close()
 		})
 	}
 	switch {
@@ -228,6 +255,9 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 		}
 		var err error
 		e, created, err = insertEvent(ctx, tx, key, ne)
+		if err == nil && created && p.Audit != nil {
+			_, err = tx.Exec(ctx, insertAuditSQL, auditArgs(*p.Audit)...)
+		}
 		if err != nil || created {
 			return err
 		}

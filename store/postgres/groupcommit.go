@@ -315,6 +315,9 @@ type appendIn struct {
 	ne  newEvent
 	// audit, when set, is an audit row to insert instead (AppendAudit).
 	audit *store.AppendAuditParams
+	// eventAudit, when set, is the audit row of the call that appends the
+	// event, inserted with it (store.AppendEventParams.Audit).
+	eventAudit *store.AppendAuditParams
 }
 
 type appendRes struct {
@@ -338,10 +341,8 @@ func prepareAppend(b *pgx.Batch, in appendIn) func() appendRes {
 			return err
 		})
 	} else {
-		b.Queue(appendEventSQL, insertEventArgs(in.key, in.ne)...).QueryRow(func(row pgx.Row) error {
-			e, created, err := insertResult(scanEvent(row))
+		queueAppend(b, in.key, in.ne, in.eventAudit, func(e store.Event, created bool, err error) {
 			res = appendRes{e: e, created: created, solo: err == nil && !created, err: err}
-			return err
 		})
 	}
 	return func() appendRes { return res }

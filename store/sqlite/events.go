@@ -61,6 +61,11 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 	if err != nil {
 		return store.Event{}, false, fmt.Errorf("store/sqlite: append event: %w", err)
 	}
+	if p.Audit != nil {
+		if err := store.CheckAudit(*p.Audit); err != nil {
+			return store.Event{}, false, fmt.Errorf("store/sqlite: append event: %w", err)
+		}
+	}
 	var ev store.Event
 	var created bool
 	err = s.write(ctx, "append event", func(tx *txn) (err error) {
@@ -82,6 +87,10 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 			}
 		}
 		ev, created, err = appendEvent(tx, p.Key, p.Kind, payload, p.IdempotencyKey, p.Traceparent)
+		if err != nil || !created || p.Audit == nil {
+			return err
+		}
+		_, err = insertAudit(tx, *p.Audit)
 		return err
 	})
 	if err != nil {

@@ -124,13 +124,18 @@ func (s *Store) AppendAudit(ctx context.Context, p store.AppendAuditParams) (sto
 	var e store.AuditEntry
 	err := s.write(ctx, "append audit", func(tx *txn) error {
 		var err error
-		e, err = scanAudit(tx.queryRow(`
-			INSERT INTO audit_log (at, token_id, namespace, action, object, result, status)
-			VALUES (`+nowMS+`, ?, ?, ?, ?, ?, ?) RETURNING `+auditCols,
-			p.TokenID, p.Namespace, p.Action, p.Object, p.Result, p.Status))
+		e, err = insertAudit(tx, p)
 		return err
 	})
 	return e, err
+}
+
+// insertAudit inserts one audit row (checked by store.CheckAudit) in tx.
+func insertAudit(tx *txn, p store.AppendAuditParams) (store.AuditEntry, error) {
+	return scanAudit(tx.queryRow(`
+		INSERT INTO audit_log (at, token_id, namespace, action, object, result, status)
+		VALUES (`+nowMS+`, ?, ?, ?, ?, ?, ?) RETURNING `+auditCols,
+		p.TokenID, p.Namespace, p.Action, p.Object, p.Result, p.Status))
 }
 
 // ListAudit returns a page of the audit log, newest first.

@@ -3,6 +3,7 @@ package storetest
 import (
 	"bytes"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ func tokenCases() []testCase {
 		{"Audit/AppendedRowsPageNewestFirstByNamespace", testAudit},
 		{"Audit/InvalidRowsAndPagesAreRefused", testAuditInvalid},
 		{"Audit/ConcurrentAppendsEachReturnTheirOwnStoredRow", testAuditConcurrent},
+		{"Audit/AnAppendCarriesItsCallsRowOnlyWhenItCreatesTheEvent", testAuditWithAppend},
 	}
 }
 
@@ -265,4 +267,90 @@ func testAuditConcurrent(t *testing.T, b *bundle) {
 			t.Fatalf("stored row %d was returned to no caller", e.ID)
 		}
 	}
+}
+
+// An append that carries its call's audit row (AppendEventParams.Audit)
+// writes it with the event, and only when it creates one: an idempotent
+// re-send, an append to a destroyed session or one refused by a turn in
+// flight writes none (the caller writes the row of its answer), and an
+// invalid row is refused before anything is written. Concurrent appends,
+// each with its row, store each row once beside its event.
+func testAuditWithAppend(t *testing.T, b *bundle) {
+	key := b.session()
+	row := func(obj string) *store.AppendAuditParams {
+		return &store.AppendAuditParams{TokenID: "tok1", Namespace: "team-a", Action: "signal.send", Object: obj, Result: "ok", Status: 202}
+	}
+	rows := func() []store.AuditEntry {
+		es, err := b.s.ListAudit(b.ctx, store.ListAuditParams{Limit: store.MaxAuditLimit})
+		noErr(t, err, "ListAudit")
+		return es
+	}
+	p := store.AppendEventParams{Key: key, Kind: "message", Payload: []byte(`{"message":"one"}`), IdempotencyKey: "k1", Audit: row("/first")}
+	e, created, err := b.s.AppendEvent(b.ctx, p)
+	noErr(t, err, "AppendEvent with an audit row")
+	wantEq(t, created, true, "created")
+	es := rows()
+	if len(es) != 1 || es[0].Object != "/first" || es[0].TokenID != "tok1" || es[0].Action != "signal.send" ||
+		es[0].Result != "ok" || es[0].Status != 202 || es[0].Namespace != "team-a" {
+		t.Fatalf("audit rows after the append: %+v, want the one row it carried", es)
+	}
+
+	p.Audit = row("/again")
+	again, created, err := b.s.AppendEvent(b.ctx, p)
+	noErr(t, err, "AppendEvent re-sent with its idempotency key")
+	wantEq(t, created, false, "created on a re-send")
+	wantEq(t, again.ID, e.ID, "the re-send's event")
+	wantEq(t, len(rows()), 1, "audit rows after an idempotent re-send")
+
+	bad := *row("/bad")
+	bad.TokenID = ""
+	_, _, err = b.s.AppendEvent(b.ctx, store.AppendEventParams{Key: key, Kind: "message", Payload: []byte(`{"message":"bad"}`), Audit: &bad})
+	wantIs(t, err, store.ErrInvalid, "AppendEvent with an audit row without a token id")
+	wantEq(t, len(b.events(key)), 1, "events after a refused audit row")
+
+	var wg sync.WaitGroup
+	const n = 12
+	keys := make([]store.ActorKey, n)
+	for i := range keys {
+		keys[i] = b.session()
+	}
+	for i, k := range keys {
+		wg.Go(func() {
+			_, created, err := b.s.AppendEvent(b.ctx, store.AppendEventParams{Key: k, Kind: "message",
+				Payload: []byte(`{"message":"x"}`), Audit: row(fmt.Sprintf("/c%d", i))})
+			if err != nil || !created {
+				t.Errorf("concurrent append %d: created %v, %v", i, created, err)
+			}
+		})
+	}
+	wg.Wait()
+	seen := map[string]int{}
+	for _, r := range rows() {
+		seen[r.Object]++
+	}
+	for i, k := range keys {
+		if seen[fmt.Sprintf("/c%d", i)] != 1 || len(b.events(k)) != 1 {
+			t.Fatalf("concurrent append %d: %d audit rows, %d events; want 1 and 1", i, seen[fmt.Sprintf("/c%d", i)], len(b.events(k)))
+		}
+	}
+
+	busy := b.session()
+	b.message(busy, "running")
+	b.next(b.claim(busy, time.Minute)) // a turn in flight
+	before := len(rows())
+	_, _, err = b.s.AppendEvent(b.ctx, store.AppendEventParams{Key: busy, Kind: "message", Payload: []byte(`{"message":"no"}`),
+		RefuseIfInFlight: true, Audit: row("/refused")})
+	var tif *store.TurnInFlightError
+	if !errors.As(err, &tif) {
+		t.Fatalf("AppendEvent refused by a turn in flight: %v, want a *TurnInFlightError", err)
+	}
+	wantEq(t, len(rows()), before, "audit rows after a refused append")
+
+	gone := b.session()
+	_, err = b.s.DestroySession(b.ctx, gone)
+	noErr(t, err, "DestroySession")
+	before = len(rows())
+	_, _, err = b.s.AppendEvent(b.ctx, store.AppendEventParams{Key: gone, Kind: "message", Payload: []byte(`{"message":"late"}`), Audit: row("/gone")})
+	wantIs(t, err, store.ErrSessionDestroyed, "AppendEvent to a destroyed session")
+	wantEq(t, len(rows()), before, "audit rows after an append to a destroyed session")
 }
