@@ -78,8 +78,14 @@ func (s *Server) authorize(op service.Op, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		rec := &auditWriter{HeldAnswer: HoldAnswer(w)}
-		next.ServeHTTP(rec, r)
+		rec := &auditWriter{HeldAnswer: HoldAnswer(w), call: &service.CallAudit{Op: op, Object: r.URL.Path}}
+		next.ServeHTTP(rec, r.WithContext(service.WithCallAudit(r.Context(), rec.call)))
+		if rec.call.Written() && rec.status == rec.call.Status {
+			// The row went out with the call's write (a message signal's
+			// event), in its transaction.
+			rec.Release()
+			return
+		}
 		if rec.code != "unauthenticated" && rec.code != "forbidden" {
 			result := "ok"
 			if rec.status >= 400 {
@@ -119,6 +125,9 @@ type auditWriter struct {
 	// row records instead of the route's op and the request's namespace.
 	op        service.Op
 	namespace string
+	// call is the call's row as its store write may carry it
+	// (service.CallAudit; auditWithWrite).
+	call *service.CallAudit
 }
 
 // auditAs tells the audit row of the call w answers what it did when the
@@ -129,10 +138,22 @@ func auditAs(w http.ResponseWriter, op service.Op, namespace string) {
 	if a, ok := w.(*auditWriter); ok {
 		if op != "" {
 			a.op = op
+			a.call.Op = op
 		}
 		if namespace != "" {
 			a.namespace = namespace
 		}
+	}
+}
+
+// auditWithWrite lets the call's store write carry its audit row when it
+// succeeds, with result "ok" and status (the status the handler then
+// answers): one commit for the write and its row (service.CallAudit).
+// Call it after auditAs. A call whose write carried no row, or that
+// answers another status, gets its row after the handler, as any call.
+func auditWithWrite(w http.ResponseWriter, status int) {
+	if a, ok := w.(*auditWriter); ok && a.namespace == "" {
+		a.call.Status = status
 	}
 }
 

@@ -712,3 +712,41 @@ func TestConcurrentSignalsEachFindTheirAuditRowOnceAnswered(t *testing.T) {
 		}
 	})
 }
+
+// TestMessageSignalsAuditRowCommitsWithItsEvent: an accepted message
+// signal's audit row is written with its event (one commit), exactly once;
+// an idempotent re-send, a key reused for another message and a refused
+// signal each get the one row of their own answer.
+func TestMessageSignalsAuditRowCommitsWithItsEvent(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newAuthEnv(t, driver)
+		sig := "/v1/agents/notes/sessions/" + e.session + "/signals"
+		send := func(body string, want int) {
+			t.Helper()
+			if code, m := e.call("POST", sig, e.tokens["client"], []byte(body)); code != want {
+				t.Fatalf("signal %s: %d %v, want %d", body, code, m, want)
+			}
+		}
+		send(`{"message":"one","idempotency_key":"k1"}`, 202)
+		send(`{"message":"one","idempotency_key":"k1"}`, 202) // re-send: the first event
+		send(`{"message":"two","idempotency_key":"k1"}`, 409) // the key, another message
+		send(`{"message":"three"}`, 202)
+		code, m := e.call("GET", "/v1/audit?limit=5", e.tokens["admin"], nil)
+		if code != 200 {
+			t.Fatalf("audit: %d %v", code, m)
+		}
+		var got []string
+		for _, x := range m["entries"].([]any) {
+			r := x.(map[string]any)
+			if r["token_id"] != e.ids["client"] {
+				break
+			}
+			got = append(got, fmt.Sprintf("%s %s %s %v", r["action"], r["object"], r["result"], r["status"]))
+		}
+		ok := "signal.send " + sig + " ok 202"
+		want := []string{ok, "signal.send " + sig + " idempotency_key_reused 409", ok, ok}
+		if strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Fatalf("the client's audit rows, newest first:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+	})
+}

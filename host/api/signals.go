@@ -24,7 +24,8 @@ func (s *Server) sendSignal(w http.ResponseWriter, r *http.Request) error {
 		Kind: in.Kind, Message: in.Message, Data: in.Data, IdempotencyKey: in.IdempotencyKey,
 		EventID: in.EventID, ForceAllocation: in.ForceAllocation, MidTurn: host.MidTurn(in.MidTurn),
 	}
-	auditAs(w, service.SignalOp(p), "") // a steer or a cancel is audited as one
+	auditAs(w, service.SignalOp(p), "")    // a steer or a cancel is audited as one
+	auditWithWrite(w, http.StatusAccepted) // a message's row commits with its event
 	res, err := s.svc.SignalAgent(r.Context(), r.PathValue("agent"), r.PathValue("session"), p)
 	if err != nil {
 		return err

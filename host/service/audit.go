@@ -4,6 +4,7 @@ import (
 	"context"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/paddock-dev/paddock/store"
@@ -19,11 +20,57 @@ func (s *Service) Audit(ctx context.Context, op Op, object, result string, statu
 	// A path may be as long as a request line: the row keeps its head,
 	// marked cut, so that every call is recorded (a row refused for its
 	// length would hide the call from the log).
-	_, err := s.st.AppendAudit(ctx, store.AppendAuditParams{
+	_, err := s.st.AppendAudit(ctx, auditRow(ctx, op, object, result, status))
+	return wrap("audit", err)
+}
+
+// auditRow is Audit's row.
+func auditRow(ctx context.Context, op Op, object, result string, status int) store.AppendAuditParams {
+	return store.AppendAuditParams{
 		TokenID: callerOf(ctx).TokenID, Namespace: cutAuditField(auditText(NamespaceOf(ctx))), Action: string(op),
 		Object: cutAuditField(auditText(redactTokens(object))), Result: cutAuditField(auditText(result)), Status: status,
-	})
-	return wrap("audit", err)
+	}
+}
+
+// CallAudit is the audit row of one front-door call, which the call's
+// store write may carry in its own transaction instead of a commit of its
+// own after it (store.AppendEventParams.Audit): a message signal writes it
+// with the event it appends. A front door puts it in the call's context
+// (WithCallAudit) before its handler runs; the handler sets Status when
+// its answer on success is known in advance. Written then reports whether
+// the row went out with the write (result "ok", that Status), and the
+// front door writes none; otherwise it writes the row of its answer, as
+// for any call. It is safe for concurrent use.
+type CallAudit struct {
+	// Op and Object are the row's action and object (as Audit's).
+	Op     Op
+	Object string
+	// Status is the status the call answers when its write succeeds; 0:
+	// the write carries no row.
+	Status  int
+	written atomic.Bool
+}
+
+// Written reports whether the call's row was written with its store
+// write.
+func (c *CallAudit) Written() bool { return c != nil && c.written.Load() }
+
+type callAuditKey struct{}
+
+// WithCallAudit returns ctx carrying the call's audit row c.
+func WithCallAudit(ctx context.Context, c *CallAudit) context.Context {
+	return context.WithValue(ctx, callAuditKey{}, c)
+}
+
+// carriedAudit returns the row the store write of ctx's call carries (nil:
+// none) and the CallAudit to mark once it was written.
+func carriedAudit(ctx context.Context) (*store.AppendAuditParams, *CallAudit) {
+	c, _ := ctx.Value(callAuditKey{}).(*CallAudit)
+	if c == nil || c.Status == 0 || c.Op == "" {
+		return nil, nil
+	}
+	row := auditRow(ctx, c.Op, c.Object, "ok", c.Status)
+	return &row, c
 }
 
 // AuditPage selects a page of the audit log, newest first.

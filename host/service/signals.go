@@ -72,6 +72,10 @@ type SignalResult struct {
 	Interrupted int64
 	// Status is, for a wake, the session's status after it.
 	Status store.SessionStatus
+
+	// audit is the call's audit row that the append wrote with the event
+	// (CallAudit), marked written once the signal is accepted.
+	audit *CallAudit
 }
 
 // Signal accepts a signal for agent a's (as GetAgent returned it) session
@@ -232,6 +236,9 @@ func (s *Service) signal(ctx context.Context, a store.Agent, sessionID string, p
 	}
 	if res.Created {
 		s.h.Appended(res.Event)
+		if res.audit != nil {
+			res.audit.written.Store(true) // the call's row committed with its event
+		}
 	}
 	return res, nil
 }
@@ -265,6 +272,16 @@ func sameSignal(e store.Event, kind string, payload []byte) bool {
 func (s *Service) midTurnMessage(ctx context.Context, key store.ActorKey, payload json.RawMessage, idem string, res *SignalResult) error {
 	p := store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload, IdempotencyKey: idem,
 		Traceparent: tracing.Traceparent(ctx)}
+	// The call's audit row goes with the event it creates (one commit).
+	var carried *CallAudit
+	p.Audit, carried = carriedAudit(ctx)
+	appendEvent := func() (err error) {
+		res.Event, res.Created, err = s.st.AppendEvent(ctx, p)
+		if err == nil && res.Created && p.Audit != nil {
+			res.audit = carried
+		}
+		return err
+	}
 	var err error
 	switch res.MidTurn {
 	case host.MidTurnSteer:
@@ -279,7 +296,7 @@ func (s *Service) midTurnMessage(ctx context.Context, key store.ActorKey, payloa
 		p.RefuseIfInFlight = true
 	case host.MidTurnInterrupt:
 		p.RefuseIfInFlight = true
-		res.Event, res.Created, err = s.st.AppendEvent(ctx, p)
+		err = appendEvent()
 		var tif *store.TurnInFlightError
 		if !errors.As(err, &tif) {
 			return err
@@ -300,8 +317,7 @@ func (s *Service) midTurnMessage(ctx context.Context, key store.ActorKey, payloa
 		}
 		p.RefuseIfInFlight = false
 	}
-	res.Event, res.Created, err = s.st.AppendEvent(ctx, p)
-	return err
+	return appendEvent()
 }
 
 // CancelEvent cancels event eventID of agent a's session key (0: the turn
