@@ -588,10 +588,10 @@ func (rn renumber) body(r *reader, w, chk []byte) ([]byte, error) {
 		w = append(w, op)
 		switch {
 		case op == 0x03: // loop bt
-			w = r.copyLEB(w)
+			w = r.copyBlockType(w)
 			w = append(w, chk...)
 		case op == 0x02, op == 0x04: // block, if: blocktype
-			w = r.copyLEB(w)
+			w = r.copyBlockType(w)
 		case op == 0x10, op == 0x12, op == 0xd2: // call, return_call, ref.func
 			w = rn.copyFunc(r, w)
 		case op == 0x11, op == 0x13: // call_indirect, return_call_indirect: type, table

@@ -291,3 +291,41 @@ func small(wasm []byte) bool {
 	}
 	return true
 }
+
+// Encodings that wazero reads differently from the format (a SIMD or
+// atomic sub-opcode as one byte, a block type's heap type, the fifth byte
+// of an s33) are refused: read another way than wazero does, they would
+// hide the instructions after them, a loop among them, from the fuel
+// check.
+func TestInstrumentRefusesEncodingsWazeroReadsOtherwise(t *testing.T) {
+	module := func(code []byte) []byte {
+		return cat([]byte("\x00asm\x01\x00\x00\x00"),
+			section(1, vec([]byte{0x60, 0, 0})),
+			section(3, vec(uleb(0))),
+			section(10, vec(body(vec(), code))))
+	}
+	for name, code := range map[string][]byte{
+		"SIMD opcode 256":              {0xfd, 0x80, 0x02},
+		"SIMD opcode 12 in two bytes":  {0xfd, 0x8c, 0x00},
+		"atomic opcode 0 in two bytes": {0xfe, 0x80, 0x00},
+		"block type -29 in two bytes":  {0x02, 0xe3, 0x7f, 0x0b},
+		"block type in five bytes":     {0x02, 0x80, 0x80, 0x80, 0x80, 0x00, 0x0b},
+		"heap type in five bytes":      {0x02, 0x63, 0x80, 0x80, 0x80, 0x80, 0x00, 0x0b},
+	} {
+		if _, err := interrupt.Instrument(module(code), yieldImport, 10); !errors.Is(err, interrupt.ErrMalformed) {
+			t.Errorf("%s: %v, want ErrMalformed", name, err)
+		}
+	}
+	// A block of type (ref null func): the heap type is part of the block
+	// type, and the loop inside is instrumented.
+	wasm, err := interrupt.Instrument(module([]byte{0x02, 0x63, 0x70, 0x03, 0x40, 0x0b, 0xd0, 0x70, 0x0b, 0x1a}), yieldImport, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	rt := wazero.NewRuntime(ctx)
+	defer rt.Close(ctx)
+	if _, err := rt.CompileModule(ctx, wasm); err != nil {
+		t.Fatalf("the instrumented module does not compile: %v", err)
+	}
+}

@@ -1,0 +1,149 @@
+package wasm_test
+
+// Hostile hand-written guests against the fuel check (interrupt.Instrument):
+// every way to spin must stop at the turn's deadline.
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/paddock-dev/paddock/wasm"
+)
+
+func cat(parts ...[]byte) []byte {
+	var b []byte
+	for _, p := range parts {
+		b = append(b, p...)
+	}
+	return b
+}
+
+// Spin guests count a local down from spinCount: long enough (seconds)
+// that a guest the fuel check missed overruns the deadline plainly, short
+// enough that such a failing test still ends.
+const spinCount = 1 << 33
+
+// Local indices of paddock_turn (params ptr, len; then the locals).
+const (
+	turnCounter = 2 // i64
+	turnScratch = 3 // i32
+)
+
+var turnLocals = []byte{tI64, tI32}
+
+// countDown leaves on the stack whether the counter, decremented, is
+// still non-zero (i32).
+var countDown = []byte{0x20, turnCounter, 0x42, 0x01, 0x7d, 0x22, turnCounter, 0x50, 0x45}
+
+// spinTurn is a paddock_turn whose body is body, then the fixed result.
+func spinTurn(body []byte) wfunc { return spinTurnN(spinCount, body) }
+
+// spinTurnN is spinTurn with the counter starting at n.
+func spinTurnN(n int64, body []byte) wfunc {
+	return wfunc{export: "paddock_turn", params: []byte{tI32, tI32}, results: []byte{tI64}, locals: turnLocals,
+		body: cat(i64Const(n), []byte{0x21, turnCounter}, body, i64Const(fixedResultAt<<32))}
+}
+
+// treeCall is function 4 of a spin guest, f(n): if n { f(n-1); f(n-1) }
+// through call (op 0x10) or call_indirect of table[0] (op 0x11): 2^n calls,
+// never deeper than n.
+func treeCall(op byte) wfunc {
+	call := []byte{0x10, 4}
+	if op == 0x11 {
+		call = []byte{0x41, 0, 0x11, 4, 0}
+	}
+	rec := cat([]byte{0x20, 0, 0x41, 1, 0x6b}, call)
+	return wfunc{params: []byte{tI32}, body: cat([]byte{0x20, 0, 0x04, 0x40}, rec, rec, []byte{0x0b})}
+}
+
+// A tree of calls of the same shape through two functions (4 and 5).
+func mutual() []wfunc {
+	f := func(other byte) wfunc {
+		rec := []byte{0x20, 0, 0x41, 1, 0x6b, 0x10, other}
+		return wfunc{params: []byte{tI32}, body: cat([]byte{0x20, 0, 0x04, 0x40}, rec, rec, []byte{0x0b})}
+	}
+	return []wfunc{f(5), f(4)}
+}
+
+type spinCase struct {
+	name string
+	mod  wmod
+}
+
+func spinCases() []spinCase {
+	guest := func(turn wfunc, extra ...wfunc) wmod {
+		m := fixedGuest(1, []byte("{}"), turn)
+		m.funcs = append(m.funcs, extra...)
+		return m
+	}
+	callTree := func(depth int32) wfunc { return spinTurn(cat(i32Const(depth), []byte{0x10, 4})) }
+	v128Zero := cat([]byte{0xfd, 0x0c}, make([]byte, 16))
+	cases := []spinCase{
+		{"loop", guest(spinTurn(cat([]byte{0x03, 0x40}, countDown, []byte{0x0d, 0, 0x0b})))},
+		{"loop in block in if", guest(spinTurn(cat(i32Const(1), []byte{0x04, 0x40, 0x02, 0x40, 0x03, 0x40}, countDown,
+			[]byte{0x0d, 0, 0x0b, 0x0b, 0x0b})))},
+		// block $out loop $l: br_table [$l] $out on (counter == 0).
+		{"br_table back-edge", guest(spinTurn(cat([]byte{0x02, 0x40, 0x03, 0x40}, countDown, []byte{0x45, 0x0e, 1, 0, 1, 0x0b, 0x0b})))},
+		// loop (param i32) (result i32) of type 1 (alloc's type).
+		{"loop with a param", guest(spinTurn(cat(i32Const(7), []byte{0x03, 1, 0x1a}, i32Const(7), countDown,
+			[]byte{0x0d, 0, 0x0b, 0x1a})))},
+		// loop (param i32) (result i32 i32) of type 4 (function 4's).
+		{"multi-value loop", guest(spinTurn(cat(i32Const(7), []byte{0x03, 4, 0x1a}, i32Const(7), countDown,
+			[]byte{0x0d, 0}, i32Const(8), []byte{0x0b, 0x1a, 0x1a})),
+			wfunc{params: []byte{tI32}, results: []byte{tI32, tI32}, body: cat(i32Const(1), i32Const(2))})},
+		{"recursion", guest(callTree(40), treeCall(0x10))},
+		{"mutual recursion", guest(callTree(40), mutual()...)},
+		// Instrument reads a SIMD sub-opcode as a LEB128 number, wazero as
+		// one byte: 0xfd 0x80 0x02 is one instruction to the first,
+		// i16x8.abs then block to the second, which then finds a loop where
+		// the first saw two memory.grow.
+		{"SIMD opcode hiding a loop", guest(spinTurn(cat(v128Zero, []byte{0xfd, 0x80, 0x02, 0x40, 0x03, 0x40, 0x01}, countDown,
+			[]byte{0x0d, 0, 0x0b, 0x0b, 0x1a})))},
+		// A block of result (ref null 2) reads a heap type after 0x63; read
+		// as a one-byte block type, the heap type 2 is a block whose block
+		// type is the loop opcode.
+		{"ref block type hiding a loop", guest(spinTurn(cat([]byte{0x02, 0x63, 0x02, 0x03, 0x40, 0x01}, countDown,
+			[]byte{0x0d, 0, 0x0b, 0x00, 0x0b, 0x1a})))},
+	}
+	indirect := guest(callTree(40), treeCall(0x11))
+	indirect.table = []uint32{4}
+	cases = append(cases, spinCase{"call_indirect recursion", indirect})
+	return cases
+}
+
+// TestFuelStopsHostileSpins: each hostile guest is refused at Load or its
+// turn stops at its deadline, promptly.
+func TestFuelStopsHostileSpins(t *testing.T) {
+	t.Parallel()
+	b := setup(t, wasm.Config{TurnTimeout: time.Minute})
+	for _, c := range spinCases() {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			info, err := b.rt.Validate(ctx, c.mod.bytes())
+			if err != nil {
+				var me *wasm.ModuleError
+				if !errors.As(err, &me) {
+					t.Fatalf("Validate: %v", err)
+				}
+				t.Logf("refused: %v", err) // refused is as good as stopped
+				return
+			}
+			inst, err := b.rt.Instantiate(ctx, info.Digest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer inst.Close(ctx)
+			tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			_, err = inst.Turn(tctx, request("spin", nil, 1))
+			if took := time.Since(start); took > 2*time.Second {
+				t.Errorf("the turn stopped %s after its start, its deadline 100 ms", took)
+			}
+			turnError(t, err, wasm.KindTimeout)
+		})
+	}
+}
