@@ -110,6 +110,17 @@ func spinCases() []spinCase {
 	indirect := guest(callTree(40), treeCall(0x11))
 	indirect.table = []uint32{4}
 	cases = append(cases, spinCase{"call_indirect recursion", indirect})
+	// Bulk memory: one instruction, and one fuel, per 16 MiB (some
+	// thousands take seconds).
+	const pages, bulkSpins = 256, 3000
+	fill := guest(spinTurnN(bulkSpins, cat([]byte{0x03, 0x40}, i32Const(0), i32Const(0), i32Const(pages<<16), []byte{0xfc, 11, 0},
+		countDown, []byte{0x0d, 0, 0x0b})))
+	fill.memPages = pages
+	cases = append(cases, spinCase{"memory.fill in a loop", fill})
+	cp := guest(spinTurnN(bulkSpins, cat([]byte{0x03, 0x40}, i32Const(0), i32Const(pages<<15), i32Const(pages<<15), []byte{0xfc, 10, 0, 0},
+		countDown, []byte{0x0d, 0, 0x0b})))
+	cp.memPages = pages
+	cases = append(cases, spinCase{"memory.copy in a loop", cp})
 	return cases
 }
 

@@ -4,9 +4,9 @@
 // (wazero/wazero#2466: a JSON-bound Go guest turn ~4x slower, the bench's
 // hasher turn ~5x).
 //
-// Instrument adds to the module one mutable i32 global (the fuel) and one
-// imported function, Module.Name (() -> i32), and inserts at the entry of
-// every function and at the head of every loop:
+// Instrument adds to the module two mutable i32 globals (the fuel and a
+// scratch value) and one imported function, Module.Name (() -> i32), and
+// inserts at the entry of every function and at the head of every loop:
 //
 //	global.get $fuel
 //	i32.eqz
@@ -19,9 +19,14 @@
 //	i32.sub
 //	global.set $fuel
 //
-// A guest runs at most the fuel's worth of function entries and loop
-// iterations between two calls to the host (a spin that neither loops nor
-// calls is bounded by its code size), so the host's yield function can stop
+// Before every bulk instruction (memory.fill, memory.copy, memory.init,
+// table.fill, table.copy, table.init, table.grow) it charges the fuel one
+// per KiB (or 1024 elements) of the instruction's size (see charge), since
+// one such instruction can take milliseconds.
+//
+// A guest runs at most the fuel's worth of function entries, loop
+// iterations and KiB of bulk instructions between two calls to the host
+// (a spin that neither loops nor calls is bounded by its code size), so the host's yield function can stop
 // it there (panic with a sys.ExitError) and, as important, the Go runtime
 // gets a preemption point: native wazero code has none, so a guest that
 // never left it would block the garbage collector's stop-the-world, and the
@@ -31,7 +36,7 @@
 // defined function's index moves up by one: Instrument renumbers them in
 // calls (call, return_call), ref.func, exports, the start function,
 // element segments, constant expressions and the name section. The new
-// global is the last in the global index space, so no global moves; code
+// globals are the last in the global index space, so no global moves; code
 // that names a global or function index the original module does not have
 // is refused, so that the original code can never reach the fuel. DWARF
 // sections (.debug_*), whose code offsets no longer hold, are dropped.
@@ -157,7 +162,7 @@ func Instrument(wasm []byte, m Module, initialFuel int32) (out []byte, err error
 		case secElement:
 			content, err = rn.elements(s.content)
 		case secCode:
-			content, err = rn.code(s.content, check(fuel, yield))
+			content, err = rn.code(s.content, instrumentation{check(fuel, yield), charge(fuel, fuel+1, yield)})
 		case secCustom:
 			content, err = rn.custom(s.content)
 		default:
@@ -175,7 +180,7 @@ func Instrument(wasm []byte, m Module, initialFuel int32) (out []byte, err error
 		secs = insertSection(secs, section{secImport, append([]byte{1}, importEntry(m, yieldType)...)})
 	}
 	if !has[secGlobal] {
-		secs = insertSection(secs, section{secGlobal, append([]byte{1}, fuelGlobal(initialFuel)...)})
+		secs = insertSection(secs, section{secGlobal, append([]byte{2}, newGlobals(initialFuel)...)})
 	}
 	out = append(make([]byte, 0, len(wasm)+len(wasm)/8), wasm[:8]...)
 	for _, s := range secs {
@@ -225,10 +230,64 @@ func importEntry(m Module, typeIdx uint32) []byte {
 	return binary.AppendUvarint(b, uint64(typeIdx))
 }
 
-func fuelGlobal(initial int32) []byte {
+// bulkShift: a bulk instruction of n bytes or elements costs n>>bulkShift
+// fuel, one per KiB of memory: a loop iteration and a KiB of memory.fill
+// take about as long, tens of nanoseconds.
+const bulkShift = 10
+
+// charge is the sequence inserted before a bulk instruction (memory.fill,
+// memory.copy, memory.init, table.fill, table.copy, table.init,
+// table.grow), whose last operand, on top of the stack, is its size n:
+//
+//	global.set $n
+//	global.get $n  i32.const bulkShift  i32.shr_u   ;; cost
+//	global.get $fuel
+//	i32.ge_u
+//	if                 ;; the fuel does not cover it: the host first
+//	  call $yield
+//	  global.set $fuel
+//	else
+//	  global.get $fuel  global.get $n  i32.const bulkShift  i32.shr_u  i32.sub
+//	  global.set $fuel
+//	end
+//	global.get $n
+//
+// Without it a loop of 16 MiB fills ran 65536 of them (minutes) between
+// two yields: one fuel each.
+func charge(fuel, n, yield uint32) []byte {
+	f := binary.AppendUvarint(nil, uint64(fuel))
+	g := binary.AppendUvarint(nil, uint64(n))
+	cost := append(append([]byte{0x23}, g...), 0x41, bulkShift, 0x76) // global.get $n; i32.const; i32.shr_u
+	b := append([]byte{0x24}, g...)                                   // global.set $n
+	b = append(b, cost...)
+	b = append(append(b, 0x23), f...)          // global.get $fuel
+	b = append(b, 0x4f, 0x04, 0x40, 0x10)      // i32.ge_u; if; call
+	b = binary.AppendUvarint(b, uint64(yield)) // $yield
+	b = append(append(b, 0x24), f...)          // global.set $fuel
+	b = append(b, 0x05)                        // else
+	b = append(append(b, 0x23), f...)          // global.get $fuel
+	b = append(append(b, cost...), 0x6b)       // cost; i32.sub
+	b = append(append(b, 0x24), f...)          // global.set $fuel
+	b = append(b, 0x0b)                        // end
+	return append(append(b, 0x23), g...)       // global.get $n
+}
+
+// bulk are the sub-opcodes of 0xfc charged by size: memory.init, memory.copy,
+// memory.fill, table.init, table.copy, table.grow, table.fill.
+var bulk = map[uint64]bool{8: true, 10: true, 11: true, 12: true, 14: true, 15: true, 17: true}
+
+// instrumentation is what Instrument inserts into code.
+type instrumentation struct {
+	check  []byte // at function entries and loop heads
+	charge []byte // before bulk instructions
+}
+
+// newGlobals are the globals Instrument adds: the fuel and the scratch
+// global of charge.
+func newGlobals(initial int32) []byte {
 	b := []byte{0x7f, 0x01, 0x41} // i32, mutable, i32.const
 	b = binary.AppendVarint(b, int64(initial))
-	return append(b, 0x0b)
+	return append(b, 0x0b, 0x7f, 0x01, 0x41, 0x00, 0x0b)
 }
 
 func appendName(b []byte, s string) []byte {
@@ -369,10 +428,10 @@ func (rn renumber) constExpr(r *reader, w []byte) []byte {
 func (rn renumber) globals(content []byte, initial int32) ([]byte, error) {
 	r := &reader{b: content}
 	n := r.u32()
-	if r.err == nil && n == ^uint32(0) {
+	if r.err == nil && n >= ^uint32(0)-1 {
 		r.fail(errors.New("vector too long"))
 	}
-	w := binary.AppendUvarint(make([]byte, 0, len(content)+8), uint64(n+1))
+	w := binary.AppendUvarint(make([]byte, 0, len(content)+16), uint64(n+2))
 	for range n {
 		if r.err != nil {
 			break
@@ -384,7 +443,7 @@ func (rn renumber) globals(content []byte, initial int32) ([]byte, error) {
 	if err := r.end(); err != nil {
 		return nil, err
 	}
-	return append(w, fuelGlobal(initial)...), nil
+	return append(w, newGlobals(initial)...), nil
 }
 
 func (rn renumber) exports(content []byte) ([]byte, error) {
@@ -541,9 +600,10 @@ func (rn renumber) nameMap(r *reader, w []byte) []byte {
 	return w
 }
 
-// code copies the code section with chk inserted at every function's
-// entry and loop head, function indices renumbered.
-func (rn renumber) code(content, chk []byte) ([]byte, error) {
+// code copies the code section with ins.check inserted at every
+// function's entry and loop head and ins.charge before every bulk
+// instruction, function indices renumbered.
+func (rn renumber) code(content []byte, ins instrumentation) ([]byte, error) {
 	r := &reader{b: content}
 	n := r.u32()
 	if r.err == nil && n != rn.c.definedFuncs {
@@ -558,7 +618,7 @@ func (rn renumber) code(content, chk []byte) ([]byte, error) {
 			return nil, fmt.Errorf("function body %d: %w", i, r.err)
 		}
 		var err error
-		if body, err = rn.body(b, body[:0], chk); err != nil {
+		if body, err = rn.body(b, body[:0], ins); err != nil {
 			return nil, fmt.Errorf("function body %d: %w", i, err)
 		}
 		w = binary.AppendUvarint(w, uint64(len(body)))
@@ -571,8 +631,9 @@ func (rn renumber) code(content, chk []byte) ([]byte, error) {
 }
 
 // body copies one function body: its locals, chk, then its instructions
-// with chk after every loop's block type.
-func (rn renumber) body(r *reader, w, chk []byte) ([]byte, error) {
+// with ins.check after every loop's block type and ins.charge before
+// every bulk instruction.
+func (rn renumber) body(r *reader, w []byte, ins instrumentation) ([]byte, error) {
 	groups := r.u32()
 	w = binary.AppendUvarint(w, uint64(groups))
 	for range groups {
@@ -582,14 +643,14 @@ func (rn renumber) body(r *reader, w, chk []byte) ([]byte, error) {
 		w = r.copyLEB(w)
 		w = r.copyValtype(w)
 	}
-	w = append(w, chk...)
+	w = append(w, ins.check...)
 	for len(r.b) > 0 && r.err == nil {
 		op := r.byte()
 		w = append(w, op)
 		switch {
 		case op == 0x03: // loop bt
 			w = r.copyBlockType(w)
-			w = append(w, chk...)
+			w = append(w, ins.check...)
 		case op == 0x02, op == 0x04: // block, if: blocktype
 			w = r.copyBlockType(w)
 		case op == 0x10, op == 0x12, op == 0xd2: // call, return_call, ref.func
@@ -638,6 +699,9 @@ func (rn renumber) body(r *reader, w, chk []byte) ([]byte, error) {
 		case op == 0x00, op == 0x01, op == 0x05, op == 0x0b, op == 0x0f, op == 0x1a, op == 0x1b,
 			op >= 0x45 && op <= 0xc4, op == 0xd1: // no immediates
 		case op == 0xfc:
+			if sub, n := binary.Uvarint(r.b); n > 0 && bulk[sub] {
+				w = append(append(w[:len(w)-1], ins.charge...), op)
+			}
 			w = r.copyPrefixFC(w)
 		case op == 0xfd:
 			w = r.copyPrefixFD(w)
