@@ -35,7 +35,8 @@
 // The new import comes after the module's imported functions, so every
 // defined function's index moves up by one: Instrument renumbers them in
 // calls (call, return_call), ref.func, exports, the start function,
-// element segments, constant expressions and the name section. The new
+// element segments, table initialisers, constant expressions and the name
+// section. The new
 // globals are the last in the global index space, so no global moves; code
 // that names a global or function index the original module does not have
 // is refused, so that the original code can never reach the fuel. DWARF
@@ -60,6 +61,7 @@ const (
 	secType     = 1
 	secImport   = 2
 	secFunction = 3
+	secTable    = 4
 	secGlobal   = 6
 	secExport   = 7
 	secStart    = 8
@@ -153,6 +155,8 @@ func Instrument(wasm []byte, m Module, initialFuel int32) (out []byte, err error
 			content, err = appendEntry(s.content, []byte{0x60, 0x00, 0x01, 0x7f})
 		case secImport:
 			content, err = appendEntry(s.content, importEntry(m, yieldType))
+		case secTable:
+			content, err = rn.tables(s.content)
 		case secGlobal:
 			content, err = rn.globals(s.content, initialFuel)
 		case secExport:
@@ -446,6 +450,41 @@ func (rn renumber) globals(content []byte, initial int32) ([]byte, error) {
 	return append(w, newGlobals(initial)...), nil
 }
 
+// tables copies the table section, renumbering the ref.func of table
+// initialisers (0x40 0x00 tabletype expr).
+func (rn renumber) tables(content []byte) ([]byte, error) {
+	r := &reader{b: content}
+	n := r.u32()
+	w := binary.AppendUvarint(make([]byte, 0, len(content)+8), uint64(n))
+	for range n {
+		if r.err != nil {
+			break
+		}
+		init := len(r.b) > 0 && r.b[0] == 0x40
+		if init {
+			w = append(w, r.byte())
+			if reserved := r.byte(); r.err == nil && reserved != 0x00 {
+				r.fail(fmt.Errorf("table initialiser prefix 0x40 %#x", reserved))
+			}
+			w = append(w, 0x00)
+		}
+		w = r.copyValtype(w)
+		start := r.b
+		r.limits()
+		if r.err != nil {
+			break
+		}
+		w = append(w, start[:len(start)-len(r.b)]...)
+		if init {
+			w = rn.constExpr(r, w)
+		}
+	}
+	if err := r.end(); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
 func (rn renumber) exports(content []byte) ([]byte, error) {
 	r := &reader{b: content}
 	n := r.u32()
@@ -458,9 +497,16 @@ func (rn renumber) exports(content []byte) ([]byte, error) {
 		w = appendName(w, nm)
 		kind := r.byte()
 		w = append(w, kind)
-		if kind == 0x00 {
+		switch kind {
+		case 0x00:
 			w = rn.copyFunc(r, w)
-		} else {
+		case 0x03: // global: not one Instrument adds
+			idx := r.u32()
+			if r.err == nil && idx >= rn.c.globals() {
+				r.fail(fmt.Errorf("exported global index %d out of range (%d globals)", idx, rn.c.globals()))
+			}
+			w = binary.AppendUvarint(w, uint64(idx))
+		default:
 			w = r.copyLEB(w)
 		}
 	}
