@@ -612,6 +612,9 @@ func (rn renumber) custom(content []byte) ([]byte, error) {
 				inner := sub.u32()
 				body = binary.AppendUvarint(body, uint64(inner))
 				for range inner {
+					if sub.err != nil {
+						break
+					}
 					body = sub.copyLEB(body)
 					body = appendName(body, sub.name())
 				}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"runtime"
 	"testing"
 
 	"github.com/tetratelabs/wazero"
@@ -283,8 +284,19 @@ func FuzzInstrument(f *testing.F) {
 }
 
 // small reports whether every section of wasm (a module Instrument took)
-// declares at most 1,000 entries.
+// declares at most 1,000 entries and no LEB128 number of wasm can exceed
+// 2^21 (none has more than three bytes: wazero allocates a vector of a
+// declared length up front, e.g. a function type's results).
 func small(wasm []byte) bool {
+	run := 0
+	for _, b := range wasm {
+		if run = run + 1; b < 0x80 {
+			run = 0
+		}
+		if run >= 3 {
+			return false
+		}
+	}
 	for at := 8; at < len(wasm); {
 		size, n := binary.Uvarint(wasm[at+1:])
 		if wasm[at] != 0 {
@@ -436,5 +448,24 @@ func TestInstrumentRenumbersEveryElementForm(t *testing.T) {
 	}
 	if got := inst.ExportedFunction("two").Definition().Name(); got != "two" {
 		t.Errorf("name of two is %q after instrumenting", got)
+	}
+}
+
+// A name section declaring 2^26 local names it does not have costs
+// Instrument no more than its size: it stops at the first missing name.
+func TestInstrumentHugeNameCountIsCheap(t *testing.T) {
+	m := cat(testModule(), section(0, cat(name("name"), []byte{2}, func() []byte {
+		m := cat(uleb(1), uleb(fnSum), uleb(1<<26)) // function sum: 2^26 local names, none there
+		return append(uleb(uint64(len(m))), m...)
+	}())))
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := interrupt.Instrument(m, yieldImport, 10)
+	runtime.ReadMemStats(&after)
+	if err != nil && !errors.Is(err, interrupt.ErrMalformed) {
+		t.Fatal(err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
+		t.Errorf("Instrument of a %d-byte module allocated %d bytes", len(m), got)
 	}
 }
