@@ -6,6 +6,9 @@ package wasm_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -156,5 +159,173 @@ func TestFuelStopsHostileSpins(t *testing.T) {
 			}
 			turnError(t, err, wasm.KindTimeout)
 		})
+	}
+}
+
+// A spinning start function or _initialize stops at InitTimeout: Validate
+// (whose probe instantiates the module) refuses the module promptly.
+func TestFuelStopsSpinningInitialisers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, wasm.Config{InitTimeout: 200 * time.Millisecond})
+	spin := wfunc{locals: []byte{tI64}, body: cat(i64Const(spinCount), []byte{0x21, 0, 0x03, 0x40},
+		[]byte{0x20, 0, 0x42, 0x01, 0x7d, 0x22, 0, 0x50, 0x45, 0x0d, 0, 0x0b})}
+	start := fixedGuest(1, []byte("{}"))
+	start.funcs = append(start.funcs, spin)
+	start.start = len(start.funcs) // index 4, plus one
+	initialize := fixedGuest(1, []byte("{}"))
+	spin.export = wasm.ExportInitialize
+	initialize.funcs = append(initialize.funcs, spin)
+	for name, m := range map[string]wmod{"start": start, "_initialize": initialize} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			begin := time.Now()
+			_, err := b.rt.Validate(context.Background(), m.bytes())
+			if took := time.Since(begin); took > 3*time.Second {
+				t.Errorf("Validate returned %s after its start, InitTimeout 200 ms", took)
+			}
+			var me *wasm.ModuleError
+			if !errors.As(err, &me) || me.Reason != wasm.ReasonInitFailed {
+				t.Fatalf("Validate: %v, want a ModuleError of reason %s", err, wasm.ReasonInitFailed)
+			}
+			var te *wasm.TurnError
+			if !errors.As(err, &te) || te.Kind != wasm.KindTimeout {
+				t.Errorf("Validate: %v, want an init timeout", err)
+			}
+		})
+	}
+}
+
+// Code that names the fuel's global index (one past the module's globals)
+// or a function index past the module's (the yield import's, once
+// instrumented, is below them: a defined function's) is refused.
+func TestFuelOutOfReach(t *testing.T) {
+	t.Parallel()
+	b := shared(t)
+	for name, body := range map[string][]byte{
+		"global.set of the fuel":  cat(i32Const(0), []byte{0x24, 0}, i64Const(0)),
+		"global.get of the fuel":  cat([]byte{0x23, 0, 0x1a}, i64Const(0)),
+		"call past the functions": cat([]byte{0x10, 4}, i64Const(0)),
+	} {
+		m := fixedGuest(1, []byte("{}"), wfunc{export: "paddock_turn", params: []byte{tI32, tI32}, results: []byte{tI64}, body: body})
+		_, err := b.rt.Validate(context.Background(), m.bytes())
+		var me *wasm.ModuleError
+		if !errors.As(err, &me) || me.Reason != wasm.ReasonInvalidWasm {
+			t.Errorf("%s: %v, want a ModuleError of reason %s", name, err, wasm.ReasonInvalidWasm)
+		}
+	}
+}
+
+// signalLog is a slog.Handler that closes seen at the first record whose
+// message is msg.
+type signalLog struct {
+	msg  string
+	once sync.Once
+	seen chan struct{}
+}
+
+func (l *signalLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *signalLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *signalLog) WithGroup(string) slog.Handler            { return l }
+func (l *signalLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == l.msg {
+		l.once.Do(func() { close(l.seen) })
+	}
+	return nil
+}
+
+// spinForever is a guest that logs "spinning" (paddock.log) and then
+// loops forever, in paddock_turn or in _initialize.
+func spinForever(inInitialize bool) wmod {
+	const at = 2048
+	body := cat(i32Const(0), i32Const(at), i32Const(8), []byte{0x10, 0, 0x03, 0x40, 0x0c, 0, 0x0b})
+	m := fixedGuest(1, []byte("{}"))
+	m.imports = []wimport{{module: wasm.HostModule, name: wasm.HostLog, params: []byte{tI32, tI32, tI32}}}
+	m.data = append(m.data, wdata{at, []byte("spinning")})
+	if inInitialize {
+		m.funcs = append(m.funcs, wfunc{export: wasm.ExportInitialize, body: body})
+	} else {
+		m.funcs[3].body = cat(body, i64Const(0))
+	}
+	return m
+}
+
+func newSignalRuntime(t *testing.T, cfg wasm.Config) (*wasm.Runtime, *signalLog) {
+	t.Helper()
+	log := &signalLog{msg: "spinning", seen: make(chan struct{})}
+	rt, err := wasm.New(context.Background(), cfg, slog.New(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close(context.Background()) })
+	return rt, log
+}
+
+// Runtime.Close while a guest spins in a turn: a GC completes meanwhile,
+// Close returns, and the turn fails as cancelled.
+func TestRuntimeCloseStopsSpinningTurn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rt, log := newSignalRuntime(t, wasm.Config{TurnTimeout: time.Minute})
+	info, err := rt.Validate(ctx, spinForever(false).bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := rt.Instantiate(ctx, info.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	turnDone := make(chan error, 1)
+	go func() {
+		_, err := inst.Turn(ctx, request("spin", nil, 1))
+		turnDone <- err
+	}()
+	<-log.seen // the guest is in its loop
+	gcDone := make(chan struct{})
+	go func() { runtime.GC(); close(gcDone) }()
+	select {
+	case <-gcDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a GC did not complete within 10 s while the guest spun")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- rt.Close(ctx) }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Runtime.Close did not return within 10 s of a spinning guest")
+	}
+	err = <-turnDone
+	if !errors.Is(err, wasm.ErrClosed) {
+		turnError(t, err, wasm.KindCanceled)
+	}
+}
+
+// Runtime.Close while a module's _initialize spins (in Validate's probe):
+// Close returns and Validate fails with ErrClosed.
+func TestRuntimeCloseStopsSpinningInitialize(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rt, log := newSignalRuntime(t, wasm.Config{InitTimeout: time.Minute})
+	validated := make(chan error, 1)
+	go func() {
+		_, err := rt.Validate(ctx, spinForever(true).bytes())
+		validated <- err
+	}()
+	<-log.seen
+	closed := make(chan error, 1)
+	go func() { closed <- rt.Close(ctx) }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Runtime.Close did not return within 10 s of a spinning _initialize")
+	}
+	if err := <-validated; !errors.Is(err, wasm.ErrClosed) {
+		t.Errorf("Validate: %v, want ErrClosed", err)
 	}
 }
