@@ -109,6 +109,16 @@ func spinCases() []spinCase {
 		// type is the loop opcode.
 		{"ref block type hiding a loop", guest(spinTurn(cat([]byte{0x02, 0x63, 0x02, 0x03, 0x40, 0x01}, countDown,
 			[]byte{0x0d, 0, 0x0b, 0x00, 0x0b, 0x1a})))},
+		// select (result (ref null func)) with the heap type -16 in five
+		// bytes, the last with its continuation bit set: wazero stops
+		// there, a LEB128 reader reads on through the loop opcode.
+		{"typed select hiding a loop", guest(spinTurn(cat([]byte{0xd0, 0x70, 0xd0, 0x70}, i32Const(0),
+			[]byte{0x1c, 0x01, 0x63, 0xf0, 0xff, 0xff, 0xff, 0xbf, 0x03, 0x40, 0x01}, countDown, []byte{0x0d, 0, 0x0b, 0x1a})))},
+		// The same in its canonical form: wazero's compiler skips two
+		// bytes after 0x1c, so it compiled 0x70 as i32.rem_u and panicked
+		// in its own goroutine, killing the host.
+		{"typed select of (ref null func)", guest(spinTurn(cat([]byte{0xd0, 0x70, 0xd0, 0x70}, i32Const(0),
+			[]byte{0x1c, 0x01, 0x63, 0x70, 0x1a})))},
 	}
 	indirect := guest(callTree(40), treeCall(0x11))
 	indirect.table = []uint32{4}

@@ -276,6 +276,10 @@ func charge(fuel, n, yield uint32) []byte {
 	return append(append(b, 0x23), g...)       // global.get $n
 }
 
+// oneByteValtype are the value types of one byte: i32, i64, f32, f64,
+// v128, funcref, externref.
+var oneByteValtype = map[byte]bool{0x7f: true, 0x7e: true, 0x7d: true, 0x7c: true, 0x7b: true, 0x70: true, 0x6f: true}
+
 // bulk are the sub-opcodes of 0xfc charged by size: memory.init, memory.copy,
 // memory.fill, table.init, table.copy, table.grow, table.fill.
 var bulk = map[uint64]bool{8: true, 10: true, 11: true, 12: true, 14: true, 15: true, 17: true}
@@ -727,14 +731,15 @@ func (rn renumber) body(r *reader, w []byte, ins instrumentation) ([]byte, error
 			}
 			w = r.copyLEB(w)
 		case op == 0x1c: // select t*
+			// One value type of one byte: wazero's compiler skips two
+			// bytes after 0x1c whatever its validator read (a (ref null
+			// ht) type: the heap type compiled as code).
 			k := r.u32()
-			w = binary.AppendUvarint(w, uint64(k))
-			for range k {
-				if r.err != nil {
-					break
-				}
-				w = r.copyValtype(w)
+			t := r.byte()
+			if r.err == nil && (k != 1 || !oneByteValtype[t]) {
+				r.fail(fmt.Errorf("select with %d types, the first %#x", k, t))
 			}
+			w = append(w, byte(k), t)
 		case op >= 0x28 && op <= 0x3e: // loads and stores
 			w = r.copyMemarg(w)
 		case op == 0x41, op == 0x42: // i32.const, i64.const

@@ -105,7 +105,14 @@ func (r *reader) valtype() {
 	switch t := r.byte(); t {
 	case 0x7f, 0x7e, 0x7d, 0x7c, 0x7b, 0x70, 0x6f:
 	case 0x63, 0x64:
-		r.bytes(r.leb())
+		// wazero reads a heap type (an s33) as at most five bytes, the
+		// fifth whatever its continuation bit: a longer read here would
+		// put the next instruction elsewhere than wazero does.
+		if n := r.leb(); r.err == nil && n > 4 {
+			r.fail(errors.New("heap type longer than four bytes"))
+		} else {
+			r.bytes(n)
+		}
 	default:
 		if r.err == nil {
 			r.fail(fmt.Errorf("value type %#x", t))
