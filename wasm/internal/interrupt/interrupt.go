@@ -294,8 +294,21 @@ type instrumentation struct {
 // global of charge.
 func newGlobals(initial int32) []byte {
 	b := []byte{0x7f, 0x01, 0x41} // i32, mutable, i32.const
-	b = binary.AppendVarint(b, int64(initial))
+	b = appendSLEB(b, int64(initial))
 	return append(b, 0x0b, 0x7f, 0x01, 0x41, 0x00, 0x0b)
+}
+
+// appendSLEB appends v as a signed LEB128 number (binary.AppendVarint is
+// zigzag: 32 became 64, which an i32.const reads as -64).
+func appendSLEB(b []byte, v int64) []byte {
+	for {
+		c := byte(v & 0x7f)
+		v >>= 7
+		if (v == 0 && c&0x40 == 0) || (v == -1 && c&0x40 != 0) {
+			return append(b, c)
+		}
+		b = append(b, c|0x80)
+	}
 }
 
 func appendName(b []byte, s string) []byte {

@@ -469,3 +469,53 @@ func TestInstrumentHugeNameCountIsCheap(t *testing.T) {
 		t.Errorf("Instrument of a %d-byte module allocated %d bytes", len(m), got)
 	}
 }
+
+// Modules without some or all of the sections Instrument extends get them
+// in their places: the output compiles, and a function of a module with
+// no import, global or type section of its own yields.
+func TestInstrumentMinimalModules(t *testing.T) {
+	ctx := context.Background()
+	rt := wazero.NewRuntime(ctx)
+	defer rt.Close(ctx)
+	header := []byte("\x00asm\x01\x00\x00\x00")
+	for name, m := range map[string][]byte{
+		"empty":       header,
+		"memory only": cat(header, section(5, vec([]byte{0x00, 1}))),
+		"name only":   cat(header, section(0, cat(name("name"), []byte{1, 1, 0}))),
+	} {
+		out, err := interrupt.Instrument(m, yieldImport, 10)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if _, err := rt.CompileModule(ctx, out); err != nil {
+			t.Errorf("%s: the instrumented module does not compile: %v", name, err)
+		}
+	}
+	// No import or global section: spin() loops 100 times.
+	spin := cat(header,
+		section(1, vec([]byte{0x60, 0, 1, i32})),
+		section(3, vec(uleb(0))),
+		section(7, vec(cat(name("spin"), []byte{0x00}, uleb(0)))),
+		section(10, vec(body(vec([]byte{1, i32}),
+			[]byte{0x41, 0xe4, 0x00, 0x21, 0, 0x03, 0x40, 0x20, 0, 0x41, 1, 0x6b, 0x22, 0, 0x0d, 0, 0x0b, 0x20, 0}))))
+	// One entry and 100 loop heads: 101 fuel, the first fuel from the
+	// global's initial value, then fuel at a time from each yield. 32 is
+	// 64 zigzag-encoded, which read as an SLEB128 i32.const is -64.
+	for _, fuel := range []int32{10, 32, 1000} {
+		out, err := interrupt.Instrument(spin, yieldImport, fuel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mod, yields := run(t, out, fuel)
+		if got := call(t, mod, "spin"); got != 0 {
+			t.Errorf("spin() = %d", got)
+		}
+		want := 0
+		if fuel < 101 {
+			want = int((101-(fuel+1))/fuel) + 1
+		}
+		if *yields != want {
+			t.Errorf("101 fuel checks at fuel %d yielded %d times, want %d", fuel, *yields, want)
+		}
+	}
+}
