@@ -260,6 +260,7 @@ func replaceOnce(t *testing.T, b, old, new []byte) []byte {
 func FuzzInstrument(f *testing.F) {
 	f.Add(testModule())
 	f.Add(envModule())
+	f.Add(elementModule())
 	f.Fuzz(func(t *testing.T, wasm []byte) {
 		out, err := interrupt.Instrument(wasm, yieldImport, 100)
 		if err != nil {
