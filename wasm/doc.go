@@ -41,7 +41,7 @@
 // (instantiate + _initialize ~6 ms, then a cold first turn ~6 ms) and
 // ~12 MB of host allocations per turn; a warm instance ~2.5 ms and ~20 KB.
 // The warm floor is the Go guest's encoding/json running as wasm (~120 us
-// per turn) multiplied ~4x by WithCloseOnContextDone (below). Isolation
+// per turn; WithCloseOnContextDone multiplied it ~4x, see below). Isolation
 // between sessions does not need a fresh instance: by default one instance
 // only ever serves one session, whose state arrives in every request
 // anyway (an agent may opt into sharing warm instances among its sessions:
@@ -69,25 +69,31 @@
 // source is the same in every instance, which would also make the guest's
 // map hashing predictable.
 //
-// # Why WithCloseOnContextDone
+// # Why a fuel check, not WithCloseOnContextDone
 //
-// It is the only way to stop a guest that spins. wazero then checks for
-// cancellation on every loop back-edge, which makes tight guest loops
-// ~20x slower (wazero/wazero#2466) and a JSON-bound turn ~4x slower
-// (measured: 0.8 ms without, 2.5 ms with). The bench's hasher turn
-// (SHA-256 of 1 KiB and a small JSON job) takes 51 us without and 262 us
-// with, on a quiet machine; that is about 45 % of the host's CPU in
-// `paddock bench` (its --cpuprofile). Agents here are untrusted, so the
-// check stays on; a compute-heavy trusted agent belongs in a plugin worker.
-// Re-measure when wazero ships its inline check (PRs #2524, #2533).
+// A guest that spins must be stoppable. wazero's WithCloseOnContextDone
+// does it by checking for cancellation on every loop back-edge, which made
+// tight guest loops ~20x slower (wazero/wazero#2466) and a JSON-bound turn
+// ~4x slower (measured: 0.8 ms without, 2.5 ms with).
 //
-// A check of our own compiled into the module (a flag global tested at
-// every function entry and loop head, set by the host at the deadline, as
-// wasmtime's epoch interruption does) is not enough on its own, tried
-// here: wazero's native code has no preemption point, so a guest that
-// spins blocks the Go garbage collector's stop-the-world, and the
-// goroutine that would set the flag never runs again — the whole host
-// hangs. Such a check must also leave the guest for Go every N passes (a
-// fuel counter calling an imported host function), which means
-// renumbering the module's function indices.
+// A check of our own compiled into the module instead (a flag global
+// tested at every function entry and loop head, set by the host at the
+// deadline, as wasmtime's epoch interruption does) is not enough on its
+// own, tried here: wazero's native code has no preemption point, so a
+// guest that spins blocks the Go garbage collector's stop-the-world, and
+// the goroutine that would set the flag never runs again — the whole host
+// hangs. So the check is a fuel counter (internal/interrupt): every
+// function entry and loop head costs one, a bulk memory or table
+// instruction one per KiB, and when it runs out the guest calls the host
+// (hostYield), which stops the call if its context ended and else answers
+// fuelPerYield more. The host is thus entered at least every
+// fuelPerYield units, which bounds both how long a guest can hold off a
+// stop and the garbage collector. Instrumenting renumbers the module's
+// function indices, and it refuses any encoding that wazero would read
+// otherwise than the instrumenter does (such a module could hide a loop
+// from the check).
+//
+// Instance.Close during a turn cancels it; the turn closes the module once
+// the guest has returned. Runtime.Close cancels every guest call in flight
+// and waits for them before releasing the instances' memory.
 package wasm
