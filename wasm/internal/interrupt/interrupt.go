@@ -276,6 +276,11 @@ func charge(fuel, n, yield uint32) []byte {
 	return append(append(b, 0x23), g...)       // global.get $n
 }
 
+// maxLocals bounds the locals a function declares, as browsers' engines
+// do: wazero allocates for each declared local up front (2^31 locals, a
+// 30-byte module, asked for 16 GiB and killed the host).
+const maxLocals = 50000
+
 // oneByteValtype are the value types of one byte: i32, i64, f32, f64,
 // v128, funcref, externref.
 var oneByteValtype = map[byte]bool{0x7f: true, 0x7e: true, 0x7d: true, 0x7c: true, 0x7b: true, 0x70: true, 0x6f: true}
@@ -702,11 +707,16 @@ func (rn renumber) code(content []byte, ins instrumentation) ([]byte, error) {
 func (rn renumber) body(r *reader, w []byte, ins instrumentation) ([]byte, error) {
 	groups := r.u32()
 	w = binary.AppendUvarint(w, uint64(groups))
+	var locals uint64
 	for range groups {
 		if r.err != nil {
 			break
 		}
-		w = r.copyLEB(w)
+		n := r.u32()
+		if locals += uint64(n); r.err == nil && locals > maxLocals {
+			r.fail(fmt.Errorf("more than %d locals", maxLocals))
+		}
+		w = binary.AppendUvarint(w, uint64(n))
 		w = r.copyValtype(w)
 	}
 	w = append(w, ins.check...)

@@ -520,3 +520,26 @@ func TestInstrumentMinimalModules(t *testing.T) {
 		}
 	}
 }
+
+// A function declaring more locals than maxLocals (50,000) is refused
+// before wazero allocates them: 2^31 i32 locals in a 30-byte module asked
+// wazero for 16 GiB.
+func TestInstrumentRefusesHugeLocalCounts(t *testing.T) {
+	module := func(groups ...[]byte) []byte {
+		return cat([]byte("\x00asm\x01\x00\x00\x00"),
+			section(1, vec([]byte{0x60, 0, 0})),
+			section(3, vec(uleb(0))),
+			section(10, vec(body(vec(groups...)))))
+	}
+	for name, m := range map[string][]byte{
+		"2^31 in one group":  module(cat(uleb(1<<31), []byte{i32})),
+		"2 groups of 30,000": module(cat(uleb(30000), []byte{i32}), cat(uleb(30000), []byte{0x7e})),
+	} {
+		if _, err := interrupt.Instrument(m, yieldImport, 10); !errors.Is(err, interrupt.ErrMalformed) {
+			t.Errorf("%s: %v, want ErrMalformed", name, err)
+		}
+	}
+	if _, err := interrupt.Instrument(module(cat(uleb(50000), []byte{i32})), yieldImport, 10); err != nil {
+		t.Errorf("50,000 locals: %v", err)
+	}
+}
