@@ -8,6 +8,7 @@ import (
 	"errors"
 	"log/slog"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -337,5 +338,39 @@ func TestRuntimeCloseStopsSpinningInitialize(t *testing.T) {
 	}
 	if err := <-validated; !errors.Is(err, wasm.ErrClosed) {
 		t.Errorf("Validate: %v, want ErrClosed", err)
+	}
+}
+
+// table.grow past 2^20 elements (the table's total) fails as out of
+// memory (-1) instead of allocating it: one grow of 2^31 elements asked
+// wazero for 16 GiB. Growing within the bound still works, and a table
+// declared larger is refused.
+func TestTableGrowIsBounded(t *testing.T) {
+	t.Parallel()
+	b := shared(t)
+	ctx := context.Background()
+	// paddock_turn traps unless grow(2^31-1) = -1, grow(1000) = 1 (the
+	// old size), grow(2^20) = -1 (the total would pass 2^20).
+	grow := func(n int32, want int32) []byte {
+		return cat([]byte{0xd0, 0x70}, i32Const(n), []byte{0xfc, 15, 0}, i32Const(want), []byte{0x47, 0x04, 0x40, 0x00, 0x0b})
+	}
+	m := fixedGuest(1, []byte("{}"), wfunc{export: "paddock_turn", params: []byte{tI32, tI32}, results: []byte{tI64},
+		body: cat(grow(1<<31-1, -1), grow(1000, 1), grow(1<<20, -1), i64Const(fixedResultAt<<32|2))})
+	m.table = []uint32{0}
+	info, err := b.rt.Validate(ctx, m.bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := b.rt.Instantiate(ctx, info.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Close(ctx)
+	_, err = inst.Turn(ctx, request("grow", nil, 1))
+	turnError(t, err, wasm.KindInvalidResult) // "{}" is no result, but the guest returned
+	big := fixedGuest(1, []byte("{}"))
+	big.table = make([]uint32, 1<<20+1)
+	if _, err := b.rt.Validate(ctx, big.bytes()); err == nil || !strings.Contains(err.Error(), "table of 1048577 elements") {
+		t.Errorf("a table of 2^20+1 elements: %v, want it refused", err)
 	}
 }

@@ -22,7 +22,9 @@
 // Before every bulk instruction (memory.fill, memory.copy, memory.init,
 // table.fill, table.copy, table.init, table.grow) it charges the fuel one
 // per KiB (or 1024 elements) of the instruction's size (see charge), since
-// one such instruction can take milliseconds.
+// one such instruction can take milliseconds. A table.grow that would take
+// its table past maxTableSize elements fails (see clamp), and a larger
+// table is refused: wazero allocates a table whole.
 //
 // A guest runs at most the fuel's worth of function entries, loop
 // iterations and KiB of bulk instructions between two calls to the host
@@ -166,7 +168,7 @@ func Instrument(wasm []byte, m Module, initialFuel int32) (out []byte, err error
 		case secElement:
 			content, err = rn.elements(s.content)
 		case secCode:
-			content, err = rn.code(s.content, instrumentation{check(fuel, yield), charge(fuel, fuel+1, yield)})
+			content, err = rn.code(s.content, instrumentation{check(fuel, yield), charge(fuel, fuel+1, yield), fuel + 1})
 		case secCustom:
 			content, err = rn.custom(s.content)
 		default:
@@ -289,10 +291,38 @@ var oneByteValtype = map[byte]bool{0x7f: true, 0x7e: true, 0x7d: true, 0x7c: tru
 // memory.fill, table.init, table.copy, table.grow, table.fill.
 var bulk = map[uint64]bool{8: true, 10: true, 11: true, 12: true, 14: true, 15: true, 17: true}
 
+// maxTableSize bounds the elements of a table, at its definition and
+// through table.grow: wazero allocates a table's slice whole, and one
+// table.grow of 2^31 elements asked for 16 GiB (Go guests declare a few
+// thousand functions' table, with no maximum).
+const maxTableSize = 1 << 20
+
 // instrumentation is what Instrument inserts into code.
 type instrumentation struct {
 	check  []byte // at function entries and loop heads
 	charge []byte // before bulk instructions
+	n      uint32 // the scratch global of charge
+}
+
+// clamp is the sequence inserted before table.grow of table (after its
+// charge): a size that would take the table past maxTableSize becomes -1,
+// which table.grow refuses (it answers -1, the guest's out of memory).
+//
+//	global.set $n
+//	i32.const -1
+//	global.get $n
+//	table.size table  i64.extend_i32_u  global.get $n  i64.extend_i32_u  i64.add
+//	i64.const maxTableSize
+//	i64.gt_u
+//	select
+func (ins instrumentation) clamp(table uint32) []byte {
+	g := binary.AppendUvarint(nil, uint64(ins.n))
+	b := append(append([]byte{0x24}, g...), 0x41, 0x7f) // global.set $n; i32.const -1
+	b = append(append(b, 0x23), g...)                   // global.get $n
+	b = binary.AppendUvarint(append(b, 0xfc, 16), uint64(table))
+	b = append(append(append(b, 0xad, 0x23), g...), 0xad, 0x7c) // i64.extend_i32_u; global.get $n; i64.extend_i32_u; i64.add
+	b = appendSLEB(append(b, 0x42), maxTableSize)               // i64.const
+	return append(b, 0x56, 0x1b)                                // i64.gt_u; select
 }
 
 // newGlobals are the globals Instrument adds: the fuel and the scratch
@@ -473,7 +503,8 @@ func (rn renumber) globals(content []byte, initial int32) ([]byte, error) {
 }
 
 // tables copies the table section, renumbering the ref.func of table
-// initialisers (0x40 0x00 tabletype expr).
+// initialisers (0x40 0x00 tabletype expr) and refusing a table of more
+// than maxTableSize elements.
 func (rn renumber) tables(content []byte) ([]byte, error) {
 	r := &reader{b: content}
 	n := r.u32()
@@ -494,6 +525,11 @@ func (rn renumber) tables(content []byte) ([]byte, error) {
 		start := r.b
 		r.limits()
 		if r.err != nil {
+			break
+		}
+		lr := &reader{b: start[1:]}
+		if min := lr.u32(); lr.err != nil || min > maxTableSize {
+			r.fail(fmt.Errorf("table of %d elements (at most %d)", min, maxTableSize))
 			break
 		}
 		w = append(w, start[:len(start)-len(r.b)]...)
@@ -778,6 +814,9 @@ func (rn renumber) body(r *reader, w []byte, ins instrumentation) ([]byte, error
 		case op == 0xfc:
 			if sub, n := binary.Uvarint(r.b); n > 0 && bulk[sub] {
 				w = append(append(w[:len(w)-1], ins.charge...), op)
+				if table, m := binary.Uvarint(r.b[n:]); sub == 15 && m > 0 && table <= 0xffffffff {
+					w = append(append(w[:len(w)-1], ins.clamp(uint32(table))...), op)
+				}
 			}
 			w = r.copyPrefixFC(w)
 		case op == 0xfd:
