@@ -79,20 +79,24 @@
 // in `paddock bench`.
 //
 // Instead, compile rewrites every module before wazero compiles it
-// (internal/interrupt): a fuel global decremented at every function entry
-// and loop head, and a call to the imported paddock_interrupt.yield when
-// it reaches 0 (fuelPerYield). hostYield stops the call with a
-// sys.ExitError once the call's context ended — the turn's deadline or
-// cancel, Instance.Close, Runtime.Close — else it hands out more fuel. The
-// hasher turn takes ~80 us (go test -bench ModuleTurn ./examples/hasher/).
+// (internal/interrupt): a fuel counter that every function entry and loop
+// head costs one of, and a bulk memory or table instruction one per KiB;
+// when it runs out the guest calls the imported paddock_interrupt.yield.
+// hostYield stops the call with a sys.ExitError once the call's context
+// ended — the turn's deadline or cancel, Instance.Close, Runtime.Close —
+// else it answers fuelPerYield more. The hasher turn takes ~80 us (go
+// test -bench ModuleTurn ./examples/hasher/). Instrumenting renumbers the
+// module's function indices, and it refuses any encoding that wazero would
+// read otherwise than the instrumenter does (such a module could hide a
+// loop from the check), as well as functions of more than 50,000 locals.
 //
 // A flag alone (as wasmtime's epoch interruption) is not enough here:
 // wazero's native code has no preemption point, so a guest that never
 // leaves it blocks the Go garbage collector's stop-the-world, and the
 // whole host with it. The yield is that exit, at least every fuelPerYield
-// entries or iterations (TestTurnStopsOnCallerContext runs a GC while a
-// guest spins). For the same reason a module is never closed under
-// running code: Instance.Close cancels a running turn, which closes the
-// module once the guest returned, and Runtime.Close waits for the guest
-// calls in flight (Runtime.enter).
+// units (TestTurnStopsOnCallerContext runs a GC while a guest spins). For
+// the same reason a module is never closed under running code:
+// Instance.Close cancels a running turn, which closes the module once the
+// guest returned, and Runtime.Close cancels the guest calls in flight and
+// waits for them (Runtime.enter) before it releases their memory.
 package wasm

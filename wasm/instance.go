@@ -225,11 +225,6 @@ func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnRes
 	}
 	i.stop = cancel
 	i.stopMu.Unlock()
-	defer func() {
-		i.stopMu.Lock()
-		i.stop = nil
-		i.stopMu.Unlock()
-	}()
 	ref := req.TurnRef.String()
 	i.glog.startTurn(ref)
 	defer i.glog.endTurn(ctx)
@@ -242,7 +237,15 @@ func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnRes
 		callCtx = withTurnSteers(callCtx, steers)
 	}
 	res, err := i.runTurn(callCtx, req, in, steers)
-	if err == nil && i.closed.Load() {
+	// The guest has returned: from here on Close closes the module itself
+	// (stop is nil); a Close before that left it to this turn. Clearing
+	// stop and reading closed under stopMu leaves no gap where each would
+	// leave the module to the other.
+	i.stopMu.Lock()
+	i.stop = nil
+	closed := i.closed.Load()
+	i.stopMu.Unlock()
+	if err == nil && closed {
 		// Closed while the guest ran, which returned before it noticed.
 		err = &TurnError{Kind: KindCanceled, Op: ExportTurn, Digest: i.digest, Err: ErrInstanceClosed}
 	}

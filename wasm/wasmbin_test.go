@@ -47,6 +47,8 @@ type wmod struct {
 	memPages int // 0: no memory
 	exportMe bool
 	data     []wdata
+	table    []uint32 // a funcref table holding these function indices (none if empty)
+	start    int      // the start function's index plus one (0: none)
 }
 
 func uleb(v uint64) []byte { return binary.AppendUvarint(nil, v) }
@@ -126,10 +128,23 @@ func (m wmod) bytes() []byte {
 		out = append(out, section(2, vec(imports...))...)
 	}
 	out = append(out, section(3, vec(funcs...))...)
+	if len(m.table) > 0 {
+		out = append(out, section(4, vec(append([]byte{0x70, 0x00}, uleb(uint64(len(m.table)))...)))...)
+	}
 	if m.memPages > 0 {
 		out = append(out, section(5, vec(append([]byte{0x00}, uleb(uint64(m.memPages))...)))...)
 	}
 	out = append(out, section(7, vec(exports...))...)
+	if m.start > 0 {
+		out = append(out, section(8, uleb(uint64(m.start-1)))...)
+	}
+	if len(m.table) > 0 {
+		var idx [][]byte
+		for _, f := range m.table {
+			idx = append(idx, uleb(uint64(f)))
+		}
+		out = append(out, section(9, vec(append(append([]byte{0x00}, i32Const(0)...), append([]byte{opEnd}, vec(idx...)...)...)))...)
+	}
 	out = append(out, section(10, vec(codes...))...)
 	if len(datas) > 0 {
 		out = append(out, section(11, vec(datas...))...)

@@ -4,9 +4,9 @@
 // (wazero/wazero#2466: a JSON-bound Go guest turn ~4x slower, the bench's
 // hasher turn ~5x).
 //
-// Instrument adds to the module one mutable i32 global (the fuel) and one
-// imported function, Module.Name (() -> i32), and inserts at the entry of
-// every function and at the head of every loop:
+// Instrument adds to the module two mutable i32 globals (the fuel and a
+// scratch value) and one imported function, Module.Name (() -> i32), and
+// inserts at the entry of every function and at the head of every loop:
 //
 //	global.get $fuel
 //	i32.eqz
@@ -19,9 +19,16 @@
 //	i32.sub
 //	global.set $fuel
 //
-// A guest runs at most the fuel's worth of function entries and loop
-// iterations between two calls to the host (a spin that neither loops nor
-// calls is bounded by its code size), so the host's yield function can stop
+// Before every bulk instruction (memory.fill, memory.copy, memory.init,
+// table.fill, table.copy, table.init, table.grow) it charges the fuel one
+// per KiB (or 1024 elements) of the instruction's size (see charge), since
+// one such instruction can take milliseconds. A table.grow that would take
+// its table past maxTableSize elements fails (see clamp), and a larger
+// table is refused: wazero allocates a table whole.
+//
+// A guest runs at most the fuel's worth of function entries, loop
+// iterations and KiB of bulk instructions between two calls to the host
+// (a spin that neither loops nor calls is bounded by its code size), so the host's yield function can stop
 // it there (panic with a sys.ExitError) and, as important, the Go runtime
 // gets a preemption point: native wazero code has none, so a guest that
 // never left it would block the garbage collector's stop-the-world, and the
@@ -30,8 +37,9 @@
 // The new import comes after the module's imported functions, so every
 // defined function's index moves up by one: Instrument renumbers them in
 // calls (call, return_call), ref.func, exports, the start function,
-// element segments, constant expressions and the name section. The new
-// global is the last in the global index space, so no global moves; code
+// element segments, table initialisers, constant expressions and the name
+// section. The new
+// globals are the last in the global index space, so no global moves; code
 // that names a global or function index the original module does not have
 // is refused, so that the original code can never reach the fuel. DWARF
 // sections (.debug_*), whose code offsets no longer hold, are dropped.
@@ -55,6 +63,7 @@ const (
 	secType     = 1
 	secImport   = 2
 	secFunction = 3
+	secTable    = 4
 	secGlobal   = 6
 	secExport   = 7
 	secStart    = 8
@@ -148,6 +157,8 @@ func Instrument(wasm []byte, m Module, initialFuel int32) (out []byte, err error
 			content, err = appendEntry(s.content, []byte{0x60, 0x00, 0x01, 0x7f})
 		case secImport:
 			content, err = appendEntry(s.content, importEntry(m, yieldType))
+		case secTable:
+			content, err = rn.tables(s.content)
 		case secGlobal:
 			content, err = rn.globals(s.content, initialFuel)
 		case secExport:
@@ -157,7 +168,7 @@ func Instrument(wasm []byte, m Module, initialFuel int32) (out []byte, err error
 		case secElement:
 			content, err = rn.elements(s.content)
 		case secCode:
-			content, err = rn.code(s.content, check(fuel, yield))
+			content, err = rn.code(s.content, instrumentation{check(fuel, yield), charge(fuel, fuel+1, yield), fuel + 1})
 		case secCustom:
 			content, err = rn.custom(s.content)
 		default:
@@ -175,7 +186,7 @@ func Instrument(wasm []byte, m Module, initialFuel int32) (out []byte, err error
 		secs = insertSection(secs, section{secImport, append([]byte{1}, importEntry(m, yieldType)...)})
 	}
 	if !has[secGlobal] {
-		secs = insertSection(secs, section{secGlobal, append([]byte{1}, fuelGlobal(initialFuel)...)})
+		secs = insertSection(secs, section{secGlobal, append([]byte{2}, newGlobals(initialFuel)...)})
 	}
 	out = append(make([]byte, 0, len(wasm)+len(wasm)/8), wasm[:8]...)
 	for _, s := range secs {
@@ -225,10 +236,114 @@ func importEntry(m Module, typeIdx uint32) []byte {
 	return binary.AppendUvarint(b, uint64(typeIdx))
 }
 
-func fuelGlobal(initial int32) []byte {
+// bulkShift: a bulk instruction of n bytes or elements costs n>>bulkShift
+// fuel, one per KiB of memory: a loop iteration and a KiB of memory.fill
+// take about as long, tens of nanoseconds.
+const bulkShift = 10
+
+// charge is the sequence inserted before a bulk instruction (memory.fill,
+// memory.copy, memory.init, table.fill, table.copy, table.init,
+// table.grow), whose last operand, on top of the stack, is its size n:
+//
+//	global.set $n
+//	global.get $n  i32.const bulkShift  i32.shr_u   ;; cost
+//	global.get $fuel
+//	i32.ge_u
+//	if                 ;; the fuel does not cover it: the host first
+//	  call $yield
+//	  global.set $fuel
+//	else
+//	  global.get $fuel  global.get $n  i32.const bulkShift  i32.shr_u  i32.sub
+//	  global.set $fuel
+//	end
+//	global.get $n
+//
+// Without it a loop of 16 MiB fills ran 65536 of them (minutes) between
+// two yields: one fuel each.
+func charge(fuel, n, yield uint32) []byte {
+	f := binary.AppendUvarint(nil, uint64(fuel))
+	g := binary.AppendUvarint(nil, uint64(n))
+	cost := append(append([]byte{0x23}, g...), 0x41, bulkShift, 0x76) // global.get $n; i32.const; i32.shr_u
+	b := append([]byte{0x24}, g...)                                   // global.set $n
+	b = append(b, cost...)
+	b = append(append(b, 0x23), f...)          // global.get $fuel
+	b = append(b, 0x4f, 0x04, 0x40, 0x10)      // i32.ge_u; if; call
+	b = binary.AppendUvarint(b, uint64(yield)) // $yield
+	b = append(append(b, 0x24), f...)          // global.set $fuel
+	b = append(b, 0x05)                        // else
+	b = append(append(b, 0x23), f...)          // global.get $fuel
+	b = append(append(b, cost...), 0x6b)       // cost; i32.sub
+	b = append(append(b, 0x24), f...)          // global.set $fuel
+	b = append(b, 0x0b)                        // end
+	return append(append(b, 0x23), g...)       // global.get $n
+}
+
+// maxLocals bounds the locals a function declares, as browsers' engines
+// do: wazero allocates for each declared local up front (2^31 locals, a
+// 30-byte module, asked for 16 GiB and killed the host).
+const maxLocals = 50000
+
+// oneByteValtype are the value types of one byte: i32, i64, f32, f64,
+// v128, funcref, externref.
+var oneByteValtype = map[byte]bool{0x7f: true, 0x7e: true, 0x7d: true, 0x7c: true, 0x7b: true, 0x70: true, 0x6f: true}
+
+// bulk are the sub-opcodes of 0xfc charged by size: memory.init, memory.copy,
+// memory.fill, table.init, table.copy, table.grow, table.fill.
+var bulk = map[uint64]bool{8: true, 10: true, 11: true, 12: true, 14: true, 15: true, 17: true}
+
+// maxTableSize bounds the elements of a table, at its definition and
+// through table.grow: wazero allocates a table's slice whole, and one
+// table.grow of 2^31 elements asked for 16 GiB (Go guests declare a few
+// thousand functions' table, with no maximum).
+const maxTableSize = 1 << 20
+
+// instrumentation is what Instrument inserts into code.
+type instrumentation struct {
+	check  []byte // at function entries and loop heads
+	charge []byte // before bulk instructions
+	n      uint32 // the scratch global of charge
+}
+
+// clamp is the sequence inserted before table.grow of table (after its
+// charge): a size that would take the table past maxTableSize becomes -1,
+// which table.grow refuses (it answers -1, the guest's out of memory).
+//
+//	global.set $n
+//	i32.const -1
+//	global.get $n
+//	table.size table  i64.extend_i32_u  global.get $n  i64.extend_i32_u  i64.add
+//	i64.const maxTableSize
+//	i64.gt_u
+//	select
+func (ins instrumentation) clamp(table uint32) []byte {
+	g := binary.AppendUvarint(nil, uint64(ins.n))
+	b := append(append([]byte{0x24}, g...), 0x41, 0x7f) // global.set $n; i32.const -1
+	b = append(append(b, 0x23), g...)                   // global.get $n
+	b = binary.AppendUvarint(append(b, 0xfc, 16), uint64(table))
+	b = append(append(append(b, 0xad, 0x23), g...), 0xad, 0x7c) // i64.extend_i32_u; global.get $n; i64.extend_i32_u; i64.add
+	b = appendSLEB(append(b, 0x42), maxTableSize)               // i64.const
+	return append(b, 0x56, 0x1b)                                // i64.gt_u; select
+}
+
+// newGlobals are the globals Instrument adds: the fuel and the scratch
+// global of charge.
+func newGlobals(initial int32) []byte {
 	b := []byte{0x7f, 0x01, 0x41} // i32, mutable, i32.const
-	b = binary.AppendVarint(b, int64(initial))
-	return append(b, 0x0b)
+	b = appendSLEB(b, int64(initial))
+	return append(b, 0x0b, 0x7f, 0x01, 0x41, 0x00, 0x0b)
+}
+
+// appendSLEB appends v as a signed LEB128 number (binary.AppendVarint is
+// zigzag: 32 became 64, which an i32.const reads as -64).
+func appendSLEB(b []byte, v int64) []byte {
+	for {
+		c := byte(v & 0x7f)
+		v >>= 7
+		if (v == 0 && c&0x40 == 0) || (v == -1 && c&0x40 != 0) {
+			return append(b, c)
+		}
+		b = append(b, c|0x80)
+	}
 }
 
 func appendName(b []byte, s string) []byte {
@@ -369,10 +484,10 @@ func (rn renumber) constExpr(r *reader, w []byte) []byte {
 func (rn renumber) globals(content []byte, initial int32) ([]byte, error) {
 	r := &reader{b: content}
 	n := r.u32()
-	if r.err == nil && n == ^uint32(0) {
+	if r.err == nil && n >= ^uint32(0)-1 {
 		r.fail(errors.New("vector too long"))
 	}
-	w := binary.AppendUvarint(make([]byte, 0, len(content)+8), uint64(n+1))
+	w := binary.AppendUvarint(make([]byte, 0, len(content)+16), uint64(n+2))
 	for range n {
 		if r.err != nil {
 			break
@@ -384,7 +499,48 @@ func (rn renumber) globals(content []byte, initial int32) ([]byte, error) {
 	if err := r.end(); err != nil {
 		return nil, err
 	}
-	return append(w, fuelGlobal(initial)...), nil
+	return append(w, newGlobals(initial)...), nil
+}
+
+// tables copies the table section, renumbering the ref.func of table
+// initialisers (0x40 0x00 tabletype expr) and refusing a table of more
+// than maxTableSize elements.
+func (rn renumber) tables(content []byte) ([]byte, error) {
+	r := &reader{b: content}
+	n := r.u32()
+	w := binary.AppendUvarint(make([]byte, 0, len(content)+8), uint64(n))
+	for range n {
+		if r.err != nil {
+			break
+		}
+		init := len(r.b) > 0 && r.b[0] == 0x40
+		if init {
+			w = append(w, r.byte())
+			if reserved := r.byte(); r.err == nil && reserved != 0x00 {
+				r.fail(fmt.Errorf("table initialiser prefix 0x40 %#x", reserved))
+			}
+			w = append(w, 0x00)
+		}
+		w = r.copyValtype(w)
+		start := r.b
+		r.limits()
+		if r.err != nil {
+			break
+		}
+		lr := &reader{b: start[1:]}
+		if min := lr.u32(); lr.err != nil || min > maxTableSize {
+			r.fail(fmt.Errorf("table of %d elements (at most %d)", min, maxTableSize))
+			break
+		}
+		w = append(w, start[:len(start)-len(r.b)]...)
+		if init {
+			w = rn.constExpr(r, w)
+		}
+	}
+	if err := r.end(); err != nil {
+		return nil, err
+	}
+	return w, nil
 }
 
 func (rn renumber) exports(content []byte) ([]byte, error) {
@@ -399,9 +555,16 @@ func (rn renumber) exports(content []byte) ([]byte, error) {
 		w = appendName(w, nm)
 		kind := r.byte()
 		w = append(w, kind)
-		if kind == 0x00 {
+		switch kind {
+		case 0x00:
 			w = rn.copyFunc(r, w)
-		} else {
+		case 0x03: // global: not one Instrument adds
+			idx := r.u32()
+			if r.err == nil && idx >= rn.c.globals() {
+				r.fail(fmt.Errorf("exported global index %d out of range (%d globals)", idx, rn.c.globals()))
+			}
+			w = binary.AppendUvarint(w, uint64(idx))
+		default:
 			w = r.copyLEB(w)
 		}
 	}
@@ -507,6 +670,9 @@ func (rn renumber) custom(content []byte) ([]byte, error) {
 				inner := sub.u32()
 				body = binary.AppendUvarint(body, uint64(inner))
 				for range inner {
+					if sub.err != nil {
+						break
+					}
 					body = sub.copyLEB(body)
 					body = appendName(body, sub.name())
 				}
@@ -541,9 +707,10 @@ func (rn renumber) nameMap(r *reader, w []byte) []byte {
 	return w
 }
 
-// code copies the code section with chk inserted at every function's
-// entry and loop head, function indices renumbered.
-func (rn renumber) code(content, chk []byte) ([]byte, error) {
+// code copies the code section with ins.check inserted at every
+// function's entry and loop head and ins.charge before every bulk
+// instruction, function indices renumbered.
+func (rn renumber) code(content []byte, ins instrumentation) ([]byte, error) {
 	r := &reader{b: content}
 	n := r.u32()
 	if r.err == nil && n != rn.c.definedFuncs {
@@ -558,7 +725,7 @@ func (rn renumber) code(content, chk []byte) ([]byte, error) {
 			return nil, fmt.Errorf("function body %d: %w", i, r.err)
 		}
 		var err error
-		if body, err = rn.body(b, body[:0], chk); err != nil {
+		if body, err = rn.body(b, body[:0], ins); err != nil {
 			return nil, fmt.Errorf("function body %d: %w", i, err)
 		}
 		w = binary.AppendUvarint(w, uint64(len(body)))
@@ -571,27 +738,33 @@ func (rn renumber) code(content, chk []byte) ([]byte, error) {
 }
 
 // body copies one function body: its locals, chk, then its instructions
-// with chk after every loop's block type.
-func (rn renumber) body(r *reader, w, chk []byte) ([]byte, error) {
+// with ins.check after every loop's block type and ins.charge before
+// every bulk instruction.
+func (rn renumber) body(r *reader, w []byte, ins instrumentation) ([]byte, error) {
 	groups := r.u32()
 	w = binary.AppendUvarint(w, uint64(groups))
+	var locals uint64
 	for range groups {
 		if r.err != nil {
 			break
 		}
-		w = r.copyLEB(w)
+		n := r.u32()
+		if locals += uint64(n); r.err == nil && locals > maxLocals {
+			r.fail(fmt.Errorf("more than %d locals", maxLocals))
+		}
+		w = binary.AppendUvarint(w, uint64(n))
 		w = r.copyValtype(w)
 	}
-	w = append(w, chk...)
+	w = append(w, ins.check...)
 	for len(r.b) > 0 && r.err == nil {
 		op := r.byte()
 		w = append(w, op)
 		switch {
 		case op == 0x03: // loop bt
-			w = r.copyLEB(w)
-			w = append(w, chk...)
+			w = r.copyBlockType(w)
+			w = append(w, ins.check...)
 		case op == 0x02, op == 0x04: // block, if: blocktype
-			w = r.copyLEB(w)
+			w = r.copyBlockType(w)
 		case op == 0x10, op == 0x12, op == 0xd2: // call, return_call, ref.func
 			w = rn.copyFunc(r, w)
 		case op == 0x11, op == 0x13: // call_indirect, return_call_indirect: type, table
@@ -617,14 +790,15 @@ func (rn renumber) body(r *reader, w, chk []byte) ([]byte, error) {
 			}
 			w = r.copyLEB(w)
 		case op == 0x1c: // select t*
+			// One value type of one byte: wazero's compiler skips two
+			// bytes after 0x1c whatever its validator read (a (ref null
+			// ht) type: the heap type compiled as code).
 			k := r.u32()
-			w = binary.AppendUvarint(w, uint64(k))
-			for range k {
-				if r.err != nil {
-					break
-				}
-				w = r.copyValtype(w)
+			t := r.byte()
+			if r.err == nil && (k != 1 || !oneByteValtype[t]) {
+				r.fail(fmt.Errorf("select with %d types, the first %#x", k, t))
 			}
+			w = append(w, byte(k), t)
 		case op >= 0x28 && op <= 0x3e: // loads and stores
 			w = r.copyMemarg(w)
 		case op == 0x41, op == 0x42: // i32.const, i64.const
@@ -638,6 +812,12 @@ func (rn renumber) body(r *reader, w, chk []byte) ([]byte, error) {
 		case op == 0x00, op == 0x01, op == 0x05, op == 0x0b, op == 0x0f, op == 0x1a, op == 0x1b,
 			op >= 0x45 && op <= 0xc4, op == 0xd1: // no immediates
 		case op == 0xfc:
+			if sub, n := binary.Uvarint(r.b); n > 0 && bulk[sub] {
+				w = append(append(w[:len(w)-1], ins.charge...), op)
+				if table, m := binary.Uvarint(r.b[n:]); sub == 15 && m > 0 && table <= 0xffffffff {
+					w = append(append(w[:len(w)-1], ins.clamp(uint32(table))...), op)
+				}
+			}
 			w = r.copyPrefixFC(w)
 		case op == 0xfd:
 			w = r.copyPrefixFD(w)

@@ -105,7 +105,14 @@ func (r *reader) valtype() {
 	switch t := r.byte(); t {
 	case 0x7f, 0x7e, 0x7d, 0x7c, 0x7b, 0x70, 0x6f:
 	case 0x63, 0x64:
-		r.bytes(r.leb())
+		// wazero reads a heap type (an s33) as at most five bytes, the
+		// fifth whatever its continuation bit: a longer read here would
+		// put the next instruction elsewhere than wazero does.
+		if n := r.leb(); r.err == nil && n > 4 {
+			r.fail(errors.New("heap type longer than four bytes"))
+		} else {
+			r.bytes(n)
+		}
 	default:
 		if r.err == nil {
 			r.fail(fmt.Errorf("value type %#x", t))
@@ -134,6 +141,39 @@ func (r *reader) limits() {
 	if flags&0x01 != 0 {
 		r.bytes(r.leb())
 	}
+}
+
+// copyBlockType copies the block type of block, loop or if: 0x40, a value
+// type, or a type index (s33). A value type of one byte may be followed by
+// a heap type (0x63 ref null ht, 0x64 ref ht), as wazero reads it. Only
+// encodings wazero and this reader agree on are taken: one byte, or a
+// non-negative index of at most four bytes (wazero reads the fifth byte of
+// an s33 its own way); anything else is refused, since a block type read
+// shorter or longer than wazero reads it would hide the instructions after
+// it from the fuel check.
+func (r *reader) copyBlockType(w []byte) []byte {
+	start := r.b
+	n := r.leb()
+	switch {
+	case r.err != nil:
+	case n == 1 && (start[0] == 0x63 || start[0] == 0x64):
+		r.bytes(1)
+		if h := r.leb(); r.err == nil && h > 4 {
+			r.fail(errors.New("heap type of a block type longer than four bytes"))
+		} else {
+			r.bytes(h)
+		}
+	case n == 1:
+		r.bytes(1)
+	case n > 4 || start[n-1]&0x40 != 0:
+		r.fail(errors.New("block type: not a one-byte type or a non-negative index of at most four bytes"))
+	default:
+		r.bytes(n)
+	}
+	if r.err != nil {
+		return w
+	}
+	return append(w, start[:len(start)-len(r.b)]...)
 }
 
 // copyMemarg copies a memarg: align (bit 6: a memory index follows), then
@@ -178,10 +218,23 @@ func (r *reader) copyPrefixFC(w []byte) []byte {
 }
 
 // copyPrefixFD copies a SIMD instruction (0xfd) and its immediates.
+//
+// The format encodes the sub-opcode as a LEB128 u32, but wazero (v1.12)
+// reads it as one byte: a sub-opcode of 128-255 is two bytes, the second
+// 0x01, which wazero then reads as a nop. Any other encoding (a larger
+// sub-opcode, a non-minimal LEB128) would make the two readers disagree on
+// where the next instruction starts, so that wazero could run a loop the
+// fuel check never saw: it is refused.
 func (r *reader) copyPrefixFD(w []byte) []byte {
 	start := r.b
-	sub := r.u32()
+	sub := uint32(r.byte())
+	if sub >= 0x80 && r.err == nil {
+		if next := r.byte(); r.err == nil && next != 0x01 {
+			r.fail(fmt.Errorf("SIMD opcode 0xfd %#x %#x: not one wazero reads alike", sub, next))
+		}
+	}
 	switch {
+	case r.err != nil:
 	case sub <= 11, sub == 92, sub == 93: // loads and stores: memarg
 		r.copyMemarg(nil)
 	case sub == 12, sub == 13: // v128.const, i8x16.shuffle
@@ -191,9 +244,7 @@ func (r *reader) copyPrefixFD(w []byte) []byte {
 	case sub >= 84 && sub <= 91: // lane loads and stores: memarg, lane
 		r.copyMemarg(nil)
 		r.bytes(1)
-	case sub <= 0x113: // the rest: no immediates
-	default:
-		r.fail(fmt.Errorf("opcode 0xfd %d", sub))
+	default: // the rest: no immediates
 	}
 	if r.err != nil {
 		return w
@@ -202,11 +253,13 @@ func (r *reader) copyPrefixFD(w []byte) []byte {
 }
 
 // copyPrefixFE copies a threads instruction (0xfe): atomic.fence has a
-// reserved byte, every other a memarg.
+// reserved byte, every other a memarg. wazero reads the sub-opcode as one
+// byte, so only its one-byte encoding is taken (see copyPrefixFD).
 func (r *reader) copyPrefixFE(w []byte) []byte {
 	start := r.b
-	sub := r.u32()
+	sub := uint32(r.byte())
 	switch {
+	case r.err != nil:
 	case sub == 3:
 		r.bytes(1)
 	case sub <= 2, sub >= 0x10 && sub <= 0x4e:
