@@ -1,11 +1,11 @@
 package wasm
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 
 	"github.com/tetratelabs/wazero/api"
+
+	"github.com/paddock-dev/paddock/wasm/internal/wasmbin"
 )
 
 // Section ids of the WebAssembly binary format (core spec, 5.5) that the
@@ -47,60 +47,16 @@ type header struct {
 	exports map[string]headerExport
 }
 
-// errTruncated says a section or vector runs past its end.
-var errTruncated = errors.New("unexpected end of section")
-
-// reader reads the binary format's primitives from a byte slice.
-type reader struct {
-	b   []byte
-	err error
-}
-
-func (r *reader) fail(err error) {
-	if r.err == nil {
-		r.err = err
-	}
-	r.b = nil
-}
-
-func (r *reader) byte() byte {
-	if len(r.b) == 0 {
-		r.fail(errTruncated)
-		return 0
-	}
-	c := r.b[0]
-	r.b = r.b[1:]
-	return c
-}
-
-func (r *reader) u32() uint32 {
-	v, n := binary.Uvarint(r.b)
-	if n <= 0 || n > 5 || v > 1<<32-1 {
-		r.fail(errors.New("malformed LEB128 u32"))
-		return 0
-	}
-	r.b = r.b[n:]
-	return uint32(v)
-}
-
-func (r *reader) bytes(n uint32) []byte {
-	if uint64(n) > uint64(len(r.b)) {
-		r.fail(errTruncated)
-		return nil
-	}
-	out := r.b[:n]
-	r.b = r.b[n:]
-	return out
-}
-
-func (r *reader) name() string { return string(r.bytes(r.u32())) }
+// reader is the binary format's reader (wasmbin.Reader) with the header's
+// own reads.
+type reader struct{ wasmbin.Reader }
 
 // count reads a vector length, refusing one that cannot fit in what is
 // left (each element takes at least one byte).
 func (r *reader) count() uint32 {
-	n := r.u32()
-	if uint64(n) > uint64(len(r.b)) {
-		r.fail(errTruncated)
+	n := r.U32()
+	if uint64(n) > uint64(len(r.B)) {
+		r.Fail(wasmbin.ErrTruncated)
 		return 0
 	}
 	return n
@@ -110,21 +66,12 @@ func (r *reader) valueTypes() []api.ValueType {
 	n := r.count()
 	out := make([]api.ValueType, 0, n)
 	for range n {
-		out = append(out, r.byte())
+		out = append(out, r.Byte())
 	}
 	if len(out) == 0 {
 		return nil
 	}
 	return out
-}
-
-func (r *reader) limits() {
-	if flags := r.byte(); flags&1 != 0 {
-		r.u32()
-		r.u32()
-	} else {
-		r.u32()
-	}
 }
 
 // readHeader reads the imports and exports of a module whose 8-byte
@@ -136,37 +83,37 @@ func readHeader(wasm []byte) (*header, error) {
 	h := &header{exports: map[string]headerExport{}}
 	var types []signature
 	var funcTypes []uint32 // type index of each function, imports first
-	r := &reader{b: wasm[8:]}
-	for len(r.b) > 0 && r.err == nil {
-		id := r.byte()
-		s := &reader{b: r.bytes(r.u32())}
-		if r.err != nil {
+	r := &reader{wasmbin.Reader{B: wasm[8:]}}
+	for len(r.B) > 0 && r.Err == nil {
+		id := r.Byte()
+		s := &reader{wasmbin.Reader{B: r.Bytes(int(r.U32()))}}
+		if r.Err != nil {
 			break
 		}
 		switch id {
 		case secType:
 			for range s.count() {
-				if form := s.byte(); form != 0x60 && s.err == nil {
+				if form := s.Byte(); form != 0x60 && s.Err == nil {
 					return nil, fmt.Errorf("type section: unsupported type form 0x%x", form)
 				}
 				types = append(types, signature{s.valueTypes(), s.valueTypes()})
 			}
 		case secImport:
 			for range s.count() {
-				im := headerImport{module: s.name(), name: s.name(), kind: s.byte()}
+				im := headerImport{module: s.Name(), name: s.Name(), kind: s.Byte()}
 				switch im.kind {
 				case externFunc:
-					funcTypes = append(funcTypes, s.u32())
+					funcTypes = append(funcTypes, s.U32())
 				case externTable:
-					s.byte()
-					s.limits()
+					s.Byte()
+					s.Limits()
 				case externMemory:
-					s.limits()
+					s.Limits()
 				case externGlobal:
-					s.byte()
-					s.byte()
+					s.Byte()
+					s.Byte()
 				default:
-					if s.err == nil {
+					if s.Err == nil {
 						return nil, fmt.Errorf("import section: unknown import kind 0x%x", im.kind)
 					}
 				}
@@ -174,22 +121,22 @@ func readHeader(wasm []byte) (*header, error) {
 			}
 		case secFunction:
 			for range s.count() {
-				funcTypes = append(funcTypes, s.u32())
+				funcTypes = append(funcTypes, s.U32())
 			}
 		case secExport:
 			for range s.count() {
 				// A function's signature is resolved below, once every
 				// section is read.
-				name := s.name()
-				h.exports[name] = headerExport{kind: s.byte(), index: s.u32()}
+				name := s.Name()
+				h.exports[name] = headerExport{kind: s.Byte(), index: s.U32()}
 			}
 		}
-		if s.err != nil {
-			return nil, fmt.Errorf("section %d: %w", id, s.err)
+		if s.Err != nil {
+			return nil, fmt.Errorf("section %d: %w", id, s.Err)
 		}
 	}
-	if r.err != nil {
-		return nil, fmt.Errorf("section header: %w", r.err)
+	if r.Err != nil {
+		return nil, fmt.Errorf("section header: %w", r.Err)
 	}
 	sigOfType := func(ti uint32) (signature, error) {
 		if uint64(ti) >= uint64(len(types)) {

@@ -55,6 +55,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/paddock-dev/paddock/wasm/internal/wasmbin"
 )
 
 // Section ids of the WebAssembly binary format (core spec 5.5).
@@ -116,13 +118,13 @@ func Instrument(wasm []byte, m Module, initialFuel int32) (out []byte, err error
 		return nil, errors.New("not a version 1 WebAssembly binary")
 	}
 	var secs []section
-	r := &reader{b: wasm[8:]}
-	for len(r.b) > 0 {
-		id := r.byte()
-		n := r.u32()
-		content := r.bytes(int(n))
-		if r.err != nil {
-			return nil, fmt.Errorf("section %d: %w", id, r.err)
+	r := &wasmbin.Reader{B: wasm[8:]}
+	for len(r.B) > 0 {
+		id := r.Byte()
+		n := r.U32()
+		content := r.Bytes(int(n))
+		if r.Err != nil {
+			return nil, fmt.Errorf("section %d: %w", id, r.Err)
 		}
 		secs = append(secs, section{id, content})
 	}
@@ -353,61 +355,61 @@ func appendName(b []byte, s string) []byte {
 
 // vecCount reads the element count of a section that is one vector.
 func vecCount(content []byte) (uint32, error) {
-	r := &reader{b: content}
-	n := r.u32()
-	return n, r.err
+	r := &wasmbin.Reader{B: content}
+	n := r.U32()
+	return n, r.Err
 }
 
 // appendEntry returns the vector content with entry appended (its count
 // plus one, the entries copied).
 func appendEntry(content, entry []byte) ([]byte, error) {
-	r := &reader{b: content}
-	n := r.u32()
-	if r.err != nil {
-		return nil, r.err
+	r := &wasmbin.Reader{B: content}
+	n := r.U32()
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	if n == ^uint32(0) {
 		return nil, errors.New("vector too long")
 	}
 	b := binary.AppendUvarint(make([]byte, 0, len(content)+len(entry)+5), uint64(n+1))
-	b = append(b, r.b...)
+	b = append(b, r.B...)
 	return append(b, entry...), nil
 }
 
 // countImports counts the imported functions and globals.
 func countImports(content []byte) (funcs, globals uint32, err error) {
-	r := &reader{b: content}
-	n := r.u32()
+	r := &wasmbin.Reader{B: content}
+	n := r.U32()
 	for range n {
-		r.name()
-		r.name()
-		switch kind := r.byte(); kind {
+		r.Name()
+		r.Name()
+		switch kind := r.Byte(); kind {
 		case 0x00: // func: typeidx
-			r.u32()
+			r.U32()
 			funcs++
 		case 0x01: // table: reftype, limits
-			r.valtype()
-			r.limits()
+			r.Valtype()
+			r.Limits()
 		case 0x02: // memory: limits
-			r.limits()
+			r.Limits()
 		case 0x03: // global: valtype, mut
-			r.valtype()
-			r.byte()
+			r.Valtype()
+			r.Byte()
 			globals++
 		case 0x04: // tag: attribute, typeidx
-			r.byte()
-			r.u32()
+			r.Byte()
+			r.U32()
 		default:
-			r.fail(fmt.Errorf("import kind %#x", kind))
+			r.Fail(fmt.Errorf("import kind %#x", kind))
 		}
-		if r.err != nil {
-			return 0, 0, r.err
+		if r.Err != nil {
+			return 0, 0, r.Err
 		}
 	}
-	if r.err == nil && len(r.b) != 0 {
-		r.fail(errors.New("bytes after the last import"))
+	if r.Err == nil && len(r.B) != 0 {
+		r.Fail(errors.New("bytes after the last import"))
 	}
-	return funcs, globals, r.err
+	return funcs, globals, r.Err
 }
 
 // renumber rewrites function indices (≥ importedFuncs: +1) and refuses
@@ -426,14 +428,14 @@ func (rn renumber) fn(idx uint32) (uint32, error) {
 }
 
 // copyFunc copies one function index from r to w, renumbered.
-func (rn renumber) copyFunc(r *reader, w []byte) []byte {
-	idx := r.u32()
-	if r.err != nil {
+func (rn renumber) copyFunc(r *wasmbin.Reader, w []byte) []byte {
+	idx := r.U32()
+	if r.Err != nil {
 		return w
 	}
 	n, err := rn.fn(idx)
 	if err != nil {
-		r.fail(err)
+		r.Fail(err)
 		return w
 	}
 	return binary.AppendUvarint(w, uint64(n))
@@ -441,39 +443,39 @@ func (rn renumber) copyFunc(r *reader, w []byte) []byte {
 
 // constExpr copies a constant expression up to and including its end,
 // renumbering ref.func and checking global.get.
-func (rn renumber) constExpr(r *reader, w []byte) []byte {
-	for r.err == nil {
-		op := r.byte()
+func (rn renumber) constExpr(r *wasmbin.Reader, w []byte) []byte {
+	for r.Err == nil {
+		op := r.Byte()
 		w = append(w, op)
 		switch op {
 		case 0x0b: // end
 			return w
 		case 0x41, 0x42: // i32.const, i64.const
-			w = r.copyLEB(w)
+			w = r.CopyLEB(w)
 		case 0x43:
-			w = append(w, r.bytes(4)...)
+			w = append(w, r.Bytes(4)...)
 		case 0x44:
-			w = append(w, r.bytes(8)...)
+			w = append(w, r.Bytes(8)...)
 		case 0x23: // global.get
-			idx := r.u32()
-			if r.err == nil && idx >= rn.c.globals() {
-				r.fail(fmt.Errorf("global index %d out of range (%d globals)", idx, rn.c.globals()))
+			idx := r.U32()
+			if r.Err == nil && idx >= rn.c.globals() {
+				r.Fail(fmt.Errorf("global index %d out of range (%d globals)", idx, rn.c.globals()))
 			}
 			w = binary.AppendUvarint(w, uint64(idx))
 		case 0xd0: // ref.null heaptype
-			w = r.copyLEB(w)
+			w = r.CopyLEB(w)
 		case 0xd2: // ref.func
 			w = rn.copyFunc(r, w)
 		case 0x6a, 0x6b, 0x6c, 0x7c, 0x7d, 0x7e: // extended-const add/sub/mul
 		case 0xfd: // v128.const
-			sub := r.u32()
-			if r.err == nil && sub != 12 {
-				r.fail(fmt.Errorf("opcode 0xfd %d in a constant expression", sub))
+			sub := r.U32()
+			if r.Err == nil && sub != 12 {
+				r.Fail(fmt.Errorf("opcode 0xfd %d in a constant expression", sub))
 			}
 			w = binary.AppendUvarint(w, uint64(sub))
-			w = append(w, r.bytes(16)...)
+			w = append(w, r.Bytes(16)...)
 		default:
-			r.fail(fmt.Errorf("opcode %#x in a constant expression", op))
+			r.Fail(fmt.Errorf("opcode %#x in a constant expression", op))
 		}
 	}
 	return w
@@ -482,21 +484,21 @@ func (rn renumber) constExpr(r *reader, w []byte) []byte {
 // globals copies the global section, renumbering its initialisers, and
 // appends the fuel global.
 func (rn renumber) globals(content []byte, initial int32) ([]byte, error) {
-	r := &reader{b: content}
-	n := r.u32()
-	if r.err == nil && n >= ^uint32(0)-1 {
-		r.fail(errors.New("vector too long"))
+	r := &wasmbin.Reader{B: content}
+	n := r.U32()
+	if r.Err == nil && n >= ^uint32(0)-1 {
+		r.Fail(errors.New("vector too long"))
 	}
 	w := binary.AppendUvarint(make([]byte, 0, len(content)+16), uint64(n+2))
 	for range n {
-		if r.err != nil {
+		if r.Err != nil {
 			break
 		}
-		w = r.copyValtype(w)
-		w = append(w, r.byte()) // mut
+		w = r.CopyValtype(w)
+		w = append(w, r.Byte()) // mut
 		w = rn.constExpr(r, w)
 	}
-	if err := r.end(); err != nil {
+	if err := r.End(); err != nil {
 		return nil, err
 	}
 	return append(w, newGlobals(initial)...), nil
@@ -506,78 +508,78 @@ func (rn renumber) globals(content []byte, initial int32) ([]byte, error) {
 // initialisers (0x40 0x00 tabletype expr) and refusing a table of more
 // than maxTableSize elements.
 func (rn renumber) tables(content []byte) ([]byte, error) {
-	r := &reader{b: content}
-	n := r.u32()
+	r := &wasmbin.Reader{B: content}
+	n := r.U32()
 	w := binary.AppendUvarint(make([]byte, 0, len(content)+8), uint64(n))
 	for range n {
-		if r.err != nil {
+		if r.Err != nil {
 			break
 		}
-		init := len(r.b) > 0 && r.b[0] == 0x40
+		init := len(r.B) > 0 && r.B[0] == 0x40
 		if init {
-			w = append(w, r.byte())
-			if reserved := r.byte(); r.err == nil && reserved != 0x00 {
-				r.fail(fmt.Errorf("table initialiser prefix 0x40 %#x", reserved))
+			w = append(w, r.Byte())
+			if reserved := r.Byte(); r.Err == nil && reserved != 0x00 {
+				r.Fail(fmt.Errorf("table initialiser prefix 0x40 %#x", reserved))
 			}
 			w = append(w, 0x00)
 		}
-		w = r.copyValtype(w)
-		start := r.b
-		r.limits()
-		if r.err != nil {
+		w = r.CopyValtype(w)
+		start := r.B
+		r.Limits()
+		if r.Err != nil {
 			break
 		}
-		lr := &reader{b: start[1:]}
-		if min := lr.u32(); lr.err != nil || min > maxTableSize {
-			r.fail(fmt.Errorf("table of %d elements (at most %d)", min, maxTableSize))
+		lr := &wasmbin.Reader{B: start[1:]}
+		if min := lr.U32(); lr.Err != nil || min > maxTableSize {
+			r.Fail(fmt.Errorf("table of %d elements (at most %d)", min, maxTableSize))
 			break
 		}
-		w = append(w, start[:len(start)-len(r.b)]...)
+		w = append(w, start[:len(start)-len(r.B)]...)
 		if init {
 			w = rn.constExpr(r, w)
 		}
 	}
-	if err := r.end(); err != nil {
+	if err := r.End(); err != nil {
 		return nil, err
 	}
 	return w, nil
 }
 
 func (rn renumber) exports(content []byte) ([]byte, error) {
-	r := &reader{b: content}
-	n := r.u32()
+	r := &wasmbin.Reader{B: content}
+	n := r.U32()
 	w := binary.AppendUvarint(make([]byte, 0, len(content)+8), uint64(n))
 	for range n {
-		if r.err != nil {
+		if r.Err != nil {
 			break
 		}
-		nm := r.name()
+		nm := r.Name()
 		w = appendName(w, nm)
-		kind := r.byte()
+		kind := r.Byte()
 		w = append(w, kind)
 		switch kind {
 		case 0x00:
 			w = rn.copyFunc(r, w)
 		case 0x03: // global: not one Instrument adds
-			idx := r.u32()
-			if r.err == nil && idx >= rn.c.globals() {
-				r.fail(fmt.Errorf("exported global index %d out of range (%d globals)", idx, rn.c.globals()))
+			idx := r.U32()
+			if r.Err == nil && idx >= rn.c.globals() {
+				r.Fail(fmt.Errorf("exported global index %d out of range (%d globals)", idx, rn.c.globals()))
 			}
 			w = binary.AppendUvarint(w, uint64(idx))
 		default:
-			w = r.copyLEB(w)
+			w = r.CopyLEB(w)
 		}
 	}
-	if err := r.end(); err != nil {
+	if err := r.End(); err != nil {
 		return nil, err
 	}
 	return w, nil
 }
 
 func (rn renumber) start(content []byte) ([]byte, error) {
-	r := &reader{b: content}
+	r := &wasmbin.Reader{B: content}
 	w := rn.copyFunc(r, nil)
-	if err := r.end(); err != nil {
+	if err := r.End(); err != nil {
 		return nil, err
 	}
 	return w, nil
@@ -586,21 +588,21 @@ func (rn renumber) start(content []byte) ([]byte, error) {
 // elements copies the element section (flags 0-7, core spec 5.5.12),
 // renumbering function indices and ref.func.
 func (rn renumber) elements(content []byte) ([]byte, error) {
-	r := &reader{b: content}
-	n := r.u32()
+	r := &wasmbin.Reader{B: content}
+	n := r.U32()
 	w := binary.AppendUvarint(make([]byte, 0, len(content)+8), uint64(n))
 	for range n {
-		if r.err != nil {
+		if r.Err != nil {
 			break
 		}
-		flags := r.u32()
-		if r.err == nil && flags > 7 {
-			r.fail(fmt.Errorf("element segment flags %d", flags))
+		flags := r.U32()
+		if r.Err == nil && flags > 7 {
+			r.Fail(fmt.Errorf("element segment flags %d", flags))
 			break
 		}
 		w = binary.AppendUvarint(w, uint64(flags))
 		if flags&0x02 != 0 && flags&0x01 == 0 { // 2, 6: explicit table index
-			w = r.copyLEB(w)
+			w = r.CopyLEB(w)
 		}
 		if flags&0x01 == 0 { // active: offset
 			w = rn.constExpr(r, w)
@@ -608,15 +610,15 @@ func (rn renumber) elements(content []byte) ([]byte, error) {
 		exprs := flags&0x04 != 0
 		if flags&0x03 != 0 { // 1, 2, 3, 5, 6, 7: elemkind or reftype
 			if exprs {
-				w = r.copyValtype(w)
+				w = r.CopyValtype(w)
 			} else {
-				w = append(w, r.byte())
+				w = append(w, r.Byte())
 			}
 		}
-		count := r.u32()
+		count := r.U32()
 		w = binary.AppendUvarint(w, uint64(count))
 		for range count {
-			if r.err != nil {
+			if r.Err != nil {
 				break
 			}
 			if exprs {
@@ -626,7 +628,7 @@ func (rn renumber) elements(content []byte) ([]byte, error) {
 			}
 		}
 	}
-	if err := r.end(); err != nil {
+	if err := r.End(); err != nil {
 		return nil, err
 	}
 	return w, nil
@@ -637,10 +639,10 @@ func (rn renumber) elements(content []byte) ([]byte, error) {
 // not parse is dropped (it is debug information: wazero names frames
 // with it, nothing depends on it).
 func (rn renumber) custom(content []byte) ([]byte, error) {
-	r := &reader{b: content}
-	nm := r.name()
-	if r.err != nil {
-		return nil, r.err
+	r := &wasmbin.Reader{B: content}
+	nm := r.Name()
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	switch {
 	case strings.HasPrefix(nm, ".debug_"):
@@ -649,10 +651,10 @@ func (rn renumber) custom(content []byte) ([]byte, error) {
 		return content, nil
 	}
 	w := appendName(make([]byte, 0, len(content)+16), nm)
-	for len(r.b) > 0 && r.err == nil {
-		id := r.byte()
-		sub := &reader{b: r.bytes(int(r.u32()))}
-		if r.err != nil {
+	for len(r.B) > 0 && r.Err == nil {
+		id := r.Byte()
+		sub := &wasmbin.Reader{B: r.Bytes(int(r.U32()))}
+		if r.Err != nil {
 			break
 		}
 		var body []byte
@@ -660,49 +662,49 @@ func (rn renumber) custom(content []byte) ([]byte, error) {
 		case 1: // function names: namemap
 			body = rn.nameMap(sub, nil)
 		case 2, 3: // local and label names: indirect namemap by function
-			n := sub.u32()
+			n := sub.U32()
 			body = binary.AppendUvarint(nil, uint64(n))
 			for range n {
-				if sub.err != nil {
+				if sub.Err != nil {
 					break
 				}
 				body = rn.copyFunc(sub, body)
-				inner := sub.u32()
+				inner := sub.U32()
 				body = binary.AppendUvarint(body, uint64(inner))
 				for range inner {
-					if sub.err != nil {
+					if sub.Err != nil {
 						break
 					}
-					body = sub.copyLEB(body)
-					body = appendName(body, sub.name())
+					body = sub.CopyLEB(body)
+					body = appendName(body, sub.Name())
 				}
 			}
 		default:
-			body = sub.b
-			sub.b = nil
+			body = sub.B
+			sub.B = nil
 		}
-		if err := sub.end(); err != nil {
+		if err := sub.End(); err != nil {
 			return nil, nil // malformed names: drop the section
 		}
 		w = append(w, id)
 		w = binary.AppendUvarint(w, uint64(len(body)))
 		w = append(w, body...)
 	}
-	if r.err != nil {
+	if r.Err != nil {
 		return nil, nil
 	}
 	return w, nil
 }
 
-func (rn renumber) nameMap(r *reader, w []byte) []byte {
-	n := r.u32()
+func (rn renumber) nameMap(r *wasmbin.Reader, w []byte) []byte {
+	n := r.U32()
 	w = binary.AppendUvarint(w, uint64(n))
 	for range n {
-		if r.err != nil {
+		if r.Err != nil {
 			break
 		}
 		w = rn.copyFunc(r, w)
-		w = appendName(w, r.name())
+		w = appendName(w, r.Name())
 	}
 	return w
 }
@@ -711,18 +713,18 @@ func (rn renumber) nameMap(r *reader, w []byte) []byte {
 // function's entry and loop head and ins.charge before every bulk
 // instruction, function indices renumbered.
 func (rn renumber) code(content []byte, ins instrumentation) ([]byte, error) {
-	r := &reader{b: content}
-	n := r.u32()
-	if r.err == nil && n != rn.c.definedFuncs {
+	r := &wasmbin.Reader{B: content}
+	n := r.U32()
+	if r.Err == nil && n != rn.c.definedFuncs {
 		return nil, fmt.Errorf("%d function bodies for %d functions", n, rn.c.definedFuncs)
 	}
 	w := binary.AppendUvarint(make([]byte, 0, len(content)+len(content)/4), uint64(n))
 	var body []byte
 	for i := range n {
-		size := r.u32()
-		b := &reader{b: r.bytes(int(size))}
-		if r.err != nil {
-			return nil, fmt.Errorf("function body %d: %w", i, r.err)
+		size := r.U32()
+		b := &wasmbin.Reader{B: r.Bytes(int(size))}
+		if r.Err != nil {
+			return nil, fmt.Errorf("function body %d: %w", i, r.Err)
 		}
 		var err error
 		if body, err = rn.body(b, body[:0], ins); err != nil {
@@ -731,7 +733,7 @@ func (rn renumber) code(content []byte, ins instrumentation) ([]byte, error) {
 		w = binary.AppendUvarint(w, uint64(len(body)))
 		w = append(w, body...)
 	}
-	if err := r.end(); err != nil {
+	if err := r.End(); err != nil {
 		return nil, err
 	}
 	return w, nil
@@ -740,95 +742,95 @@ func (rn renumber) code(content []byte, ins instrumentation) ([]byte, error) {
 // body copies one function body: its locals, chk, then its instructions
 // with ins.check after every loop's block type and ins.charge before
 // every bulk instruction.
-func (rn renumber) body(r *reader, w []byte, ins instrumentation) ([]byte, error) {
-	groups := r.u32()
+func (rn renumber) body(r *wasmbin.Reader, w []byte, ins instrumentation) ([]byte, error) {
+	groups := r.U32()
 	w = binary.AppendUvarint(w, uint64(groups))
 	var locals uint64
 	for range groups {
-		if r.err != nil {
+		if r.Err != nil {
 			break
 		}
-		n := r.u32()
-		if locals += uint64(n); r.err == nil && locals > maxLocals {
-			r.fail(fmt.Errorf("more than %d locals", maxLocals))
+		n := r.U32()
+		if locals += uint64(n); r.Err == nil && locals > maxLocals {
+			r.Fail(fmt.Errorf("more than %d locals", maxLocals))
 		}
 		w = binary.AppendUvarint(w, uint64(n))
-		w = r.copyValtype(w)
+		w = r.CopyValtype(w)
 	}
 	w = append(w, ins.check...)
-	for len(r.b) > 0 && r.err == nil {
-		op := r.byte()
+	for len(r.B) > 0 && r.Err == nil {
+		op := r.Byte()
 		w = append(w, op)
 		switch {
 		case op == 0x03: // loop bt
-			w = r.copyBlockType(w)
+			w = r.CopyBlockType(w)
 			w = append(w, ins.check...)
 		case op == 0x02, op == 0x04: // block, if: blocktype
-			w = r.copyBlockType(w)
+			w = r.CopyBlockType(w)
 		case op == 0x10, op == 0x12, op == 0xd2: // call, return_call, ref.func
 			w = rn.copyFunc(r, w)
 		case op == 0x11, op == 0x13: // call_indirect, return_call_indirect: type, table
-			w = r.copyLEB(w)
-			w = r.copyLEB(w)
+			w = r.CopyLEB(w)
+			w = r.CopyLEB(w)
 		case op == 0x0c, op == 0x0d, op == 0x20, op == 0x21, op == 0x22, op == 0x25, op == 0x26,
 			op == 0x3f, op == 0x40: // br, br_if, local.*, table.get/set, memory.size/grow
-			w = r.copyLEB(w)
+			w = r.CopyLEB(w)
 		case op == 0x23, op == 0x24: // global.get/set
-			idx := r.u32()
-			if r.err == nil && idx >= rn.c.globals() {
-				r.fail(fmt.Errorf("global index %d out of range (%d globals)", idx, rn.c.globals()))
+			idx := r.U32()
+			if r.Err == nil && idx >= rn.c.globals() {
+				r.Fail(fmt.Errorf("global index %d out of range (%d globals)", idx, rn.c.globals()))
 			}
 			w = binary.AppendUvarint(w, uint64(idx))
 		case op == 0x0e: // br_table vec(label) label
-			k := r.u32()
+			k := r.U32()
 			w = binary.AppendUvarint(w, uint64(k))
 			for range k {
-				if r.err != nil {
+				if r.Err != nil {
 					break
 				}
-				w = r.copyLEB(w)
+				w = r.CopyLEB(w)
 			}
-			w = r.copyLEB(w)
+			w = r.CopyLEB(w)
 		case op == 0x1c: // select t*
 			// One value type of one byte: wazero's compiler skips two
 			// bytes after 0x1c whatever its validator read (a (ref null
 			// ht) type: the heap type compiled as code).
-			k := r.u32()
-			t := r.byte()
-			if r.err == nil && (k != 1 || !oneByteValtype[t]) {
-				r.fail(fmt.Errorf("select with %d types, the first %#x", k, t))
+			k := r.U32()
+			t := r.Byte()
+			if r.Err == nil && (k != 1 || !oneByteValtype[t]) {
+				r.Fail(fmt.Errorf("select with %d types, the first %#x", k, t))
 			}
 			w = append(w, byte(k), t)
 		case op >= 0x28 && op <= 0x3e: // loads and stores
-			w = r.copyMemarg(w)
+			w = r.CopyMemarg(w)
 		case op == 0x41, op == 0x42: // i32.const, i64.const
-			w = r.copyLEB(w)
+			w = r.CopyLEB(w)
 		case op == 0x43:
-			w = append(w, r.bytes(4)...)
+			w = append(w, r.Bytes(4)...)
 		case op == 0x44:
-			w = append(w, r.bytes(8)...)
+			w = append(w, r.Bytes(8)...)
 		case op == 0xd0: // ref.null heaptype
-			w = r.copyLEB(w)
+			w = r.CopyLEB(w)
 		case op == 0x00, op == 0x01, op == 0x05, op == 0x0b, op == 0x0f, op == 0x1a, op == 0x1b,
 			op >= 0x45 && op <= 0xc4, op == 0xd1: // no immediates
 		case op == 0xfc:
-			if sub, n := binary.Uvarint(r.b); n > 0 && bulk[sub] {
+			if sub, n := binary.Uvarint(r.B); n > 0 && bulk[sub] {
 				w = append(append(w[:len(w)-1], ins.charge...), op)
-				if table, m := binary.Uvarint(r.b[n:]); sub == 15 && m > 0 && table <= 0xffffffff {
+				if table, m := binary.Uvarint(r.B[n:]); sub == 15 && m > 0 && table <= 0xffffffff {
 					w = append(append(w[:len(w)-1], ins.clamp(uint32(table))...), op)
 				}
 			}
-			w = r.copyPrefixFC(w)
+			w = r.CopyPrefixFC(w)
 		case op == 0xfd:
-			w = r.copyPrefixFD(w)
+			w = r.CopyPrefixFD(w)
 		case op == 0xfe:
-			w = r.copyPrefixFE(w)
+			w = r.CopyPrefixFE(w)
 		default:
-			r.fail(fmt.Errorf("opcode %#x", op))
+			r.Fail(fmt.Errorf("opcode %#x", op))
 		}
 	}
-	if r.err != nil {
-		return nil, r.err
+	if r.Err != nil {
+		return nil, r.Err
 	}
 	if len(w) == 0 || w[len(w)-1] != 0x0b {
 		return nil, errors.New("function body does not end with end")
