@@ -72,10 +72,6 @@ type SignalResult struct {
 	Interrupted int64
 	// Status is, for a wake, the session's status after it.
 	Status store.SessionStatus
-
-	// audit is the call's audit row that the append wrote with the event
-	// (CallAudit), marked written once the signal is accepted.
-	audit *CallAudit
 }
 
 // Signal accepts a signal for agent a's (as GetAgent returned it) session
@@ -236,9 +232,6 @@ func (s *Service) signal(ctx context.Context, a store.Agent, sessionID string, p
 	}
 	if res.Created {
 		s.h.Appended(res.Event)
-		if res.audit != nil {
-			res.audit.written.Store(true) // the call's row committed with its event
-		}
 	}
 	return res, nil
 }
@@ -272,13 +265,15 @@ func sameSignal(e store.Event, kind string, payload []byte) bool {
 func (s *Service) midTurnMessage(ctx context.Context, key store.ActorKey, payload json.RawMessage, idem string, res *SignalResult) error {
 	p := store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload, IdempotencyKey: idem,
 		Traceparent: tracing.Traceparent(ctx)}
-	// The call's audit row goes with the event it creates (one commit).
+	// The call's audit row goes with the event it creates (one commit). A
+	// created event is an accepted signal (only a re-send is refused
+	// after its append), so the row is marked written at once.
 	var carried *CallAudit
 	p.Audit, carried = carriedAudit(ctx)
 	appendEvent := func() (err error) {
 		res.Event, res.Created, err = s.st.AppendEvent(ctx, p)
 		if err == nil && res.Created && p.Audit != nil {
-			res.audit = carried
+			carried.written.Store(true)
 		}
 		return err
 	}

@@ -28,18 +28,19 @@
 //
 // A guest runs at most the fuel's worth of function entries, loop
 // iterations and KiB of bulk instructions between two calls to the host
-// (a spin that neither loops nor calls is bounded by its code size), so the host's yield function can stop
-// it there (panic with a sys.ExitError) and, as important, the Go runtime
-// gets a preemption point: native wazero code has none, so a guest that
-// never left it would block the garbage collector's stop-the-world, and the
-// whole host with it.
+// (a spin that neither loops nor calls is bounded by its code size), so
+// the host's yield function can stop it there (panic with a
+// sys.ExitError) and, as important, the Go runtime gets a preemption
+// point: native wazero code has none, so a guest that never left it would
+// block the garbage collector's stop-the-world, and the whole host with
+// it.
 //
 // The new import comes after the module's imported functions, so every
 // defined function's index moves up by one: Instrument renumbers them in
 // calls (call, return_call), ref.func, exports, the start function,
 // element segments, table initialisers, constant expressions and the name
-// section. The new
-// globals are the last in the global index space, so no global moves; code
+// section. The new globals are the last in the global index space, so no
+// global moves; code
 // that names a global or function index the original module does not have
 // is refused, so that the original code can never reach the fuel. DWARF
 // sections (.debug_*), whose code offsets no longer hold, are dropped.
@@ -73,8 +74,22 @@ const (
 	secCode     = 10
 )
 
-// Section order of the known sections, for where to insert a new one.
-var sectionOrder = map[byte]int{1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 13: 6, 6: 7, 7: 8, 8: 9, 9: 10, 12: 11, 10: 12, 11: 13}
+// sectionOrder is a known section's place in a module (the tag section,
+// 13, comes between memory and global; data count, 12, before code), for
+// where to insert a new one.
+func sectionOrder(id byte) int {
+	switch id {
+	case 13:
+		return 6
+	case 6, 7, 8, 9:
+		return int(id) + 1
+	case 12:
+		return 11
+	case 10, 11:
+		return int(id) + 2
+	}
+	return int(id)
+}
 
 // Module names the import Instrument adds.
 type Module struct {
@@ -207,7 +222,7 @@ func Instrument(wasm []byte, m Module, initialFuel int32) (out []byte, err error
 func insertSection(secs []section, s section) []section {
 	at := len(secs)
 	for i, o := range secs {
-		if o.id != secCustom && sectionOrder[o.id] > sectionOrder[s.id] {
+		if o.id != secCustom && sectionOrder(o.id) > sectionOrder(s.id) {
 			at = i
 			break
 		}
@@ -285,13 +300,25 @@ func charge(fuel, n, yield uint32) []byte {
 // 30-byte module, asked for 16 GiB and killed the host).
 const maxLocals = 50000
 
-// oneByteValtype are the value types of one byte: i32, i64, f32, f64,
+// oneByteValtype reports the value types of one byte: i32, i64, f32, f64,
 // v128, funcref, externref.
-var oneByteValtype = map[byte]bool{0x7f: true, 0x7e: true, 0x7d: true, 0x7c: true, 0x7b: true, 0x70: true, 0x6f: true}
+func oneByteValtype(t byte) bool {
+	switch t {
+	case 0x7f, 0x7e, 0x7d, 0x7c, 0x7b, 0x70, 0x6f:
+		return true
+	}
+	return false
+}
 
-// bulk are the sub-opcodes of 0xfc charged by size: memory.init, memory.copy,
-// memory.fill, table.init, table.copy, table.grow, table.fill.
-var bulk = map[uint64]bool{8: true, 10: true, 11: true, 12: true, 14: true, 15: true, 17: true}
+// bulk reports the sub-opcodes of 0xfc charged by size: memory.init,
+// memory.copy, memory.fill, table.init, table.copy, table.grow, table.fill.
+func bulk(sub uint64) bool {
+	switch sub {
+	case 8, 10, 11, 12, 14, 15, 17:
+		return true
+	}
+	return false
+}
 
 // maxTableSize bounds the elements of a table, at its definition and
 // through table.grow: wazero allocates a table's slice whole, and one
@@ -441,6 +468,16 @@ func (rn renumber) copyFunc(r *wasmbin.Reader, w []byte) []byte {
 	return binary.AppendUvarint(w, uint64(n))
 }
 
+// copyGlobal copies one global index from r to w, refusing one outside
+// the original module's globals (the fuel's and charge's come after).
+func (rn renumber) copyGlobal(r *wasmbin.Reader, w []byte) []byte {
+	idx := r.U32()
+	if r.Err == nil && idx >= rn.c.globals() {
+		r.Fail(fmt.Errorf("global index %d out of range (%d globals)", idx, rn.c.globals()))
+	}
+	return binary.AppendUvarint(w, uint64(idx))
+}
+
 // constExpr copies a constant expression up to and including its end,
 // renumbering ref.func and checking global.get.
 func (rn renumber) constExpr(r *wasmbin.Reader, w []byte) []byte {
@@ -457,11 +494,7 @@ func (rn renumber) constExpr(r *wasmbin.Reader, w []byte) []byte {
 		case 0x44:
 			w = append(w, r.Bytes(8)...)
 		case 0x23: // global.get
-			idx := r.U32()
-			if r.Err == nil && idx >= rn.c.globals() {
-				r.Fail(fmt.Errorf("global index %d out of range (%d globals)", idx, rn.c.globals()))
-			}
-			w = binary.AppendUvarint(w, uint64(idx))
+			w = rn.copyGlobal(r, w)
 		case 0xd0: // ref.null heaptype
 			w = r.CopyLEB(w)
 		case 0xd2: // ref.func
@@ -561,11 +594,7 @@ func (rn renumber) exports(content []byte) ([]byte, error) {
 		case 0x00:
 			w = rn.copyFunc(r, w)
 		case 0x03: // global: not one Instrument adds
-			idx := r.U32()
-			if r.Err == nil && idx >= rn.c.globals() {
-				r.Fail(fmt.Errorf("exported global index %d out of range (%d globals)", idx, rn.c.globals()))
-			}
-			w = binary.AppendUvarint(w, uint64(idx))
+			w = rn.copyGlobal(r, w)
 		default:
 			w = r.CopyLEB(w)
 		}
@@ -739,7 +768,7 @@ func (rn renumber) code(content []byte, ins instrumentation) ([]byte, error) {
 	return w, nil
 }
 
-// body copies one function body: its locals, chk, then its instructions
+// body copies one function body: its locals, ins.check, then its instructions
 // with ins.check after every loop's block type and ins.charge before
 // every bulk instruction.
 func (rn renumber) body(r *wasmbin.Reader, w []byte, ins instrumentation) ([]byte, error) {
@@ -776,11 +805,7 @@ func (rn renumber) body(r *wasmbin.Reader, w []byte, ins instrumentation) ([]byt
 			op == 0x3f, op == 0x40: // br, br_if, local.*, table.get/set, memory.size/grow
 			w = r.CopyLEB(w)
 		case op == 0x23, op == 0x24: // global.get/set
-			idx := r.U32()
-			if r.Err == nil && idx >= rn.c.globals() {
-				r.Fail(fmt.Errorf("global index %d out of range (%d globals)", idx, rn.c.globals()))
-			}
-			w = binary.AppendUvarint(w, uint64(idx))
+			w = rn.copyGlobal(r, w)
 		case op == 0x0e: // br_table vec(label) label
 			k := r.U32()
 			w = binary.AppendUvarint(w, uint64(k))
@@ -797,7 +822,7 @@ func (rn renumber) body(r *wasmbin.Reader, w []byte, ins instrumentation) ([]byt
 			// ht) type: the heap type compiled as code).
 			k := r.U32()
 			t := r.Byte()
-			if r.Err == nil && (k != 1 || !oneByteValtype[t]) {
+			if r.Err == nil && (k != 1 || !oneByteValtype(t)) {
 				r.Fail(fmt.Errorf("select with %d types, the first %#x", k, t))
 			}
 			w = append(w, byte(k), t)
@@ -814,7 +839,7 @@ func (rn renumber) body(r *wasmbin.Reader, w []byte, ins instrumentation) ([]byt
 		case op == 0x00, op == 0x01, op == 0x05, op == 0x0b, op == 0x0f, op == 0x1a, op == 0x1b,
 			op >= 0x45 && op <= 0xc4, op == 0xd1: // no immediates
 		case op == 0xfc:
-			if sub, n := binary.Uvarint(r.B); n > 0 && bulk[sub] {
+			if sub, n := binary.Uvarint(r.B); n > 0 && bulk(sub) {
 				w = append(append(w[:len(w)-1], ins.charge...), op)
 				if table, m := binary.Uvarint(r.B[n:]); sub == 15 && m > 0 && table <= 0xffffffff {
 					w = append(append(w[:len(w)-1], ins.clamp(uint32(table))...), op)
