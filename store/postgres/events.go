@@ -129,7 +129,7 @@ var appendEventAuditSQL = strings.Replace(appendEventSQL, "RETURNING *)", `RETUR
 		SELECT $9, $10, $11, $12, $13, $14 FROM ins)`, 1)
 
 // queueAppend queues the fast path's statement of an append (with its
-// audit row when audit is set) and returns how to read its answer.
+// audit row when audit is set); read gets its answer when the batch runs.
 func queueAppend(b *pgx.Batch, key store.ActorKey, ne newEvent, audit *store.AppendAuditParams, read func(e store.Event, created bool, err error)) {
 	sql, args := appendEventSQL, insertEventArgs(key, ne)
 	if audit != nil {
