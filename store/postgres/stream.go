@@ -348,7 +348,7 @@ func (s *Store) CompactStream(ctx context.Context, p store.CompactStreamParams) 
 				SELECT f.agent_uid, f.session_id, f.seq FROM stream_frames f
 				WHERE f.created_at < $1
 				  AND NOT EXISTS (SELECT 1 FROM actor_events e WHERE e.event_id = f.event_id AND e.status = 'open')
-				ORDER BY f.created_at LIMIT $2
+				LIMIT $2
 				FOR UPDATE SKIP LOCKED)`, p.Before, store.PageLimit(p.Limit))
 		n = tag.RowsAffected()
 		return err
