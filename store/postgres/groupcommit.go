@@ -4,13 +4,12 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/paddock-dev/paddock/store"
 )
@@ -185,12 +184,30 @@ func (g *group[In, Out]) do(ctx context.Context, in In) Out {
 }
 
 func (b *batcher) flushLoop() {
+	var p *pipe
+	defer func() {
+		if p != nil {
+			p.close()
+		}
+	}()
 	for {
 		var first groupItem
 		select {
 		case first = <-b.queue:
 		case <-b.s.closedCtx.Done():
 			return
+		}
+		if p != nil {
+			// Wait until the batch in flight has run its statements: the
+			// next one takes whatever queued meanwhile.
+			select {
+			case <-p.room:
+			case <-p.dead:
+			}
+			if p.isDead() {
+				p.close()
+				p = nil
+			}
 		}
 		batch := []groupItem{first}
 	more:
@@ -202,24 +219,77 @@ func (b *batcher) flushLoop() {
 				break more
 			}
 		}
-		b.flush(batch)
+		p = b.flush(p, batch)
 	}
 }
 
-// flush sends one batch and answers each of its requests.
-func (b *batcher) flush(batch []groupItem) {
+// flush sends one batch on p (a new pipe when p is nil) and returns the
+// pipe to send the next one on. The caller holds p's room token; the
+// reader answers the batch's requests. A request whose batch could not be
+// sent at all (no connection, a statement that does not prepare) runs on
+// its own path.
+func (b *batcher) flush(p *pipe, batch []groupItem) *pipe {
 	reqs := live(batch)
+	giveBack := func() {
+		if p != nil {
+			p.room <- struct{}{}
+		}
+	}
 	if len(reqs) == 0 {
-		return
+		giveBack()
+		return p
+	}
+	solo := func() {
+		for _, r := range reqs {
+			r.settle(true, nil)
+		}
+	}
+	deadline := batchDeadline(reqs[0].context(), b.s.callTimeout)
+	if p != nil && time.Since(p.idle) > pipeIdleCheck {
+		if err := p.ping(deadline); err != nil {
+			p.close()
+			p = nil
+		}
+	}
+	if p == nil {
+		ctx, cancel := context.WithDeadline(b.s.closedCtx, deadline)
+		np, err := b.s.openPipe(ctx)
+		cancel()
+		if err != nil {
+			solo()
+			return nil
+		}
+		p = np
+		<-p.room
 	}
 	pb := &pgx.Batch{}
 	for _, r := range reqs {
 		r.queue(pb)
 	}
-	refused, err := b.s.sendGroup(reqs[0].context(), pb, len(reqs))
-	for _, r := range reqs {
-		r.settle(refused, err)
+	p.idle = time.Now()
+	if err := p.send(reqs, pb, deadline); err != nil {
+		solo()
+		if p.isDead() {
+			p.close()
+			return nil
+		}
+		giveBack()
 	}
+	return p
+}
+
+// pipeIdleCheck: a pipe idle for longer is checked before a batch goes
+// out on it (pipe.ping).
+const pipeIdleCheck = time.Second
+
+// batchDeadline is the deadline of a batch whose first request has ctx:
+// its deadline, else callTimeout from now. The batch is not cancelled
+// with that request: the others wait for it too.
+func batchDeadline(ctx context.Context, callTimeout time.Duration) time.Time {
+	if d, ok := ctx.Deadline(); ok {
+		return d
+	}
+	return time.Now().Add(callTimeout)
 }
 
 // live answers the requests of batch whose caller gave up and returns the
@@ -240,29 +310,6 @@ func live(batch []groupItem) []groupItem {
 			cmp.Compare(a.rank(), b.rank()))
 	})
 	return out
-}
-
-// sendGroup sends b, the statements of n requests, as one implicit
-// transaction under the deadline of the batch's first request. refused:
-// the server refused a statement (a deadlock, a check that raised), so the
-// transaction rolled back and nothing of the batch was written — each
-// request then runs on its own path. Any other error (the connection) is
-// the batch's: it may have committed. So is an error of severity FATAL or
-// PANIC: a backend the postmaster makes quit (a crash of another backend,
-// a shutdown) may send it after its transaction committed, in place of
-// ReadyForQuery; run again, the batch would be written twice.
-func (s *Store) sendGroup(first context.Context, b *pgx.Batch, n int) (refused bool, err error) {
-	ctx, cancel := withDeadline(context.WithoutCancel(first), s.callTimeout)
-	defer cancel()
-	err = s.pool.SendBatch(ctx, b).Close()
-	var pgErr *pgconn.PgError
-	switch {
-	case err == nil:
-		return false, nil
-	case errors.As(err, &pgErr) && !endsConnection(pgErr):
-		return true, nil
-	}
-	return false, fmt.Errorf("group commit of %d requests: %w", n, err)
 }
 
 // groups are the kinds of request of s's group commit, sharing one
