@@ -24,9 +24,11 @@ import (
 // out at once and batches grow only under load. Every caller still
 // returns only after its own request committed ("durable before 202").
 //
-// One flusher, one batch in flight: the kinds share transactions (a
-// session's append and another session's commit cost one WAL flush, not
-// two), and no batch ever waits for another batch's row locks. On the
+// One flusher, one connection (pipeline.go: the next batch is sent while
+// the last one commits, and both run on one backend, one after the other):
+// the kinds share transactions (a session's append and another session's
+// commit cost one WAL flush, not two), and no batch ever waits for another
+// batch's row locks. On the
 // bench (N=10000, K=1000, P=8) one shared flusher sends 0.34 transactions
 // per turn where four groups of two flushers each sent 1.25, and the
 // database spends about a quarter less CPU per turn: fewer, larger

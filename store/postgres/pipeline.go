@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -39,6 +40,13 @@ import (
 // none of this: the connection is taken out of it (hijacked) and owned by
 // the group commit until the store closes.
 
+// SQLSTATEs of a prepared statement that no longer serves: its plan's
+// result type changed (a schema change), or it is gone.
+const (
+	codeCachedPlanChanged = "0A000"
+	codeNoSuchStatement   = "26000"
+)
+
 // pipe is one pipelined connection of the group commit.
 type pipe struct {
 	conn    net.Conn
@@ -60,6 +68,9 @@ type pipe struct {
 	// running its statements. The reader returns the token when a batch's
 	// statements have answered (it is committing, or failed).
 	room chan struct{}
+	// stale is set by the reader when the server refused a prepared
+	// statement as outdated; the flusher then prepares all again.
+	stale atomic.Bool
 	// dead is closed when the reader found the connection broken.
 	dead chan struct{}
 	// done is closed when the reader has returned.
@@ -187,6 +198,9 @@ func (p *pipe) write(sb *sentBatch, buf []byte) {
 // prepare prepares on this connection the statements of b it has not
 // prepared yet: one round trip, which waits for the batches in flight.
 func (p *pipe) prepare(b *pgx.Batch, deadline time.Time) error {
+	if p.stale.Swap(false) {
+		clear(p.stmts)
+	}
 	var todo []*pgconn.StatementDescription
 	seen := map[string]bool{}
 	for _, q := range b.QueuedQueries {
@@ -240,27 +254,25 @@ func (p *pipe) read(fe *pgproto3.Frontend) {
 	for sb := range p.sent {
 		if broken == nil {
 			_ = p.conn.SetReadDeadline(sb.deadline)
-			broken = p.readBatch(fe, sb)
-			if broken != nil {
+			if broken = p.readBatch(fe, sb); broken != nil {
+				// Broken before its callers hear of it, so that no batch
+				// goes out on it after.
 				close(p.dead)
 				_ = p.conn.Close()
 				broken = fmt.Errorf("group commit connection: %w", broken)
 			}
-		} else {
+		}
+		if broken != nil {
 			p.answer(sb, nil, nil, nil, broken)
 		}
 	}
 }
 
 // readBatch reads one batch's answers and answers its requests; an error
-// is the connection's (sb was answered with it).
+// is the connection's (sb is not answered then).
 func (p *pipe) readBatch(fe *pgproto3.Frontend, sb *sentBatch) (connErr error) {
 	var refusal *pgconn.PgError
 	results := make([]stmtResult, len(sb.sds))
-	fail := func(err error) error {
-		p.answer(sb, nil, nil, nil, err)
-		return err
-	}
 	if sb.prepare {
 		for _, sd := range sb.sds {
 			if refusal != nil {
@@ -268,7 +280,7 @@ func (p *pipe) readBatch(fe *pgproto3.Frontend, sb *sentBatch) (connErr error) {
 			}
 			var err error
 			if refusal, err = p.readDescription(fe, sd); err != nil {
-				return fail(err)
+				return err
 			}
 		}
 	} else {
@@ -279,15 +291,22 @@ func (p *pipe) readBatch(fe *pgproto3.Frontend, sb *sentBatch) (connErr error) {
 			for {
 				msg, err := receive(fe)
 				if err != nil {
-					return fail(err)
+					return err
 				}
 				switch msg := msg.(type) {
 				case *pgproto3.BindComplete:
 				case *pgproto3.DataRow:
-					row := make([][]byte, len(msg.Values))
+					// The message's bytes are the frontend's until the
+					// next Receive: one copy per row.
+					n := 0
+					for _, v := range msg.Values {
+						n += len(v)
+					}
+					buf, row := make([]byte, 0, n), make([][]byte, len(msg.Values))
 					for j, v := range msg.Values {
 						if v != nil {
-							row[j] = append(make([]byte, 0, len(v)), v...)
+							buf = append(buf, v...)
+							row[j] = buf[len(buf)-len(v) : len(buf) : len(buf)]
 						}
 					}
 					r.rows = append(r.rows, row)
@@ -299,11 +318,11 @@ func (p *pipe) readBatch(fe *pgproto3.Frontend, sb *sentBatch) (connErr error) {
 				case *pgproto3.ErrorResponse:
 					refusal = pgconn.ErrorResponseToPgError(msg)
 					if endsConnection(refusal) {
-						return fail(refusal)
+						return refusal
 					}
 					break statements
 				default:
-					return fail(fmt.Errorf("unexpected %T in a batch's results", msg))
+					return fmt.Errorf("unexpected %T in a batch's results", msg)
 				}
 			}
 		}
@@ -316,17 +335,22 @@ func (p *pipe) readBatch(fe *pgproto3.Frontend, sb *sentBatch) (connErr error) {
 	for {
 		msg, err := receive(fe)
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		switch msg := msg.(type) {
 		case *pgproto3.ReadyForQuery:
+			if refusal != nil && (refusal.Code == codeCachedPlanChanged || refusal.Code == codeNoSuchStatement) {
+				// A prepared statement no longer serves (a schema
+				// change): prepare every statement again.
+				p.stale.Store(true)
+			}
 			p.answer(sb, results, sb.b, refusal, nil)
 			return nil
 		case *pgproto3.ErrorResponse:
 			// The commit failed.
 			refusal = pgconn.ErrorResponseToPgError(msg)
 			if endsConnection(refusal) {
-				return fail(refusal)
+				return refusal
 			}
 		}
 		// Anything else before ReadyForQuery belongs to statements the
