@@ -59,7 +59,7 @@ type pipe struct {
 	nextID int
 	wbuf   []byte
 	eqb    pgx.ExtendedQueryBuilder
-	idle   time.Time // when the last batch was answered (for the idle check)
+	idle   time.Time // when the last batch was sent (for the idle check)
 
 	// sent carries the batches to the reader, in send order; the flusher
 	// closes it when it gives the connection up.
