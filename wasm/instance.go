@@ -12,6 +12,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/paddock-dev/paddock/abi"
@@ -155,6 +156,10 @@ func (r *Runtime) instantiate(ctx context.Context, digest string, compiled wazer
 	gctx, leave, err := r.enter(withTurnCalls(withGuestLog(abi.WithCaller(ictx, nil), inst.glog), &turnCalls{digest: digest}))
 	if err != nil {
 		return nil, err
+	}
+	if r.mem != nil {
+		// Linear memory reserved by mmap and grown in place (memory.go).
+		gctx = experimental.WithMemoryAllocator(gctx, r.mem)
 	}
 	mod, err := r.wz.InstantiateModule(gctx, compiled, cfg)
 	leave()
