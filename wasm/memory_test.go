@@ -176,6 +176,25 @@ func TestLinearMemoryOfFailedInstantiation(t *testing.T) {
 	awaitLive(t, b.rt, 0, "after the failed instantiations and a GC")
 }
 
+// TestDroppedInstanceIsClosed: an Instance the host drops without Close is
+// closed, its memory unmapped, once the garbage collector finds it.
+func TestDroppedInstanceIsClosed(t *testing.T) {
+	t.Parallel()
+	b := mapped(t, wasm.Config{})
+	digest := b.notes(t)
+	func() {
+		inst, err := b.rt.Instantiate(context.Background(), digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reply(t)(inst.Turn(context.Background(), request("count", nil, 1)))
+	}()
+	awaitLive(t, b.rt, 0, "after dropping the instance")
+	if len(b.logs.find("dropped without Close")) != 1 {
+		t.Error("the dropped instance was not logged")
+	}
+}
+
 // TestLinearMemoryFallback: when memory cannot be mapped, instances run on
 // the Go heap, with the same outcomes.
 func TestLinearMemoryFallback(t *testing.T) {
