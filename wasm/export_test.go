@@ -13,9 +13,28 @@ func ModuleClosed(i *Instance) bool { return i.mod.IsClosed() }
 // (false where there is no mmap: wazero's default memory).
 func MemoryMapped(r *Runtime) bool { return r.mem != nil }
 
-// LiveMemoryMappings returns the number of r's linear-memory reservations
-// not yet unmapped.
-func LiveMemoryMappings(r *Runtime) int64 { return r.mem.live.Load() }
+// MemoryMappings returns the number of r's linear-memory mappings not yet
+// unmapped (in use or kept for reuse) and how many of them are kept.
+func MemoryMappings(r *Runtime) (mapped, idle int) {
+	r.mem.mu.Lock()
+	defer r.mem.mu.Unlock()
+	return int(r.mem.mapped.Load()), len(r.mem.idle)
+}
+
+// IdleMemoriesZeroed reports whether every mapping r keeps for reuse is
+// zero where an instance could have written it.
+func IdleMemoriesZeroed(r *Runtime) bool {
+	r.mem.mu.Lock()
+	defer r.mem.mu.Unlock()
+	for _, b := range r.mem.idle {
+		for _, x := range b[:min(len(b), maxRecycledMemory)] {
+			if x != 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
 
 // MemoryFallbacks returns the number of r's linear memories made on the Go
 // heap because their reservation failed.

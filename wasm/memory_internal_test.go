@@ -17,7 +17,22 @@ func newTestAllocator(t *testing.T) *memAllocator {
 	if a == nil {
 		t.Skip("no mmap on this platform: wazero's default memory")
 	}
+	t.Cleanup(a.close)
 	return a
+}
+
+// counts returns a's mappings not yet unmapped and those kept idle.
+func (a *memAllocator) counts() (mapped int64, idle int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.mapped.Load(), len(a.idle)
+}
+
+func wantCounts(t *testing.T, a *memAllocator, mapped int64, idle int, when string) {
+	t.Helper()
+	if m, i := a.counts(); m != mapped || i != idle {
+		t.Fatalf("%s: %d mapped, %d idle; want %d and %d", when, m, i, mapped, idle)
+	}
 }
 
 func allZero(b []byte) bool {
@@ -29,8 +44,15 @@ func allZero(b []byte) bool {
 	return true
 }
 
+func fill(b []byte, v byte) {
+	for i := range b {
+		b[i] = v
+	}
+}
+
 // TestMappedMemoryGrowsInPlace: a reservation of the maximum, grown by
-// Reallocate at one address, zeroed, nil past the maximum, freed once.
+// Reallocate at one address, zeroed, nil past the maximum and after Free,
+// freed once.
 func TestMappedMemoryGrowsInPlace(t *testing.T) {
 	t.Parallel()
 	a := newTestAllocator(t)
@@ -39,17 +61,13 @@ func TestMappedMemoryGrowsInPlace(t *testing.T) {
 	if !ok {
 		t.Fatalf("Allocate returned a %T, want a mapping", lm)
 	}
-	if n := a.live.Load(); n != 1 {
-		t.Fatalf("live reservations %d, want 1", n)
-	}
+	wantCounts(t, a, 1, 0, "allocated")
 	buf := m.Reallocate(2 * page)
 	if len(buf) != 2*page || cap(buf) != 2*page || !allZero(buf) {
 		t.Fatalf("initial memory: len %d cap %d, zeroed %v", len(buf), cap(buf), allZero(buf))
 	}
 	base := unsafe.SliceData(buf)
-	for i := range buf {
-		buf[i] = 0xa5
-	}
+	fill(buf, 0xa5)
 	for pages := uint64(3); pages <= 64; pages += 7 {
 		grown := m.Reallocate(pages * page)
 		if uint64(len(grown)) != pages*page {
@@ -64,9 +82,7 @@ func TestMappedMemoryGrowsInPlace(t *testing.T) {
 		if !allZero(grown[len(buf):]) {
 			t.Fatalf("grown part of %d pages is not zeroed", pages)
 		}
-		for i := len(buf); i < len(grown); i++ {
-			grown[i] = byte(i)
-		}
+		fill(grown[len(buf):], 0x5a)
 		buf = grown
 	}
 	if full := m.Reallocate(64 * page); len(full) != 64*page || unsafe.SliceData(full) != base {
@@ -76,37 +92,74 @@ func TestMappedMemoryGrowsInPlace(t *testing.T) {
 		t.Fatalf("Reallocate past the maximum returned %d bytes, want nil", len(past))
 	}
 	m.Free()
-	if n := a.live.Load(); n != 0 {
-		t.Fatalf("live reservations %d after Free, want 0", n)
-	}
-	m.Free() // idempotent: a second munmap of the range could unmap another mapping
-	if n := a.live.Load(); n != 0 {
-		t.Fatalf("live reservations %d after a second Free, want 0", n)
-	}
+	wantCounts(t, a, 1, 1, "freed: kept for reuse")
+	m.Free() // idempotent
+	wantCounts(t, a, 1, 1, "freed twice")
 	if b := m.Reallocate(page); b != nil {
 		t.Fatal("Reallocate after Free returned memory")
 	}
+	a.close()
+	wantCounts(t, a, 0, 0, "allocator closed")
 }
 
-// TestMappedMemoryFreshPerAllocation: every Allocate is a new, zeroed
-// mapping, even right after another was written and freed.
-func TestMappedMemoryFreshPerAllocation(t *testing.T) {
+// TestMappedMemoryReuse: a freed mapping serves the next Allocate of its
+// size, zeroed wherever the last instance could write; a second Free by
+// the first owner does not touch the second's; big memories, mappings past
+// the idle cap and those freed after close are unmapped.
+func TestMappedMemoryReuse(t *testing.T) {
 	t.Parallel()
 	a := newTestAllocator(t)
-	for range 20 {
-		m := a.Allocate(page, 16*page)
-		b := m.Reallocate(16 * page)
-		if !allZero(b) {
-			t.Fatal("a fresh memory holds non-zero bytes")
-		}
-		for i := range b {
-			b[i] = 0xff
-		}
+	m1 := a.Allocate(page, 64*page)
+	b1 := m1.Reallocate(40 * page)
+	base := unsafe.SliceData(b1)
+	fill(b1, 0xee)
+	m1.Free()
+	m2 := a.Allocate(page, 64*page)
+	b2 := m2.Reallocate(64 * page)
+	if unsafe.SliceData(b2) != base {
+		t.Fatal("the freed mapping was not reused")
+	}
+	if !allZero(b2) {
+		t.Fatal("a reused mapping holds its last instance's bytes")
+	}
+	wantCounts(t, a, 1, 0, "reused")
+	m1.Free() // the first owner again: must not end the second's lease
+	if m2.Reallocate(page) == nil {
+		t.Fatal("a second Free by the first owner ended the second owner's memory")
+	}
+	wantCounts(t, a, 1, 0, "first owner freed again")
+	if other := a.Allocate(page, 32*page); unsafe.SliceData(other.Reallocate(page)) == base {
+		t.Fatal("a mapping in use was handed out again")
+	} else {
+		other.Free()
+	}
+	m2.Free()
+	wantCounts(t, a, 2, 2, "two sizes kept")
+
+	// A memory that grew past maxRecycledMemory is unmapped, not zeroed.
+	big := a.Allocate(page, 2*maxRecycledMemory)
+	big.Reallocate(maxRecycledMemory + page)
+	big.Free()
+	wantCounts(t, a, 2, 2, "a big memory freed")
+
+	// At most maxIdleMappings are kept.
+	var ms []interface{ Free() }
+	for range maxIdleMappings + 3 {
+		m := a.Allocate(page, 8*page)
+		m.Reallocate(page)[0] = 1
+		ms = append(ms, m)
+	}
+	for _, m := range ms {
 		m.Free()
 	}
-	if n := a.live.Load(); n != 0 {
-		t.Fatalf("live reservations %d, want 0", n)
+	if _, idle := a.counts(); idle != maxIdleMappings {
+		t.Fatalf("%d idle mappings, want the cap %d", idle, maxIdleMappings)
 	}
+	a.close()
+	wantCounts(t, a, 0, 0, "allocator closed")
+	late := a.Allocate(page, 8*page)
+	late.Free()
+	wantCounts(t, a, 0, 0, "freed after close: unmapped")
 }
 
 // TestMappedMemoryCleanupNet: a memory dropped without Free (as wazero
@@ -118,22 +171,14 @@ func TestMappedMemoryCleanupNet(t *testing.T) {
 		m := a.Allocate(page, 4*page)
 		m.Reallocate(page)[0] = 1
 	}()
-	waitLive(t, a, 0)
-}
-
-// waitLive runs the garbage collector until a has want live reservations
-// (cleanups run after a collection, on their own goroutine), failing t if
-// that does not happen within a generous bound.
-func waitLive(t *testing.T, a *memAllocator, want int64) {
-	t.Helper()
 	for range 500 {
-		if a.live.Load() == want {
+		if m, _ := a.counts(); m == 0 {
 			return
 		}
 		runtime.GC()
 		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatalf("live reservations %d, want %d", a.live.Load(), want)
+	wantCounts(t, a, 0, 0, "dropped memory, after GC")
 }
 
 // TestMemoryFallsBackToHeap: when the reservation fails, the memory is a
@@ -158,15 +203,14 @@ func TestMemoryFallsBackToHeap(t *testing.T) {
 	}
 	m.Free()
 	m.Free()
-	if a.live.Load() != 0 || a.fallbacks.Load() != 1 {
-		t.Fatalf("live %d fallbacks %d, want 0 and 1", a.live.Load(), a.fallbacks.Load())
+	wantCounts(t, a, 0, 0, "fallback freed")
+	if a.fallbacks.Load() != 1 {
+		t.Fatalf("%d fallbacks, want 1", a.fallbacks.Load())
 	}
 	// A memory without a maximum to reserve (max 0) needs no mapping.
 	a = newTestAllocator(t)
 	if m := a.Allocate(0, 0); len(m.Reallocate(0)) != 0 || m.Reallocate(1) != nil {
 		t.Fatal("a memory of maximum 0 grew")
 	}
-	if a.live.Load() != 0 {
-		t.Fatal("a 0-byte memory was mapped")
-	}
+	wantCounts(t, a, 0, 0, "maximum 0")
 }

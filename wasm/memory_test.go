@@ -24,27 +24,33 @@ func mapped(t *testing.T, cfg wasm.Config) *bundle {
 	return b
 }
 
-// wantLive asserts the number of rt's live linear-memory reservations.
-func wantLive(t *testing.T, rt *wasm.Runtime, want int64, when string) {
+// wantInUse asserts the number of rt's linear-memory mappings in use
+// (mapped and not kept for reuse), and that those kept are zeroed.
+func wantInUse(t *testing.T, rt *wasm.Runtime, want int, when string) {
 	t.Helper()
-	if n := wasm.LiveMemoryMappings(rt); n != want {
-		t.Fatalf("%s: %d live memory reservations, want %d", when, n, want)
+	if mapped, idle := wasm.MemoryMappings(rt); mapped-idle != want {
+		t.Fatalf("%s: %d memory mappings in use (%d mapped, %d kept), want %d", when, mapped-idle, mapped, idle, want)
+	}
+	if !wasm.IdleMemoriesZeroed(rt) {
+		t.Fatalf("%s: a mapping kept for reuse holds bytes of its last instance", when)
 	}
 }
 
-// awaitLive runs the garbage collector until rt has want live
-// reservations (cleanups run after a collection, on their own goroutine),
-// failing t if that does not happen within a generous bound.
-func awaitLive(t *testing.T, rt *wasm.Runtime, want int64, when string) {
+// awaitMappings runs the garbage collector until rt has mapped mappings
+// of which idle are kept for reuse (cleanups run after a collection, on
+// their own goroutine), failing t if that does not happen within a
+// generous bound.
+func awaitMappings(t *testing.T, rt *wasm.Runtime, mapped, idle int, when string) {
 	t.Helper()
 	for range 500 {
-		if wasm.LiveMemoryMappings(rt) == want {
+		if m, i := wasm.MemoryMappings(rt); m == mapped && i == idle {
 			return
 		}
 		runtime.GC()
 		time.Sleep(10 * time.Millisecond)
 	}
-	wantLive(t, rt, want, when)
+	m, i := wasm.MemoryMappings(rt)
+	t.Fatalf("%s: %d memory mappings (%d kept), want %d (%d kept)", when, m, i, mapped, idle)
 }
 
 // TestLinearMemoryGrowsInPlace: turns that make a Go guest grow its memory
@@ -55,7 +61,7 @@ func TestLinearMemoryGrowsInPlace(t *testing.T) {
 	b := mapped(t, wasm.Config{})
 	ctx := context.Background()
 	inst := b.instance(t, b.faulty(t))
-	wantLive(t, b.rt, 1, "one instance") // the load's probe instance is closed
+	wantInUse(t, b.rt, 1, "one instance") // the load's probe instance is closed
 	base, initial := wasm.MemoryBase(inst), inst.MemoryBytes()
 	rounds := 4
 	if raceEnabled {
@@ -82,11 +88,17 @@ func TestLinearMemoryGrowsInPlace(t *testing.T) {
 	if grown < initial+4<<20 {
 		t.Fatalf("memory grew from %d to %d bytes only: the test does not exercise growth", initial, grown)
 	}
-	wantLive(t, b.rt, 1, "after the turns")
+	wantInUse(t, b.rt, 1, "after the turns")
 	if err := inst.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	wantLive(t, b.rt, 0, "after Instance.Close")
+	wantInUse(t, b.rt, 0, "after Instance.Close")
+	// The next instance gets the mapping, zeroed (wantInUse checked it).
+	next := b.instance(t, b.faulty(t))
+	if wasm.MemoryBase(next) != base {
+		t.Fatal("the closed instance's mapping was not reused")
+	}
+	reply(t)(next.Turn(ctx, request("hello", nil, 1)))
 }
 
 // TestLinearMemoryReleased: every way an instance ends unmaps its memory —
@@ -97,7 +109,7 @@ func TestLinearMemoryReleased(t *testing.T) {
 	b := mapped(t, wasm.Config{MemoryLimitPages: 256})
 	ctx := context.Background()
 	notes, bad := b.notes(t), b.faulty(t)
-	wantLive(t, b.rt, 0, "after loading (probe instances closed)")
+	wantInUse(t, b.rt, 0, "after loading (probe instances closed)")
 
 	inst := make([]*wasm.Instance, 4)
 	for i := range inst {
@@ -107,25 +119,25 @@ func TestLinearMemoryReleased(t *testing.T) {
 		}
 		reply(t)(inst[i].Turn(ctx, request("count", nil, 1)))
 	}
-	wantLive(t, b.rt, 4, "four instances")
+	wantInUse(t, b.rt, 4, "four instances")
 	if err := inst[0].Close(ctx); err != nil {
 		t.Fatal(err)
 	}
 	_ = inst[0].Close(ctx) // a second Close frees nothing twice
-	wantLive(t, b.rt, 3, "after Instance.Close")
+	wantInUse(t, b.rt, 3, "after Instance.Close")
 
 	for _, msg := range []string{"exit", "oom"} {
 		f, err := b.rt.Instantiate(ctx, bad)
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantLive(t, b.rt, 4, msg+": one more instance")
+		wantInUse(t, b.rt, 4, msg+": one more instance")
 		_, err = f.Turn(ctx, request(msg, nil, 1))
 		var te *wasm.TurnError
 		if !errors.As(err, &te) || (msg == "oom") != (te.Kind == wasm.KindOOM) {
 			t.Fatalf("%s: %v", msg, err)
 		}
-		wantLive(t, b.rt, 3, msg+": after the failed turn")
+		wantInUse(t, b.rt, 3, msg+": after the failed turn")
 	}
 
 	pool := wasm.NewPool(b.rt, 4)
@@ -136,14 +148,16 @@ func TestLinearMemoryReleased(t *testing.T) {
 		}
 		pool.Put(key, p)
 	}
-	wantLive(t, b.rt, 5, "two idle pooled instances")
+	wantInUse(t, b.rt, 5, "two idle pooled instances")
 	pool.Close(ctx)
-	wantLive(t, b.rt, 3, "after Pool.Close")
+	wantInUse(t, b.rt, 3, "after Pool.Close")
 
 	if err := b.rt.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	wantLive(t, b.rt, 0, "after Runtime.Close")
+	if mapped, _ := wasm.MemoryMappings(b.rt); mapped != 0 {
+		t.Fatalf("after Runtime.Close: %d memory mappings, want 0", mapped)
+	}
 	if _, err := inst[1].Turn(ctx, request("count", nil, 2)); !errors.Is(err, wasm.ErrClosed) {
 		t.Fatalf("turn after Runtime.Close: %v, want ErrClosed", err)
 	}
@@ -153,7 +167,9 @@ func TestLinearMemoryReleased(t *testing.T) {
 	for _, i := range inst[1:] {
 		_ = i.Close(ctx)
 	}
-	wantLive(t, b.rt, 0, "after closing instances of a closed Runtime")
+	if mapped, _ := wasm.MemoryMappings(b.rt); mapped != 0 {
+		t.Fatalf("after closing instances of a closed Runtime: %d memory mappings, want 0", mapped)
+	}
 }
 
 // TestLinearMemoryOfFailedInstantiation: wazero drops the memory of an
@@ -173,7 +189,7 @@ func TestLinearMemoryOfFailedInstantiation(t *testing.T) {
 		moduleError(t, err, wasm.ReasonInitFailed)
 		t.Logf("%s: %v", name, err)
 	}
-	awaitLive(t, b.rt, 0, "after the failed instantiations and a GC")
+	awaitMappings(t, b.rt, 0, 0, "after the failed instantiations and a GC")
 }
 
 // TestDroppedInstanceIsClosed: an Instance the host drops without Close is
@@ -189,7 +205,8 @@ func TestDroppedInstanceIsClosed(t *testing.T) {
 		}
 		reply(t)(inst.Turn(context.Background(), request("count", nil, 1)))
 	}()
-	awaitLive(t, b.rt, 0, "after dropping the instance")
+	// Closing the module frees its memory, which is kept for reuse.
+	awaitMappings(t, b.rt, 1, 1, "after dropping the instance")
 	if len(b.logs.find("dropped without Close")) != 1 {
 		t.Error("the dropped instance was not logged")
 	}
@@ -209,9 +226,8 @@ func TestLinearMemoryFallback(t *testing.T) {
 	}
 	_, err := b.instance(t, b.faulty(t)).Turn(ctx, request("oom", nil, 1))
 	turnError(t, err, wasm.KindOOM)
-	if wasm.LiveMemoryMappings(b.rt) != 0 || wasm.MemoryFallbacks(b.rt) < 3 {
-		t.Fatalf("%d mapped, %d fallbacks; want 0 and 3 (probe and two instances)",
-			wasm.LiveMemoryMappings(b.rt), wasm.MemoryFallbacks(b.rt))
+	if mapped, _ := wasm.MemoryMappings(b.rt); mapped != 0 || wasm.MemoryFallbacks(b.rt) < 3 {
+		t.Fatalf("%d mapped, %d fallbacks; want 0 and 3 (probe and two instances)", mapped, wasm.MemoryFallbacks(b.rt))
 	}
 	if n := len(b.logs.find("cannot map linear memory")); n != 1 {
 		t.Fatalf("the fallback was logged %d times, want once", n)

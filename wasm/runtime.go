@@ -544,6 +544,11 @@ func (r *Runtime) Close(ctx context.Context) error {
 	// code.
 	r.stopGuests()
 	r.running.Wait()
+	if r.mem != nil {
+		// First, so that the memories wazero frees now are unmapped, not
+		// kept.
+		r.mem.close()
+	}
 	err := r.wz.Close(ctx)
 	if r.cache != nil {
 		err = errors.Join(err, r.cache.Close(ctx))
