@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/paddock-dev/paddock/abi"
@@ -156,6 +159,10 @@ func (r *Runtime) instantiate(ctx context.Context, digest string, compiled wazer
 	if err != nil {
 		return nil, err
 	}
+	if r.mem != nil {
+		// Linear memory reserved by mmap and grown in place (memory.go).
+		gctx = experimental.WithMemoryAllocator(gctx, r.mem)
+	}
 	mod, err := r.wz.InstantiateModule(gctx, compiled, cfg)
 	leave()
 	if err != nil {
@@ -172,7 +179,33 @@ func (r *Runtime) instantiate(ctx context.Context, digest string, compiled wazer
 		_ = mod.Close(ctx)
 		return nil, fmt.Errorf("wasm: module %s lacks ABI exports after validation", digest)
 	}
+	// The net for an Instance dropped without Close: wazero's store keeps
+	// every module until it is closed, so the module and its memory would
+	// otherwise stay until Runtime.Close. An Instance is reachable while a
+	// guest call of it runs (Turn and probeVersion use it after the call),
+	// so this never closes a module under running code.
+	runtime.AddCleanup(inst, closeDropped, droppedModule{mod: mod, log: r.log, digest: digest})
 	return inst, nil
+}
+
+// droppedModule is the module of an Instance, for closeDropped. It must not
+// point to the Instance.
+type droppedModule struct {
+	mod    api.Module
+	log    *slog.Logger
+	digest string
+}
+
+// closeDropped closes the module of an unreachable Instance that was never
+// closed (a host bug: the log says so).
+func closeDropped(d droppedModule) {
+	if d.mod.IsClosed() {
+		return
+	}
+	ctx := context.Background()
+	d.log.LogAttrs(ctx, slog.LevelWarn, "wasm instance dropped without Close; closing its module",
+		slog.String("module", d.digest))
+	_ = d.mod.Close(ctx)
 }
 
 // Digest returns the content address of the instance's module.

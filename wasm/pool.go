@@ -10,8 +10,8 @@ import (
 const DefaultPoolIdle = 8
 
 // Pool keeps warm, idle instances for reuse, by key, so that a turn borrows
-// one instead of instantiating (~6-13 ms and ~12 MB of allocations for a Go
-// guest; a pooled one costs a mutex). The caller chooses the key, and with
+// one instead of instantiating (milliseconds of CPU and megabytes of
+// allocations for a Go guest; a pooled one costs a mutex). The caller chooses the key, and with
 // it who may see an instance's globals after whom: the host keys by module
 // and agent (agent-scoped reuse, policy instance_reuse: agent), so that an
 // instance serves the turns of one agent's sessions one at a time and never

@@ -202,6 +202,7 @@ type Runtime struct {
 	log     *slog.Logger
 	wz      wazero.Runtime
 	cache   wazero.CompilationCache // nil without CacheDir
+	mem     *memAllocator           // linear memories; nil: wazero's default
 	modCfg  wazero.ModuleConfig     // the sandbox, without stdout/stderr
 	imports map[string]map[string]api.FunctionDefinition
 
@@ -245,7 +246,7 @@ func New(ctx context.Context, cfg Config, logger *slog.Logger) (*Runtime, error)
 	// (compile, interrupt.Instrument; see the package doc).
 	rc := wazero.NewRuntimeConfig().
 		WithMemoryLimitPages(cfg.MemoryLimitPages)
-	r := &Runtime{cfg: cfg, log: logger, modules: map[string]*module{}}
+	r := &Runtime{cfg: cfg, log: logger, modules: map[string]*module{}, mem: newMemAllocator(logger)}
 	r.closing, r.stopGuests = context.WithCancel(context.WithoutCancel(ctx))
 	if cfg.CacheDir != "" {
 		r.cache, err = wazero.NewCompilationCacheWithDir(cfg.CacheDir)
@@ -543,6 +544,11 @@ func (r *Runtime) Close(ctx context.Context) error {
 	// code.
 	r.stopGuests()
 	r.running.Wait()
+	if r.mem != nil {
+		// First, so that the memories wazero frees now are unmapped, not
+		// kept.
+		r.mem.close()
+	}
 	err := r.wz.Close(ctx)
 	if r.cache != nil {
 		err = errors.Join(err, r.cache.Close(ctx))
