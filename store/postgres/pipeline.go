@@ -71,6 +71,9 @@ type pipe struct {
 	// stale is set by the reader when the server refused a prepared
 	// statement as outdated; the flusher then prepares all again.
 	stale atomic.Bool
+	// writeErr is the first write that failed: the reason the reader's
+	// reads fail after.
+	writeErr atomic.Pointer[error]
 	// dead is closed when the reader found the connection broken.
 	dead chan struct{}
 	// done is closed when the reader has returned.
@@ -184,15 +187,19 @@ func (p *pipe) send(reqs []groupItem, b *pgx.Batch, deadline time.Time) error {
 	return nil
 }
 
-// write writes buf and hands sb to the reader. A write that fails breaks
-// the connection (part of the batch may have gone out); the reader then
-// answers sb with the error.
+// write hands sb to the reader and writes buf. The reader must hold sb
+// before the first byte goes out: a batch larger than the socket buffers
+// gets its first answers while the rest is still being written, and a
+// server whose answers nobody reads stops reading the batch. A write that
+// fails breaks the connection (part of the batch may have gone out); the
+// reader then answers sb with the write's error.
 func (p *pipe) write(sb *sentBatch, buf []byte) {
+	p.sent <- sb
 	_ = p.conn.SetWriteDeadline(sb.deadline)
 	if _, err := p.conn.Write(buf); err != nil {
+		p.writeErr.CompareAndSwap(nil, &err)
 		_ = p.conn.Close()
 	}
-	p.sent <- sb
 }
 
 // prepare prepares on this connection the statements of b it has not
@@ -259,6 +266,9 @@ func (p *pipe) read(fe *pgproto3.Frontend) {
 				// goes out on it after.
 				close(p.dead)
 				_ = p.conn.Close()
+				if we := p.writeErr.Load(); we != nil {
+					broken = *we
+				}
 				broken = fmt.Errorf("group commit connection: %w", broken)
 			}
 		}
