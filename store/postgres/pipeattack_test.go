@@ -75,19 +75,20 @@ func TestPipeHugeBatchesDoNotDeadlock(t *testing.T) {
 }
 
 // pipeProxy forwards PostgreSQL connections to target and tells the group
-// commit's pipelined connection from the others (the first connection
-// that prepares a statement named paddock_gc_*, and every one after it):
-// armed, it attacks the next reply on such a connection, and leaves the
-// pool's connections (the solo path, the fixtures) alone.
+// commit's pipelined connections from the others: a connection is the
+// group commit's from the moment the store prepares a statement named
+// paddock_gc_* on it. Only those are attacked; the pool's connections
+// (the solo path, the fixtures) pass untouched.
 type pipeProxy struct {
 	ln     net.Listener
 	target string
 	// armed is the attack the next reply on a group commit's connection
-	// gets (pipeFatal, pipeCut); it fires once.
+	// gets (pipeFatal, pipeCut); it fires once, and fired counts it.
 	armed atomic.Int32
 	fired atomic.Int64
-	// stall, while open, holds every message the server sends on a group
-	// commit's connection; closed, it lets them through.
+	// stall, when not nil, holds the next message the server sends on a
+	// group commit's connection until it is closed (release); held counts
+	// the messages held.
 	mu    sync.Mutex
 	stall chan struct{}
 	held  atomic.Int64
@@ -494,8 +495,10 @@ func pipeUnderAttack(t *testing.T, rounds int, attack func(i int, px *pipeProxy,
 		ackedAtLeast(t, o, acked+30)
 		// The group commit's connection of this round is up (it has
 		// prepared its statements).
-		for tr.pipes() < i+1 {
-			time.Sleep(time.Millisecond)
+		for deadline := time.Now().Add(20 * time.Second); tr.pipes() < i+1; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("attack %d: the group commit has %d connections after 20s, want %d", i, tr.pipes(), i+1)
+			}
 		}
 		attack(i, px, tr)
 	}
@@ -603,8 +606,11 @@ func TestPipeCloseWhileTheServerStalls(t *testing.T) {
 	})
 	ackedAtLeast(t, o, 60)
 	px.hold()
-	for px.held.Load() == 0 { // a reply of a batch in flight is held
-		time.Sleep(time.Millisecond)
+	// A reply of a batch in flight is held.
+	for deadline := time.Now().Add(20 * time.Second); px.held.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stall held no reply within 20s: no batch went out")
+		}
 	}
 	start := time.Now()
 	closed := make(chan struct{})
@@ -907,6 +913,9 @@ func TestPipeRefusedBatchesAmongPipelined(t *testing.T) {
 		return
 	}
 	t.Logf("longest call %v", live.longest())
+	if l := live.longest(); l >= postgres.DefaultCallTimeout {
+		t.Errorf("a call took %v, its call timeout %v", l, postgres.DefaultCallTimeout)
+	}
 
 	for i, a := range acts {
 		evs, err := s.ListEvents(ctx, store.ListEventsParams{Key: a.ActorKey, Limit: 1000})
@@ -969,10 +978,13 @@ func TestPipeIdleConnectionDroppedIsPinged(t *testing.T) {
 	for round, callers := range []int{1, len(keys)} {
 		last := time.Now()
 		_, pid, _ := tr.pipe()
-		// Its backend is found by pid in the server's view too.
-		var app string
-		must(t, killer.QueryRow(ctx, `SELECT coalesce(application_name, '') FROM pg_stat_activity WHERE pid = $1 AND datname = current_database()`,
-			int32(pid)).Scan(&app), "the pipe's backend in pg_stat_activity")
+		// The server sees the pipe's backend idle.
+		var state string
+		must(t, killer.QueryRow(ctx, `SELECT state FROM pg_stat_activity WHERE pid = $1 AND datname = current_database()`,
+			int32(pid)).Scan(&state), "the pipe's backend in pg_stat_activity")
+		if state != "idle" {
+			t.Fatalf("round %d: the pipe's backend is %q, want idle", round, state)
+		}
 		var ok bool
 		must(t, killer.QueryRow(ctx, `SELECT pg_terminate_backend($1, 10000)`, int32(pid)).Scan(&ok), "pg_terminate_backend")
 		if !ok {
