@@ -246,7 +246,7 @@ func (b *batcher) flush(p *pipe, batch []groupItem) *pipe {
 			r.settle(true, nil)
 		}
 	}
-	deadline := batchDeadline(reqs[0].context(), b.s.callTimeout)
+	deadline := batchDeadline(b.s.callTimeout)
 	if p != nil && time.Since(p.idle) > pipeIdleCheck {
 		if err := p.ping(deadline); err != nil {
 			p.close()
@@ -284,13 +284,13 @@ func (b *batcher) flush(p *pipe, batch []groupItem) *pipe {
 // out on it (pipe.ping).
 const pipeIdleCheck = time.Second
 
-// batchDeadline is the deadline of a batch whose first request has ctx:
-// its deadline, else callTimeout from now. The batch is not cancelled
-// with that request: the others wait for it too.
-func batchDeadline(ctx context.Context, callTimeout time.Duration) time.Time {
-	if d, ok := ctx.Deadline(); ok {
-		return d
-	}
+// batchDeadline is the deadline of a batch (its writes and the reads of
+// its answers): callTimeout from now, whatever its requests' deadlines. A
+// caller whose context ends returns then (group.do); the batch goes on,
+// as the others wait for it. Under a request's earlier deadline, a read
+// that timed out would break the connection under every batch in flight,
+// and their callers would not know whether their requests committed.
+func batchDeadline(callTimeout time.Duration) time.Time {
 	return time.Now().Add(callTimeout)
 }
 

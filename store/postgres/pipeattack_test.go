@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"strings"
@@ -1010,6 +1011,61 @@ func TestPipeIdleConnectionDroppedIsPinged(t *testing.T) {
 		if _, newPID, _ := tr.pipe(); newPID == pid {
 			t.Fatalf("round %d: the pipe's backend is still %d", round, pid)
 		}
+	}
+	checkAttackedSessions(t, s, keys, o)
+}
+
+// TestPipeShortDeadlinesBreakNoBatch: callers whose contexts end within a
+// few milliseconds share batches with callers without a deadline. A
+// caller that gives up returns at its deadline; the batch it was in goes
+// on under the call timeout. The callers without a deadline all succeed
+// and the group commit keeps its one connection: a batch read under the
+// deadline of its first request (as it once was) timed out, broke the
+// connection under every batch in flight, and told callers that had all
+// the time in the world that their appends' outcome was unknown.
+func TestPipeShortDeadlinesBreakNoBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tr := newPipeTracer()
+	s, err := postgres.Open(ctx, pgtest.DSN(t), postgres.WithTracer(tr))
+	must(t, err, "Open")
+	t.Cleanup(func() { _ = s.Close() })
+	f := newFixtureOn(t, s)
+	const senders, each = 16, 100
+	keys := make([]store.ActorKey, senders)
+	for i := range keys {
+		keys[i] = f.session(f.key.AgentUID)
+	}
+	o := newAttackOutcome()
+	var hurried atomic.Int64
+	var wg sync.WaitGroup
+	for i, key := range keys {
+		wg.Go(func() {
+			for j := range each {
+				cctx, cancel := context.WithCancel(ctx)
+				short := i%2 == 0
+				if short {
+					cctx, cancel = context.WithTimeout(ctx, time.Duration(500+rand.IntN(2000))*time.Microsecond)
+				}
+				payload := fmt.Sprintf(`{"message": "s%d-%d"}`, i, j)
+				_, created, err := s.AppendEvent(cctx, store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: []byte(payload)})
+				cancel()
+				switch {
+				case err == nil && created:
+					o.ack(payload)
+				case short && err != nil:
+					hurried.Add(1)
+				default:
+					t.Errorf("sender %d append %d, without a deadline: created %v, %v", i, j, created, err)
+				}
+			}
+		})
+	}
+	waitWithin(t, &wg, time.Minute, "short deadlines")
+	acked, _, _ := o.counts()
+	t.Logf("%d appends acknowledged, %d callers gave up at their deadline; %d connections", acked, hurried.Load(), tr.pipes())
+	if n := tr.pipes(); n != 1 {
+		t.Errorf("the group commit opened %d connections, want 1: its connection broke", n)
 	}
 	checkAttackedSessions(t, s, keys, o)
 }
