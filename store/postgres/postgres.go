@@ -406,13 +406,17 @@ func pgCode(err error) string {
 var errLockRace = errors.New("lock race: rows changed while being locked")
 
 // retryable reports whether a transaction failed only because of how it
-// interleaved with another.
+// interleaved with another, or because a schema change outdated a
+// statement the connection had prepared (SQLSTATE 0A000, "cached plan
+// must not change result type": the server refused it before it wrote
+// anything, and pgx dropped it from the connection's cache, so the rerun
+// prepares it again).
 func retryable(err error) bool {
 	if errors.Is(err, errLockRace) {
 		return true
 	}
 	switch pgCode(err) {
-	case codeSerializationFailure, codeDeadlockDetected:
+	case codeSerializationFailure, codeDeadlockDetected, codeCachedPlanChanged:
 		return true
 	}
 	return false
