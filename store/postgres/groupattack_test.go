@@ -125,11 +125,20 @@ func checkAttackedSessions(t *testing.T, s *postgres.Store, keys []store.ActorKe
 // attackWorkers starts, on s, per session one appender (sequential
 // appends with unique payloads) and, on half of the sessions, one turn
 // loop (a dispatch on the locked path, then a commit that carries its
-// payload, grouped);
-// they run until stop ends, tolerate errors, and record what they were
-// told in o. ctxOf gives each call its context.
+// payload, grouped); they run until stop ends, tolerate errors, and
+// record what they were told in o. ctxOf gives each call its context.
+// Only the group commit's calls (appends, commits) count as failed in o
+// and are passed to onErr (nil: none); a dispatch that finds no event yet,
+// or fails, waits a millisecond and tries again.
 func attackWorkers(s *postgres.Store, acts []store.Activation, o *attackOutcome, stop context.Context,
-	ctxOf func() (context.Context, context.CancelFunc), wg *sync.WaitGroup) {
+	ctxOf func() (context.Context, context.CancelFunc), wg *sync.WaitGroup, onErr func(error)) {
+	failed := func(err error) {
+		o.failed()
+		if onErr != nil {
+			onErr(err)
+		}
+		time.Sleep(time.Millisecond)
+	}
 	for i, a := range acts {
 		wg.Go(func() {
 			for j := 0; stop.Err() == nil; j++ {
@@ -140,7 +149,7 @@ func attackWorkers(s *postgres.Store, acts []store.Activation, o *attackOutcome,
 				cancel()
 				switch {
 				case err != nil:
-					o.failed()
+					failed(err)
 				case created:
 					o.ack(payload)
 				}
@@ -156,7 +165,8 @@ func attackWorkers(s *postgres.Store, acts []store.Activation, o *attackOutcome,
 					Binding: "sha256:test", MarkSent: true})
 				cancel()
 				if err != nil {
-					o.failed()
+					// No event yet, or the dispatch (not grouped) failed.
+					time.Sleep(time.Millisecond)
 					continue
 				}
 				ctx, cancel = ctxOf()
@@ -165,7 +175,7 @@ func attackWorkers(s *postgres.Store, acts []store.Activation, o *attackOutcome,
 					Payloads: []string{string(d.Event.Payload)}})
 				cancel()
 				if err != nil {
-					o.failed()
+					failed(err)
 					continue
 				}
 				o.commit(turn.EventID)
@@ -198,7 +208,7 @@ func TestGroupAttackConnectionKilledMidBatch(t *testing.T) {
 	o := newAttackOutcome()
 	stop, cancelStop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	attackWorkers(s, acts, o, stop, func() (context.Context, context.CancelFunc) { return context.WithCancel(ctx) }, &wg)
+	attackWorkers(s, acts, o, stop, func() (context.Context, context.CancelFunc) { return context.WithCancel(ctx) }, &wg, nil)
 	var killed int64
 	for range 40 {
 		var n int64
@@ -252,7 +262,7 @@ func TestGroupAttackCancelledCallersAndClose(t *testing.T) {
 			return context.WithTimeout(ctx, time.Duration(rand.IntN(3000))*time.Microsecond)
 		}
 		return context.WithCancel(ctx)
-	}, &wg)
+	}, &wg, nil)
 	// Let the workers run until a few hundred calls went through, then
 	// close the store under them.
 	for calls.Load() < 600 {

@@ -370,60 +370,6 @@ func (l *latency) ctxOf(parent context.Context) func() (context.Context, context
 
 func (l *latency) longest() time.Duration { return time.Duration(l.max.Load()) }
 
-// pipeWorkers is attackWorkers with only the group commit's calls
-// (appends, commits) counted in o.errs: a dispatch (on the locked path)
-// that finds no event yet, or fails, waits a little and tries again. onErr
-// hears the errors counted.
-func pipeWorkers(s *postgres.Store, acts []store.Activation, o *attackOutcome, stop context.Context,
-	ctxOf func() (context.Context, context.CancelFunc), wg *sync.WaitGroup, onErr func(error)) {
-	for i, a := range acts {
-		wg.Go(func() {
-			for j := 0; stop.Err() == nil; j++ {
-				payload := fmt.Sprintf(`{"message": "a%d-%d"}`, i, j)
-				ctx, cancel := ctxOf()
-				_, created, err := s.AppendEvent(ctx, store.AppendEventParams{Key: a.ActorKey, Kind: abi.EventMessage,
-					Payload: []byte(payload)})
-				cancel()
-				switch {
-				case err != nil:
-					o.failed()
-					onErr(err)
-					time.Sleep(time.Millisecond)
-				case created:
-					o.ack(payload)
-				}
-			}
-		})
-		if i%2 == 1 {
-			continue
-		}
-		wg.Go(func() {
-			for stop.Err() == nil {
-				ctx, cancel := ctxOf()
-				d, err := s.NextDelivery(ctx, store.NextDeliveryParams{Activation: a.Ref(), DeliveryID: uuid.NewString(),
-					Binding: "sha256:test", MarkSent: true})
-				cancel()
-				if err != nil {
-					time.Sleep(time.Millisecond)
-					continue
-				}
-				ctx, cancel = ctxOf()
-				turn, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK,
-					KeepState: true, Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "reply"}},
-					Payloads: []string{string(d.Event.Payload)}})
-				cancel()
-				if err != nil {
-					o.failed()
-					onErr(err)
-					time.Sleep(time.Millisecond)
-					continue
-				}
-				o.commit(turn.EventID)
-			}
-		})
-	}
-}
-
 // waitWithin waits for wg, failing the test if its callers are still
 // blocked after d.
 func waitWithin(t *testing.T, wg *sync.WaitGroup, d time.Duration, what string) {
@@ -466,7 +412,7 @@ func (o *attackOutcome) counts() (acked, committed, errs int) {
 // deadline.
 const pipeAttackCallTimeout = 5 * time.Second
 
-// pipeUnderAttack runs pipeWorkers on 12 sessions of a store opened
+// pipeUnderAttack runs attackWorkers on 12 sessions of a store opened
 // through a pipeProxy and calls attack rounds times, each after more
 // appends were acknowledged since the one before; then it checks that
 // every caller was answered before its call timeout (the breaks were
@@ -489,7 +435,7 @@ func pipeUnderAttack(t *testing.T, rounds int, attack func(i int, px *pipeProxy,
 	defer cancelStop()
 	var wg sync.WaitGroup
 	var lat latency
-	pipeWorkers(s, acts, o, stop, lat.ctxOf(ctx), &wg, func(error) {})
+	attackWorkers(s, acts, o, stop, lat.ctxOf(ctx), &wg, nil)
 	for i := range rounds {
 		acked, _, _ := o.counts()
 		ackedAtLeast(t, o, acked+30)
@@ -599,7 +545,7 @@ func TestPipeCloseWhileTheServerStalls(t *testing.T) {
 	// The callers of the stalled batches hear the reader give their
 	// connection up at their deadline.
 	var connErrs atomic.Int64
-	pipeWorkers(s, acts, o, stop, lat.ctxOf(ctx), &wg, func(err error) {
+	attackWorkers(s, acts, o, stop, lat.ctxOf(ctx), &wg, func(err error) {
 		if strings.Contains(err.Error(), "group commit connection") {
 			connErrs.Add(1)
 		}
