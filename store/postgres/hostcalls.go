@@ -20,7 +20,8 @@ import (
 // its writes.
 const hostCallGuard = `EXISTS (SELECT 1 FROM deliveries WHERE ` + deliveryWhere + ` AND state = 'sent')
 	AND EXISTS (SELECT 1 FROM activations WHERE ` + activationWhere + ` AND lease_expires_at > clock_timestamp())
-	AND EXISTS (SELECT 1 FROM actor_events WHERE event_id = $6 AND agent_uid = $2 AND session_id = $3 AND status = 'open')`
+	AND EXISTS (SELECT 1 FROM actor_events
+		WHERE event_id = $6 AND (agent_uid = $2 AND session_id = $3 AND status = 'open') IS TRUE)` // byID
 
 // journalUsageSQL sums the tokens of an event's journal rows not set
 // aside (a turn's usage: CommitTurn, and CancelEvent's cancelled turn):

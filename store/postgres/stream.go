@@ -396,7 +396,7 @@ func closeWait(ctx context.Context, tx pgx.Tx, w store.Wait, status store.WaitSt
 		queueNotify(b, key)
 	case store.WaitKindApproval:
 		b.Queue(`UPDATE actor_events SET next_attempt_at = clock_timestamp()
-			WHERE event_id = $1 AND agent_uid = $2 AND session_id = $3 AND status = 'open'`,
+			WHERE `+byID("", "$1", "agent_uid = $2 AND session_id = $3 AND status = 'open'"),
 			closed.EventID, key.AgentUID, key.SessionID)
 		queueWake(b, key)
 		queueNotify(b, key)
@@ -549,7 +549,7 @@ func holdEvent(ctx context.Context, tx pgx.Tx, ref abi.TurnRef, hold *store.Wait
 	var w store.Wait
 	b := &pgx.Batch{}
 	b.Queue(`UPDATE actor_events SET next_attempt_at = $1
-		WHERE event_id = $2 AND agent_uid = $3 AND session_id = $4 AND status = 'open'
+		WHERE `+byID("", "$2", "agent_uid = $3 AND session_id = $4 AND status = 'open'")+`
 		RETURNING attempts`, store.HeldUntil, ref.ActorEventID, ref.AgentUID, ref.SessionID).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&fr.Attempts)
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -84,7 +84,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		// guard of the next statement.
 		b.Queue(`
 			UPDATE actor_events SET binding = CASE WHEN coalesce(binding, '') = '' THEN nullif($1, '') ELSE binding END
-			WHERE event_id = $2 AND status = 'open'
+			WHERE `+byID("", "$2", "status = 'open'")+`
 			RETURNING `+eventCols, binding, *eventID).QueryRow(func(row pgx.Row) (err error) {
 			d.Event, err = scanEvent(row)
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -108,7 +108,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 				CASE WHEN $8 = 'sent' THEN clock_timestamp() END
 			FROM actor_events e, cur
 			WHERE e.event_id = $6
-			  AND paddock_check(EXISTS (SELECT 1 FROM actor_events WHERE event_id = $6 AND status = 'open'), $9)`,
+			  AND paddock_check(EXISTS (SELECT 1 FROM actor_events WHERE `+byID("", "$6", "status = 'open'")+`), $9)`,
 			p.DeliveryID, ref.AgentUID, ref.SessionID, ref.UID, epoch, *eventID, revision, string(state),
 			fmt.Sprintf("%sevent %d closed concurrently", checkLockRace, *eventID))
 		// The turn.started frame, in this round trip (the stream head's
@@ -234,7 +234,7 @@ var claimDeliverySQL = `
 			c.kind AS ag_kind, c.digest AS ag_digest, c.plugin AS ag_plugin, c.sha AS ag_sha, c.namespace AS ag_namespace),
 	ev AS (
 		UPDATE actor_events e SET binding = CASE WHEN coalesce(e.binding, '') = '' THEN nullif($9::text, '') ELSE e.binding END
-		FROM up WHERE e.event_id = up.up_event AND e.status = 'open'
+		FROM up WHERE ` + byID("e.", "up.up_event", "e.status = 'open'") + `
 		RETURNING e.*),
 	del AS (
 		INSERT INTO deliveries (delivery_id, agent_uid, session_id, activation_uid, actor_epoch, event_id,
@@ -358,8 +358,24 @@ const (
 			  AND d.seq < e.seq)`
 	steersAttached = `EXISTS (SELECT 1 FROM actor_events st
 			WHERE st.agent_uid = a.agent_uid AND st.session_id = a.session_id AND st.steer_of = e.event_id
-			  AND st.status = 'open')`
+			  AND (st.status = 'open') IS TRUE)` // see byID
 )
+
+// byID is the WHERE condition of a statement that names one event by its
+// primary key: "<alias>event_id = <id> AND (<rest>) IS TRUE", where rest
+// is what else the row must satisfy (its session, status = 'open'). Inside
+// IS TRUE, rest can neither prove a partial index's predicate nor serve
+// as an index condition, so the planner has one index to choose: the
+// primary key. With rest as plain conditions, statistics taken before a
+// burst (a sleeping session woken by thousands of queued signals, analyzed
+// before they came) make every index on (agent_uid, session_id, …) look as
+// cheap as the primary key, and the planner took one: the statement then
+// read every open event of the session instead of one row
+// (TestTurnStatementsStayIndexBoundedUnderABurst: 3,000 rows read for a
+// commit's close). Constants spell the same form out, marked "byID".
+func byID(alias, id, rest string) string {
+	return alias + "event_id = " + id + " AND (" + rest + ") IS TRUE"
+}
 
 // nextDeliverySQL reads a live activation (by its ref: parameters $1-$5)
 // and its session's oldest open event that is not a steer: the event's id,
@@ -770,7 +786,7 @@ func commitWrites(state bool) string {
 	return `
 	WITH closed AS (
 		UPDATE actor_events SET status = 'done', closed_at = clock_timestamp()
-		WHERE event_id = $3 AND agent_uid = $1 AND session_id = $2 AND status = 'open'
+		WHERE ` + byID("", "$3", "agent_uid = $1 AND session_id = $2 AND status = 'open'") + `
 		RETURNING 1),
 	turn AS (
 		UPDATE sessions SET turn_count = turn_count + 1
