@@ -95,8 +95,10 @@ func TestREADMEExternalAgent(t *testing.T) {
 	}
 
 	// The go commands, as written (`paddock` lines are run below through
-	// the in-process CLI). GOPROXY=off: the SDKs' dependencies are this
-	// checkout's, already in the module cache.
+	// the in-process CLI), with the environment's module proxy: the module
+	// cache holds what this checkout's build needed, but not always every
+	// go.mod of the new module's graph (a fresh machine lacked
+	// go-colorable v0.1.9's, which go.sum vouches for).
 	ran := 0
 	for line := range strings.SplitSeq(blocks[4], "\n") {
 		line, _, _ = strings.Cut(line, " #")
@@ -105,13 +107,14 @@ func TestREADMEExternalAgent(t *testing.T) {
 			continue
 		}
 		if line == "go mod tidy" {
-			// Offline, tidy cannot look up the modules only the
-			// dependencies' own tests import; -e lets it go past them.
+			// Without a proxy, tidy cannot look up the modules only
+			// the dependencies' own tests import; -e lets it go past
+			// them.
 			line = "go mod tidy -e"
 		}
 		cmd := exec.Command("sh", "-c", line)
 		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "GOPROXY=off", "GOWORK=off", "GOFLAGS=-mod=mod")
+		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("%s: %v\n%s", line, err, out)
 		}
