@@ -51,6 +51,7 @@ run: build examples ## start `paddock serve` on SQLite under ./data with the exa
 	@echo "  bin/paddock worker --connect $${PADDOCK_FABRIC__LISTEN:-tcp://127.0.0.1:7700} --id worker-1 --key-file examples/worker-1.key --pool remote &"
 	@echo "  R=\$$(bin/paddock session create notes-remote); bin/paddock signal send notes-remote \$$R 'note far' --wait"
 	@echo "  C=\$$(bin/paddock session create chat); bin/paddock signal send chat \$$C 'hello' --wait   # a model through the host (README: Host calls)"
+	@echo "The web console: http://$${PADDOCK_LISTEN:-127.0.0.1:8080}/ui/"
 	@echo
 	bin/paddock serve --config examples/paddock.yaml
 

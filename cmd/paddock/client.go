@@ -59,11 +59,15 @@ func (c *client) prog() string {
 	return "paddock -n " + shellArg(c.namespace)
 }
 
-// reach names the server when the API could not be reached at all; API
+// reach names the server when the API could not be reached at all (or
+// says what is wrong with --server when it is not an http(s) URL); API
 // errors and others are returned as they are.
 func (c *client) reach(err error) error {
 	var ue *url.Error
 	if err != nil && apiclient.AsError(err) == nil && errors.As(err, &ue) {
+		if u, perr := url.Parse(c.server); perr != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("--server %q (or PADDOCK_SERVER): want the API's URL, such as http://127.0.0.1:8080", c.server)
+		}
 		return fmt.Errorf("cannot reach the Paddock API at %s (is `paddock serve` running?): %w", c.server, ue)
 	}
 	return err

@@ -169,6 +169,9 @@ func TestClientCommandsAgainstTheRealAPI(t *testing.T) {
 		{[]string{"session", "create", "notes", "--key", "has space"}, `invalid_field (HTTP 400): key must be 1–200 printable ASCII characters without spaces [field key]`},
 		{[]string{"--token", "wrong", "agent", "list"}, `unauthenticated (HTTP 401): unknown, revoked or malformed bearer token`},
 		{[]string{"--server", "http://127.0.0.1:1", "agent", "list"}, "cannot reach the Paddock API at http://127.0.0.1:1 (is `paddock serve` running?): "},
+		{[]string{"--server", "127.0.0.1:1", "agent", "list"}, `--server "127.0.0.1:1" (or PADDOCK_SERVER): want the API's URL, such as http://127.0.0.1:8080`},
+		{[]string{"--server", "localhost:1", "agent", "list"}, `--server "localhost:1" (or PADDOCK_SERVER): want the API's URL`},
+		{[]string{"signal", "send", "notes", "s1"}, `accepts 3 arg(s), received 2; usage: paddock signal send AGENT SESSION MESSAGE`},
 	} {
 		_, err := run(c.args...)
 		if err == nil || !strings.HasPrefix(err.Error(), c.want) {

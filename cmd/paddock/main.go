@@ -93,7 +93,26 @@ func newRoot() *cobra.Command {
 	root.AddCommand(newServe(), newWorkerCmd(), newBenchCmd(), newModuleCmd(cl), newPluginCmd(cl), newAgentCmd(cl), newSessionCmd(cl), newSignalCmd(cl),
 		newTranscriptCmd(cl), newEventsCmd(cl), newEventCmd(cl), newDeadLettersCmd(cl), newSecretCmd(cl), newWaitCmd(cl),
 		newTokenCmd(cl), newAuditCmd(cl))
+	withUsageOnArgErrors(root)
 	return root
+}
+
+// withUsageOnArgErrors makes every command under c name its usage line
+// when its arguments are wrong: cobra's "accepts 3 arg(s), received 2"
+// alone does not say which one is missing (SilenceUsage keeps the full
+// help out of every other error).
+func withUsageOnArgErrors(c *cobra.Command) {
+	if args := c.Args; args != nil {
+		c.Args = func(cmd *cobra.Command, a []string) error {
+			if err := args(cmd, a); err != nil {
+				return fmt.Errorf("%w; usage: %s", err, cmd.UseLine())
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		withUsageOnArgErrors(sub)
+	}
 }
 
 // version reports the module version and, for a build from a checkout, the

@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 
@@ -38,7 +39,14 @@ func Authenticate(ctx context.Context, svc *service.Service, r *http.Request) (s
 			return svc.ConsoleCaller(ctx, c.Value)
 		}
 	}
-	return svc.Authenticate(ctx, bearer)
+	c, err := svc.Authenticate(ctx, bearer)
+	var ue *service.UnauthenticatedError
+	if bearer == "" && r.Header.Get("Authorization") != "" && errors.As(err, &ue) {
+		// A header was sent, in another form than "Bearer <token>" (the
+		// token alone, say): name the form, never the header's value.
+		ue.Message = `the Authorization header is not of the form "Bearer <token>"`
+	}
+	return c, err
 }
 
 // authenticate is the middleware that resolves the caller of every /v1

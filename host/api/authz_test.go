@@ -411,6 +411,27 @@ func TestNoUnknownRevokedOrMalformedTokenIs401(t *testing.T) {
 		if code, m := e.call("GET", "/v1/agents", good, nil); code != 200 {
 			t.Errorf("the operator token: %d %v", code, m)
 		}
+		// The token sent without "Bearer ": 401 naming the header's form,
+		// not the token.
+		req, err := http.NewRequest("GET", e.url+"/v1/agents", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", good)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var answer struct {
+			Error struct{ Code, Message string }
+		}
+		_ = json.Unmarshal(raw, &answer)
+		if resp.StatusCode != 401 || answer.Error.Code != "unauthenticated" ||
+			answer.Error.Message != `the Authorization header is not of the form "Bearer <token>"` || strings.Contains(string(raw), secret) {
+			t.Errorf("a token without Bearer: %d %s, want 401 naming the header's form", resp.StatusCode, raw)
+		}
 		// A token of another namespace addressing this one: 403, counted
 		// as a namespace refusal, nothing written.
 		h := sha256.Sum256([]byte("team-a secret bytes, 32 of them!"))

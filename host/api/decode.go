@@ -31,6 +31,18 @@ func (s *Server) decodeLimit(w http.ResponseWriter, r *http.Request, v any, limi
 		return badRequest("malformed_json", "", "the body is empty; a JSON object is required")
 	}
 	if body[0] != '{' {
+		if !json.Valid(body) {
+			// Not JSON at all (text sent without its JSON wrapper): say so,
+			// rather than guess a kind from the first byte.
+			var v any
+			err := json.Unmarshal(body, &v)
+			var syntaxErr *json.SyntaxError
+			if errors.As(err, &syntaxErr) {
+				return badRequest("malformed_json", "", "the body is not JSON (at byte %d: %s); a JSON object is required, such as {\"message\": \"hello\"}",
+					syntaxErr.Offset, syntaxErr.Error())
+			}
+			return badRequest("malformed_json", "", "the body is not JSON; a JSON object is required")
+		}
 		return badRequest("malformed_json", "", "the body must be a JSON object, not %s", jsonKind(body[0]))
 	}
 	var fields map[string]json.RawMessage
@@ -66,7 +78,7 @@ func jsonKind(b byte) string {
 	case 't', 'f':
 		return "a boolean"
 	}
-	return "a number or invalid JSON"
+	return "a number"
 }
 
 // jsonFields returns the JSON field names of the struct v points to.
