@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -104,10 +105,11 @@ func newRoot() *cobra.Command {
 func withUsageOnArgErrors(c *cobra.Command) {
 	if args := c.Args; args != nil {
 		c.Args = func(cmd *cobra.Command, a []string) error {
-			if err := args(cmd, a); err != nil {
+			err := args(cmd, a)
+			if err != nil && !strings.Contains(err.Error(), cmd.Use) { // a command's own check may name it already
 				return fmt.Errorf("%w; usage: %s", err, cmd.UseLine())
 			}
-			return nil
+			return err
 		}
 	}
 	for _, sub := range c.Commands() {
