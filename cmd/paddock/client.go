@@ -701,6 +701,7 @@ func newTranscriptCmd(c *client) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			enc := json.NewEncoder(cmd.OutOrStdout())
 			api := c.api()
+			printed := 0
 			for {
 				o := apiclient.TranscriptOptions{After: after, Limit: 1000}
 				if follow {
@@ -736,8 +737,14 @@ func newTranscriptCmd(c *client) *cobra.Command {
 						fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", safeCell(m.Role), safeText(m.Content))
 					}
 				}
+				printed += len(out.Turns)
 				after = out.NextAfter
 				if !follow && len(out.Turns) < 1000 {
+					if printed == 0 && c.output != "json" {
+						// Say so rather than print nothing (text output only:
+						// --output json stays one turn per line, none here).
+						fmt.Fprintln(cmd.OutOrStdout(), "no turns")
+					}
 					return nil
 				}
 			}

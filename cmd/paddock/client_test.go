@@ -141,6 +141,19 @@ func TestClientCommandsAgainstTheRealAPI(t *testing.T) {
 	if out, err := run("agent", "create", "notes", "--module", strings.TrimSpace(digest)); err != nil || !strings.HasPrefix(out, "agent notes registered (module sha256:") {
 		t.Fatalf("agent create: %q %v", out, err)
 	}
+	// A session without turns: its transcript says so (text), and is
+	// empty in JSON lines.
+	sid, err := run("session", "create", "notes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid = strings.TrimSpace(sid)
+	if out, err := run("transcript", "notes", sid); err != nil || out != "no turns\n" {
+		t.Errorf("transcript of a session without turns: %q %v, want \"no turns\"", out, err)
+	}
+	if out, err := run("transcript", "notes", sid, "--output", "json"); err != nil || out != "" {
+		t.Errorf("transcript --output json of a session without turns: %q %v, want nothing", out, err)
+	}
 	out, err := run("agent", "list", "--output", "json")
 	if err != nil {
 		t.Fatal(err)
