@@ -84,7 +84,7 @@ func TestTurnStatementsStayIndexBoundedUnderABurst(t *testing.T) {
 			Agent: store.AgentBinding{Namespace: store.DefaultNamespace, Kind: "wasm", ModuleDigest: m.Digest}}}
 	b := &pgx.Batch{}
 	queueClaim(b, next, false)
-	explainBounded(t, s, "dispatch", b.QueuedQueries[0])
+	readsBounded(t, s, "dispatch", b.QueuedQueries[0])
 
 	d, err := s.NextDelivery(ctx, store.NextDeliveryParams{Activation: act.Ref(), DeliveryID: uuid.NewString(), Binding: m.Digest, MarkSent: true})
 	if err != nil {
@@ -98,17 +98,17 @@ func TestTurnStatementsStayIndexBoundedUnderABurst(t *testing.T) {
 	b = &pgx.Batch{}
 	queueCommit(b, p, p.Payloads, true, store.AlarmWrites{}, nil)
 	for _, q := range b.QueuedQueries {
-		explainBounded(t, s, "commit", q)
+		readsBounded(t, s, "commit", q)
 	}
 }
 
-// explainBounded runs q in a transaction it rolls back, with the generic
+// readsBounded runs q in a transaction it rolls back, with the generic
 // plan a prepared statement gets after its first executions (the group
 // commit's connection prepares its statements once), and fails the test
 // when q read more than a few rows of actor_events (pg_stat_xact_user_tables:
 // rows a sequential scan read plus rows fetched through an index): a scan
 // over the session's open events instead of the one row it wants.
-func explainBounded(t *testing.T, s *Store, what string, q *pgx.QueuedQuery) {
+func readsBounded(t *testing.T, s *Store, what string, q *pgx.QueuedQuery) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := s.pool.Begin(ctx)
