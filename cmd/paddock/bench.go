@@ -96,6 +96,17 @@ type BenchResult struct {
 	RoundTrips   float64 `json:"db_round_trips_per_turn"`
 	Transactions float64 `json:"db_transactions_per_turn"`
 	PeakRSSMB    float64 `json:"peak_rss_mb"`
+	// HostCPUMSPerTurn is the paddock process's CPU (user + system) per
+	// turn of the measured run, in ms: the in-process wasm worker included,
+	// plugin and fabric worker processes not (benchcpu.go).
+	// DBCPUMSPerTurn is the PostgreSQL server's, every process of it, and
+	// DBBusiestCores the busiest server process's CPU over the run's time
+	// (1.0: one core all along; the group commit's pipe is one backend).
+	// -1: not measured (no /proc; SQLite; a server on another machine or
+	// in another PID namespace; the --backlog run).
+	HostCPUMSPerTurn float64 `json:"host_cpu_ms_per_turn"`
+	DBCPUMSPerTurn   float64 `json:"db_cpu_ms_per_turn"`
+	DBBusiestCores   float64 `json:"db_busiest_process_cores"`
 	// Memory is the --sleeping/--warm phase, when run.
 	Memory *BenchMemory `json:"memory,omitempty"`
 	// WorkerMeanMS is the mean time of a turn in the worker (the host's
@@ -185,13 +196,14 @@ func newBenchCmd() *cobra.Command {
 			}
 			perTurn := func(v float64) string {
 				if v < 0 {
-					return "n/a" // SQLite: in-process, no round trips
+					return "n/a" // not measured (SQLite has no round trips; see BenchResult)
 				}
 				return fmt.Sprintf("%.2f", v)
 			}
-			fmt.Fprintf(out, "peer=paddock mode=%s store=%s worker=%s signal=%s n=%d completed=%d wall_s=%.2f turns_per_s=%.0f p50_ms=%.1f p95_ms=%.1f p99_ms=%.1f max_ms=%.1f signal_call_p50_ms=%.2f round_trips/turn=%s tx/turn=%s peak_rss_mib=%.0f worker_turn_mean_ms=%.3f\n",
+			fmt.Fprintf(out, "peer=paddock mode=%s store=%s worker=%s signal=%s n=%d completed=%d wall_s=%.2f turns_per_s=%.0f p50_ms=%.1f p95_ms=%.1f p99_ms=%.1f max_ms=%.1f signal_call_p50_ms=%.2f round_trips/turn=%s tx/turn=%s peak_rss_mib=%.0f worker_turn_mean_ms=%.3f host_cpu_ms/turn=%s db_cpu_ms/turn=%s db_busiest_process_cores=%s\n",
 				res.Mode, res.Store, res.Worker, res.Signal, res.N, res.Completed, res.WallS, res.JobsPerS, res.Latency.P50, res.Latency.P95, res.Latency.P99, res.Latency.Max,
-				res.InsertCall.P50, perTurn(res.RoundTrips), perTurn(res.Transactions), res.PeakRSSMB, res.WorkerMeanMS)
+				res.InsertCall.P50, perTurn(res.RoundTrips), perTurn(res.Transactions), res.PeakRSSMB, res.WorkerMeanMS,
+				perTurn(res.HostCPUMSPerTurn), perTurn(res.DBCPUMSPerTurn), perTurn(res.DBBusiestCores))
 			if o.rate > 0 && res.InsertPerS < 0.95*o.rate {
 				fmt.Fprintf(out, "note: the producers sent %.0f signals/s, below the --rate target %g/s: %d producers each wait for their call (signal_call_p50_ms), so latencies here count from the call, not from when the signal was due; add --producers\n",
 					res.InsertPerS, o.rate, o.producers)
@@ -407,7 +419,8 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 		mode = fmt.Sprintf("rate=%g/s", o.rate)
 	}
 	res := &BenchResult{Peer: "paddock", Mode: mode, RateTarget: o.rate, Store: o.storeKind, Worker: o.worker, Signal: o.signalPath,
-		N: o.n, Keys: o.keys, Producers: o.producers, Pool: o.pool, TranscriptTail: o.tail, InstanceReuse: o.reuse, RoundTrips: -1, Transactions: -1}
+		N: o.n, Keys: o.keys, Producers: o.producers, Pool: o.pool, TranscriptTail: o.tail, InstanceReuse: o.reuse, RoundTrips: -1, Transactions: -1,
+		HostCPUMSPerTurn: -1, DBCPUMSPerTurn: -1, DBBusiestCores: -1}
 
 	// The store, in a fresh schema (PostgreSQL) or a fresh file (SQLite).
 	var st store.Store
@@ -638,6 +651,7 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 		rt.mu.Unlock()
 	}
 	turns0 := turnStats(metrics)
+	cpu0 := startCPU(ctx, pgConn, logw)
 	base := sink.count.Load()
 	progress("measured run: %d turns over %d keys from %d producers", o.n, o.keys, o.producers)
 	type sent struct {
@@ -699,6 +713,7 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	}
 	wall := time.Unix(0, sink.last.Load()).Sub(start)
 	stopProfile()
+	cpu0.end(res, o.n)
 
 	var lat []time.Duration
 	sink.mu.Lock()

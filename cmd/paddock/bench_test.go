@@ -2,10 +2,18 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/paddock-dev/paddock/plugins/plugintest"
 	"github.com/paddock-dev/paddock/store/pgtest"
@@ -61,6 +69,20 @@ func TestBenchRunsTheWorkloadOnEveryStoreAndWorker(t *testing.T) {
 			}
 			if c.store == "sqlite" && r.RoundTrips != -1 {
 				t.Fatalf("SQLite round trips %.2f: want -1 (not measured)", r.RoundTrips)
+			}
+			// CPU: the host's is measured wherever /proc is; the server's
+			// when this test sees its processes (a throwaway cluster does),
+			// else it must say so (-1). 48 turns are a few clock ticks, so
+			// 0 is a possible measurement; -1 is not.
+			if r.HostCPUMSPerTurn < 0 {
+				t.Fatalf("host CPU per turn %.3f ms: want measured (>= 0)", r.HostCPUMSPerTurn)
+			}
+			wantDB := c.store == "postgres" && serverIsLocal(t, dsn)
+			switch {
+			case wantDB && (r.DBCPUMSPerTurn < 0 || r.DBBusiestCores < 0 || r.DBBusiestCores > float64(runtime.NumCPU())+0.5):
+				t.Fatalf("local server: db CPU %.3f ms/turn, busiest process %.3f cores: want measured, within the machine", r.DBCPUMSPerTurn, r.DBBusiestCores)
+			case !wantDB && (r.DBCPUMSPerTurn != -1 || r.DBBusiestCores != -1):
+				t.Fatalf("db CPU %.3f ms/turn, busiest %.3f: want -1 (not measured)", r.DBCPUMSPerTurn, r.DBBusiestCores)
 			}
 		})
 	}
@@ -163,18 +185,88 @@ func TestBenchReportComputesTheRatios(t *testing.T) {
 		`{"peer":"river","mode":"single","tuning":"default","jobs_per_s":990,"latency_ms":{"p50":7000,"p99":15000}}`,
 		`{"peer":"river","mode":"single","tuning":"fetch_cooldown=10ms","jobs_per_s":3000,"latency_ms":{"p50":46,"p99":150}}`,
 		`not json: a log line`,
-		`{"peer":"paddock","mode":"single","worker":"wasm","signal_path":"go","n":100,"completed":100,"jobs_per_s":4500,"latency_ms":{"p50":5,"p99":20},"db_round_trips_per_turn":6.5}`,
+		`{"peer":"paddock","mode":"single","worker":"wasm","signal_path":"go","n":100,"completed":100,"jobs_per_s":4500,"latency_ms":{"p50":5,"p99":20},"db_round_trips_per_turn":6.5,"host_cpu_ms_per_turn":0.61,"db_cpu_ms_per_turn":1.07}`,
 	}, "\n")
 	var out bytes.Buffer
 	if err := benchReport(strings.NewReader(in), &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"pgbench -N (ceiling)", "river single fetch_cooldown=10ms", "1.50× River single fetch_cooldown=10ms", "1.12× pgbench TPS", "6.5", "paddock  wasm/go"} {
+	for _, want := range []string{"pgbench -N (ceiling)", "river single fetch_cooldown=10ms", "1.50× River single fetch_cooldown=10ms", "1.12× pgbench TPS", "6.5", "paddock  wasm/go", "0.61 ms", "1.07 ms"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
 	}
 	if err := benchReport(strings.NewReader(`{"peer": 3}`), &out); err == nil {
 		t.Error("a malformed results line was accepted")
+	}
+}
+
+// serverIsLocal reports whether the server at dsn has its processes in
+// this machine's /proc (findServer).
+func serverIsLocal(t *testing.T, dsn string) bool {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	_, err = findServer(context.Background(), conn, "/proc")
+	return err == nil
+}
+
+// TestServerCPUSumsThePostmasterTree checks the arithmetic of a server's
+// CPU samples on a /proc of its own: the postmaster's own and reaped
+// children's time plus its live children's, nobody else's; the busiest
+// process, a newborn counted from zero; comm with spaces and parentheses.
+func TestServerCPUSumsThePostmasterTree(t *testing.T) {
+	proc := t.TempDir()
+	write := func(pid int, line string) {
+		dir := filepath.Join(proc, strconv.Itoa(pid))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "stat"), []byte(line), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// stat fields: pid (comm) state ppid pgrp session tty tpgid flags
+	// minflt cminflt majflt cmajflt utime stime cutime cstime …
+	stat := func(pid int, comm string, ppid int, utime, stime, cutime, cstime int) string {
+		return fmt.Sprintf("%d (%s) S %d 1 1 0 -1 0 0 0 0 0 %d %d %d %d 20 0 1 0 5 0 0\n", pid, comm, ppid, utime, stime, cutime, cstime)
+	}
+	write(100, stat(100, "postgres", 1, 5, 5, 40, 10))    // postmaster: own 10, reaped 50
+	write(101, stat(101, "postgres", 100, 300, 20, 0, 0)) // a backend: 320
+	write(102, stat(102, "postgres", 100, 7, 3, 0, 0))    // the WAL writer: 10
+	write(200, stat(200, "a (weird) name", 1, 999, 999, 0, 0))
+	srv := &serverCPU{proc: proc, postmaster: 100}
+	a, err := srv.sample()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.total != 10+50+320+10 {
+		t.Fatalf("total %d ticks: want 390 (postmaster own and reaped, its two children; not pid 200)", a.total)
+	}
+	// Later: the backend ran 100 more ticks, the WAL writer 5; a new
+	// backend was born with 30; an exited one left 20 in the reaped time.
+	write(100, stat(100, "postgres", 1, 5, 5, 60, 10))
+	write(101, stat(101, "postgres", 100, 390, 30, 0, 0))
+	write(102, stat(102, "postgres", 100, 10, 5, 0, 0))
+	write(103, stat(103, "postgres", 100, 30, 0, 0, 0))
+	b, err := srv.sample()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := b.total - a.total; d != 100+5+30+20 {
+		t.Fatalf("delta %d ticks: want 155", d)
+	}
+	if top := busiest(a, b); top != 100 {
+		t.Fatalf("busiest %d ticks: want 100 (pid 101)", top)
+	}
+	st, err := readProcStat(proc, 200)
+	if err != nil || st.comm != "a (weird) name" || st.ppid != 1 || st.own != 1998 {
+		t.Fatalf("stat with a parenthesised comm: %+v, %v", st, err)
+	}
+	if _, err := parseProcStat([]byte("12 (short) S 1 2 3")); err == nil || !strings.Contains(err.Error(), "fields after comm") {
+		t.Fatalf("short stat line: err %v, want one naming the missing fields", err)
 	}
 }
