@@ -15,9 +15,9 @@ import (
 )
 
 // The CPU a measured run cost, split into the host process and the
-// database server: the "CPU per turn split into database and host"
-// and the busiest server process, which shows when one backend (the group
-// commit's pipe, store/postgres/pipeline.go) is the serial bottleneck.
+// database server, and the busiest server process, which shows when one
+// backend (the group commit's pipe, store/postgres/pipeline.go) is the
+// serial bottleneck.
 //
 // Host: the paddock process's utime+stime from /proc/self/stat; the
 // in-process wasm worker is included, plugin and fabric worker processes
