@@ -1,17 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/procfs"
 )
 
 // The CPU a measured run cost, split into the host process and the
@@ -26,60 +23,39 @@ import (
 // each live process's utime+stime plus the postmaster's cutime+cstime,
 // which accumulate the backends that exited (the postmaster reaps them).
 // Linux only; elsewhere, or with the server on another machine or in
-// another PID namespace, the database figures are unknown (-1).
+// another PID namespace, the database figures are unknown (-1). The stat
+// files are parsed by prometheus/procfs (in the module graph already, for
+// client_golang's process collector).
 
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on
 // every Linux architecture Go supports (the kernel's ABI fixes it, whatever
-// CONFIG_HZ is).
+// CONFIG_HZ is; procfs assumes the same).
 const clockTicks = 100
 
-// procStat is the part of /proc/<pid>/stat a CPU sample reads.
-type procStat struct {
-	comm string
-	ppid int
-	// own is utime + stime; reaped is cutime + cstime (the children it
-	// waited for). Both in clock ticks.
+// procCPU is what a CPU sample reads of one process's /proc/<pid>/stat
+// (procfs parses it): its name and parent, its own user + system time
+// and that of the children it waited for, in clock ticks.
+type procCPU struct {
+	comm        string
+	ppid        int
 	own, reaped int64
 }
 
-// parseProcStat parses one /proc/<pid>/stat line: "pid (comm) state ppid
-// …", where comm may itself hold spaces and parentheses (the last ')'
-// ends it); utime, stime, cutime and cstime are fields 14-17.
-func parseProcStat(line []byte) (procStat, error) {
-	open, end := bytes.IndexByte(line, '('), bytes.LastIndexByte(line, ')')
-	if open < 0 || end < open {
-		return procStat{}, fmt.Errorf("/proc stat %.40q: no (comm)", line)
-	}
-	st := procStat{comm: string(line[open+1 : end])}
-	f := bytes.Fields(line[end+1:])
-	// f[0] is field 3 (state): field k is f[k-3].
-	if len(f) < 15 {
-		return procStat{}, fmt.Errorf("/proc stat of %q: %d fields after comm, want at least 15", st.comm, len(f))
-	}
-	nums := make([]int64, 0, 5)
-	for _, k := range []int{4, 14, 15, 16, 17} {
-		v, err := strconv.ParseInt(string(f[k-3]), 10, 64)
-		if err != nil {
-			return procStat{}, fmt.Errorf("/proc stat of %q: field %d: %w", st.comm, k, err)
-		}
-		nums = append(nums, v)
-	}
-	st.ppid = int(nums[0])
-	st.own, st.reaped = nums[1]+nums[2], nums[3]+nums[4]
-	return st, nil
-}
-
-func readProcStat(proc string, pid int) (procStat, error) {
-	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "stat"))
+func readProcCPU(fs procfs.FS, pid int) (procCPU, error) {
+	p, err := fs.Proc(pid)
 	if err != nil {
-		return procStat{}, err
+		return procCPU{}, err
 	}
-	return parseProcStat(b)
+	st, err := p.Stat()
+	if err != nil {
+		return procCPU{}, err
+	}
+	return procCPU{comm: st.Comm, ppid: st.PPID, own: int64(st.UTime + st.STime), reaped: int64(st.CUTime + st.CSTime)}, nil
 }
 
-// serverCPU samples a PostgreSQL server's processes under proc (/proc).
+// serverCPU samples a PostgreSQL server's processes in a proc file system.
 type serverCPU struct {
-	proc       string
+	fs         procfs.FS
 	postmaster int
 }
 
@@ -87,51 +63,56 @@ type serverCPU struct {
 var errServerNotLocal = errors.New("the PostgreSQL server's processes are not visible in /proc (another machine or PID namespace)")
 
 // findServer finds the postmaster of the server conn is connected to: the
-// parent of conn's backend, both named postgres in proc.
+// parent of conn's backend, both named postgres in the proc file system
+// mounted at proc.
 func findServer(ctx context.Context, conn *pgx.Conn, proc string) (*serverCPU, error) {
+	fs, err := procfs.NewFS(proc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errServerNotLocal, err)
+	}
 	var backend int
 	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
 		return nil, fmt.Errorf("backend pid: %w", err)
 	}
-	b, err := readProcStat(proc, backend)
+	b, err := readProcCPU(fs, backend)
 	if err != nil || b.comm != "postgres" {
 		return nil, errServerNotLocal
 	}
-	pm, err := readProcStat(proc, b.ppid)
+	pm, err := readProcCPU(fs, b.ppid)
 	if err != nil || pm.comm != "postgres" {
 		return nil, errServerNotLocal
 	}
-	return &serverCPU{proc: proc, postmaster: b.ppid}, nil
+	return &serverCPU{fs: fs, postmaster: b.ppid}, nil
 }
 
-// cpuSample is the server's CPU so far: total, and each live process's own.
+// cpuSample is the server's CPU so far: total, and each live process's
+// own, in clock ticks.
 type cpuSample struct {
-	total int64 // clock ticks
+	total int64
 	own   map[int]int64
 }
 
 // sample reads the postmaster and every process whose parent it is.
 func (s *serverCPU) sample() (cpuSample, error) {
-	pm, err := readProcStat(s.proc, s.postmaster)
+	pm, err := readProcCPU(s.fs, s.postmaster)
 	if err != nil {
 		return cpuSample{}, fmt.Errorf("postmaster %d: %w", s.postmaster, err)
 	}
 	out := cpuSample{total: pm.own + pm.reaped, own: map[int]int64{s.postmaster: pm.own}}
-	entries, err := os.ReadDir(s.proc)
+	procs, err := s.fs.AllProcs()
 	if err != nil {
 		return cpuSample{}, err
 	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == s.postmaster {
+	for _, p := range procs {
+		if p.PID == s.postmaster {
 			continue
 		}
-		st, err := readProcStat(s.proc, pid)
+		st, err := readProcCPU(s.fs, p.PID)
 		if err != nil || st.ppid != s.postmaster {
-			continue // not the server's, or it exited meanwhile (then in cutime)
+			continue // not the server's, or it exited meanwhile (then in reaped)
 		}
 		out.total += st.own
-		out.own[pid] = st.own
+		out.own[p.PID] = st.own
 	}
 	return out, nil
 }
@@ -149,11 +130,15 @@ func busiest(a, b cpuSample) int64 {
 // hostCPU is this process's user + system CPU so far, in clock ticks
 // (-1: no /proc).
 func hostCPU() int64 {
-	st, err := readProcStat("/proc", os.Getpid())
+	p, err := procfs.Self()
 	if err != nil {
 		return -1
 	}
-	return st.own
+	st, err := p.Stat()
+	if err != nil {
+		return -1
+	}
+	return int64(st.UTime + st.STime)
 }
 
 // ticks converts clock ticks to a duration.
