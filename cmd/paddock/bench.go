@@ -194,16 +194,17 @@ func newBenchCmd() *cobra.Command {
 			if res.N == 0 {
 				return nil
 			}
-			perTurn := func(v float64) string {
+			// measured is a figure, or n/a for -1 (BenchResult: not measured).
+			measured := func(v float64) string {
 				if v < 0 {
-					return "n/a" // not measured (SQLite has no round trips; see BenchResult)
+					return "n/a"
 				}
 				return fmt.Sprintf("%.2f", v)
 			}
 			fmt.Fprintf(out, "peer=paddock mode=%s store=%s worker=%s signal=%s n=%d completed=%d wall_s=%.2f turns_per_s=%.0f p50_ms=%.1f p95_ms=%.1f p99_ms=%.1f max_ms=%.1f signal_call_p50_ms=%.2f round_trips/turn=%s tx/turn=%s peak_rss_mib=%.0f worker_turn_mean_ms=%.3f host_cpu_ms/turn=%s db_cpu_ms/turn=%s db_busiest_process_cores=%s\n",
 				res.Mode, res.Store, res.Worker, res.Signal, res.N, res.Completed, res.WallS, res.JobsPerS, res.Latency.P50, res.Latency.P95, res.Latency.P99, res.Latency.Max,
-				res.InsertCall.P50, perTurn(res.RoundTrips), perTurn(res.Transactions), res.PeakRSSMB, res.WorkerMeanMS,
-				perTurn(res.HostCPUMSPerTurn), perTurn(res.DBCPUMSPerTurn), perTurn(res.DBBusiestCores))
+				res.InsertCall.P50, measured(res.RoundTrips), measured(res.Transactions), res.PeakRSSMB, res.WorkerMeanMS,
+				measured(res.HostCPUMSPerTurn), measured(res.DBCPUMSPerTurn), measured(res.DBBusiestCores))
 			if o.rate > 0 && res.InsertPerS < 0.95*o.rate {
 				fmt.Fprintf(out, "note: the producers sent %.0f signals/s, below the --rate target %g/s: %d producers each wait for their call (signal_call_p50_ms), so latencies here count from the call, not from when the signal was due; add --producers\n",
 					res.InsertPerS, o.rate, o.producers)

@@ -59,34 +59,57 @@ type serverCPU struct {
 	postmaster int
 }
 
-// errServerNotLocal: the server's processes are not visible here.
-var errServerNotLocal = errors.New("the PostgreSQL server's processes are not visible in /proc (another machine or PID namespace)")
+// errServerNotLocal: the server's processes are not visible here; the
+// error that wraps it says which check failed.
+var errServerNotLocal = errors.New("the PostgreSQL server's processes are not visible in /proc (another machine or PID namespace?)")
 
-// findServer finds the postmaster of the server conn is connected to: the
-// parent of conn's backend, both named postgres in the proc file system
-// mounted at proc.
+// findServer finds the postmaster of the server conn is connected to, in
+// the proc file system mounted at proc: the parent of conn's backend, with
+// the same process name, started when the server says it started
+// (pg_postmaster_start_time, within startSlack) — so that a local
+// PostgreSQL whose backend happens to have the pid of a remote server's
+// is not taken for it.
 func findServer(ctx context.Context, conn *pgx.Conn, proc string) (*serverCPU, error) {
 	fs, err := procfs.NewFS(proc)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errServerNotLocal, err)
 	}
 	var backend int
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+	var started time.Time
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid(), pg_postmaster_start_time()").Scan(&backend, &started); err != nil {
 		return nil, fmt.Errorf("backend pid: %w", err)
 	}
 	b, err := readProcCPU(fs, backend)
-	if err != nil || b.comm != "postgres" {
-		return nil, errServerNotLocal
+	if err != nil {
+		return nil, fmt.Errorf("%w: backend %d: %v", errServerNotLocal, backend, err)
 	}
-	pm, err := readProcCPU(fs, b.ppid)
-	if err != nil || pm.comm != "postgres" {
-		return nil, errServerNotLocal
+	pm, err := fs.Proc(b.ppid)
+	if err != nil {
+		return nil, fmt.Errorf("%w: backend %d's parent %d: %v", errServerNotLocal, backend, b.ppid, err)
+	}
+	st, err := pm.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%w: process %d: %v", errServerNotLocal, b.ppid, err)
+	}
+	if st.Comm != b.comm {
+		return nil, fmt.Errorf("%w: process %d (%s) is not a postmaster of backend %d (%s)", errServerNotLocal, b.ppid, st.Comm, backend, b.comm)
+	}
+	at, err := st.StartTime()
+	if err != nil {
+		return nil, fmt.Errorf("%w: process %d's start time: %v", errServerNotLocal, b.ppid, err)
+	}
+	if d := time.Duration((at - float64(started.UnixNano())/1e9) * float64(time.Second)); d > startSlack || d < -startSlack {
+		return nil, fmt.Errorf("%w: process %d started %s away from the server's start time", errServerNotLocal, b.ppid, d.Round(time.Millisecond))
 	}
 	return &serverCPU{fs: fs, postmaster: b.ppid}, nil
 }
 
-// cpuSample is the server's CPU so far: total, and each live process's
-// own, in clock ticks.
+// startSlack is how far the postmaster's process start time (whole clock
+// ticks after boot) may be from pg_postmaster_start_time.
+const startSlack = 2 * time.Second
+
+// cpuSample is the server's CPU so far, in clock ticks: total (live and
+// exited processes), and own, each live process's by pid.
 type cpuSample struct {
 	total int64
 	own   map[int]int64
@@ -146,7 +169,9 @@ func ticks(n int64) time.Duration { return time.Duration(n) * time.Second / cloc
 
 // runCPU is the CPU clocks at the start of a measured run (startCPU).
 type runCPU struct {
-	at     time.Time
+	logw io.Writer
+	at   time.Time
+	// host is the bench process's CPU in clock ticks (-1: no /proc).
 	host   int64
 	server *serverCPU // nil: not measured
 	db     cpuSample
@@ -156,7 +181,7 @@ type runCPU struct {
 // admin connection (nil on SQLite); why the database cannot be measured
 // is written to logw.
 func startCPU(ctx context.Context, conn *pgx.Conn, logw io.Writer) *runCPU {
-	r := &runCPU{host: hostCPU()}
+	r := &runCPU{logw: logw, host: hostCPU()}
 	if conn != nil {
 		srv, err := findServer(ctx, conn, "/proc")
 		if err == nil {
@@ -174,7 +199,6 @@ func startCPU(ctx context.Context, conn *pgx.Conn, logw io.Writer) *runCPU {
 
 // end samples the clocks again and sets res's CPU figures for n turns.
 func (r *runCPU) end(res *BenchResult, n int) {
-	elapsed := time.Since(r.at)
 	if h := hostCPU(); h >= 0 && r.host >= 0 && n > 0 {
 		res.HostCPUMSPerTurn = round3(ms(ticks(h-r.host)) / float64(n))
 	}
@@ -182,7 +206,9 @@ func (r *runCPU) end(res *BenchResult, n int) {
 		return
 	}
 	b, err := r.server.sample()
+	elapsed := time.Since(r.at)
 	if err != nil {
+		fmt.Fprintf(r.logw, "database CPU not measured: %v\n", err)
 		return
 	}
 	res.DBCPUMSPerTurn = round3(ms(ticks(b.total-r.db.total)) / float64(n))

@@ -30,6 +30,7 @@ type peerLine struct {
 	RSS       *float64 `json:"peak_rss_mb"`
 	HostCPU   *float64 `json:"host_cpu_ms_per_turn"`
 	DBCPU     *float64 `json:"db_cpu_ms_per_turn"`
+	DBBusiest *float64 `json:"db_busiest_process_cores"`
 }
 
 func (l peerLine) name() string {
@@ -95,8 +96,8 @@ func benchReport(r io.Reader, w io.Writer) error {
 			pgTPS = l.TPS
 		}
 	}
-	fmt.Fprintf(w, "%-40s %10s %10s %10s %10s %8s %8s %8s %9s %9s\n", "run", "turns/s", "p50 ms", "p99 ms", "max ms", "rt/turn", "tx/turn", "RSS MB",
-		"host cpu", "db cpu")
+	fmt.Fprintf(w, "%-40s %10s %10s %10s %10s %8s %8s %8s %13s %11s %11s\n", "run", "turns/s", "p50 ms", "p99 ms", "max ms", "rt/turn", "tx/turn", "RSS MB",
+		"host cpu ms/t", "db cpu ms/t", "db busiest")
 	optf := func(format string, p *float64) string {
 		if p == nil || *p < 0 {
 			return "-"
@@ -104,14 +105,14 @@ func benchReport(r io.Reader, w io.Writer) error {
 		return fmt.Sprintf(format, *p)
 	}
 	opt := func(p *float64) string { return optf("%.1f", p) }
-	cpu := func(p *float64) string { return optf("%.2f ms", p) }
+	two := func(p *float64) string { return optf("%.2f", p) }
 	for _, l := range lines {
 		rate := l.JobsPerS
 		if l.Peer == "pgbench" {
 			rate = l.TPS
 		}
-		fmt.Fprintf(w, "%-40s %10.0f %10.1f %10.1f %10.1f %8s %8s %8s %9s %9s\n", l.name(), rate, l.Latency.P50, l.Latency.P99, l.Latency.Max,
-			opt(l.RTs), opt(l.Xacts), opt(l.RSS), cpu(l.HostCPU), cpu(l.DBCPU))
+		fmt.Fprintf(w, "%-40s %10.0f %10.1f %10.1f %10.1f %8s %8s %8s %13s %11s %11s\n", l.name(), rate, l.Latency.P50, l.Latency.P99, l.Latency.Max,
+			opt(l.RTs), opt(l.Xacts), opt(l.RSS), two(l.HostCPU), two(l.DBCPU), two(l.DBBusiest))
 	}
 	fmt.Fprintln(w)
 	if riverBest == 0 && pgTPS == 0 {
