@@ -115,30 +115,49 @@ type cpuSample struct {
 	own   map[int]int64
 }
 
-// sample reads the postmaster and every process whose parent it is.
+// sample reads the postmaster and every process whose parent it is. A
+// backend that exits and is reaped while the children are read would be
+// counted neither live nor in the postmaster's reaped time, so the
+// postmaster is read before and after them, and the sample is taken again
+// (up to sampleTries times) when its reaped time moved meanwhile.
 func (s *serverCPU) sample() (cpuSample, error) {
-	pm, err := readProcCPU(s.fs, s.postmaster)
-	if err != nil {
-		return cpuSample{}, fmt.Errorf("postmaster %d: %w", s.postmaster, err)
-	}
-	out := cpuSample{total: pm.own + pm.reaped, own: map[int]int64{s.postmaster: pm.own}}
-	procs, err := s.fs.AllProcs()
-	if err != nil {
-		return cpuSample{}, err
-	}
-	for _, p := range procs {
-		if p.PID == s.postmaster {
-			continue
+	var out cpuSample
+	for range sampleTries {
+		before, err := readProcCPU(s.fs, s.postmaster)
+		if err != nil {
+			return cpuSample{}, fmt.Errorf("postmaster %d: %w", s.postmaster, err)
 		}
-		st, err := readProcCPU(s.fs, p.PID)
-		if err != nil || st.ppid != s.postmaster {
-			continue // not the server's, or it exited meanwhile (then in reaped)
+		out = cpuSample{own: map[int]int64{s.postmaster: before.own}}
+		procs, err := s.fs.AllProcs()
+		if err != nil {
+			return cpuSample{}, err
 		}
-		out.total += st.own
-		out.own[p.PID] = st.own
+		for _, p := range procs {
+			if p.PID == s.postmaster {
+				continue
+			}
+			st, err := readProcCPU(s.fs, p.PID)
+			if err != nil || st.ppid != s.postmaster {
+				continue // not the server's, or it exited meanwhile
+			}
+			out.total += st.own
+			out.own[p.PID] = st.own
+		}
+		after, err := readProcCPU(s.fs, s.postmaster)
+		if err != nil {
+			return cpuSample{}, fmt.Errorf("postmaster %d: %w", s.postmaster, err)
+		}
+		out.total += after.own + after.reaped
+		out.own[s.postmaster] = after.own
+		if after.reaped == before.reaped {
+			break
+		}
 	}
 	return out, nil
 }
+
+// sampleTries bounds sample's attempts at a consistent reading.
+const sampleTries = 5
 
 // busiest is the most CPU one server process used between a and b (a
 // process born meanwhile counts from 0), in clock ticks.
@@ -211,6 +230,6 @@ func (r *runCPU) end(res *BenchResult, n int) {
 		fmt.Fprintf(r.logw, "database CPU not measured: %v\n", err)
 		return
 	}
-	res.DBCPUMSPerTurn = round3(ms(ticks(b.total-r.db.total)) / float64(n))
+	res.DBCPUMSPerTurn = round3(ms(ticks(max(0, b.total-r.db.total))) / float64(n))
 	res.DBBusiestCores = round3(ticks(busiest(r.db, b)).Seconds() / elapsed.Seconds())
 }
