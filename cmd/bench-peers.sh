@@ -51,8 +51,31 @@ else
 	export DATABASE_URL="postgres://postgres@127.0.0.1:$PORT/bench_peers?sslmode=disable"
 fi
 
+# The peers run one at a time (run.sh's ONLY), each between two readings of the
+# server's CPU (`paddock bench server-cpu`), and each of its result lines gets
+# db_cpu_ms_per_turn: the server's CPU per job of that run (its CHECKPOINT
+# included), the figure `paddock bench` gives for a turn. Without the server's
+# processes in this /proc the lines stay as the peers wrote them.
 log "peers: River, DBOS, pgbench (N=$N keys=$KEYS producers=$PRODUCERS)"
-RESULTS="$RESULTS" N="$N" KEYS="$KEYS" PRODUCERS="$PRODUCERS" PG_BIN="$PG_BIN" "$PEERS_DIR/run.sh" >"$WORK/peers.out"
+RUNS="pgbench $(sed -n 's/^peer \([a-z0-9-]*\) .*/\1/p' "$PEERS_DIR/run.sh")"
+for name in $RUNS; do
+	[[ "$name" =~ ${ONLY:-.} ]] || continue
+	cpu0="$("$ROOT/bin/paddock" bench server-cpu --dsn "$DATABASE_URL" 2>/dev/null || true)"
+	RESULTS="$WORK/run.jsonl" N="$N" KEYS="$KEYS" PRODUCERS="$PRODUCERS" PG_BIN="$PG_BIN" ONLY="^$name\$" \
+		"$PEERS_DIR/run.sh" >>"$WORK/peers.out"
+	cpu1="$("$ROOT/bin/paddock" bench server-cpu --dsn "$DATABASE_URL" 2>/dev/null || true)"
+	touch "$WORK/run.jsonl"
+	while IFS= read -r line; do
+		jobs="$(echo "$line" | sed -n 's/.*"completed":\([0-9]*\).*/\1/p')"
+		if [ -n "$cpu0" ] && [ -n "$cpu1" ] && [ -n "$jobs" ] && [ "$jobs" -gt 0 ] && [ "${line: -1}" = "}" ]; then
+			per="$(awk -v t="$((cpu1 - cpu0))" -v n="$jobs" 'BEGIN { printf "%.3f", t * 10 / n }')"
+			line="${line%\}},\"db_cpu_ms_per_turn\":$per}"
+			log "$name: server CPU $per ms per job"
+		fi
+		echo "$line" >>"$RESULTS"
+	done <"$WORK/run.jsonl"
+	rm -f "$WORK/run.jsonl"
+done
 FAILED=""
 for run in $PADDOCK_RUNS; do
 	worker="${run%/*}"; signal="${run#*/}"

@@ -212,7 +212,7 @@ func newBenchCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(newBenchReportCmd())
+	cmd.AddCommand(newBenchReportCmd(), newBenchServerCPUCmd())
 	f := cmd.Flags()
 	f.IntVar(&o.n, "n", 20000, "turns (signals) in the measured run")
 	f.IntVar(&o.keys, "keys", 1000, "session keys; turn i goes to key i mod K")

@@ -278,3 +278,44 @@ func TestServerCPUSumsThePostmasterTree(t *testing.T) {
 		t.Fatalf("stat with a parenthesised comm: %+v, %v", st, err)
 	}
 }
+
+// TestBenchServerCPUReadsALocalServer: `paddock bench server-cpu` prints
+// a tick count that does not go back, and grows with work the server does;
+// an unreachable server is an error naming the connection.
+func TestBenchServerCPUReadsALocalServer(t *testing.T) {
+	t.Parallel()
+	bin := paddockBin(t)
+	dsn := pgtest.DSN(t)
+	if os.Getenv("DATABASE_URL") != "" && !serverIsLocal(t, dsn) {
+		t.Skip("DATABASE_URL's server is not on this machine: nothing to read")
+	}
+	read := func() int64 {
+		t.Helper()
+		out, err := exec.Command(bin, "bench", "server-cpu", "--dsn", dsn).CombinedOutput()
+		if err != nil {
+			t.Fatalf("server-cpu: %v\n%s", err, out)
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+		if err != nil || n < 0 {
+			t.Fatalf("server-cpu printed %q: want a tick count", out)
+		}
+		return n
+	}
+	before := read()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	// About a second of one backend's CPU: at least a few ticks more.
+	if _, err := conn.Exec(context.Background(), `SELECT count(*) FROM generate_series(1, 3000000) g WHERE g % 7 = 3`); err != nil {
+		t.Fatal(err)
+	}
+	if after := read(); after < before+5 {
+		t.Fatalf("server CPU %d ticks before a busy query, %d after: want it to grow by at least 5", before, after)
+	}
+	out, err := exec.Command(bin, "bench", "server-cpu", "--dsn", "postgres://nobody@127.0.0.1:1/none?connect_timeout=2").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "connect postgres://") {
+		t.Fatalf("an unreachable server: err %v, output %q; want an error naming the connection", err, out)
+	}
+}

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/procfs"
+	"github.com/spf13/cobra"
 )
 
 // The CPU a measured run cost, split into the host process and the
@@ -232,4 +234,45 @@ func (r *runCPU) end(res *BenchResult, n int) {
 	}
 	res.DBCPUMSPerTurn = round3(ms(ticks(max(0, b.total-r.db.total))) / float64(n))
 	res.DBBusiestCores = round3(ticks(busiest(r.db, b)).Seconds() / elapsed.Seconds())
+}
+
+// newBenchServerCPUCmd is `paddock bench server-cpu`: the CPU a local
+// PostgreSQL server has used so far, for scripts that measure a peer's run
+// with the same arithmetic as the bench (cmd/bench-peers.sh).
+func newBenchServerCPUCmd() *cobra.Command {
+	var dsn string
+	cmd := &cobra.Command{
+		Use:   "server-cpu",
+		Short: "Print the CPU time a PostgreSQL server on this machine has used so far, in clock ticks (100 per second)",
+		Long: "Print the user + system CPU time of every process of the PostgreSQL server at --dsn (or DATABASE_URL),\n" +
+			"including backends that have exited, as an integer count of clock ticks (100 per second). Two readings\n" +
+			"around a run give its database CPU. Fails, saying why, when the server's processes are not in this\n" +
+			"machine's /proc.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dsn == "" {
+				dsn = os.Getenv("DATABASE_URL")
+				if dsn == "" {
+					return errors.New("server-cpu needs --dsn or DATABASE_URL")
+				}
+			}
+			conn, err := pgx.Connect(cmd.Context(), dsn)
+			if err != nil {
+				return fmt.Errorf("connect %s: %w", redactDSN(dsn), err)
+			}
+			defer conn.Close(context.Background())
+			srv, err := findServer(cmd.Context(), conn, "/proc")
+			if err != nil {
+				return err
+			}
+			s, err := srv.sample()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), s.total)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dsn, "dsn", "", "PostgreSQL DSN (default $DATABASE_URL)")
+	return cmd
 }
