@@ -57,8 +57,14 @@ fi
 # included), the figure `paddock bench` gives for a turn. Without the server's
 # processes in this /proc the lines stay as the peers wrote them.
 log "peers: River, DBOS, pgbench (N=$N keys=$KEYS producers=$PRODUCERS)"
-RUNS="pgbench $(sed -n 's/^peer \([a-z0-9-]*\) .*/\1/p' "$PEERS_DIR/run.sh")"
-for name in $RUNS; do
+RUNS="$(sed -n 's/^peer \([a-z0-9-]*\) .*/\1/p' "$PEERS_DIR/run.sh")"
+if [ -z "$RUNS" ]; then
+	# run.sh no longer declares its runs as `peer NAME …` lines: run them all
+	# at once, as before, without their CPU.
+	log "no peer runs found in $PEERS_DIR/run.sh: running it whole, the peers' CPU not measured"
+	RESULTS="$RESULTS" N="$N" KEYS="$KEYS" PRODUCERS="$PRODUCERS" PG_BIN="$PG_BIN" "$PEERS_DIR/run.sh" >"$WORK/peers.out"
+fi
+for name in ${RUNS:+pgbench $RUNS}; do
 	[[ "$name" =~ ${ONLY:-.} ]] || continue
 	cpu0="$("$ROOT/bin/paddock" bench server-cpu --dsn "$DATABASE_URL" 2>/dev/null || true)"
 	RESULTS="$WORK/run.jsonl" N="$N" KEYS="$KEYS" PRODUCERS="$PRODUCERS" PG_BIN="$PG_BIN" ONLY="^$name\$" \
