@@ -48,6 +48,10 @@ func readProcCPU(fs procfs.FS, pid int) (procCPU, error) {
 	if err != nil {
 		return procCPU{}, err
 	}
+	return procCPUOf(p)
+}
+
+func procCPUOf(p procfs.Proc) (procCPU, error) {
 	st, err := p.Stat()
 	if err != nil {
 		return procCPU{}, err
@@ -138,7 +142,7 @@ func (s *serverCPU) sample() (cpuSample, error) {
 			if p.PID == s.postmaster {
 				continue
 			}
-			st, err := readProcCPU(s.fs, p.PID)
+			st, err := procCPUOf(p)
 			if err != nil || st.ppid != s.postmaster {
 				continue // not the server's, or it exited meanwhile
 			}

@@ -31,11 +31,9 @@ func (s *Server) decodeLimit(w http.ResponseWriter, r *http.Request, v any, limi
 		return badRequest("malformed_json", "", "the body is empty; a JSON object is required")
 	}
 	if body[0] != '{' {
-		if !json.Valid(body) {
+		if err := json.Unmarshal(body, new(json.RawMessage)); err != nil {
 			// Not JSON at all (text sent without its JSON wrapper): say so,
 			// rather than guess a kind from the first byte.
-			var v any
-			err := json.Unmarshal(body, &v)
 			var syntaxErr *json.SyntaxError
 			if errors.As(err, &syntaxErr) {
 				return badRequest("malformed_json", "", "the body is not JSON (at byte %d: %s); a JSON object is required, such as {\"message\": \"hello\"}",
