@@ -405,6 +405,32 @@ func (h *Host) setExpected(k expectKey, x store.ExpectedBinding) {
 	h.expects[k] = x
 }
 
+// defers reports whether this activation's next dispatch may be deferred
+// (docs/DESIGN.md "Deferred dispatch"): promotion is on, and what the agent
+// ran at the last dispatch runs in this process.
+func (a *activationRun) defers() bool {
+	if a.h.set.PromoteAfter <= 0 || a.expect == nil {
+		return false
+	}
+	r, ok := a.h.runner.(InProcessRunner)
+	return ok && r.InProcess(a.expect.Binding)
+}
+
+// settle promotes a deferred turn before its failure or hold is recorded
+// (a failed attempt is written under its delivery). false: the promotion
+// was refused — the event moved on (cancelled, preceded, its agent
+// updated) or the activation was lost — or the store failed; nothing of
+// the attempt is recorded, and the loop asks the store again.
+func (a *activationRun) settle(pr *promotion) bool {
+	err := pr.ensure(context.Background())
+	if err == nil {
+		return true
+	}
+	a.log.Info("deferred turn not written: its attempt is not recorded", "err", err)
+	a.nothingOpen, a.nextOpen, a.backlog = false, true, false
+	return false
+}
+
 // nextParams are the NextDelivery parameters of this activation's next
 // dispatch (a fresh delivery id), asked of NextDelivery or of the commit
 // before it (store.CommitTurnParams.Next).
@@ -458,6 +484,7 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 		}
 		ctx, cancel := context.WithTimeout(a.leaseCtx, 10*time.Second)
 		var d store.Dispatch
+		var pr *promotion
 		var err error
 		if a.taken != nil {
 			d, a.taken = *a.taken, nil
@@ -477,10 +504,15 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			case <-c.wake:
 			default:
 			}
-			d, err = h.st.NextDelivery(ctx, a.nextParams())
+			np := a.nextParams()
+			np.Defer = a.defers()
+			d, err = h.st.NextDelivery(ctx, np)
 			a.nextOpen = false
 			if err == nil {
 				a.expectNext(d.Agent)
+				if pr = h.newPromotion(a.act.Ref(), np, d); pr != nil {
+					h.metrics.Deferred.Inc()
+				}
 			}
 		}
 		cancel()
@@ -537,9 +569,11 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			a.stop()
 			return time.Second
 		}
-		h.notifyStream(c.key) // turn.started
+		if pr == nil {
+			h.notifyStream(c.key) // turn.started
+		}
 
-		outcome, retry, done := a.turn(d)
+		outcome, retry, done := a.turn(d, pr)
 		if done {
 			return retry
 		}
@@ -555,13 +589,16 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 // turn runs one event's turn — again with the newest revision if it was
 // steered and the worker answered the older one — and commits or fails it.
 // done means the activation is over (retry is then what loop returns).
-func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.Duration, done bool) {
+func (a *activationRun) turn(d store.Dispatch, pr *promotion) (outcome abi.Outcome, retry time.Duration, done bool) {
 	h, c := a.h, a.c
 	at := a.startAttempt(d)
 	defer func() { at.end(c, string(outcome), done) }()
+	defer pr.stop()
 	// One stream buffer for the attempt, kept when a steer reruns it: the
-	// rerun restarts its stream (offsets from 0 after turn.retrying).
+	// rerun restarts its stream (offsets from 0 after turn.retrying). A
+	// deferred turn is promoted before its first chunk frame.
 	sb := newStreamBuf(h, d.Session.ActorKey, d.Delivery.TurnRef(), d.Attempt, a.log)
+	sb.promote = pr.ensure
 	for {
 		ref := d.Delivery.TurnRef()
 		if a.inst == nil || a.instBinding != d.Delivery.Binding {
@@ -574,12 +611,15 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 				// charged to the event — that would dead-letter events or
 				// destroy sessions for an operator's problem — but retried
 				// with backoff until it is fixed; last_error says why.
+				if !a.settle(pr) {
+					return "", 0, false
+				}
 				return "", c.fail(context.Background(), ref, d.Attempt, a.pol, fmt.Errorf("instantiate %s: %w", d.Delivery.Binding, err), false, "instantiate"), true
 			}
 			a.inst, a.instBinding = inst, d.Delivery.Binding
 		}
 		c.inflight = &ref
-		res, latest, cancelled, hold, err := a.run(d, sb)
+		res, latest, cancelled, hold, err := a.run(d, sb, pr)
 		c.inflight = nil
 		// The worker is done: its chunks are written before the commit or
 		// the failed attempt (chunk frames precede turn.committed).
@@ -591,6 +631,9 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			// cancelled turn is dropped, and the attempt ends as a hold.
 			if err != nil {
 				a.closeInstance()
+			}
+			if !a.settle(pr) {
+				return "", 0, false
 			}
 			return "", c.hold(last, a.pol, hold), true
 		case cancelled:
@@ -616,12 +659,36 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			} else if a.leaseCtx.Err() != nil {
 				cause = "aborted"
 			}
+			if !a.settle(pr) {
+				return "", 0, false
+			}
 			return "", c.fail(context.Background(), last, d.Attempt, a.pol, err, counted, cause), true
 		case res.Outcome == abi.OutcomeError:
+			if !a.settle(pr) {
+				return "", 0, false
+			}
 			return "", c.fail(context.Background(), last, d.Attempt, a.pol, fmt.Errorf("agent error: %s", res.Error), true, "agent_error"), true
 		}
 		if err := res.Validate(); err != nil {
+			if !a.settle(pr) {
+				return "", 0, false
+			}
 			return "", c.fail(context.Background(), last, d.Attempt, a.pol, err, true, "invalid_result"), true
+		}
+		if res.TurnRef != last || res.Wait != nil {
+			// A wrong echoed ref is failed under the real one, and a wait
+			// is opened under the delivery: both need it written.
+			if !a.settle(pr) {
+				return "", 0, false
+			}
+		}
+		deferred, perr := pr.forCommit()
+		if perr != nil {
+			// Promoted and refused meanwhile (a cancel, a redrive, a lost
+			// lease): the turn can no longer commit. Ask the store again.
+			a.log.Info("deferred turn superseded before its commit", "event", d.Event.ID, "err", perr)
+			a.nothingOpen, a.nextOpen, a.backlog = false, true, false
+			return "", 0, false
 		}
 		ctx, cancel := context.WithTimeout(at.with(context.Background()), 10*time.Second)
 		var payloads []string
@@ -646,7 +713,7 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			np := a.nextParams()
 			next = &np
 		}
-		turn, err := h.commit(ctx, res, payloads, next)
+		turn, err := h.commit(ctx, res, payloads, next, deferred)
 		var fe *store.FenceError
 		if errors.As(err, &fe) && fe.Reason == store.FenceStaleRevision && latest.Delivery.Revision <= res.TurnRef.Revision {
 			// Steered after the worker answered, unseen so far: read the
@@ -683,8 +750,13 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 			// The commit failed for another reason (the database refused the
 			// data, or the connection broke). Record a failed attempt through
 			// the same fences: if the commit did happen after all, its
-			// delivery is accepted and this write is fenced off.
+			// delivery is accepted and this write is fenced off (a deferred
+			// turn's promotion is refused: its event is closed).
 			a.log.Error("commit turn", "err", err)
+			pr.release()
+			if !a.settle(pr) {
+				return "", 0, false
+			}
 			return "", c.fail(context.Background(), last, d.Attempt, a.pol, fmt.Errorf("commit: %w", err), true, "commit"), true
 		}
 		c.notCharged = 0
@@ -701,7 +773,7 @@ func (a *activationRun) turn(d store.Dispatch) (outcome abi.Outcome, retry time.
 // runs: a wake-up during the turn makes the controller look at the store
 // (InFlight); a newer revision hands the worker its steers, a cancelled
 // event aborts it. latest is d with the newest delivery and steers.
-func (a *activationRun) run(d store.Dispatch, sb *streamBuf) (res *abi.TurnResult, latest store.Dispatch, cancelled bool, hold *store.WaitParams, err error) {
+func (a *activationRun) run(d store.Dispatch, sb *streamBuf, pr *promotion) (res *abi.TurnResult, latest store.Dispatch, cancelled bool, hold *store.WaitParams, err error) {
 	h, c := a.h, a.c
 	latest = d
 	steers := make(chan abi.Steer, 64)
@@ -717,6 +789,7 @@ func (a *activationRun) run(d store.Dispatch, sb *streamBuf) (res *abi.TurnResul
 	caps.Namespace = a.agent.Namespace
 	jc := newJournalCaller(h, h.calls, a.agent, d.Session.ActorKey, caps, d.Delivery.TurnRef(), sb, a.log)
 	jc.onHold = tcancel
+	jc.promote = pr.ensure
 	if c.attempt != nil {
 		jc.span = c.attempt.sc
 	}
@@ -730,6 +803,9 @@ func (a *activationRun) run(d store.Dispatch, sb *streamBuf) (res *abi.TurnResul
 	req := c.request(a.agent, d)
 	inst := a.inst
 	start := time.Now()
+	// A deferred turn is promoted once it has run PromoteAfter; refused,
+	// it can no longer commit, so it stops.
+	pr.start(h.set.PromoteAfter, tcancel)
 	go func() {
 		defer func() {
 			if p := recover(); p != nil {
@@ -763,6 +839,12 @@ func (a *activationRun) run(d store.Dispatch, sb *streamBuf) (res *abi.TurnResul
 			return r.res, latest, cancelled, jc.takeHold(), r.err
 		case <-c.wake:
 			woken = true
+			if !pr.promoted() {
+				// Nothing is in flight for the store yet: no steer can be
+				// attached to the turn, and a cancel or a redrive makes its
+				// promotion or its commit refused.
+				continue
+			}
 			ctx, cancel := context.WithTimeout(a.leaseCtx, 10*time.Second)
 			cur, err := h.st.InFlight(ctx, a.act.Ref())
 			cancel()
@@ -820,13 +902,16 @@ func steerOf(ref abi.TurnRef, e store.Event) abi.Steer {
 // *store.FenceError is returned; nothing was written. Every worker kind's
 // replies, late ones included, come through here.
 func (h *Host) Commit(ctx context.Context, res *abi.TurnResult) (turn store.Turn, err error) {
-	return h.commit(ctx, res, nil, nil)
+	return h.commit(ctx, res, nil, nil, nil)
 }
 
 // commit is Commit with the payloads the turn carried when the caller
 // dispatched it (store.CommitTurnParams.Payloads; nil: the store reads
-// them) and the caller's next dispatch (CommitTurnParams.Next; nil: none).
-func (h *Host) commit(ctx context.Context, res *abi.TurnResult, payloads []string, next *store.NextDeliveryParams) (turn store.Turn, err error) {
+// them), the caller's next dispatch (CommitTurnParams.Next; nil: none)
+// and, for a deferred turn never promoted, its dispatch
+// (CommitTurnParams.Deferred).
+func (h *Host) commit(ctx context.Context, res *abi.TurnResult, payloads []string, next *store.NextDeliveryParams,
+	deferred *store.PromoteParams) (turn store.Turn, err error) {
 	ctx, span := h.startCommit(ctx, res.TurnRef)
 	defer func() { endCommit(span, turn, err) }()
 	// The commit renews the lease of an activation this host holds, which
@@ -839,7 +924,7 @@ func (h *Host) commit(ctx context.Context, res *abi.TurnResult, payloads []strin
 	turn, err = h.st.CommitTurn(ctx, store.CommitTurnParams{
 		Ref: res.TurnRef, Messages: res.Messages, State: res.State, KeepState: res.State == nil,
 		Outcome: res.Outcome, Alarms: res.Alarms, Wait: store.WaitFromSpec(res.Wait, res.TurnRef.ActorEventID),
-		Payloads: payloads, Next: next, LeaseTTL: ttl,
+		Payloads: payloads, Next: next, LeaseTTL: ttl, Deferred: deferred,
 	})
 	if err == nil && ttl > 0 {
 		h.leaseRenewed(res.TurnRef.ActivationUID, sent)

@@ -96,6 +96,12 @@ type Policy struct {
 	TranscriptTail int
 	// ShutdownTimeout bounds how long in-flight turns may finish at stop.
 	ShutdownTimeout time.Duration
+	// PromoteAfter: a turn of an in-process worker (a wasm module run here)
+	// is dispatched deferred — read, not written — and written whole by
+	// its commit, unless it makes a host call, streams, waits or fails
+	// first, or runs this long, which promote it (docs/DESIGN.md "Deferred
+	// dispatch"). 0: every dispatch is written at once.
+	PromoteAfter time.Duration
 	// RestartIntensity and RestartPeriod: more controller panics than this
 	// within the period make the attempt count as a crash (OTP intensity).
 	RestartIntensity int
@@ -171,10 +177,16 @@ func (p *Policy) ForAgent(a store.Agent) AgentPolicy {
 	return p.For(store.QualifiedName(a.Namespace, a.Name))
 }
 
+// DefaultPromoteAfter is Policy.PromoteAfter's default: long enough for
+// a turn that only computes, short enough that a watcher sees a running
+// turn's turn.started at once by human measure.
+const DefaultPromoteAfter = 50 * time.Millisecond
+
 // DefaultPolicy returns the defaults of the configuration.
 func DefaultPolicy() Policy {
 	return Policy{
 		LeaseTTL: 8 * time.Second, ScanInterval: time.Second, TranscriptTail: 20, ShutdownTimeout: 10 * time.Second,
+		PromoteAfter:     DefaultPromoteAfter,
 		RestartIntensity: 3, RestartPeriod: 5 * time.Second,
 		AgentPolicy: AgentPolicy{
 			CrashPolicy: store.CrashRestart, MaxAttempts: 5, BackoffMin: 5 * time.Second, BackoffMax: 120 * time.Second,

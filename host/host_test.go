@@ -59,6 +59,10 @@ func eachDriver(t *testing.T, f func(t *testing.T, st store.Store)) {
 // as a worker kind would. The binding is the function's name.
 type funcRunner struct{ funcs map[string]abi.TurnFunc }
 
+// InProcess: Go functions run in this process, so their turns are
+// dispatched deferred like a wasm module's (host.InProcessRunner).
+func (funcRunner) InProcess(string) bool { return true }
+
 func (r funcRunner) Binding(b store.AgentBinding, _ string) (string, error) {
 	return b.ModuleDigest, nil
 }

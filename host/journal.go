@@ -79,6 +79,9 @@ type journalCaller struct {
 	// approval no one gave yet; hold is then that approval's wait, which
 	// the controller opens by ending the attempt as a hold.
 	onHold func()
+	// promote, when set, makes a deferred turn written
+	// (promotion.ensure) before its first host call.
+	promote func(context.Context) error
 	hold   *store.WaitParams
 	// span is the attempt's span context: each call's span is its child.
 	span trace.SpanContext
@@ -145,6 +148,13 @@ func (c *journalCaller) Call(ctx context.Context, req *abi.CallRequest) *abi.Cal
 	digest, err := RequestDigest(req)
 	if err != nil {
 		return &abi.CallResult{Error: &abi.CallError{Code: abi.CallInvalid, Message: err.Error()}}
+	}
+	if c.promote != nil {
+		// A deferred turn is written before its first call: the journal
+		// records under its delivery, and the request leaves the host.
+		if err := c.promote(ctx); err != nil {
+			return cancelled("the turn could not be written before its host call; it will not commit")
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

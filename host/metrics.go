@@ -34,6 +34,10 @@ type Metrics struct {
 	Cancelled prometheus.Counter
 	// Steers counts steers handed to running turns.
 	Steers prometheus.Counter
+	// Deferred counts turns dispatched deferred (read, not written); of
+	// them, Promotions counts those written before their commit
+	// (docs/DESIGN.md "Deferred dispatch").
+	Deferred, Promotions prometheus.Counter
 	// WakeupsDeduplicated counts wake-ups dropped as the second of one
 	// append's two (host.Host.Appended and the echo of the store's
 	// notification): the first had woken the controller after the commit.
@@ -102,6 +106,12 @@ func NewMetrics() *Metrics {
 		Steers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paddock_steers_delivered_total", Help: "Steers handed to running turns.",
 		}),
+		Deferred: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paddock_turns_deferred_total", Help: "Turns of in-process workers dispatched by a read, written with their commit or promoted.",
+		}),
+		Promotions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paddock_turns_promoted_total", Help: "Deferred turns written before their commit (a host call, a stream write, a failure, or promote_after).",
+		}),
 		WakeupsDeduplicated: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paddock_wakeups_deduplicated_total", Help: "Wake-ups dropped as the second of one append's two (in-process, and the store notification's echo).",
 		}),
@@ -139,7 +149,7 @@ func NewMetrics() *Metrics {
 	}
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Registry.MustRegister(m.FenceRejections, m.Turns, m.FailedAttempts, m.DeadLetters,
-		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.WakeupsDeduplicated, m.PendingSessions,
+		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.Deferred, m.Promotions, m.WakeupsDeduplicated, m.PendingSessions,
 		m.HostCallsReplayed, m.HostCallsFenced, m.StreamFrames, m.WaitsExpired, m.ApprovalHolds, m.APIRefused, m.QuotaRefused)
 	return m
 }

@@ -83,6 +83,9 @@ type streamBuf struct {
 	// restartDue: the rerun's turn.retrying and turn.started are not
 	// written yet; no chunk is written before them (flush).
 	restartDue bool
+	// promote, when set, makes a deferred turn written (promotion.ensure)
+	// before its first chunk frame.
+	promote func(context.Context) error
 }
 
 // newStreamBuf returns the stream buffer of the attempt whose first
@@ -243,7 +246,15 @@ func (b *streamBuf) flush() {
 		b.mu.Unlock()
 
 		ctx, cancel := context.WithTimeout(context.Background(), streamWriteTimeout)
-		_, err := b.h.st.AppendChunks(ctx, p)
+		var err error
+		if b.promote != nil {
+			// A deferred turn: written first (turn.started precedes its
+			// chunks); a refusal is the fences' (the attempt is stale).
+			err = b.promote(ctx)
+		}
+		if err == nil {
+			_, err = b.h.st.AppendChunks(ctx, p)
+		}
 		cancel()
 
 		b.mu.Lock()

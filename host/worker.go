@@ -26,6 +26,15 @@ type Runner interface {
 	Instantiate(ctx context.Context, binding string) (Instance, error)
 }
 
+// InProcessRunner is implemented by a Runner that can tell whether a
+// binding's turns run inside this process (a wasm module here, not a
+// plugin process or a remote worker): no byte of such a turn leaves the
+// host before its first host call, so its dispatch may be deferred
+// (store.NextDeliveryParams.Defer; invariant 9 holds for the others).
+type InProcessRunner interface {
+	InProcess(binding string) bool
+}
+
 // Instance runs turns one at a time for one activation. After Turn returns
 // an error the instance is discarded (closed) and a new one is made.
 type Instance interface {

@@ -26,6 +26,11 @@ const (
 	// FenceMarkSent is MarkDeliverySent: the delivery must be created; the
 	// activation is not checked.
 	FenceMarkSent
+	// FencePromote is Promote and the commit of a deferred turn
+	// (CommitTurnParams.Deferred): there is no delivery yet; the activation
+	// must be live and idle at the ref's epoch and revision with an
+	// unexpired lease, and the event still the session's candidate.
+	FencePromote
 )
 
 // FenceRows are the rows a driver read, after a guarded write matched no
@@ -44,7 +49,7 @@ type FenceRows struct {
 	// none. Not needed for FenceMarkSent.
 	Activation *Activation
 	// LeaseExpired is lease_expires_at <= the database's now (docs/DESIGN.md
-	// invariant 8), for FenceCommit.
+	// invariant 8), for FenceCommit and FencePromote.
 	LeaseExpired bool
 }
 
@@ -62,6 +67,9 @@ type FenceRows struct {
 func ClassifyFence(ref abi.TurnRef, op FenceOp, rows FenceRows) error {
 	fe := func(r FenceReason, format string, args ...any) error {
 		return &FenceError{Reason: r, Detail: fmt.Sprintf(format, args...)}
+	}
+	if op == FencePromote {
+		return classifyPromote(ref, rows)
 	}
 	d := rows.Delivery
 	if !rows.DeliveryMatched {
@@ -109,4 +117,33 @@ func ClassifyFence(ref abi.TurnRef, op FenceOp, rows FenceRows) error {
 	}
 	// Unreachable while the guards and this order agree; refuse anyway.
 	return fe(FenceSupersededDelivery, "turn_ref %s does not match", ref)
+}
+
+// classifyPromote is ClassifyFence for FencePromote: the activation (gone,
+// not live or another epoch: stale_epoch; revision: stale_revision; a
+// current event: superseded_delivery), the lease (expired_lease); when
+// all of them pass, the event no longer was the candidate
+// (superseded_delivery).
+func classifyPromote(ref abi.TurnRef, rows FenceRows) error {
+	fe := func(r FenceReason, format string, args ...any) error {
+		return &FenceError{Reason: r, Detail: fmt.Sprintf(format, args...)}
+	}
+	a := rows.Activation
+	switch {
+	case a == nil:
+		return fe(FenceStaleEpoch, "activation %s does not exist", ref.ActivationUID)
+	case !a.State.Live():
+		return fe(FenceStaleEpoch, "activation %s is %s", ref.ActivationUID, a.State)
+	case a.ActorEpoch != ref.ActorEpoch:
+		return fe(FenceStaleEpoch, "activation epoch %d, ref epoch %d", a.ActorEpoch, ref.ActorEpoch)
+	case a.Revision != ref.Revision:
+		return fe(FenceStaleRevision, "activation revision %d, ref revision %d", a.Revision, ref.Revision)
+	case a.CurrentEventID != 0:
+		return fe(FenceSupersededDelivery, "activation current event %d, deferred event %d", a.CurrentEventID, ref.ActorEventID)
+	case rows.LeaseExpired:
+		return fe(FenceExpiredLease, "activation %s lease expired", ref.ActivationUID)
+	}
+	// The activation passes: the event is what no longer does.
+	return fe(FenceSupersededDelivery, "event %d is no longer the session's next (closed, preceded by a redriven event, or its agent updated)",
+		ref.ActorEventID)
 }

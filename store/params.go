@@ -214,6 +214,27 @@ func CheckCommitNext(p CommitTurnParams) error {
 	return nil
 }
 
+// CheckCommitDeferred validates CommitTurnParams.Deferred before any
+// database access: its delivery and activation are Ref's (id, key,
+// activation, epoch, event, revision), and the commit opens no wait.
+// ErrInvalid names what differs. Without Deferred it returns nil.
+func CheckCommitDeferred(p CommitTurnParams) error {
+	d := p.Deferred
+	if d == nil {
+		return nil
+	}
+	if p.Wait != nil {
+		return fmt.Errorf("a deferred turn's commit opens a wait (promote it first): %w", ErrInvalid)
+	}
+	got := d.Delivery.TurnRef()
+	if got != p.Ref || d.Activation.UID != p.Ref.ActivationUID || d.Activation.ActorEpoch != p.Ref.ActorEpoch ||
+		d.Activation.ActorKey != KeyOf(p.Ref) {
+		return fmt.Errorf("deferred dispatch %s (activation %s at epoch %d) is not the commit's turn_ref %s: %w",
+			got, d.Activation.UID, d.Activation.ActorEpoch, p.Ref, ErrInvalid)
+	}
+	return nil
+}
+
 // CheckClaimFirst validates ClaimActivationParams.First before any
 // database access: the first turn is asked of the activation being claimed
 // (its uid, lease id and key; ErrInvalid names what differs). Without a

@@ -361,6 +361,23 @@ type Dispatch struct {
 	// binding Bind gives for it, as the next call's
 	// NextDeliveryParams.Expect.
 	Agent AgentBinding
+	// Deferred says nothing of this dispatch was written
+	// (NextDeliveryParams.Defer): Delivery is what NextDelivery would have
+	// created (state sent), but no row has it yet, the event is not the
+	// activation's current one, its binding is not recorded and no
+	// turn.started frame exists. Promote writes them, or CommitTurn with
+	// CommitTurnParams.Deferred writes them with the commit.
+	Deferred bool
+}
+
+// Deferrable is the rule of NextDeliveryParams.Defer, shared by the
+// drivers: only an event's first attempt — nothing of it ever written: no
+// attempt counted, no binding recorded (so no earlier delivery and no
+// journal to replay) — with no steers attached is dispatched deferred;
+// anything else is taken at once. recorded is the event's binding as
+// stored before the dispatch.
+func Deferrable(attempts int, recorded string, steers int) bool {
+	return attempts == 0 && recorded == "" && steers == 0
 }
 
 // Store is the interface the host needs. Methods take a context (drivers
@@ -464,6 +481,20 @@ type Store interface {
 	// delivery. It returns *NoDueEventError when nothing is due, and
 	// ErrNotLive when the activation is not live under ref.
 	NextDelivery(ctx context.Context, p NextDeliveryParams) (Dispatch, error)
+	// Promote writes a deferred dispatch (Dispatch.Deferred) as
+	// NextDelivery would have written it: the event becomes the
+	// activation's current one, its binding is recorded, the delivery is
+	// created sent and turn.started appended — only if, inside the
+	// transaction, the activation is still live and idle at that epoch and
+	// revision with an unexpired lease, the event is still the session's
+	// due candidate and the agent still runs what the dispatch read (or the
+	// event is bound to it). Otherwise nothing is written and it returns a
+	// *FenceError classified by ClassifyFence with FencePromote (the
+	// activation not live or of another epoch: stale_epoch; another
+	// revision: stale_revision; lease expired: expired_lease; another
+	// candidate, the event closed or the agent changed:
+	// superseded_delivery). A delivery id already used is ErrConflict.
+	Promote(ctx context.Context, p PromoteParams) error
 	// MarkDeliverySent moves a delivery created → sent (invariant 9).
 	MarkDeliverySent(ctx context.Context, ref abi.TurnRef) error
 	// CommitTurn checks the fences and, in the same transaction, appends the
@@ -867,6 +898,34 @@ type NextDeliveryParams struct {
 	// BEGIN and COMMIT); otherwise it calls Bind as usual. The answer is
 	// the same either way.
 	Expect *ExpectedBinding
+	// Defer asks for a deferred dispatch (Dispatch.Deferred): the event is
+	// chosen as usual and nothing is written. A driver defers only what
+	// Deferrable allows and takes anything else at once (Deferred false).
+	// Only for workers in this process whose turn's bytes never leave it
+	// before the caller promotes (invariant 9): the caller must Promote
+	// before anything of the turn is written or sent (a host call, a
+	// stream chunk, a wait, a failed attempt) and otherwise commits with
+	// CommitTurnParams.Deferred (docs/DESIGN.md "Deferred dispatch").
+	Defer bool
+}
+
+// PromoteParams are Promote's inputs, and CommitTurnParams.Deferred's.
+type PromoteParams struct {
+	// Activation is the activation that dispatched (its ref, lease id
+	// included).
+	Activation ActivationRef
+	// Dispatch is the deferred dispatch: its Delivery (id, epoch,
+	// revision, event, binding) and Agent are what is written and checked.
+	Delivery Delivery
+	Agent    AgentBinding
+	// BlockOnDeadLetter as the dispatch's NextDeliveryParams had it.
+	BlockOnDeadLetter bool
+}
+
+// PromoteOf returns the PromoteParams of deferred dispatch d of activation
+// ref, dispatched with p.
+func PromoteOf(ref ActivationRef, p NextDeliveryParams, d Dispatch) PromoteParams {
+	return PromoteParams{Activation: ref, Delivery: d.Delivery, Agent: d.Agent, BlockOnDeadLetter: p.BlockOnDeadLetter}
 }
 
 // ExpectedBinding is NextDeliveryParams.Expect: an agent as Dispatch.Agent
@@ -947,6 +1006,15 @@ type CommitTurnParams struct {
 	// another event is open. A wait id the session already used: ErrConflict
 	// and nothing is written. Validated by CheckWait (ErrInvalid).
 	Wait *WaitParams
+	// Deferred, when set, says Ref's dispatch was deferred and never
+	// promoted: the commit first writes what Promote would (under the same
+	// checks) and then commits, in one transaction — the delivery ends
+	// accepted, turn.started precedes turn.committed. A check that fails
+	// writes nothing and returns *FenceError (a not-live activation is
+	// stale_epoch; another candidate, superseded_delivery). Not with a
+	// Wait (ErrInvalid: a turn that waits was promoted when it asked for
+	// its wait); checked by CheckCommitDeferred.
+	Deferred *PromoteParams
 }
 
 // FailAttemptParams are FailAttempt's inputs.

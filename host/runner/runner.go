@@ -108,6 +108,17 @@ func (r *Runner) CanRun(ctx context.Context, a store.Agent, pool string) bool {
 	return r.fabric.Serves(pool, inner)
 }
 
+// InProcess reports whether binding's turns run in this process
+// (host.InProcessRunner): a wasm module run here, not a remote pool's or a
+// plugin's.
+func (r *Runner) InProcess(binding string) bool {
+	if strings.HasPrefix(binding, poolPrefix) {
+		return false
+	}
+	_, _, plugin := pluginhost.ParseBinding(binding)
+	return !plugin
+}
+
 // Instantiate returns an instance for a module digest or a plugin binding.
 // A plugin registered on another host (through the shared store) is
 // registered here on first use. An event whose first attempt ran a plugin

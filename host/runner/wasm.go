@@ -38,6 +38,10 @@ func NewWasm(rt *wasm.Runtime, st store.Store, poolIdle ...int) *Wasm {
 // Close closes the pool's idle instances.
 func (w *Wasm) Close(ctx context.Context) { w.pool.Close(ctx) }
 
+// InProcess reports that every binding runs in this process
+// (host.InProcessRunner).
+func (w *Wasm) InProcess(string) bool { return true }
+
 // Instantiate returns the host's instance of the module with digest
 // binding for one activation. What it holds between turns depends on the
 // turn's instance scope (host.InstanceScopeOf, the agent's instance_reuse

@@ -333,6 +333,11 @@ func newGroups(s *Store) groups {
 		commits: &group[commitIn, commitRes]{b: b, order: rankLocksActivation,
 			key: func(in commitIn) store.ActorKey { return store.KeyOf(in.p.Ref) },
 			prepare: func(b *pgx.Batch, in commitIn) func() commitRes {
+				if d := in.p.Deferred; d != nil {
+					// A deferred turn: its promotion first (a claim that takes
+					// nothing leaves no delivery, and the fence refuses).
+					queueClaimOf(b, promoteClaim(*d), &d.Delivery)
+				}
 				q := queueCommit(b, in.p, in.p.Payloads, true, in.alarms, in.next)
 				return func() commitRes { return commitRes{t: q.turn()} }
 			},

@@ -24,6 +24,14 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 			return store.Dispatch{}, nd
 		}
 	}
+	if p.Defer && p.Expect != nil {
+		d, ok, err := s.deferredDispatch(ctx, p)
+		if err != nil || ok {
+			return d, err
+		}
+		// Not deferrable (a retry, a steered or bound event, a changed
+		// agent) or nothing to take: decided below, as without Defer.
+	}
 	if p.Expect != nil {
 		d, taken, err := s.claimDelivery(ctx, p)
 		if err != nil || taken {
@@ -146,6 +154,111 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 	return d, nil
 }
 
+// deferredReadSQL is a deferred dispatch (NextDeliveryParams.Defer) as a
+// read: claimDeliverySQL's choice — the oldest open event that is not a
+// steer of a live, idle, unexpired activation, due, not held back by a
+// dead letter ($6), no steers attached — without a lock or a write. It
+// returns the event's row, then the activation's epoch and revision and
+// what the agent runs now, or no row. Parameters $1-$5: the ActivationRef.
+var deferredReadSQL = `
+	WITH c AS (
+		SELECT e.event_id AS c_event, a.actor_epoch AS c_epoch, a.revision AS c_revision, ag.kind AS c_kind,
+			coalesce(ag.module_digest, '') AS c_digest, coalesce(ag.plugin, '') AS c_plugin,
+			coalesce(pw.sha256, '') AS c_sha, ag.namespace AS c_namespace
+		FROM activations a
+		` + agentJoins + `
+		JOIN LATERAL ` + oldestOpenEvent + `
+		WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3 AND a.actor_epoch = $4
+		  AND a.lease_id = $5 AND a.state IN ` + liveStates + ` AND a.current_event_id IS NULL
+		  AND a.lease_expires_at > clock_timestamp()
+		  AND e.next_attempt_at <= clock_timestamp()
+		  AND NOT ($6::boolean AND ` + deadLetterBefore + `)
+		  AND NOT ` + steersAttached + `)
+	SELECT ` + eventCols + `, c_epoch, c_revision, c_kind, c_digest, c_plugin, c_sha, c_namespace
+	FROM c, actor_events WHERE event_id = (SELECT c_event FROM c)`
+
+// deferredDispatch is NextDelivery with p.Defer (and p.Expect): one read
+// round trip outside a transaction on the pool, off the group commit's
+// pipe — the candidate (deferredReadSQL), the session with its state and
+// the tail — and nothing written. ok is false, and the caller takes the
+// event as usual, when there is no candidate, store.Deferrable refuses it
+// or the agent no longer is what p.Expect says (Bind must run). The
+// statements' snapshots differ; the session's state is written only by
+// this activation's commits, which returned before this dispatch.
+func (s *Store) deferredDispatch(ctx context.Context, p store.NextDeliveryParams) (d store.Dispatch, ok bool, err error) {
+	ref, x := p.Activation, p.Expect
+	var epoch, revision int64
+	found := false
+	err = s.call(ctx, "next delivery", func(ctx context.Context) error {
+		d, found = store.Dispatch{}, false
+		b := &pgx.Batch{}
+		b.Queue(deferredReadSQL, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID,
+			p.BlockOnDeadLetter).QueryRow(func(row pgx.Row) (err error) {
+			d.Event, err = scanEvent(row, &epoch, &revision, &d.Agent.Kind, &d.Agent.ModuleDigest, &d.Agent.Plugin,
+				&d.Agent.PluginSHA256, &d.Agent.Namespace)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			found = err == nil
+			return err
+		})
+		queueSession(b, ref.ActorKey, "", &d)
+		if p.TailMessages > 0 {
+			queueTail(b, ref.ActorKey, p.TailMessages, "", &d.Tail)
+		}
+		return s.pool.SendBatch(ctx, b).Close()
+	})
+	if err != nil || !found || !store.Deferrable(d.Event.Attempts, d.Event.Binding, 0) || d.Agent != x.Agent {
+		return store.Dispatch{}, false, err
+	}
+	d.Event.Binding = x.Binding
+	d.Delivery = store.Delivery{
+		ID: p.DeliveryID, ActorKey: ref.ActorKey, ActivationUID: ref.UID, ActorEpoch: epoch,
+		EventID: d.Event.ID, Revision: revision, State: store.DeliverySent, Binding: x.Binding,
+	}
+	d.Attempt, d.Deferred = 1, true
+	return d, true, nil
+}
+
+// Promote writes a deferred dispatch under its checks; see store.Store.
+// It is claimDeliverySQL for that event at that revision, in one round
+// trip and implicit transaction on the pipe.
+func (s *Store) Promote(ctx context.Context, p store.PromoteParams) error {
+	var c *claim
+	err := s.pipeTxDo(ctx, "promote", func(ctx context.Context, tx txConn) error {
+		b := &pgx.Batch{}
+		c = queueClaimOf(b, promoteClaim(p), &p.Delivery)
+		if err := tx.(*pipeTx).SendBatchAlone(ctx, b).Close(); err != nil {
+			return dispatchErr(p.Delivery.ID, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if !c.taken {
+		return s.explainPromote(ctx, p)
+	}
+	return nil
+}
+
+// promoteClaim is the claim that promotes p: its activation, delivery id
+// and binding, the agent as the dispatch read it, created sent.
+func promoteClaim(p store.PromoteParams) store.NextDeliveryParams {
+	return store.NextDeliveryParams{Activation: p.Activation, DeliveryID: p.Delivery.ID, MarkSent: true,
+		BlockOnDeadLetter: p.BlockOnDeadLetter,
+		Expect:            &store.ExpectedBinding{Agent: p.Agent, Binding: p.Delivery.Binding}}
+}
+
+// explainPromote classifies a promotion (or a deferred commit) that took
+// nothing: the activation's row decides (store.ClassifyFence,
+// FencePromote); when it passes, the event was no longer the candidate.
+func (s *Store) explainPromote(ctx context.Context, p store.PromoteParams) error {
+	return s.call(ctx, "explain fence refusal", func(ctx context.Context) error {
+		return classify(ctx, s.pool, p.Delivery.TurnRef(), store.FencePromote, true)
+	})
+}
+
 // queueSession queues the read of the session (without its counters)
 // and its state into d. With claimedBy (an activation uid) the row is read
 // only when that activation has a current event — the claim queued before
@@ -211,6 +324,9 @@ func queueTail(b *pgx.Batch, key store.ActorKey, n int, claimedBy string, out *[
 // its lock re-checks them on the row as it is then; the candidate's
 // snapshot may predate that wait, and an event closed meanwhile fails ev's
 // re-check, which refuses the statement ($16, a lock race: it runs again).
+// With $17 (an event id; 0: any) it takes only that event, at its first
+// attempt with no binding recorded, and only at activation revision $18:
+// the promotion of a deferred dispatch (Promote).
 var claimDeliverySQL = `
 	WITH c AS (
 		SELECT e.event_id, ag.kind, coalesce(ag.module_digest, '') AS digest, coalesce(ag.plugin, '') AS plugin,
@@ -222,6 +338,8 @@ var claimDeliverySQL = `
 		  AND e.next_attempt_at <= clock_timestamp()
 		  AND NOT ($6::boolean AND ` + deadLetterBefore + `)
 		  AND NOT ` + steersAttached + `
+		  AND ($17::bigint = 0 OR (e.event_id = $17 AND coalesce(e.binding, '') = ''
+			AND (SELECT attempts FROM actor_events WHERE event_id = $17) = 0))
 		  AND (coalesce(e.binding, '') <> ''
 			OR (ag.kind, coalesce(ag.module_digest, ''), coalesce(ag.plugin, ''), coalesce(pw.sha256, ''), ag.namespace)
 				= ($10::text, $11::text, $12::text, $13::text, $14::text))),
@@ -229,7 +347,7 @@ var claimDeliverySQL = `
 		UPDATE activations a SET current_event_id = c.event_id FROM c
 		WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3 AND a.actor_epoch = $4
 		  AND a.lease_id = $5 AND a.state IN ` + liveStates + ` AND a.current_event_id IS NULL
-		  AND a.lease_expires_at > clock_timestamp()
+		  AND a.lease_expires_at > clock_timestamp() AND ($17::bigint = 0 OR a.revision = $18)
 		RETURNING a.actor_epoch AS up_epoch, a.revision AS up_revision, c.event_id AS up_event,
 			c.kind AS ag_kind, c.digest AS ag_digest, c.plugin AS ag_plugin, c.sha AS ag_sha, c.namespace AS ag_namespace),
 	ev AS (
@@ -294,15 +412,35 @@ type claim struct {
 // commit or an activation's claim in the same transaction), those reads
 // run only when the claim took an event.
 func queueClaim(b *pgx.Batch, p store.NextDeliveryParams, onlyIfTaken bool) *claim {
+	ref := p.Activation
+	c := queueClaimOf(b, p, nil)
+	claimedBy := ""
+	if onlyIfTaken {
+		claimedBy = ref.UID
+	}
+	queueSession(b, ref.ActorKey, claimedBy, &c.d)
+	if p.TailMessages > 0 {
+		queueTail(b, ref.ActorKey, p.TailMessages, claimedBy, &c.d.Tail)
+	}
+	return c
+}
+
+// queueClaimOf queues claimDeliverySQL alone for p (p.Expect set); with
+// want, only that delivery's event at its revision (a promotion).
+func queueClaimOf(b *pgx.Batch, p store.NextDeliveryParams, want *store.Delivery) *claim {
 	ref, x := p.Activation, p.Expect
 	c := &claim{p: p, state: store.DeliveryCreated}
 	if p.MarkSent {
 		c.state = store.DeliverySent
 	}
+	var wantEvent, wantRevision int64
+	if want != nil {
+		wantEvent, wantRevision = want.EventID, want.Revision
+	}
 	b.Queue(claimDeliverySQL, ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID, p.BlockOnDeadLetter,
 		p.DeliveryID, string(c.state), x.Binding,
 		x.Agent.Kind, x.Agent.ModuleDigest, x.Agent.Plugin, x.Agent.PluginSHA256, x.Agent.Namespace,
-		store.FrameTurnStarted, checkLockRace+"event closed concurrently",
+		store.FrameTurnStarted, checkLockRace+"event closed concurrently", wantEvent, wantRevision,
 	).QueryRow(func(row pgx.Row) error {
 		var ok bool
 		var err error
@@ -314,14 +452,6 @@ func queueClaim(b *pgx.Batch, p store.NextDeliveryParams, onlyIfTaken bool) *cla
 		c.taken = err == nil
 		return err
 	})
-	claimedBy := ""
-	if onlyIfTaken {
-		claimedBy = ref.UID
-	}
-	queueSession(b, ref.ActorKey, claimedBy, &c.d)
-	if p.TailMessages > 0 {
-		queueTail(b, ref.ActorKey, p.TailMessages, claimedBy, &c.d.Tail)
-	}
 	return c
 }
 
@@ -587,6 +717,9 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	if err := store.CheckCommitNext(p); err != nil {
 		return store.Turn{}, fmt.Errorf("store/postgres: commit turn: %w", err)
 	}
+	if err := store.CheckCommitDeferred(p); err != nil {
+		return store.Turn{}, fmt.Errorf("store/postgres: commit turn: %w", err)
+	}
 	next := p.Next
 	if next != nil && (next.Expect == nil || p.Wait != nil) {
 		next = nil
@@ -606,6 +739,11 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	if err != nil && next != nil && !errors.As(err, &fe) && !connectionEnded(err) && ctx.Err() == nil {
 		t, err = s.commitTurn(ctx, p, alarms, nil)
 	}
+	if p.Deferred != nil && errors.As(err, &fe) && fe.Reason == store.FenceUnknownDelivery {
+		// The promotion took nothing, so the fence found no delivery:
+		// explain it as a promotion.
+		return store.Turn{}, s.explainPromote(ctx, *p.Deferred)
+	}
 	return t, err
 }
 
@@ -616,6 +754,10 @@ func (s *Store) commitTurn(ctx context.Context, p store.CommitTurnParams, alarms
 	var q *queuedCommit
 	err := s.pipeTxDo(ctx, "commit turn", func(ctx context.Context, tx txConn) error {
 		b := &pgx.Batch{}
+		if p.Deferred != nil {
+			// A deferred turn: its promotion first, in this transaction.
+			queueClaimOf(b, promoteClaim(*p.Deferred), &p.Deferred.Delivery)
+		}
 		payloads := p.Payloads
 		if payloads == nil {
 			// Lock the activation row and read the event's payload and its

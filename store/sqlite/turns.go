@@ -18,17 +18,73 @@ const activationLiveWhere = `activation_uid = ? AND agent_uid = ? AND session_id
 
 // NextDelivery takes the session's oldest open event if it is due and
 // creates its delivery; see store.Store.
+//
+// With p.Defer the dispatch is taken as usual and, when store.Deferrable
+// allows, rolled back: the same choice under the same single writer,
+// nothing written (Dispatch.Deferred).
 func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (store.Dispatch, error) {
 	var d store.Dispatch
 	err := s.write(ctx, "next delivery", func(tx *txn) (err error) {
-		d, err = nextDelivery(tx, p)
+		var recorded string
+		d, recorded, err = nextDelivery(tx, p)
+		if err == nil && p.Defer && store.Deferrable(d.Event.Attempts, recorded, len(d.Steers)) {
+			d.Deferred = true
+			return errRolledBack
+		}
 		return err
 	})
+	if errors.Is(err, errRolledBack) {
+		return d, nil
+	}
 	return d, err
 }
 
-// nextDelivery is NextDelivery's transaction, in tx.
-func nextDelivery(tx *txn, p store.NextDeliveryParams) (d store.Dispatch, err error) {
+// errRolledBack rolls back a write transaction whose answer stands
+// (a deferred dispatch).
+var errRolledBack = errors.New("rolled back on purpose")
+
+// Promote writes a deferred dispatch under its checks; see store.Store.
+// It is NextDelivery again, in a savepoint that is rolled back unless it
+// took the same event at the same revision with the same binding, the
+// agent unchanged.
+func (s *Store) Promote(ctx context.Context, p store.PromoteParams) error {
+	return s.write(ctx, "promote", func(tx *txn) error { return promote(tx, p) })
+}
+
+// promote is Promote's work in tx.
+func promote(tx *txn, p store.PromoteParams) error {
+	if _, err := tx.tx.ExecContext(tx.ctx, `SAVEPOINT promote`); err != nil {
+		return err
+	}
+	want := p.Delivery
+	d, _, err := nextDelivery(tx, store.NextDeliveryParams{Activation: p.Activation, DeliveryID: want.ID,
+		Binding: want.Binding, BlockOnDeadLetter: p.BlockOnDeadLetter, MarkSent: true})
+	same := err == nil && d.Event.ID == want.EventID && d.Delivery.Revision == want.Revision &&
+		d.Delivery.ActorEpoch == want.ActorEpoch && d.Delivery.Binding == want.Binding && d.Agent == p.Agent &&
+		d.Attempt == 1 && len(d.Steers) == 0
+	if same {
+		_, err = tx.tx.ExecContext(tx.ctx, `RELEASE promote`)
+		return err
+	}
+	if errors.Is(err, store.ErrConflict) {
+		return err
+	}
+	var nd *store.NoDueEventError
+	if err != nil && !errors.Is(err, store.ErrNotLive) && !errors.As(err, &nd) {
+		return err
+	}
+	if _, err := tx.tx.ExecContext(tx.ctx, `ROLLBACK TO promote`); err != nil {
+		return err
+	}
+	if _, err := tx.tx.ExecContext(tx.ctx, `RELEASE promote`); err != nil {
+		return err
+	}
+	return classify(tx, want.TurnRef(), store.FencePromote)
+}
+
+// nextDelivery is NextDelivery's transaction, in tx. recorded is the
+// event's binding as stored before it.
+func nextDelivery(tx *txn, p store.NextDeliveryParams) (d store.Dispatch, recorded string, err error) {
 	ref := p.Activation
 	refArgs := []any{ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID}
 	err = func() error {
@@ -55,7 +111,6 @@ func nextDelivery(tx *txn, p store.NextDeliveryParams) (d store.Dispatch, err er
 		// with their event.
 		var eventID, seq, nextAt int64
 		var due bool
-		var recorded string
 		err = tx.queryRow(`
 			SELECT event_id, seq, next_attempt_at, next_attempt_at <= `+nowMS+`, coalesce(binding, '') FROM actor_events
 			WHERE agent_uid = ? AND session_id = ? AND status = 'open' AND steer_of IS NULL
@@ -155,7 +210,7 @@ func nextDelivery(tx *txn, p store.NextDeliveryParams) (d store.Dispatch, err er
 		d.Steers, err = attachedSteers(tx, ref.ActorKey, eventID)
 		return err
 	}()
-	return d, err
+	return d, recorded, err
 }
 
 // nextAfterCommit is CommitTurnParams.Next (and ClaimActivationParams.First):
@@ -168,7 +223,7 @@ func nextAfterCommit(tx *txn, p store.NextDeliveryParams) (*store.Dispatch, erro
 	if _, err := tx.tx.ExecContext(tx.ctx, `SAVEPOINT next_turn`); err != nil {
 		return nil, err
 	}
-	d, err := nextDelivery(tx, p)
+	d, _, err := nextDelivery(tx, p)
 	if err != nil {
 		if _, err := tx.tx.ExecContext(tx.ctx, `ROLLBACK TO next_turn`); err != nil {
 			return nil, err
@@ -257,8 +312,17 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 	if err := store.CheckCommitNext(p); err != nil {
 		return store.Turn{}, fmt.Errorf("store/sqlite: commit turn: %w", err)
 	}
+	if err := store.CheckCommitDeferred(p); err != nil {
+		return store.Turn{}, fmt.Errorf("store/sqlite: commit turn: %w", err)
+	}
 	var t store.Turn
 	err = s.write(ctx, "commit turn", func(tx *txn) error {
+		if p.Deferred != nil {
+			// A deferred turn: what Promote writes, then the commit.
+			if err := promote(tx, *p.Deferred); err != nil {
+				return err
+			}
+		}
 		// BEGIN IMMEDIATE already holds the write lock: the activation row
 		// cannot change under us (the watchdog serialises behind this).
 		// The lease is renewed by p.LeaseTTL (0 leaves it: the guard says
@@ -503,7 +567,7 @@ func classify(tx *txn, ref abi.TurnRef, op store.FenceOp) error {
 	default:
 		rows.Delivery = &d
 	}
-	if rows.Delivery == nil || op == store.FenceMarkSent {
+	if (rows.Delivery == nil && op != store.FencePromote) || op == store.FenceMarkSent {
 		return store.ClassifyFence(ref, op, rows)
 	}
 	a := store.Activation{UID: ref.ActivationUID}

@@ -61,6 +61,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) store.Store) {
 		fenceCases(),
 		turnCases(),
 		commitNextCases(),
+		deferredCases(),
 		claimFirstCases(),
 		commitNextEdgeCases(),
 		onetripCases(),
