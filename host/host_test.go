@@ -220,6 +220,28 @@ func (f *fixture) waitFor(what string, cond func() bool) {
 	}
 }
 
+// waitStarted waits until key's stream holds n turn.started frames. A
+// turn of an in-process worker is dispatched deferred and written
+// (promoted) Policy.PromoteAfter after it started, or at its first host
+// call or chunk: only then is it in flight for a steer or a cancel
+// (docs/DESIGN.md "Deferred dispatch").
+func (f *fixture) waitStarted(key store.ActorKey, n int) {
+	f.t.Helper()
+	f.waitFor(fmt.Sprintf("%d turn.started frames", n), func() bool {
+		pg, err := f.st.StreamFrames(context.Background(), store.StreamFramesParams{Key: key, Limit: 1000})
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		got := 0
+		for _, fr := range pg.Frames {
+			if fr.Kind == store.FrameTurnStarted {
+				got++
+			}
+		}
+		return got >= n
+	})
+}
+
 // recv receives from ch, failing the test after a minute (a liveness
 // bound: a lost wake-up must fail the test, not hang the binary).
 func recv[T any](t *testing.T, ch <-chan T) T {

@@ -82,7 +82,7 @@ type journalCaller struct {
 	// promote, when set, makes a deferred turn written
 	// (promotion.ensure) before its first host call.
 	promote func(context.Context) error
-	hold   *store.WaitParams
+	hold    *store.WaitParams
 	// span is the attempt's span context: each call's span is its child.
 	span trace.SpanContext
 }

@@ -103,6 +103,7 @@ func TestOneTripSecondTurnSteeredCancelledAndWaiting(t *testing.T) {
 		f.signal(key, "ignore")
 		for recv(t, started) != "ignore" {
 		}
+		f.waitStarted(key, 2) // in flight: written
 		payload, _ := json.Marshal(map[string]string{"message": "left"})
 		if _, err := st.Steer(context.Background(), store.SteerParams{Key: key, Payload: payload, DeliveryID: "d-" + key.SessionID}); err != nil {
 			t.Fatal(err)
@@ -133,6 +134,7 @@ func TestOneTripSecondTurnSteeredCancelledAndWaiting(t *testing.T) {
 		f.signal(key, "after")
 		for recv(t, started) != "long" {
 		}
+		f.waitStarted(key, 2)
 		if res, err := st.CancelEvent(context.Background(), store.CancelEventParams{Key: key, Reason: "no"}); err != nil || !res.InFlight {
 			t.Fatalf("cancel: %+v %v", res, err)
 		}

@@ -59,6 +59,7 @@ type benchOptions struct {
 	sqlStats                                              bool
 	timeout                                               time.Duration
 	idle                                                  time.Duration
+	promoteAfter                                          time.Duration
 }
 
 // BenchResult is the JSON line `paddock bench` prints. Field names follow
@@ -242,6 +243,7 @@ func newBenchCmd() *cobra.Command {
 	f.BoolVar(&o.sqlStats, "sql-stats", false, "print the statements sent per turn, most frequent first (PostgreSQL)")
 	f.DurationVar(&o.timeout, "timeout", 15*time.Minute, "give up after this long")
 	f.DurationVar(&o.idle, "idle-timeout", 30*time.Second, "sessions' idle timeout")
+	f.DurationVar(&o.promoteAfter, "promote-after", host.DefaultPromoteAfter, "runtime.promote_after: wasm turns are dispatched deferred and written by their commit unless they run this long (0: every dispatch written at once)")
 	return cmd
 }
 
@@ -488,6 +490,7 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	r := runner.New(runner.NewWasm(wrt, st), pm, st)
 	pol := host.DefaultPolicy()
 	pol.IdleTimeout = o.idle
+	pol.PromoteAfter = o.promoteAfter
 	pol.AgentPolicy.TranscriptTail = &o.tail
 	pol.AgentPolicy.InstanceReuse = host.InstanceScope(o.reuse)
 	pol.Pools = map[string]int{"default": o.capacity}

@@ -177,6 +177,7 @@ func policyFromConfig(cfg config.Config) host.Policy {
 	p.ScanInterval = cfg.Runtime.ScanInterval
 	p.TranscriptTail = cfg.Runtime.TranscriptTail
 	p.ShutdownTimeout = cfg.Runtime.ShutdownTimeout
+	p.PromoteAfter = cfg.Runtime.PromoteAfter
 	p.Stream = host.StreamPolicy{FlushInterval: cfg.Stream.FlushInterval, Retention: cfg.Stream.Retention, MaxBytesPerTurn: cfg.Stream.MaxBytesPerTurn}
 	p.AgentPolicy = agentPolicy(cfg.Policy)
 	p.AgentPolicy.Capabilities = cfg.Capabilities.Calls()

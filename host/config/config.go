@@ -276,6 +276,12 @@ type Runtime struct {
 	TranscriptTail int `koanf:"transcript_tail"`
 	// ShutdownTimeout bounds how long in-flight turns may finish at stop.
 	ShutdownTimeout time.Duration `koanf:"shutdown_timeout"`
+	// PromoteAfter: a turn of a wasm agent run by this host is dispatched
+	// deferred (read, not written) and written whole by its commit, unless
+	// it makes a host call, streams, waits or fails first, or runs this
+	// long (docs/DESIGN.md "Deferred dispatch"). Default 50ms; 0 writes
+	// every dispatch at once; at most 10s and less than lease_ttl.
+	PromoteAfter time.Duration `koanf:"promote_after"`
 }
 
 // Stream configures the session streams: how emitted chunks are batched,
@@ -464,6 +470,7 @@ func Default() Config {
 			ScanInterval:    time.Second,
 			TranscriptTail:  20,
 			ShutdownTimeout: 10 * time.Second,
+			PromoteAfter:    50 * time.Millisecond,
 		},
 		API:    API{MaxBodyBytes: 1 << 20, MaxModuleBytes: 64 << 20},
 		Stream: Stream{FlushInterval: 100 * time.Millisecond, Retention: 24 * time.Hour, MaxBytesPerTurn: 8 << 20, PollInterval: 100 * time.Millisecond},
@@ -863,6 +870,9 @@ func (c Config) Validate() error {
 	}
 	if c.Runtime.ScanInterval <= 0 {
 		bad("runtime.scan_interval", c.Runtime.ScanInterval, "must be positive")
+	}
+	if c.Runtime.PromoteAfter < 0 || c.Runtime.PromoteAfter > 10*time.Second || (c.Runtime.PromoteAfter > 0 && c.Runtime.PromoteAfter >= c.Runtime.LeaseTTL) {
+		bad("runtime.promote_after", c.Runtime.PromoteAfter, "must be between 0 (off) and 10s, and less than runtime.lease_ttl")
 	}
 	if c.Runtime.TranscriptTail < 0 || c.Runtime.TranscriptTail > 1000 {
 		bad("runtime.transcript_tail", c.Runtime.TranscriptTail, "must be between 0 and 1000")

@@ -320,6 +320,7 @@ type groups struct {
 	appends     *group[appendIn, appendRes]
 	commits     *group[commitIn, commitRes]
 	claims      *group[store.NextDeliveryParams, claimRes]
+	reads       *group[store.NextDeliveryParams, readRes]
 	activations *group[store.ClaimActivationParams, activationRes]
 }
 
@@ -333,6 +334,10 @@ func newGroups(s *Store) groups {
 		commits: &group[commitIn, commitRes]{b: b, order: rankLocksActivation,
 			key: func(in commitIn) store.ActorKey { return store.KeyOf(in.p.Ref) },
 			prepare: func(b *pgx.Batch, in commitIn) func() commitRes {
+				if deferredInOne(in.p, in.alarms) {
+					q := queueDeferredCommit(b, in.p, in.next)
+					return func() commitRes { return commitRes{t: q.turn()} }
+				}
 				if d := in.p.Deferred; d != nil {
 					// A deferred turn: its promotion first (a claim that takes
 					// nothing leaves no delivery, and the fence refuses).
@@ -352,6 +357,13 @@ func newGroups(s *Store) groups {
 				}
 			},
 			solo: claimRes{solo: true}, failed: func(err error) claimRes { return claimRes{err: err} }},
+		reads: &group[store.NextDeliveryParams, readRes]{b: b, order: rankLocksActivation,
+			key: func(p store.NextDeliveryParams) store.ActorKey { return p.Activation.ActorKey },
+			prepare: func(b *pgx.Batch, p store.NextDeliveryParams) func() readRes {
+				r := queueDeferredRead(b, p)
+				return func() readRes { return readRes{r: r} }
+			},
+			solo: readRes{}, failed: func(err error) readRes { return readRes{err: err} }},
 		activations: &group[store.ClaimActivationParams, activationRes]{b: b, order: rankLocksActivation,
 			key: func(p store.ClaimActivationParams) store.ActorKey { return p.Key },
 			prepare: func(b *pgx.Batch, p store.ClaimActivationParams) func() activationRes {
@@ -427,6 +439,14 @@ type claimRes struct {
 	// solo: the batch rolled back; run the claim on its own.
 	solo bool
 	err  error
+}
+
+// readRes is a deferred dispatch's reads from their batch
+// (queueDeferredRead); r is nil when the batch rolled back (read on its
+// own).
+type readRes struct {
+	r   *deferredRead
+	err error
 }
 
 // activationRes is an activation claim's answer from its batch (each with

@@ -107,10 +107,27 @@ func testDeferredCommit(t *testing.T, b *bundle) {
 	wantEq(t, committed.EventID, one.ID, "turn.committed's event")
 	b.wantStreamSound(key, "after the deferred commit")
 	b.wantIdle(act, "after the deferred commit")
-	wantBytes(t, b.next(act).State, []byte("s-r1"), "the next dispatch's state: the deferred commit's")
+	d2 := b.next(act)
+	wantEq(t, d2.Event.ID, two.ID, "the event after the deferred one")
+	wantBytes(t, d2.State, []byte("s-r1"), "the next dispatch's state: the deferred commit's")
+
+	// A deferred commit that keeps the state.
+	three := b.message(key, "three")
+	b.commit(d2.Delivery.TurnRef(), "r2", "s2")
+	p3 := b.deferParams(act, x)
+	d3, err := b.s.NextDelivery(b.ctx, p3)
+	noErr(t, err, "deferred NextDelivery of three")
+	wantEq(t, d3.Deferred, true, "three's Dispatch.Deferred")
+	wantEq(t, d3.Event.ID, three.ID, "three")
+	pp3 := store.PromoteOf(act.Ref(), p3, d3)
+	turn, err = b.s.CommitTurn(b.ctx, store.CommitTurnParams{Ref: d3.Delivery.TurnRef(), Outcome: abi.OutcomeSleep,
+		Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "r3"}}, KeepState: true,
+		Payloads: []string{string(d3.Event.Payload)}, Deferred: &pp3})
+	noErr(t, err, "deferred commit keeping the state, outcome sleep")
+	wantEq(t, b.getSession(key).Status, store.SessionSleeping, "session after a deferred commit with outcome sleep")
+	b.wantStreamSound(key, "after the deferred commit of three")
 
 	// A replay of the deferred commit is refused and writes nothing.
-	_ = two
 	snap := b.streamSnapshot(key)
 	_, err = b.commitDeferred(act, p, d, "MUST NOT BE WRITTEN")
 	if err == nil {
