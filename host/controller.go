@@ -412,8 +412,14 @@ func (a *activationRun) defers() bool {
 	if a.h.set.PromoteAfter <= 0 || a.expect == nil {
 		return false
 	}
+	return a.inProcess(a.expect.Binding)
+}
+
+// inProcess reports whether binding's turns run in this process
+// (InProcessRunner).
+func (a *activationRun) inProcess(binding string) bool {
 	r, ok := a.h.runner.(InProcessRunner)
-	return ok && r.InProcess(a.expect.Binding)
+	return ok && r.InProcess(binding)
 }
 
 // settle promotes a deferred turn before its failure or hold is recorded
@@ -512,6 +518,14 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 				a.expectNext(d.Agent)
 				if pr = h.newPromotion(a.act.Ref(), np, d); pr != nil {
 					h.metrics.Deferred.Inc()
+					if !a.inProcess(d.Delivery.Binding) {
+						// Deferred for a binding that does not run here
+						// (invariant 9): written before anything is sent.
+						if !a.settle(pr) {
+							cancel()
+							continue
+						}
+					}
 				}
 			}
 		}
@@ -656,6 +670,11 @@ func (a *activationRun) turn(d store.Dispatch, pr *promotion) (outcome abi.Outco
 				// The host is shutting down and ran out of patience: not the
 				// event's fault, so no attempt is consumed.
 				cause, counted = "shutdown", false
+				if !pr.promoted() {
+					// Nothing of a deferred turn was written: there is
+					// nothing to record either. Let the session go.
+					return "", a.stop(), true
+				}
 			} else if a.leaseCtx.Err() != nil {
 				cause = "aborted"
 			}

@@ -51,8 +51,9 @@ func (h *Host) newPromotion(ref store.ActivationRef, np store.NextDeliveryParams
 }
 
 // start promotes the turn after it has run for after (the worker starts
-// now); abort is called when that promotion is refused: the turn can no
-// longer commit, so it stops. A nil promotion does nothing.
+// now); abort is called when that promotion is refused (a
+// *store.FenceError): the turn can no longer commit, so it stops. A nil
+// promotion does nothing.
 func (pr *promotion) start(after time.Duration, abort func()) {
 	if pr == nil {
 		return
@@ -63,7 +64,11 @@ func (pr *promotion) start(after time.Duration, abort func()) {
 		return
 	}
 	pr.timer = time.AfterFunc(after, func() {
-		if err := pr.ensure(context.Background()); err != nil && !errors.Is(err, errCommitting) {
+		// Only a refusal stops the turn; a store error leaves it deferred
+		// (the next host call, chunk frame or failure tries again, and its
+		// commit writes it).
+		var fe *store.FenceError
+		if err := pr.ensure(context.Background()); errors.As(err, &fe) {
 			abort()
 		}
 	})

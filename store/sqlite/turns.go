@@ -27,7 +27,11 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 	err := s.write(ctx, "next delivery", func(tx *txn) (err error) {
 		var recorded string
 		d, recorded, err = nextDelivery(tx, p)
-		if err == nil && p.Defer && store.Deferrable(d.Event.Attempts, recorded, len(d.Steers)) {
+		// Deferred only while the agent is what the caller expects: the
+		// caller decided to ask for a deferred dispatch knowing what that
+		// runs (in this process or not), as PostgreSQL's read does.
+		if err == nil && p.Defer && p.Expect != nil && d.Agent == p.Expect.Agent && d.Delivery.Binding == p.Expect.Binding &&
+			store.Deferrable(d.Event.Attempts, recorded, len(d.Steers)) {
 			d.Deferred = true
 			return errRolledBack
 		}
@@ -57,6 +61,20 @@ func promote(tx *txn, p store.PromoteParams) error {
 		return err
 	}
 	want := p.Delivery
+	// The event first: one closed or attempted since (a deferred commit
+	// that did happen, whose answer was lost) is refused as superseded,
+	// not taken for the next candidate under the same delivery id.
+	var fresh bool
+	if err := tx.queryRow(`SELECT status = 'open' AND attempts = 0 AND coalesce(binding, '') = '' FROM actor_events
+		WHERE event_id = ? AND agent_uid = ? AND session_id = ?`, want.EventID, p.Activation.AgentUID, p.Activation.SessionID).Scan(&fresh); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	if !fresh {
+		if _, err := tx.tx.ExecContext(tx.ctx, `RELEASE promote`); err != nil {
+			return err
+		}
+		return classify(tx, want.TurnRef(), store.FencePromote)
+	}
 	d, _, err := nextDelivery(tx, store.NextDeliveryParams{Activation: p.Activation, DeliveryID: want.ID,
 		Binding: want.Binding, BlockOnDeadLetter: p.BlockOnDeadLetter, MarkSent: true})
 	same := err == nil && d.Event.ID == want.EventID && d.Delivery.Revision == want.Revision &&

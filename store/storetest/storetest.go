@@ -62,6 +62,7 @@ func Exercise(t *testing.T, newStore func(t *testing.T) store.Store) {
 		turnCases(),
 		commitNextCases(),
 		deferredCases(),
+		deferredAttackCases(),
 		claimFirstCases(),
 		commitNextEdgeCases(),
 		onetripCases(),
