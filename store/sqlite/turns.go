@@ -19,33 +19,37 @@ const activationLiveWhere = `activation_uid = ? AND agent_uid = ? AND session_id
 // NextDelivery takes the session's oldest open event if it is due and
 // creates its delivery; see store.Store.
 //
-// With p.Defer the dispatch is taken as usual and, when store.Deferrable
-// allows, rolled back: the same choice under the same single writer,
-// nothing written (Dispatch.Deferred).
+// With p.Defer (and p.Expect) the dispatch is first read on the reader
+// pool, without the writer (nextDelivery with read set: the same choice,
+// nothing written); it is deferred (Dispatch.Deferred) when
+// store.Deferrable allows and the agent is what the caller expects — the
+// caller asked for a deferred dispatch knowing what that runs, as
+// PostgreSQL's read does. Otherwise it is taken as usual.
 func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (store.Dispatch, error) {
 	var d store.Dispatch
-	err := s.write(ctx, "next delivery", func(tx *txn) (err error) {
-		var recorded string
-		d, recorded, err = nextDelivery(tx, p)
-		// Deferred only while the agent is what the caller expects: the
-		// caller decided to ask for a deferred dispatch knowing what that
-		// runs (in this process or not), as PostgreSQL's read does.
-		if err == nil && p.Defer && p.Expect != nil && d.Agent == p.Expect.Agent && d.Delivery.Binding == p.Expect.Binding &&
-			store.Deferrable(d.Event.Attempts, recorded, len(d.Steers)) {
-			d.Deferred = true
-			return errRolledBack
+	if p.Defer && p.Expect != nil {
+		deferred := false
+		err := s.read(ctx, "next delivery", func(tx *txn) (err error) {
+			var recorded string
+			d, recorded, err = nextDeliveryOf(tx, p, true)
+			deferred = err == nil && d.Agent == p.Expect.Agent && d.Delivery.Binding == p.Expect.Binding &&
+				store.Deferrable(d.Event.Attempts, recorded, len(d.Steers))
+			return nil // any answer but a deferred one is the writer's to give
+		})
+		if err != nil {
+			return store.Dispatch{}, err
 		}
+		if deferred {
+			d.Deferred = true
+			return d, nil
+		}
+	}
+	err := s.write(ctx, "next delivery", func(tx *txn) (err error) {
+		d, _, err = nextDelivery(tx, p)
 		return err
 	})
-	if errors.Is(err, errRolledBack) {
-		return d, nil
-	}
 	return d, err
 }
-
-// errRolledBack rolls back a write transaction whose answer stands
-// (a deferred dispatch).
-var errRolledBack = errors.New("rolled back on purpose")
 
 // Promote writes a deferred dispatch under its checks; see store.Store.
 // It is NextDelivery again, in a savepoint that is rolled back unless it
@@ -103,6 +107,13 @@ func promote(tx *txn, p store.PromoteParams) error {
 // nextDelivery is NextDelivery's transaction, in tx. recorded is the
 // event's binding as stored before it.
 func nextDelivery(tx *txn, p store.NextDeliveryParams) (d store.Dispatch, recorded string, err error) {
+	return nextDeliveryOf(tx, p, false)
+}
+
+// nextDeliveryOf is nextDelivery; with read, it writes nothing (a
+// deferred dispatch's read, in a read-only transaction): each write's
+// guard is read instead and the delivery and its frame are left out.
+func nextDeliveryOf(tx *txn, p store.NextDeliveryParams, read bool) (d store.Dispatch, recorded string, err error) {
 	ref := p.Activation
 	refArgs := []any{ref.UID, ref.AgentUID, ref.SessionID, ref.ActorEpoch, ref.LeaseID}
 	err = func() error {
@@ -165,10 +176,19 @@ func nextDelivery(tx *txn, p store.NextDeliveryParams) (d store.Dispatch, record
 				return err
 			}
 		}
-		d.Event, err = scanEvent(tx.queryRow(`
-			UPDATE actor_events SET binding = CASE WHEN coalesce(binding, '') = '' THEN nullif(?, '') ELSE binding END
-			WHERE event_id = ? AND status = 'open' AND next_attempt_at <= `+nowMS+`
-			RETURNING `+eventReturning, binding, eventID))
+		if read {
+			d.Event, err = scanEvent(tx.queryRow(`
+				SELECT `+eventReturning+` FROM actor_events
+				WHERE event_id = ? AND status = 'open' AND next_attempt_at <= `+nowMS, eventID))
+			if recorded == "" {
+				d.Event.Binding = binding
+			}
+		} else {
+			d.Event, err = scanEvent(tx.queryRow(`
+				UPDATE actor_events SET binding = CASE WHEN coalesce(binding, '') = '' THEN nullif(?, '') ELSE binding END
+				WHERE event_id = ? AND status = 'open' AND next_attempt_at <= `+nowMS+`
+				RETURNING `+eventReturning, binding, eventID))
+		}
 		if errors.Is(err, sql.ErrNoRows) {
 			return &store.NoDueEventError{NextDueAt: msTime(nextAt)}
 		}
@@ -176,10 +196,15 @@ func nextDelivery(tx *txn, p store.NextDeliveryParams) (d store.Dispatch, record
 			return err
 		}
 		var epoch, revision int64
-		err = tx.queryRow(`
-			UPDATE activations SET current_event_id = ?
-			WHERE `+activationLiveWhere+`
-			RETURNING actor_epoch, revision`, append([]any{eventID}, refArgs...)...).Scan(&epoch, &revision)
+		if read {
+			err = tx.queryRow(`SELECT actor_epoch, revision FROM activations WHERE `+activationLiveWhere,
+				refArgs...).Scan(&epoch, &revision)
+		} else {
+			err = tx.queryRow(`
+				UPDATE activations SET current_event_id = ?
+				WHERE `+activationLiveWhere+`
+				RETURNING actor_epoch, revision`, append([]any{eventID}, refArgs...)...).Scan(&epoch, &revision)
+		}
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("activation %s: %w", ref.UID, store.ErrNotLive)
 		}
@@ -194,6 +219,11 @@ func nextDelivery(tx *txn, p store.NextDeliveryParams) (d store.Dispatch, record
 			ID: p.DeliveryID, ActorKey: ref.ActorKey, ActivationUID: ref.UID, ActorEpoch: epoch,
 			EventID: eventID, Revision: revision, State: state, Binding: d.Event.Binding,
 		}
+		d.Attempt = d.Event.Attempts + 1
+		d.Agent = ab
+		if read {
+			return readSessionOf(tx, p, &d)
+		}
 		if _, err := tx.exec(`
 			INSERT INTO deliveries (delivery_id, agent_uid, session_id, activation_uid, actor_epoch, event_id,
 				revision, state, binding, created_at, sent_at)
@@ -205,30 +235,36 @@ func nextDelivery(tx *txn, p store.NextDeliveryParams) (d store.Dispatch, record
 			}
 			return err
 		}
-		d.Attempt = d.Event.Attempts + 1
-		d.Agent = ab
 		if _, err := appendFrame(tx, ref.ActorKey, store.FrameTurnStarted, eventID, epoch, d.Attempt,
 			store.MustBody(store.TurnStartedBody{EventKind: d.Event.Kind})); err != nil {
 			return err
 		}
-		if d.Session, err = scanSession(tx.queryRow(`SELECT `+sessionNoCounters+` FROM sessions s WHERE s.agent_uid = ? AND s.session_id = ?`,
-			ref.AgentUID, ref.SessionID)); err != nil {
-			return err
-		}
-		var notNull bool
-		err = tx.queryRow(`SELECT state, state IS NOT NULL FROM session_state WHERE agent_uid = ? AND session_id = ?`,
-			ref.AgentUID, ref.SessionID).Scan(&d.State, &notNull)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return err
-		}
-		d.State = store.StateFromColumn(d.State, notNull)
-		if d.Tail, err = tail(tx, ref.ActorKey, p.TailMessages); err != nil {
-			return err
-		}
-		d.Steers, err = attachedSteers(tx, ref.ActorKey, eventID)
-		return err
+		return readSessionOf(tx, p, &d)
 	}()
 	return d, recorded, err
+}
+
+// readSessionOf reads a dispatch's session, state, tail and attached
+// steers into d.
+func readSessionOf(tx *txn, p store.NextDeliveryParams, d *store.Dispatch) (err error) {
+	ref := p.Activation
+	eventID := d.Event.ID
+	if d.Session, err = scanSession(tx.queryRow(`SELECT `+sessionNoCounters+` FROM sessions s WHERE s.agent_uid = ? AND s.session_id = ?`,
+		ref.AgentUID, ref.SessionID)); err != nil {
+		return err
+	}
+	var notNull bool
+	err = tx.queryRow(`SELECT state, state IS NOT NULL FROM session_state WHERE agent_uid = ? AND session_id = ?`,
+		ref.AgentUID, ref.SessionID).Scan(&d.State, &notNull)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	d.State = store.StateFromColumn(d.State, notNull)
+	if d.Tail, err = tail(tx, ref.ActorKey, p.TailMessages); err != nil {
+		return err
+	}
+	d.Steers, err = attachedSteers(tx, ref.ActorKey, eventID)
+	return err
 }
 
 // nextAfterCommit is CommitTurnParams.Next (and ClaimActivationParams.First):
