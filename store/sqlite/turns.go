@@ -29,17 +29,25 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 	var d store.Dispatch
 	if p.Defer && p.Expect != nil {
 		deferred := false
+		var nd *store.NoDueEventError
 		err := s.read(ctx, "next delivery", func(tx *txn) (err error) {
 			var recorded string
 			d, recorded, err = nextDeliveryOf(tx, p, true)
 			deferred = err == nil && d.Agent == p.Expect.Agent && d.Delivery.Binding == p.Expect.Binding &&
 				store.Deferrable(d.Event.Attempts, recorded, len(d.Steers))
-			return nil // any answer but a deferred one is the writer's to give
+			if errors.As(err, &nd) {
+				return err
+			}
+			return nil // any other answer is the writer's to give
 		})
-		if err != nil {
+		switch {
+		case nd != nil:
+			// Nothing due, as of a snapshot: safe to act on (an event
+			// appended since wakes the caller, which asks again).
+			return store.Dispatch{}, nd
+		case err != nil:
 			return store.Dispatch{}, err
-		}
-		if deferred {
+		case deferred:
 			d.Deferred = true
 			return d, nil
 		}
