@@ -91,18 +91,8 @@ func ClassifyFence(ref abi.TurnRef, op FenceOp, rows FenceRows) error {
 			return fe(FenceSupersededDelivery, "delivery %s is %s, not created", ref.DeliveryID, d.State)
 		}
 	}
-	a := rows.Activation
-	switch {
-	case a == nil:
-		return fe(FenceStaleEpoch, "activation %s does not exist", ref.ActivationUID)
-	case !a.State.Live():
-		return fe(FenceStaleEpoch, "activation %s is %s", ref.ActivationUID, a.State)
-	case a.ActorEpoch != ref.ActorEpoch:
-		return fe(FenceStaleEpoch, "activation epoch %d, ref epoch %d", a.ActorEpoch, ref.ActorEpoch)
-	case a.Revision != ref.Revision:
-		return fe(FenceStaleRevision, "activation revision %d, ref revision %d", a.Revision, ref.Revision)
-	case a.CurrentEventID != ref.ActorEventID:
-		return fe(FenceSupersededDelivery, "activation current event %d, ref event %d", a.CurrentEventID, ref.ActorEventID)
+	if err := activationFence(ref, rows.Activation, ref.ActorEventID); err != nil {
+		return err
 	}
 	if !rows.DeliveryMatched {
 		switch {
@@ -125,10 +115,26 @@ func ClassifyFence(ref abi.TurnRef, op FenceOp, rows FenceRows) error {
 // all of them pass, the event no longer was the candidate
 // (superseded_delivery).
 func classifyPromote(ref abi.TurnRef, rows FenceRows) error {
+	// No current event: the deferred turn's is not set until it is written.
+	if err := activationFence(ref, rows.Activation, 0); err != nil {
+		return err
+	}
+	if rows.LeaseExpired {
+		return &FenceError{Reason: FenceExpiredLease, Detail: fmt.Sprintf("activation %s lease expired", ref.ActivationUID)}
+	}
+	// The activation passes: the event is what no longer does.
+	return &FenceError{Reason: FenceSupersededDelivery, Detail: fmt.Sprintf(
+		"event %d is no longer the session's next (closed, preceded by a redriven event, or its agent updated)", ref.ActorEventID)}
+}
+
+// activationFence is the activation's part of a fence classification, in
+// its order: gone, not live or another epoch (stale_epoch), another
+// revision (stale_revision), a current event other than current
+// (superseded_delivery); nil when a passes.
+func activationFence(ref abi.TurnRef, a *Activation, current int64) error {
 	fe := func(r FenceReason, format string, args ...any) error {
 		return &FenceError{Reason: r, Detail: fmt.Sprintf(format, args...)}
 	}
-	a := rows.Activation
 	switch {
 	case a == nil:
 		return fe(FenceStaleEpoch, "activation %s does not exist", ref.ActivationUID)
@@ -138,12 +144,8 @@ func classifyPromote(ref abi.TurnRef, rows FenceRows) error {
 		return fe(FenceStaleEpoch, "activation epoch %d, ref epoch %d", a.ActorEpoch, ref.ActorEpoch)
 	case a.Revision != ref.Revision:
 		return fe(FenceStaleRevision, "activation revision %d, ref revision %d", a.Revision, ref.Revision)
-	case a.CurrentEventID != 0:
-		return fe(FenceSupersededDelivery, "activation current event %d, deferred event %d", a.CurrentEventID, ref.ActorEventID)
-	case rows.LeaseExpired:
-		return fe(FenceExpiredLease, "activation %s lease expired", ref.ActivationUID)
+	case a.CurrentEventID != current:
+		return fe(FenceSupersededDelivery, "activation current event %d, ref event %d", a.CurrentEventID, ref.ActorEventID)
 	}
-	// The activation passes: the event is what no longer does.
-	return fe(FenceSupersededDelivery, "event %d is no longer the session's next (closed, preceded by a redriven event, or its agent updated)",
-		ref.ActorEventID)
+	return nil
 }

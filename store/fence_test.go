@@ -31,6 +31,14 @@ func TestClassifyFence(t *testing.T) {
 		want FenceReason
 	}{
 		{"no delivery", FenceCommit, FenceRows{}, FenceUnknownDelivery},
+		// FencePromote: no delivery yet; the activation idle, then the lease,
+		// then the event.
+		{"promote: no activation", FencePromote, FenceRows{}, FenceStaleEpoch},
+		{"promote: another epoch before a lapsed lease", FencePromote, FenceRows{Activation: act(func(a *Activation) { a.ActorEpoch, a.CurrentEventID = 4, 0 }), LeaseExpired: true}, FenceStaleEpoch},
+		{"promote: revision", FencePromote, FenceRows{Activation: act(func(a *Activation) { a.Revision, a.CurrentEventID = 2, 0 })}, FenceStaleRevision},
+		{"promote: a current event", FencePromote, FenceRows{Activation: act(nil)}, FenceSupersededDelivery},
+		{"promote: lease", FencePromote, FenceRows{Activation: act(func(a *Activation) { a.CurrentEventID = 0 }), LeaseExpired: true}, FenceExpiredLease},
+		{"promote: the activation passes, the event does not", FencePromote, FenceRows{Activation: act(func(a *Activation) { a.CurrentEventID = 0 })}, FenceSupersededDelivery},
 		{"other key", FenceCommit, FenceRows{Delivery: del(func(d *Delivery) { d.SessionID = "x" }), Activation: act(nil)}, FenceWrongActorKey},
 		{"delivery epoch before its revision", FenceCommit, FenceRows{Delivery: del(func(d *Delivery) { d.ActorEpoch, d.Revision = 2, 0 }), Activation: act(nil)}, FenceStaleEpoch},
 		{"delivery revision", FenceCommit, FenceRows{Delivery: del(func(d *Delivery) { d.Revision = 2 }), Activation: act(nil)}, FenceStaleRevision},
