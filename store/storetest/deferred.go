@@ -261,6 +261,9 @@ func testDeferredLostActivation(t *testing.T, b *bundle) {
 	snap := b.streamSnapshot(key)
 	_, err = b.commitDeferred(act, p, d, "MUST NOT BE WRITTEN")
 	wantFence(t, err, store.FenceExpiredLease, "commit of a deferred turn past its lease")
+	if after := b.streamSnapshot(key); after != snap {
+		t.Fatalf("a deferred commit past its lease wrote:\nbefore:\n%s\nafter:\n%s", snap, after)
+	}
 	// A newer activation: stale epoch, for the commit and the promotion.
 	_, err = b.s.ExpireActivation(b.ctx, store.ExpireActivationParams{Ref: act.Ref(), MaxAttempts: 5})
 	noErr(t, err, "ExpireActivation")
