@@ -26,7 +26,8 @@ func TestDefaultsAreValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Listen != "127.0.0.1:8080" || cfg.Store.Driver != "sqlite" || cfg.Policy.BackoffMin != 5*time.Second || cfg.Policy.BackoffMax != 120*time.Second || cfg.Pools["default"].Capacity < 1 {
+	if cfg.Listen != "127.0.0.1:8080" || cfg.Store.Driver != "sqlite" || cfg.Policy.BackoffMin != 5*time.Second || cfg.Policy.BackoffMax != 120*time.Second || cfg.Pools["default"].Capacity < 1 ||
+		cfg.Runtime.PromoteAfter != 50*time.Millisecond {
 		t.Errorf("unexpected defaults: %+v", cfg)
 	}
 }
@@ -106,6 +107,8 @@ func TestBadConfigIsRefusedNamingKeyValueAndReason(t *testing.T) {
 		{"unknown key in a list entry", "agents:\n  - name: a\n    module_file: a.wasm\n    modul: x\n", nil, []string{"modul"}},
 		{"unknown key in a pool", "pools:\n  default:\n    capacty: 3\n", nil, []string{"capacty"}},
 		{"bad duration", "runtime:\n  lease_ttl: soon\n", nil, []string{"lease_ttl", "soon"}},
+		{"negative promote_after", "runtime:\n  promote_after: -1ms\n", nil, []string{"runtime.promote_after", "-1ms", "between 0 (off) and 10s"}},
+		{"promote_after past the lease", "runtime:\n  lease_ttl: 2s\n  promote_after: 3s\n", nil, []string{"runtime.promote_after", "3s", "less than runtime.lease_ttl"}},
 		{"bad driver", "store:\n  driver: mysql\n", nil, []string{"store.driver", "mysql", "sqlite or postgres"}},
 		{"postgres without dsn", "store:\n  driver: postgres\n", nil, []string{"store.dsn", "required"}},
 		{"backoff bounds reversed", "policy:\n  backoff_min: 10s\n  backoff_max: 1s\n", nil, []string{"policy.backoff_max", "1s"}},
