@@ -100,7 +100,10 @@ type Policy struct {
 	// is dispatched deferred — read, not written — and written whole by
 	// its commit, unless it makes a host call, streams, waits or fails
 	// first, or runs this long, which promote it (docs/DESIGN.md "Deferred
-	// dispatch"). 0: every dispatch is written at once.
+	// dispatch"). 0 (or less): every dispatch is written at once. The
+	// configuration bounds it to 10s and below LeaseTTL (runtime.
+	// promote_after): a deferred turn is not in flight, so the lease is
+	// what bounds how long its session waits after a crash.
 	PromoteAfter time.Duration
 	// RestartIntensity and RestartPeriod: more controller panics than this
 	// within the period make the attempt count as a crash (OTP intensity).

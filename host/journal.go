@@ -153,7 +153,7 @@ func (c *journalCaller) Call(ctx context.Context, req *abi.CallRequest) *abi.Cal
 		// A deferred turn is written before its first call: the journal
 		// records under its delivery, and the request leaves the host.
 		if err := c.promote(ctx); err != nil {
-			return cancelled("the turn could not be written before its host call; it will not commit")
+			return cancelled("the turn could not be written before its host call")
 		}
 	}
 	c.mu.Lock()

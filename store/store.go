@@ -487,8 +487,8 @@ type Store interface {
 	// created sent and turn.started appended — only if, inside the
 	// transaction, the activation is still live and idle at that epoch and
 	// revision with an unexpired lease, the event is still the session's
-	// due candidate and the agent still runs what the dispatch read (or the
-	// event is bound to it). Otherwise nothing is written and it returns a
+	// due candidate (first attempt, no binding recorded) and the agent still
+	// runs what the dispatch read. Otherwise nothing is written and it returns a
 	// *FenceError classified by ClassifyFence with FencePromote (the
 	// activation not live or of another epoch: stale_epoch; another
 	// revision: stale_revision; lease expired: expired_lease; another
@@ -899,8 +899,11 @@ type NextDeliveryParams struct {
 	// the same either way.
 	Expect *ExpectedBinding
 	// Defer asks for a deferred dispatch (Dispatch.Deferred): the event is
-	// chosen as usual and nothing is written. A driver defers only what
-	// Deferrable allows and takes anything else at once (Deferred false).
+	// chosen as usual and nothing is written. It needs Expect (ignored
+	// without it): a driver defers only what Deferrable allows and only
+	// while the agent is Expect.Agent (so the binding is Expect.Binding,
+	// whose worker the caller knows runs in its process), and takes
+	// anything else at once (Deferred false).
 	// Only for workers in this process whose turn's bytes never leave it
 	// before the caller promotes (invariant 9): the caller must Promote
 	// before anything of the turn is written or sent (a host call, a
@@ -909,15 +912,18 @@ type NextDeliveryParams struct {
 	Defer bool
 }
 
-// PromoteParams are Promote's inputs, and CommitTurnParams.Deferred's.
+// PromoteParams are Promote's inputs, and CommitTurnParams.Deferred's
+// (PromoteOf builds them from the dispatch).
 type PromoteParams struct {
 	// Activation is the activation that dispatched (its ref, lease id
 	// included).
 	Activation ActivationRef
-	// Dispatch is the deferred dispatch: its Delivery (id, epoch,
-	// revision, event, binding) and Agent are what is written and checked.
+	// Delivery is the deferred dispatch's delivery (id, epoch, revision,
+	// event, binding): what is written, and checked against the rows.
 	Delivery Delivery
-	Agent    AgentBinding
+	// Agent is what the agent ran as the dispatch read it
+	// (Dispatch.Agent): the write is refused when the agent changed.
+	Agent AgentBinding
 	// BlockOnDeadLetter as the dispatch's NextDeliveryParams had it.
 	BlockOnDeadLetter bool
 }

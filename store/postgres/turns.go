@@ -177,10 +177,10 @@ var deferredReadSQL = `
 	SELECT ` + eventCols + `, c_epoch, c_revision, c_kind, c_digest, c_plugin, c_sha, c_namespace
 	FROM c, actor_events WHERE event_id = (SELECT c_event FROM c)`
 
-// deferredDispatch is NextDelivery with p.Defer (and p.Expect): one read
-// round trip outside a transaction on the pool, off the group commit's
-// pipe — the candidate (deferredReadSQL), the session with its state and
-// the tail — and nothing written. ok is false, and the caller takes the
+// deferredDispatch is NextDelivery with p.Defer (and p.Expect): the
+// candidate (deferredReadSQL), the session with its state and the tail,
+// read in the group commit's batch (reads) — alone on the pool without
+// the group commit, or when the batch rolled back — and nothing written. ok is false, and the caller takes the
 // event as usual, when there is no candidate, store.Deferrable refuses it
 // or the agent no longer is what p.Expect says (Bind must run). The
 // statements' snapshots differ; the session's state is written only by
