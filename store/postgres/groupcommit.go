@@ -16,8 +16,8 @@ import (
 
 // Group commit. Concurrent requests of every kind the host sends per turn
 // — appends (signals to different sessions from many API requests) and
-// audit rows, turn commits, one-statement dispatches and activation claims
-// — go out together: one batch of their statements in one implicit
+// audit rows, turn commits, one-statement dispatches, deferred dispatches'
+// reads and promotions, and activation claims — go out together: one batch of their statements in one implicit
 // transaction, one round trip and one WAL flush for all of them, instead
 // of one each. There is no waiting window: the flusher takes whatever
 // queued while the previous batch was in flight, so a lone request goes
@@ -321,6 +321,7 @@ type groups struct {
 	commits     *group[commitIn, commitRes]
 	claims      *group[store.NextDeliveryParams, claimRes]
 	reads       *group[store.NextDeliveryParams, readRes]
+	promotes    *group[store.PromoteParams, claimRes]
 	activations *group[store.ClaimActivationParams, activationRes]
 }
 
@@ -364,6 +365,13 @@ func newGroups(s *Store) groups {
 				return func() readRes { return readRes{r: r} }
 			},
 			solo: readRes{}, failed: func(err error) readRes { return readRes{err: err} }},
+		promotes: &group[store.PromoteParams, claimRes]{b: b, order: rankLocksActivation,
+			key: func(p store.PromoteParams) store.ActorKey { return p.Activation.ActorKey },
+			prepare: func(b *pgx.Batch, p store.PromoteParams) func() claimRes {
+				c := queueClaimOf(b, promoteClaim(p), &p.Delivery)
+				return func() claimRes { return claimRes{taken: c.taken} }
+			},
+			solo: claimRes{solo: true}, failed: func(err error) claimRes { return claimRes{err: err} }},
 		activations: &group[store.ClaimActivationParams, activationRes]{b: b, order: rankLocksActivation,
 			key: func(p store.ClaimActivationParams) store.ActorKey { return p.Key },
 			prepare: func(b *pgx.Batch, p store.ClaimActivationParams) func() activationRes {
@@ -431,8 +439,9 @@ type commitRes struct {
 }
 
 // claimRes is a dispatch's answer from its batch: one-statement claims
-// (NextDelivery with an expectation, queueClaim). A claim that takes
-// nothing answers no row.
+// (NextDelivery with an expectation, queueClaim) and promotions (Promote,
+// whose answer is taken alone). A claim that takes nothing answers no
+// row.
 type claimRes struct {
 	d     store.Dispatch
 	taken bool

@@ -120,8 +120,8 @@ type Store struct {
 	subs      sync.WaitGroup
 
 	// groupCommit sends concurrent appends and audit rows, commits,
-	// one-statement dispatches, deferred dispatches' reads and activation
-	// claims in shared batches (groups, one batcher).
+	// one-statement dispatches, deferred dispatches' reads and promotions
+	// and activation claims in shared batches (groups, one batcher).
 	groupCommit bool
 	groups
 

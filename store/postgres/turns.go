@@ -263,6 +263,19 @@ func (r *deferredRead) dispatch() (d store.Dispatch, ok bool) {
 // It is claimDeliverySQL for that event at that revision, in one round
 // trip and implicit transaction on the pipe.
 func (s *Store) Promote(ctx context.Context, p store.PromoteParams) error {
+	if s.groupCommit {
+		// With the requests of other sessions that arrived meanwhile (the
+		// group commit); a batch that rolled back sends it alone.
+		if r := s.promotes.do(ctx, p); !r.solo {
+			if r.err != nil {
+				return wrap("promote", dispatchErr(p.Delivery.ID, r.err))
+			}
+			if !r.taken {
+				return s.explainPromote(ctx, p)
+			}
+			return nil
+		}
+	}
 	var c *claim
 	err := s.pipeTxDo(ctx, "promote", func(ctx context.Context, tx txConn) error {
 		b := &pgx.Batch{}

@@ -91,6 +91,19 @@ func Exercise(t *testing.T, newStore func(t *testing.T) store.Store) {
 	}
 }
 
+// ExerciseDeferred runs only the deferred-dispatch cases (Deferred/…),
+// for a driver's other configuration of the same paths (PostgreSQL
+// without its group commit).
+func ExerciseDeferred(t *testing.T, newStore func(t *testing.T) store.Store) {
+	t.Helper()
+	for _, c := range append(deferredCases(), deferredAttackCases()...) {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.fn(t, setup(t, newStore))
+		})
+	}
+}
+
 // bundle is one case's store with a registered module and agent.
 type bundle struct {
 	t     *testing.T
