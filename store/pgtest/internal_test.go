@@ -1,6 +1,7 @@
 package pgtest
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -46,5 +47,34 @@ func TestDBNameIsValid(t *testing.T) {
 		if len(n) > 63 || strings.Trim(n, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
 			t.Errorf("invalid database name %q", n)
 		}
+	}
+}
+
+// TestDeadlockReportsQuoteEachReportWhole: every "deadlock detected"
+// ERROR of the server log comes back with the lines after it (the
+// processes, the locks and the statement), and a log without one gives "".
+func TestDeadlockReportsQuoteEachReportWhole(t *testing.T) {
+	c := &cluster{dir: t.TempDir()}
+	if got := c.deadlockReports(); got != "" {
+		t.Fatalf("no log: %q, want empty", got)
+	}
+	log := strings.Join([]string{
+		"2026-12-03 10:54:45.969 UTC [14506] ERROR:  new row violates check constraint",
+		"2026-12-03 10:54:46.100 UTC [14600] ERROR:  deadlock detected",
+		"2026-12-03 10:54:46.100 UTC [14600] DETAIL:  Process 14600 waits for ShareLock on transaction 901; blocked by process 14601.",
+		"\tProcess 14601 waits for ShareLock on transaction 900; blocked by process 14600.",
+		"2026-12-03 10:54:46.100 UTC [14600] STATEMENT:  UPDATE activations SET x = 1",
+	}, "\n") + "\n"
+	if err := os.WriteFile(c.logFile(), []byte(log), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := c.deadlockReports()
+	for _, want := range []string{"deadlock detected", "Process 14601 waits", "STATEMENT:  UPDATE activations"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("reports %q lack %q", got, want)
+		}
+	}
+	if strings.Contains(got, "check constraint") {
+		t.Errorf("reports %q quote an unrelated error", got)
 	}
 }

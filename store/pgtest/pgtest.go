@@ -188,6 +188,11 @@ func (h *harness) shutdown(failed bool) error {
 	}
 	if failed {
 		fmt.Fprintf(os.Stderr, "pgtest: tests failed; tail of the server log %s:\n%s\n", h.cluster.logFile(), h.cluster.logTail())
+		if d := h.cluster.deadlockReports(); d != "" {
+			// A test that counts deadlocks fails long before the tail:
+			// which statements and locks each involved.
+			fmt.Fprintf(os.Stderr, "pgtest: deadlocks the server reported:\n%s\n", d)
+		}
 	}
 	return h.cluster.stop()
 }
@@ -438,6 +443,26 @@ func (c *cluster) logTail() string {
 		}
 	}
 	return string(b)
+}
+
+// deadlockReports returns each "deadlock detected" report of the server
+// log — its ERROR line and the lines after it (DETAIL names the processes
+// and the locks they waited for, CONTEXT and STATEMENT the statement) —
+// or "" when there is none.
+func (c *cluster) deadlockReports() string {
+	b, err := os.ReadFile(c.logFile())
+	if err != nil {
+		return ""
+	}
+	var out []string
+	lines := strings.Split(string(b), "\n")
+	for i, l := range lines {
+		if strings.Contains(l, "deadlock detected") && strings.Contains(l, "ERROR:") {
+			out = append(out, lines[i:min(i+16, len(lines))]...)
+			out = append(out, "---")
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // findBinDir locates the directory holding initdb and pg_ctl: pg_config
