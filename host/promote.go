@@ -163,3 +163,35 @@ func (pr *promotion) stop() {
 		pr.timer.Stop()
 	}
 }
+
+// defers reports whether this activation's next dispatch may be deferred
+// (docs/DESIGN.md "Deferred dispatch"): promotion is on, and what the agent
+// ran at the last dispatch runs in this process.
+func (a *activationRun) defers() bool {
+	if a.h.set.PromoteAfter <= 0 || a.expect == nil {
+		return false
+	}
+	return a.inProcess(a.expect.Binding)
+}
+
+// inProcess reports whether binding's turns run in this process
+// (InProcessRunner).
+func (a *activationRun) inProcess(binding string) bool {
+	r, ok := a.h.runner.(InProcessRunner)
+	return ok && r.InProcess(binding)
+}
+
+// settle promotes a deferred turn before its failure or hold is recorded
+// (a failed attempt is written under its delivery). false: the promotion
+// was refused — the event moved on (cancelled, preceded, its agent
+// updated) or the activation was lost — or the store failed; nothing of
+// the attempt is recorded, and the loop asks the store again.
+func (a *activationRun) settle(pr *promotion) bool {
+	err := pr.ensure(context.Background())
+	if err == nil {
+		return true
+	}
+	a.log.Info("deferred turn not written: its attempt is not recorded", "err", err)
+	a.nothingOpen, a.nextOpen, a.backlog = false, true, false
+	return false
+}
