@@ -107,20 +107,28 @@ func fireBatch(ctx context.Context, tx pgx.Tx, n int) (int, []store.ActorKey, er
 	// The oldest due alarms, ties by actor key (so that alarms of one
 	// session due at one instant tend to go in one batch rather than make
 	// concurrent batches wait on the same session row). The alarms' row
-	// locks (SKIP LOCKED), then the sessions': the CTE
-	// holding FOR UPDATE is evaluated, and its rows locked, before the
-	// outer locking clause locks the joined session rows, which it does in
-	// the sorted order (the lock is taken above the sort).
+	// locks (SKIP LOCKED), then the sessions': the CTE holding FOR UPDATE
+	// is evaluated, and its rows locked, before s locks each of their
+	// sessions once, in key order (the lock is taken above the sort).
+	// Once: a join that locked a session row per alarm would lock it a
+	// second time from the version its snapshot saw, and when a commit had
+	// updated that row meanwhile, the second lock queues for the old
+	// version's tuple lock behind a locker that waits for this
+	// transaction — a deadlock (seen in TestLifecycleHammerHasNoDeadlocks).
 	rows, err := tx.Query(ctx, `
 		WITH a AS (
 			SELECT agent_uid, session_id, name, due_at, every_ms, data FROM alarms
 			WHERE due_at <= clock_timestamp()
 			ORDER BY due_at, agent_uid, session_id, name LIMIT $1
-			FOR UPDATE SKIP LOCKED)
+			FOR UPDATE SKIP LOCKED),
+		s AS MATERIALIZED (
+			SELECT agent_uid, session_id, status FROM sessions
+			WHERE (agent_uid, session_id) IN (SELECT agent_uid, session_id FROM a)
+			ORDER BY agent_uid, session_id
+			FOR NO KEY UPDATE)
 		SELECT a.agent_uid, a.session_id, a.name, a.due_at, a.every_ms, a.data, s.status
-		FROM a JOIN sessions s ON s.agent_uid = a.agent_uid AND s.session_id = a.session_id
-		ORDER BY a.agent_uid, a.session_id, a.due_at, a.name
-		FOR NO KEY UPDATE OF s`, n)
+		FROM a JOIN s ON s.agent_uid = a.agent_uid AND s.session_id = a.session_id
+		ORDER BY a.agent_uid, a.session_id, a.due_at, a.name`, n)
 	if err != nil {
 		return 0, nil, err
 	}
