@@ -477,7 +477,7 @@ func failEvent(ctx context.Context, tx pgx.Tx, f failure) (store.FailResult, err
 		upd AS (
 			UPDATE actor_events e
 			SET attempts = $1, last_error = $2, next_attempt_at = now.t + $3 * interval '1 microsecond',
-			    status = $4, closed_at = CASE WHEN $4 = 'open' THEN e.closed_at ELSE now.t END
+			    status = $4::text, closed_at = CASE WHEN $4::text = 'open' THEN e.closed_at ELSE now.t END
 			FROM now
 			WHERE `+byID("e.", "$5", "e.agent_uid = $6 AND e.session_id = $7 AND e.status = 'open'")+`
 			  AND e.attempts = $9

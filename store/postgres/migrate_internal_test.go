@@ -3,12 +3,14 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io/fs"
 	"reflect"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -383,5 +385,70 @@ func TestMigration00007AddsTheStream(t *testing.T) {
 	}
 	if _, err := p.Up(ctx); err != nil {
 		t.Fatalf("up again: %v", err)
+	}
+}
+
+// TestMigration00014KeepsEveryCheck applies every migration, writes a
+// session with an event, an activation, a delivery and a stream frame,
+// then tries each value the old CHECK constraints refused: each is refused
+// with a check violation (23514) by the column's domain. 00014 goes down
+// with those rows in place (the table CHECKs back, the rows still valid)
+// and up again.
+func TestMigration00014KeepsEveryCheck(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, pool, p := migrationProvider(ctx, t)
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("up: %v", err)
+	}
+	_, err := pool.Exec(ctx, `
+		INSERT INTO modules (digest, abi_version, size, bytes) VALUES ('sha256:m', 1, 1, '\x00');
+		INSERT INTO module_namespaces (namespace, digest) VALUES ('default', 'sha256:m');
+		INSERT INTO agents (agent_uid, name, module_digest, crash_policy) VALUES ('a', 'agent', 'sha256:m', 'sleep');
+		INSERT INTO sessions (agent_uid, session_id, crash_policy, last_event_seq) VALUES ('a', 's', 'sleep', 1);
+		INSERT INTO actor_events (agent_uid, session_id, seq, kind, payload, next_attempt_at, accepted_at)
+		VALUES ('a', 's', 1, 'message', '{}', clock_timestamp(), clock_timestamp());
+		INSERT INTO activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id, host_id, lease_expires_at,
+			state)
+		VALUES ('act', 'a', 's', 1, 'l', 'h', clock_timestamp(), 'active');
+		INSERT INTO deliveries (delivery_id, agent_uid, session_id, activation_uid, actor_epoch, event_id, revision, state)
+		SELECT 'd', 'a', 's', 'act', 1, event_id, 0, 'sent' FROM actor_events;
+		INSERT INTO stream_heads (agent_uid, session_id, last_seq) VALUES ('a', 's', 1);
+		INSERT INTO stream_frames (agent_uid, session_id, seq, kind, body) VALUES ('a', 's', 1, 'turn.started', '{}');`)
+	if err != nil {
+		t.Fatalf("valid rows: %v", err)
+	}
+	refused := func() {
+		t.Helper()
+		for _, bad := range []string{
+			`UPDATE sessions SET status = 'asleep'`,
+			`UPDATE sessions SET crash_policy = 'retry'`,
+			`UPDATE actor_events SET status = 'closed'`,
+			`UPDATE actor_events SET traceparent = repeat('x', 257)`,
+			`UPDATE activations SET state = 'running'`,
+			`UPDATE deliveries SET state = 'lost'`,
+			`UPDATE stream_frames SET seq = 0`,
+			`UPDATE stream_heads SET last_seq = 0`,
+		} {
+			_, err := pool.Exec(ctx, bad)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
+				t.Errorf("%s: err = %v; want a check violation (23514)", bad, err)
+			}
+		}
+	}
+	refused()
+	if _, err := p.DownTo(ctx, 13); err != nil {
+		t.Fatalf("down to 13: %v", err)
+	}
+	refused()
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+	refused()
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM actor_events WHERE status = 'open'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("open events after down and up = %d, %v; want 1", n, err)
 	}
 }

@@ -112,8 +112,8 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 				RETURNING 1)
 			INSERT INTO deliveries (delivery_id, agent_uid, session_id, activation_uid, actor_epoch, event_id,
 				revision, state, binding, sent_at)
-			SELECT $1, $2, $3, $4, $5, $6, $7, $8, coalesce(e.binding, ''),
-				CASE WHEN $8 = 'sent' THEN clock_timestamp() END
+			SELECT $1, $2, $3, $4, $5, $6, $7, $8::text, coalesce(e.binding, ''),
+				CASE WHEN $8::text = 'sent' THEN clock_timestamp() END
 			FROM actor_events e, cur
 			WHERE e.event_id = $6
 			  AND paddock_check(EXISTS (SELECT 1 FROM actor_events WHERE `+byID("", "$6", "status = 'open'")+`), $9)`,
