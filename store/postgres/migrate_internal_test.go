@@ -389,11 +389,12 @@ func TestMigration00007AddsTheStream(t *testing.T) {
 }
 
 // TestMigration00014KeepsEveryCheck applies every migration, writes a
-// session with an event, an activation, a delivery and a stream frame,
+// session with an event, an activation, a delivery, a stream frame, a
+// journal row and a wait,
 // then tries each value the old CHECK constraints refused: each is refused
 // with a check violation (23514) by the column's domain. 00014 goes down
 // with those rows in place (the table CHECKs back, the rows still valid)
-// and up again.
+// and up again, rewriting no table.
 func TestMigration00014KeepsEveryCheck(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -415,7 +416,12 @@ func TestMigration00014KeepsEveryCheck(t *testing.T) {
 		INSERT INTO deliveries (delivery_id, agent_uid, session_id, activation_uid, actor_epoch, event_id, revision, state)
 		SELECT 'd', 'a', 's', 'act', 1, event_id, 0, 'sent' FROM actor_events;
 		INSERT INTO stream_heads (agent_uid, session_id, last_seq) VALUES ('a', 's', 1);
-		INSERT INTO stream_frames (agent_uid, session_id, seq, kind, body) VALUES ('a', 's', 1, 'turn.started', '{}');`)
+		INSERT INTO stream_frames (agent_uid, session_id, seq, kind, body) VALUES ('a', 's', 1, 'turn.started', '{}');
+		INSERT INTO host_calls (agent_uid, session_id, event_id, seq, actor_epoch, kind, destination, request_digest,
+			result, started_at)
+		SELECT 'a', 's', event_id, 1, 1, 'model', 'm', 'sha256:r', '\x00', clock_timestamp() FROM actor_events;
+		INSERT INTO waits (agent_uid, session_id, wait_id, kind, event_id, created_at)
+		SELECT 'a', 's', 'w', 'approval', event_id, clock_timestamp() FROM actor_events;`)
 	if err != nil {
 		t.Fatalf("valid rows: %v", err)
 	}
@@ -430,6 +436,11 @@ func TestMigration00014KeepsEveryCheck(t *testing.T) {
 			`UPDATE deliveries SET state = 'lost'`,
 			`UPDATE stream_frames SET seq = 0`,
 			`UPDATE stream_heads SET last_seq = 0`,
+			`UPDATE host_calls SET seq = 0`,
+			`UPDATE host_calls SET kind = 'tool'`,
+			`UPDATE host_calls SET request_digest = ''`,
+			`UPDATE waits SET kind = 'timer'`,
+			`UPDATE waits SET status = 'done'`,
 		} {
 			_, err := pool.Exec(ctx, bad)
 			var pgErr *pgconn.PgError
@@ -443,10 +454,27 @@ func TestMigration00014KeepsEveryCheck(t *testing.T) {
 		t.Fatalf("down to 13: %v", err)
 	}
 	refused()
+	files := func() map[string]uint32 {
+		t.Helper()
+		out := map[string]uint32{}
+		for _, table := range []string{"sessions", "actor_events", "activations", "deliveries", "stream_frames",
+			"stream_heads", "host_calls", "waits"} {
+			var f uint32
+			if err := pool.QueryRow(ctx, `SELECT relfilenode FROM pg_class WHERE oid = $1::regclass`, table).Scan(&f); err != nil {
+				t.Fatalf("relfilenode of %s: %v", table, err)
+			}
+			out[table] = f
+		}
+		return out
+	}
+	before := files()
 	if _, err := p.Up(ctx); err != nil {
 		t.Fatalf("up again: %v", err)
 	}
 	refused()
+	if after := files(); !reflect.DeepEqual(after, before) {
+		t.Errorf("tables' files %v before 00014, %v after: a table was rewritten", before, after)
+	}
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM actor_events WHERE status = 'open'`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("open events after down and up = %d, %v; want 1", n, err)
