@@ -52,8 +52,9 @@ const fireBatchMax = 128
 // Several hosts may run it at once. Each transaction claims the oldest due
 // alarms with FOR UPDATE SKIP LOCKED (racing callers take different alarms
 // instead of queueing on one), then, in the lock order of the package
-// (alarms, then sessions, these sorted by actor key so that two batches
-// cannot deadlock), locks their sessions' rows and, for each alarm, appends
+// (alarms, then sessions, these sorted by actor key), locks their sessions'
+// rows — skipping a session another transaction holds, whose alarms stay
+// due for a later call — and, for each alarm, appends
 // the event with the idempotency key "alarm:<name>:<due unix ms>" — a key
 // already used means this (session, alarm, due time) already fired, and
 // nothing is appended — waking a sleeping session and notifying listeners,
@@ -109,12 +110,16 @@ func fireBatch(ctx context.Context, tx pgx.Tx, n int) (int, []store.ActorKey, er
 	// concurrent batches wait on the same session row). The alarms' row
 	// locks (SKIP LOCKED), then the sessions': the CTE holding FOR UPDATE
 	// is evaluated, and its rows locked, before s locks each of their
-	// sessions once, in key order (the lock is taken above the sort).
-	// Once: a join that locked a session row per alarm would lock it a
-	// second time from the version its snapshot saw, and when a commit had
-	// updated that row meanwhile, the second lock queues for the old
-	// version's tuple lock behind a locker that waits for this
-	// transaction — a deadlock (seen in TestLifecycleHammerHasNoDeadlocks).
+	// sessions once, in key order (the lock is taken above the sort; the
+	// "C" collation is the byte order the group commit sorts by), skipping
+	// a session another transaction holds: its alarms stay due and fire in
+	// a later sweep. Never waiting for a session row is what keeps the
+	// sweep out of deadlocks: it holds alarm rows of several sessions, and
+	// a group-commit batch may hold one of those sessions' row while it
+	// sets an alarm of another. Once: a join that locked a session row per
+	// alarm locked it a second time from the version its snapshot saw,
+	// which could queue for that version's tuple lock behind a locker
+	// waiting for this transaction (seen in TestLifecycleHammerHasNoDeadlocks).
 	rows, err := tx.Query(ctx, `
 		WITH a AS (
 			SELECT agent_uid, session_id, name, due_at, every_ms, data FROM alarms
@@ -124,8 +129,8 @@ func fireBatch(ctx context.Context, tx pgx.Tx, n int) (int, []store.ActorKey, er
 		s AS MATERIALIZED (
 			SELECT agent_uid, session_id, status FROM sessions
 			WHERE (agent_uid, session_id) IN (SELECT agent_uid, session_id FROM a)
-			ORDER BY agent_uid, session_id
-			FOR NO KEY UPDATE)
+			ORDER BY agent_uid COLLATE "C", session_id COLLATE "C"
+			FOR NO KEY UPDATE SKIP LOCKED)
 		SELECT a.agent_uid, a.session_id, a.name, a.due_at, a.every_ms, a.data, s.status
 		FROM a JOIN s ON s.agent_uid = a.agent_uid AND s.session_id = a.session_id
 		ORDER BY a.agent_uid, a.session_id, a.due_at, a.name`, n)

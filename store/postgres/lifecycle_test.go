@@ -263,6 +263,51 @@ func TestAlarmReSetToTheSameDueTimeDoesNotFireTwice(t *testing.T) {
 	}
 }
 
+// TestAlarmSweepSkipsAHeldSession: the sweep never waits for a session row
+// (a wait could close a cycle with a group-commit batch that holds that row
+// while it sets an alarm of another session the sweep holds). With session
+// A's row locked by another transaction, a sweep fires B's due alarm at once
+// and leaves A's due; once A is free the next sweep fires it.
+func TestAlarmSweepSkipsAHeldSession(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	s, err := postgres.Open(context.Background(), dsn)
+	must(t, err, "Open")
+	t.Cleanup(func() { _ = s.Close() })
+	f := newFixtureOn(t, s)
+	due := time.Now().Add(-time.Minute).Truncate(time.Millisecond).UTC()
+	keyA := f.key
+	f.setAlarms(abi.AlarmOp{Name: "a", At: &due})
+	f.key = f.session(keyA.AgentUID)
+	keyB := f.key
+	f.setAlarms(abi.AlarmOp{Name: "b", At: &due})
+
+	conn, err := pgx.Connect(f.ctx, dsn)
+	must(t, err, "connect")
+	defer func() { _ = conn.Close(f.ctx) }()
+	tx, err := conn.Begin(f.ctx)
+	must(t, err, "begin")
+	_, err = tx.Exec(f.ctx, `SELECT 1 FROM sessions WHERE agent_uid = $1 AND session_id = $2 FOR NO KEY UPDATE`,
+		keyA.AgentUID, keyA.SessionID)
+	must(t, err, "lock session A")
+	ctx, cancel := context.WithTimeout(f.ctx, 20*time.Second)
+	defer cancel()
+	got, err := s.FireDueAlarms(ctx, 10)
+	must(t, err, "FireDueAlarms while A is held")
+	if len(got) != 1 || got[0] != keyB {
+		t.Fatalf("sweep with A held fired %v, want [%v]", got, keyB)
+	}
+	must(t, tx.Commit(f.ctx), "release session A")
+	got, err = s.FireDueAlarms(ctx, 10)
+	must(t, err, "FireDueAlarms")
+	if len(got) != 1 || got[0] != keyA {
+		t.Fatalf("sweep after A was released fired %v, want [%v]", got, keyA)
+	}
+	if n := len(alarmFirings(t, s, []store.ActorKey{keyA, keyB})); n != 2 {
+		t.Fatalf("%d alarm events, want 2 (one per session)", n)
+	}
+}
+
 // TestLifecycleWritesNotify checks the wake-ups: steer, cancel, redrive,
 // wake, destroy and an alarm firing each notify the key (LISTEN/NOTIFY, in
 // the same transaction).
