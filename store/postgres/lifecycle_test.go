@@ -270,11 +270,8 @@ func TestAlarmReSetToTheSameDueTimeDoesNotFireTwice(t *testing.T) {
 // and leaves A's due; once A is free the next sweep fires it.
 func TestAlarmSweepSkipsAHeldSession(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.DSN(t)
-	s, err := postgres.Open(context.Background(), dsn)
-	must(t, err, "Open")
-	t.Cleanup(func() { _ = s.Close() })
-	f := newFixtureOn(t, s)
+	dsn, f := fixtureOnOwnStore(t)
+	s := f.s
 	due := time.Now().Add(-time.Minute).Truncate(time.Millisecond).UTC()
 	keyA := f.key
 	f.setAlarms(abi.AlarmOp{Name: "a", At: &due})

@@ -11,8 +11,6 @@ import (
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
-	"github.com/paddock-dev/paddock/store/pgtest"
-	"github.com/paddock-dev/paddock/store/postgres"
 )
 
 // claimUnderHeldLock runs the one-round-trip dispatch
@@ -75,15 +73,11 @@ func claimUnderHeldLock(t *testing.T, dsn string, f *fixture, a store.Activation
 // controller holds after it.
 func primedFixture(t *testing.T) (string, *fixture, store.Activation, *store.ExpectedBinding) {
 	t.Helper()
-	dsn := pgtest.DSN(t)
-	s, err := postgres.Open(context.Background(), dsn)
-	must(t, err, "Open")
-	t.Cleanup(func() { _ = s.Close() })
-	f := newFixtureOn(t, s)
+	dsn, f := fixtureOnOwnStore(t)
 	f.append("prime")
 	a := f.claim(time.Hour)
 	d := f.next(a)
-	_, err = f.commit(d.Delivery.TurnRef())
+	_, err := f.commit(d.Delivery.TurnRef())
 	must(t, err, "commit")
 	return dsn, f, a, &store.ExpectedBinding{Agent: d.Agent, Binding: "sha256:test"}
 }

@@ -65,6 +65,18 @@ func newFixtureOn(t testing.TB, s *postgres.Store) *fixture {
 	return f
 }
 
+// fixtureOnOwnStore is newFixtureOn on a store of its own, opened on a
+// database of its own, and that database's DSN (for a second connection
+// or store).
+func fixtureOnOwnStore(t *testing.T) (string, *fixture) {
+	t.Helper()
+	dsn := pgtest.DSN(t)
+	s, err := postgres.Open(context.Background(), dsn)
+	must(t, err, "Open")
+	t.Cleanup(func() { _ = s.Close() })
+	return dsn, newFixtureOn(t, s)
+}
+
 func (f *fixture) session(agentUID string) store.ActorKey {
 	f.t.Helper()
 	ss, _, err := f.s.CreateSession(f.ctx, store.CreateSessionParams{AgentUID: agentUID, SessionID: uuid.NewString()})
@@ -316,11 +328,7 @@ func TestErrorsArePrefixed(t *testing.T) {
 // lost, so the test appends until one arrives).
 func TestSubscribeReconnects(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.DSN(t)
-	s, err := postgres.Open(context.Background(), dsn)
-	must(t, err, "Open")
-	t.Cleanup(func() { _ = s.Close() })
-	f := newFixtureOn(t, s)
+	dsn, f := fixtureOnOwnStore(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ch, err := f.s.Subscribe(ctx)

@@ -8,8 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/paddock-dev/paddock/store"
-	"github.com/paddock-dev/paddock/store/pgtest"
-	"github.com/paddock-dev/paddock/store/postgres"
 )
 
 // TestRenewLeasesSkipsRowsATurnHolds: lease renewal does not wait for an
@@ -18,11 +16,8 @@ import (
 // renews it on the next round. A lease that is really lost is not reported.
 func TestRenewLeasesSkipsRowsATurnHolds(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.DSN(t)
-	s, err := postgres.Open(context.Background(), dsn)
-	must(t, err, "Open")
-	t.Cleanup(func() { _ = s.Close() })
-	f := newFixtureOn(t, s)
+	dsn, f := fixtureOnOwnStore(t)
+	s := f.s
 	busyKey := f.key
 	f.append("busy")
 	busy := f.claim(time.Minute)
@@ -75,11 +70,8 @@ func TestRenewLeasesSkipsRowsATurnHolds(t *testing.T) {
 // lose its lease to its own turns.
 func TestRenewLeasesWaitsForARowSkippedTooLong(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.DSN(t)
-	s, err := postgres.Open(context.Background(), dsn)
-	must(t, err, "Open")
-	t.Cleanup(func() { _ = s.Close() })
-	f := newFixtureOn(t, s)
+	dsn, f := fixtureOnOwnStore(t)
+	s := f.s
 	f.append("busy")
 	const ttl = 4 * time.Second
 	busy := f.claim(ttl)

@@ -10,8 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/paddock-dev/paddock/store"
-	"github.com/paddock-dev/paddock/store/pgtest"
-	"github.com/paddock-dev/paddock/store/postgres"
 )
 
 // TestWatchdogDoesNotQueueBehindAStalledTransaction: a host stalled inside a
@@ -26,11 +24,8 @@ import (
 // activation until it resumed.
 func TestWatchdogDoesNotQueueBehindAStalledTransaction(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.DSN(t)
-	s, err := postgres.Open(context.Background(), dsn)
-	must(t, err, "Open")
-	t.Cleanup(func() { _ = s.Close() })
-	f := newFixtureOn(t, s)
+	dsn, f := fixtureOnOwnStore(t)
+	s := f.s
 	stalledKey := f.key
 	other := f.session(f.key.AgentUID)
 
