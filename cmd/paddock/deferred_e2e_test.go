@@ -1,8 +1,6 @@
 package main
 
 import (
-	"os"
-	"strings"
 	"testing"
 	"time"
 )
@@ -24,18 +22,8 @@ func TestKillDashNineDuringADeferredTurnChargesNoAttempt(t *testing.T) {
 			t.Parallel()
 			addr := freePort(t)
 			cfg := writeConfig(t, driver, addr)
-			b, err := os.ReadFile(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
 			// Longer than the 600 ms turn below, shorter than lease_ttl (2s).
-			withPromote := strings.Replace(string(b), "  lease_ttl: 2s\n", "  lease_ttl: 2s\n  promote_after: 1500ms\n", 1)
-			if withPromote == string(b) {
-				t.Fatal("writeConfig's runtime section changed: cannot set promote_after")
-			}
-			if err := os.WriteFile(cfg, []byte(withPromote), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			editConfig(t, cfg, "  lease_ttl: 2s\n", "  lease_ttl: 2s\n  promote_after: 1500ms\n")
 			srv := startServer(t, cfg, addr)
 			sess := srv.cli("session", "create", "faulty")
 			// The activation's first dispatch is written (it learns what

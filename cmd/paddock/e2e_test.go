@@ -242,6 +242,23 @@ func waitUntil(t *testing.T, what string, d time.Duration, cond func() bool) {
 	}
 }
 
+// editConfig replaces the first old in the config file at path with new,
+// failing the test when old is not there (the config it edits changed).
+func editConfig(t *testing.T, path, old, new string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := strings.Replace(string(b), old, new, 1)
+	if edited == string(b) {
+		t.Fatalf("%s has no %q to edit", path, old)
+	}
+	if err := os.WriteFile(path, []byte(edited), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // writeConfig writes a serve config for driver into a temp dir.
 func writeConfig(t *testing.T, driver, addr string) string {
 	t.Helper()

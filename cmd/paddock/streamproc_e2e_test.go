@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -635,17 +634,8 @@ func TestApprovalAcrossAHostRestartSendsEachRequestOnce(t *testing.T) {
 	dir := t.TempDir()
 	addr := freePort(t)
 	cfg := hcConfig(t, dir, addr, dsn, model.URL, "", []string{pu.Host}, "")
-	raw, err := os.ReadFile(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	withApproval := strings.Replace(string(raw), "      models: [m]\n", "      models: [m]\n      approval:\n        http:\n          - host: \"127.0.0.1\"\n            methods: [POST]\n", 1)
-	if withApproval == string(raw) {
-		t.Fatal("no capabilities block to add the approval rule to")
-	}
-	if err := os.WriteFile(cfg, []byte(withApproval), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	editConfig(t, cfg, "      models: [m]\n",
+		"      models: [m]\n      approval:\n        http:\n          - host: \"127.0.0.1\"\n            methods: [POST]\n")
 	srv := startServer(t, cfg, addr)
 	sess := srv.cli("session", "create", "hc")
 	// A client follows live, across the hold and the restart.
@@ -716,7 +706,7 @@ func TestApprovalAcrossAHostRestartSendsEachRequestOnce(t *testing.T) {
 	c := openStream(t, addr, "hc", sess, "")
 	r := newReader(t)
 	deadline := time.AfterFunc(time.Minute, c.close)
-	err = follow(c, r, func(ev sseEvent) bool { return ev.Event == "turn.committed" })
+	err := follow(c, r, func(ev sseEvent) bool { return ev.Event == "turn.committed" })
 	deadline.Stop()
 	c.close()
 	if err != nil {

@@ -136,14 +136,8 @@ func (s *Store) Promote(ctx context.Context, p store.PromoteParams) error {
 			return nil
 		}
 	}
-	var c *claim
-	err := s.pipeTxDo(ctx, "promote", func(ctx context.Context, tx txConn) error {
-		b := &pgx.Batch{}
-		c = queueClaimOf(b, promoteClaim(p), &p.Delivery)
-		if err := tx.(*pipeTx).SendBatchAlone(ctx, b).Close(); err != nil {
-			return dispatchErr(p.Delivery.ID, err)
-		}
-		return nil
+	c, err := s.claimAlone(ctx, "promote", p.Delivery.ID, func(b *pgx.Batch) *claim {
+		return queueClaimOf(b, promoteClaim(p), &p.Delivery)
 	})
 	if err != nil {
 		return err

@@ -277,20 +277,28 @@ func (s *Store) claimDelivery(ctx context.Context, p store.NextDeliveryParams) (
 			return r.d, r.taken, wrap("next delivery", dispatchErr(p.DeliveryID, r.err))
 		}
 	}
-	var c *claim
-	err = s.pipeTxDo(ctx, "next delivery", func(ctx context.Context, tx txConn) error {
-		b := &pgx.Batch{}
-		c = queueClaim(b, p, false)
-		if err := tx.(*pipeTx).SendBatchAlone(ctx, b).Close(); err != nil {
-			return dispatchErr(p.DeliveryID, err)
-		}
-		return nil
-	})
+	c, err := s.claimAlone(ctx, "next delivery", p.DeliveryID, func(b *pgx.Batch) *claim { return queueClaim(b, p, false) })
 	if err != nil {
 		return store.Dispatch{}, false, err
 	}
 	d, taken = c.dispatch()
 	return d, taken, nil
+}
+
+// claimAlone runs one claim (queue queues it) as its own implicit
+// transaction on the pipe, in one round trip: the solo path of a
+// dispatch or a promotion. id is the delivery's, for dispatchErr.
+func (s *Store) claimAlone(ctx context.Context, what, id string, queue func(b *pgx.Batch) *claim) (*claim, error) {
+	var c *claim
+	err := s.pipeTxDo(ctx, what, func(ctx context.Context, tx txConn) error {
+		b := &pgx.Batch{}
+		c = queue(b)
+		if err := tx.(*pipeTx).SendBatchAlone(ctx, b).Close(); err != nil {
+			return dispatchErr(id, err)
+		}
+		return nil
+	})
+	return c, err
 }
 
 // claim is a queued claimDeliverySQL's answer (queueClaim).
