@@ -17,35 +17,38 @@ import (
 // Group commit. Concurrent requests of every kind the host sends per turn
 // — appends (signals to different sessions from many API requests) and
 // audit rows, turn commits, one-statement dispatches, deferred dispatches'
-// reads and promotions, and activation claims — go out together: one batch of their statements in one implicit
-// transaction, one round trip and one WAL flush for all of them, instead
-// of one each. There is no waiting window: the flusher takes whatever
-// queued while the previous batch was in flight, so a lone request goes
-// out at once and batches grow only under load. Every caller still
-// returns only after its own request committed ("durable before 202").
+// reads and promotions, and activation claims — go out together: one batch
+// of their statements in one implicit transaction, one round trip and one
+// WAL flush for all of them, instead of one each. There is no waiting
+// window: a flusher takes whatever queued while its previous batch was in
+// flight, so a lone request goes out at once and batches grow only under
+// load. Every caller still returns only after its own request committed
+// ("durable before 202").
 //
-// One flusher, one connection (pipeline.go: the next batch is sent while
-// the last one commits, and both run on one backend, one after the other):
-// the kinds share transactions (a session's append and another session's
-// commit cost one WAL flush, not two), and no batch ever waits for another
-// batch's row locks. On the
-// bench (N=10000, K=1000, P=8) one shared flusher sends 0.34 transactions
-// per turn where four groups of two flushers each sent 1.25, and the
-// database spends about a quarter less CPU per turn: fewer, larger
-// transactions (docs/DESIGN.md "Store"). Two shared flushers, one that
-// splits a batch into two of disjoint sessions sent at once, or lanes of
-// their own flusher each with a session always in one lane, were
-// measured no faster: more transactions per turn cost the database more
-// CPU than the shorter waits save.
+// Two lanes, each one flusher on one connection (pipeline.go: the next
+// batch is sent while the last one commits, both on one backend, one after
+// the other): acceptance — appends and audit rows, what a 202 waits for —
+// and turns — commits, dispatches, reads, promotions and activation claims.
+// A signal's acceptance thus never queues behind other sessions' turn
+// work, and the two backends run at once: while one waits for its WAL
+// flush or for the host, the other runs statements. On the bench (N=10000,
+// K=1000, P=8, interleaved) the lanes raised turns/s by about a third over
+// one shared flusher, whose backend was the host's bottleneck (docs/DESIGN.md
+// "Store"). Splitting by session instead (each lane every kind for its
+// sessions) or adding a third lane for the reads was measured no faster.
 //
-// A batch's statements are sorted by session, and a session's by rank:
-// commits and dispatches (which lock the session's activation first, then
-// its rows) and activation claims (the session row, then a new activation
-// row) before appends (the session row only): a session's appends last,
-// after whatever locks its activation, as in every turn transaction
-// outside the group, so that a batch and a request run on its own path
-// cannot deadlock. Audit rows lock no row (they sort first, with the zero
-// key).
+// A batch's statements are sorted by session. Every transaction that
+// locks rows of more than one session — a batch of either lane, of this
+// host or another, and the alarm sweep (which skips a locked session) —
+// takes them in that order, and within a session every transaction takes
+// the activation before the session row: the turns lane locks a session's
+// activation, then its rows (an activation claim locks the session row and
+// inserts the activation, which only another claim can wait for); the
+// acceptance lane locks only session rows. So
+// a batch may wait for another batch's row (an append for a commit of the
+// same session, a few milliseconds) but no cycle of waits can form, with
+// each other or with a request run on its own path. Audit rows lock no row
+// (they sort first, with the zero key).
 //
 // A batch is all or nothing. When a statement in it fails (a commit's
 // fence refusing, a lock race, an idempotency-key race, a refused audit
@@ -60,14 +63,8 @@ import (
 // groupMax caps the requests in one batch.
 const groupMax = 128
 
-// Ranks: the order of a session's requests within a batch.
-const (
-	rankLocksActivation = iota // commits, dispatches, activation claims
-	rankLocksSession           // appends and audit rows: after the rest
-)
-
-// batcher is the group commit's queue and flusher, shared by every kind
-// of request (group).
+// batcher is one lane of the group commit: its queue and flusher, shared
+// by the kinds of request (group) of that lane.
 type batcher struct {
 	s     *Store
 	queue chan groupItem
@@ -81,7 +78,6 @@ type batcher struct {
 type groupItem interface {
 	context() context.Context
 	key() store.ActorKey
-	rank() int
 	// queue appends the request's statements to b.
 	queue(b *pgx.Batch)
 	// settle answers the request once its batch ran: refused, the server
@@ -94,9 +90,8 @@ type groupItem interface {
 // group is one kind of request of the group commit: In is a request's
 // input, Out its answer.
 type group[In, Out any] struct {
-	b     *batcher
-	order int
-	key   func(In) store.ActorKey
+	b   *batcher
+	key func(In) store.ActorKey
 	// prepare queues a request's statements and returns its answer,
 	// valid once the batch committed.
 	prepare func(b *pgx.Batch, in In) func() Out
@@ -120,7 +115,6 @@ type groupReq[In, Out any] struct {
 
 func (r *groupReq[In, Out]) context() context.Context { return r.ctx }
 func (r *groupReq[In, Out]) key() store.ActorKey      { return r.g.key(r.in) }
-func (r *groupReq[In, Out]) rank() int                { return r.g.order }
 func (r *groupReq[In, Out]) queue(b *pgx.Batch)       { r.answer = r.g.prepare(b, r.in) }
 func (r *groupReq[In, Out]) abandon(err error)        { r.done <- r.g.failed(err) }
 
@@ -295,8 +289,8 @@ func batchDeadline(callTimeout time.Duration) time.Time {
 }
 
 // live answers the requests of batch whose caller gave up and returns the
-// others, sorted by session (and a session's by rank, then arrival): one
-// lock order for every batch.
+// others, sorted by session (a session's in arrival order): one lock
+// order for every batch.
 func live(batch []groupItem) []groupItem {
 	out := batch[:0:0]
 	for _, r := range batch {
@@ -308,14 +302,13 @@ func live(batch []groupItem) []groupItem {
 	}
 	slices.SortStableFunc(out, func(a, b groupItem) int {
 		ka, kb := a.key(), b.key()
-		return cmp.Or(strings.Compare(ka.AgentUID, kb.AgentUID), strings.Compare(ka.SessionID, kb.SessionID),
-			cmp.Compare(a.rank(), b.rank()))
+		return cmp.Or(strings.Compare(ka.AgentUID, kb.AgentUID), strings.Compare(ka.SessionID, kb.SessionID))
 	})
 	return out
 }
 
-// groups are the kinds of request of s's group commit, sharing one
-// batcher.
+// groups are the kinds of request of s's group commit, in two lanes:
+// appends (acceptance) and the rest (turns).
 type groups struct {
 	appends     *group[appendIn, appendRes]
 	commits     *group[commitIn, commitRes]
@@ -327,12 +320,12 @@ type groups struct {
 
 // newGroups returns s's group commit.
 func newGroups(s *Store) groups {
-	b := &batcher{s: s}
+	accept, b := &batcher{s: s}, &batcher{s: s}
 	return groups{
-		appends: &group[appendIn, appendRes]{b: b, order: rankLocksSession,
+		appends: &group[appendIn, appendRes]{b: accept,
 			key: func(in appendIn) store.ActorKey { return in.key }, prepare: prepareAppend,
 			solo: appendRes{solo: true}, failed: func(err error) appendRes { return appendRes{err: err} }},
-		commits: &group[commitIn, commitRes]{b: b, order: rankLocksActivation,
+		commits: &group[commitIn, commitRes]{b: b,
 			key: func(in commitIn) store.ActorKey { return store.KeyOf(in.p.Ref) },
 			prepare: func(b *pgx.Batch, in commitIn) func() commitRes {
 				if deferredInOne(in.p, in.alarms) {
@@ -348,7 +341,7 @@ func newGroups(s *Store) groups {
 				return func() commitRes { return commitRes{t: q.turn()} }
 			},
 			solo: commitRes{solo: true}, failed: func(err error) commitRes { return commitRes{err: err} }},
-		claims: &group[store.NextDeliveryParams, claimRes]{b: b, order: rankLocksActivation,
+		claims: &group[store.NextDeliveryParams, claimRes]{b: b,
 			key: func(p store.NextDeliveryParams) store.ActorKey { return p.Activation.ActorKey },
 			prepare: func(b *pgx.Batch, p store.NextDeliveryParams) func() claimRes {
 				c := queueClaim(b, p, false)
@@ -358,21 +351,21 @@ func newGroups(s *Store) groups {
 				}
 			},
 			solo: claimRes{solo: true}, failed: func(err error) claimRes { return claimRes{err: err} }},
-		reads: &group[store.NextDeliveryParams, readRes]{b: b, order: rankLocksActivation,
+		reads: &group[store.NextDeliveryParams, readRes]{b: b,
 			key: func(p store.NextDeliveryParams) store.ActorKey { return p.Activation.ActorKey },
 			prepare: func(b *pgx.Batch, p store.NextDeliveryParams) func() readRes {
 				r := queueDeferredRead(b, p)
 				return func() readRes { return readRes{r: r} }
 			},
 			solo: readRes{}, failed: func(err error) readRes { return readRes{err: err} }},
-		promotes: &group[store.PromoteParams, claimRes]{b: b, order: rankLocksActivation,
+		promotes: &group[store.PromoteParams, claimRes]{b: b,
 			key: func(p store.PromoteParams) store.ActorKey { return p.Activation.ActorKey },
 			prepare: func(b *pgx.Batch, p store.PromoteParams) func() claimRes {
 				c := queueClaimOf(b, promoteClaim(p), &p.Delivery)
 				return func() claimRes { return claimRes{taken: c.taken} }
 			},
 			solo: claimRes{solo: true}, failed: func(err error) claimRes { return claimRes{err: err} }},
-		activations: &group[store.ClaimActivationParams, activationRes]{b: b, order: rankLocksActivation,
+		activations: &group[store.ClaimActivationParams, activationRes]{b: b,
 			key: func(p store.ClaimActivationParams) store.ActorKey { return p.Key },
 			prepare: func(b *pgx.Batch, p store.ClaimActivationParams) func() activationRes {
 				q := queueActivation(b, p)

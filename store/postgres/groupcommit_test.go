@@ -462,11 +462,11 @@ func TestGroupCommitOfConcurrentAuditRows(t *testing.T) {
 	}
 }
 
-// kindsTracer records, for each batch sent, whether it held a turn commit
-// and an append.
-type kindsTracer struct{ batches, mixed atomic.Int64 }
+// kindsTracer records, for each batch sent, how many turn commits and
+// appends it held.
+type kindsTracer struct{ batches, mixed, commits, appends atomic.Int64 }
 
-type batchKinds struct{ commit, append atomic.Bool }
+type batchKinds struct{ commits, appends atomic.Int64 }
 
 type batchKindsKey struct{}
 
@@ -484,26 +484,37 @@ func (k *kindsTracer) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 		return
 	}
 	if strings.Contains(d.SQL, "INSERT INTO turns") {
-		bk.commit.Store(true)
+		bk.commits.Add(1)
 	}
 	if strings.Contains(d.SQL, "status <> 'destroyed'") && strings.Contains(d.SQL, "INSERT INTO actor_events") {
-		bk.append.Store(true)
+		bk.appends.Add(1)
 	}
 }
 func (k *kindsTracer) TraceBatchEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchEndData) {
-	if bk, _ := ctx.Value(batchKindsKey{}).(*batchKinds); bk != nil && bk.commit.Load() && bk.append.Load() {
+	bk, _ := ctx.Value(batchKindsKey{}).(*batchKinds)
+	if bk == nil {
+		return
+	}
+	if bk.commits.Load() > 0 && bk.appends.Load() > 0 {
 		k.mixed.Add(1)
+	}
+	if bk.commits.Load() > 1 {
+		k.commits.Add(1)
+	}
+	if bk.appends.Load() > 1 {
+		k.appends.Add(1)
 	}
 }
 
 // TestGroupCommitOfMixedKinds: each round, the turn commits of many
 // sessions, appends of their next events and, in odd rounds, replays of
 // the turns committed the round before (which their fences refuse) are
-// sent at once. The kinds share batches — a session's append in the same
-// transaction as its own commit and others' — and every request still gets
-// exactly its own outcome: every turn commits once with its own event, no
-// append is lost or doubled by a batch a replay rolled back, each
-// session's events are contiguous.
+// sent at once. Commits share batches with each other and appends with
+// each other, in the two lanes (a session's append waiting for its own
+// commit's row, or the reverse), and every request still gets exactly its
+// own outcome: every turn commits once with its own event, no append is
+// lost or doubled by a batch a replay rolled back, each session's events
+// are contiguous.
 func TestGroupCommitOfMixedKinds(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -594,13 +605,17 @@ func TestGroupCommitOfMixedKinds(t *testing.T) {
 			}
 		}
 	}
-	// Not a timing assertion: 24 or more requests released together each
-	// round find the one flusher busy with the first of them, so the rest
-	// share the next batch, commits and appends alike.
-	if tr.mixed.Load() == 0 {
-		t.Fatalf("no batch of %d held both a commit and an append: the kinds were not grouped together", tr.batches.Load())
+	// Not a timing assertion: 12 or more requests of a lane released
+	// together each round find its flusher busy with the first of them, so
+	// the rest share the next batch.
+	if tr.mixed.Load() != 0 {
+		t.Fatalf("%d batches of %d held both a commit and an append: the lanes were not kept apart", tr.mixed.Load(), tr.batches.Load())
 	}
-	t.Logf("%d batches held both a commit and an append", tr.mixed.Load())
+	if tr.commits.Load() == 0 || tr.appends.Load() == 0 {
+		t.Fatalf("of %d batches, %d held several commits and %d several appends: a kind was not grouped",
+			tr.batches.Load(), tr.commits.Load(), tr.appends.Load())
+	}
+	t.Logf("of %d batches, %d held several commits and %d several appends", tr.batches.Load(), tr.commits.Load(), tr.appends.Load())
 }
 
 // openTraced opens a store on a fresh database with tracer, and the
@@ -635,4 +650,92 @@ func replayRefused(ctx context.Context, s *postgres.Store, ref abi.TurnRef) erro
 		return fmt.Errorf("replay of %s: %v, want a superseded_delivery refusal", ref, err)
 	}
 	return nil
+}
+
+// TestAppendsDoNotQueueBehindAStalledTurnBatch: the group commit's lanes.
+// A turn commit whose batch waits for a row lock (held here by another
+// transaction: a slow request on its own path, another host's batch)
+// stalls the turns lane, but a signal to another session is accepted —
+// durable, its call returned — while that batch still waits: acceptance
+// has a lane, a connection and a backend of its own. Once the lock is
+// released the commit goes through unharmed.
+func TestAppendsDoNotQueueBehindAStalledTurnBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, f := fixtureOnOwnStore(t)
+	e := f.append("the turn that stalls")
+	a := f.claim(time.Hour)
+	d := f.next(a)
+	other := f.session(f.key.AgentUID)
+
+	holder, err := pgx.Connect(ctx, dsn)
+	must(t, err, "connect")
+	defer func() { _ = holder.Close(ctx) }()
+	watch, err := pgx.Connect(ctx, dsn)
+	must(t, err, "connect")
+	defer func() { _ = watch.Close(ctx) }()
+	tx, err := holder.Begin(ctx)
+	must(t, err, "begin")
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM activations WHERE activation_uid = $1 FOR UPDATE`, a.UID)
+	must(t, err, "lock the activation")
+
+	committed := make(chan error, 1)
+	go func() {
+		turn, err := f.s.CommitTurn(ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK,
+			KeepState: true, Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "reply"}},
+			Payloads: []string{string(d.Event.Payload)}})
+		if err == nil && turn.EventID != e.ID {
+			err = fmt.Errorf("committed event %d, want %d", turn.EventID, e.ID)
+		}
+		committed <- err
+	}()
+	// Wait until the commit's batch waits for the lock.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		must(t, watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n), "pg_stat_activity")
+		if n > 0 {
+			break
+		}
+		select {
+		case err := <-committed:
+			t.Fatalf("the commit did not wait for the held lock: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the commit never waited for the activation's lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// With one lane the append queued behind the stalled batch until the
+	// holder let go; its deadline here is the failure.
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ev, created, err := f.s.AppendEvent(actx, store.AppendEventParams{Key: other, Kind: abi.EventMessage,
+		Payload: []byte(`{"message": "accepted meanwhile"}`)})
+	if err != nil || !created {
+		t.Fatalf("append to another session while a turn batch is stalled: created %v, %v", created, err)
+	}
+	select {
+	case err := <-committed:
+		t.Fatalf("the commit returned (%v) before the lock was released", err)
+	default:
+	}
+	var status string
+	must(t, watch.QueryRow(ctx, `SELECT status FROM actor_events WHERE event_id = $1`, ev.ID).Scan(&status),
+		"read the accepted event from another connection")
+	if status != "open" {
+		t.Fatalf("the accepted event is %q, want open", status)
+	}
+
+	must(t, tx.Commit(ctx), "release the lock")
+	select {
+	case err := <-committed:
+		must(t, err, "the stalled commit")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the commit did not finish after the lock was released")
+	}
 }

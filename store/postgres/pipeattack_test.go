@@ -329,8 +329,9 @@ func (tr *pipeTracer) TraceBatchStart(ctx context.Context, c *pgx.Conn, d pgx.Tr
 func (tr *pipeTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
 func (tr *pipeTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
-// pipe returns the group commit's current connection (the last to
-// prepare), its backend's pid, and how many prepare round trips it made.
+// pipe returns the group commit's connection that prepared last (of
+// either lane; a test of appends alone has only the acceptance lane's),
+// its backend's pid, and how many prepare round trips it made.
 func (tr *pipeTracer) pipe() (c *pgx.Conn, pid uint32, prepares int) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
@@ -417,7 +418,8 @@ const pipeAttackCallTimeout = 5 * time.Second
 // appends were acknowledged since the one before; then it checks that
 // every caller was answered before its call timeout (the breaks were
 // heard, not waited out), that each attack cost the group commit exactly
-// one connection, that the store still serves appends on every session,
+// one connection (of either lane: the workers' appends and commits keep
+// both busy), that the store still serves appends on every session,
 // and checkAttackedSessions.
 func pipeUnderAttack(t *testing.T, rounds int, attack func(i int, px *pipeProxy, tr *pipeTracer)) {
 	ctx := context.Background()
@@ -439,11 +441,11 @@ func pipeUnderAttack(t *testing.T, rounds int, attack func(i int, px *pipeProxy,
 	for i := range rounds {
 		acked, _, _ := o.counts()
 		ackedAtLeast(t, o, acked+30)
-		// The group commit's connection of this round is up (it has
-		// prepared its statements).
-		for deadline := time.Now().Add(20 * time.Second); tr.pipes() < i+1; time.Sleep(time.Millisecond) {
+		// The group commit's connections of this round are up, one per
+		// lane (each has prepared its statements).
+		for deadline := time.Now().Add(20 * time.Second); tr.pipes() < i+2; time.Sleep(time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("attack %d: the group commit has %d connections after 20s, want %d", i, tr.pipes(), i+1)
+				t.Fatalf("attack %d: the group commit has %d connections after 20s, want %d", i, tr.pipes(), i+2)
 			}
 		}
 		attack(i, px, tr)
@@ -461,8 +463,8 @@ func pipeUnderAttack(t *testing.T, rounds int, attack func(i int, px *pipeProxy,
 	if l := lat.longest(); l >= pipeAttackCallTimeout {
 		t.Errorf("a call took %v, its call timeout %v: a broken batch's callers waited for their deadline", l, pipeAttackCallTimeout)
 	}
-	if n := tr.pipes(); n != rounds+1 {
-		t.Errorf("the group commit opened %d connections, want %d: one, and one after each attack", n, rounds+1)
+	if n := tr.pipes(); n != rounds+2 {
+		t.Errorf("the group commit opened %d connections, want %d: one per lane, and one after each attack", n, rounds+2)
 	}
 
 	// The store serves new appends and turns on every session.

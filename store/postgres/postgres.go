@@ -167,7 +167,8 @@ func WithCallTimeout(d time.Duration) Option {
 }
 
 // WithMaxConns caps the connection pool (default: pool_max_conns from the
-// DSN, else pgxpool's max(4, NumCPU)). Subscribe's connections are extra.
+// DSN, else max(20, 4 × NumCPU)). Subscribe's connections and the group
+// commit's two (one per lane, taken out of the pool) are extra.
 func WithMaxConns(n int32) Option {
 	return func(c *config) {
 		if n > 0 {
