@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// The group commit's connection in pipeline mode (the extended query
+// A group commit lane's connection in pipeline mode (the extended query
 // protocol's pipelining): the flusher sends batch k+1 while batch k
 // commits, and a reader goroutine reads and answers batch k meanwhile.
 // With pgx's batches (one connection per batch, results read before the
@@ -31,7 +31,7 @@ import (
 // lets the flusher send the next one (pipe.room): at most one batch runs
 // its statements while another commits, and each batch takes whatever
 // queued until then. The server runs the batches one after another on one
-// backend, so they never wait for each other's row locks.
+// backend, so a lane's batches never wait for each other's row locks.
 //
 // A statement that fails makes the server skip the rest of its batch up to
 // the Sync and roll it back; the next batch, already sent, runs as usual.
