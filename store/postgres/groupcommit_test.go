@@ -690,25 +690,14 @@ func TestAppendsDoNotQueueBehindAStalledTurnBatch(t *testing.T) {
 		}
 		committed <- err
 	}()
-	// Wait until the commit's batch waits for the lock.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var n int
-		must(t, watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n), "pg_stat_activity")
-		if n > 0 {
-			break
-		}
+	awaitLockWait(t, watch, "the commit's batch", func() (string, bool) {
 		select {
 		case err := <-committed:
-			t.Fatalf("the commit did not wait for the held lock: %v", err)
+			return fmt.Sprint(err), true
 		default:
+			return "", false
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the commit never waited for the activation's lock")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	})
 
 	// With one lane the append queued behind the stalled batch until the
 	// holder let go; its deadline here is the failure.

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -43,30 +44,42 @@ func claimUnderHeldLock(t *testing.T, dsn string, f *fixture, a store.Activation
 			Bind: func(store.AgentBinding) (string, error) { return "sha256:test", nil }})
 		done <- answer{d, err}
 	}()
-	// Wait until the dispatch waits for the row lock.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var n int
-		err := watch.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
-		must(t, err, "pg_stat_activity")
-		if n > 0 {
-			break
-		}
+	awaitLockWait(t, watch, "the dispatch", func() (string, bool) {
 		select {
 		case r := <-done:
-			t.Fatalf("the dispatch did not wait for the held lock: %+v, %v", r.d.Event, r.err)
+			return fmt.Sprintf("%+v, %v", r.d.Event, r.err), true
 		default:
+			return "", false
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the dispatch never waited for the activation's lock")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	})
 	change(ctx, tx)
 	must(t, tx.Commit(ctx), "commit the holder")
 	r := <-done
 	return r.d, r.err
+}
+
+// awaitLockWait polls pg_stat_activity until a backend of the test's
+// database waits for a lock, as the call named what is expected to; it
+// fails the test when returned reports that the call returned first (and
+// how), or after 30 s.
+func awaitLockWait(t *testing.T, watch *pgx.Conn, what string, returned func() (string, bool)) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		must(t, watch.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n), "pg_stat_activity")
+		if n > 0 {
+			return
+		}
+		if how, ok := returned(); ok {
+			t.Fatalf("%s did not wait for the held lock: %s", what, how)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never waited for the held lock", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // primedFixture: a fixture whose activation ran one turn, and the Expect its
