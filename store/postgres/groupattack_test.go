@@ -79,16 +79,38 @@ func checkAttackedSessions(t *testing.T, s *postgres.Store, keys []store.ActorKe
 	ctx := context.Background()
 	seen := map[string]int{}
 	for i, key := range keys {
-		evs, err := s.ListEvents(ctx, store.ListEventsParams{Key: key, Limit: 10000})
-		must(t, err, "ListEvents")
+		var evs []store.Event
+		for {
+			var after int64
+			if len(evs) > 0 {
+				after = evs[len(evs)-1].ID
+			}
+			page, err := s.ListEvents(ctx, store.ListEventsParams{Key: key, After: after, Limit: 1000})
+			must(t, err, "ListEvents")
+			if len(page) == 0 {
+				break
+			}
+			evs = append(evs, page...)
+		}
 		for j, e := range evs {
 			if e.Seq != int64(j+1) {
 				t.Fatalf("session %d event %d has seq %d: a gap", i, j, e.Seq)
 			}
 			seen[string(e.Payload)]++
 		}
-		turns, err := s.Transcript(ctx, store.TranscriptParams{Key: key, Limit: 10000})
-		must(t, err, "Transcript")
+		var turns []store.Turn
+		for {
+			var after int64
+			if len(turns) > 0 {
+				after = turns[len(turns)-1].TurnNo
+			}
+			page, err := s.Transcript(ctx, store.TranscriptParams{Key: key, AfterTurn: after, Limit: 1000})
+			must(t, err, "Transcript")
+			if len(page) == 0 {
+				break
+			}
+			turns = append(turns, page...)
+		}
 		byEvent := map[int64]int64{}
 		for _, turn := range turns {
 			if prev, dup := byEvent[turn.EventID]; dup {
