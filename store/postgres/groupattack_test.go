@@ -69,6 +69,25 @@ func waitAll(t *testing.T, wg *sync.WaitGroup, what string) {
 	}
 }
 
+// allPages reads every page of a paged list: page(after) returns the rows
+// after the cursor, cursor gives a row's; it stops at an empty page.
+func allPages[T any](t *testing.T, what string, page func(after int64) ([]T, error), cursor func(T) int64) []T {
+	t.Helper()
+	var all []T
+	for {
+		var after int64
+		if len(all) > 0 {
+			after = cursor(all[len(all)-1])
+		}
+		rows, err := page(after)
+		must(t, err, what)
+		if len(rows) == 0 {
+			return all
+		}
+		all = append(all, rows...)
+	}
+}
+
 // checkAttackedSessions checks, on a store that runs, what the callers
 // were told against what the database holds: every acknowledged append is
 // there exactly once, no payload is there twice, each session's seqs run
@@ -79,38 +98,18 @@ func checkAttackedSessions(t *testing.T, s *postgres.Store, keys []store.ActorKe
 	ctx := context.Background()
 	seen := map[string]int{}
 	for i, key := range keys {
-		var evs []store.Event
-		for {
-			var after int64
-			if len(evs) > 0 {
-				after = evs[len(evs)-1].ID
-			}
-			page, err := s.ListEvents(ctx, store.ListEventsParams{Key: key, After: after, Limit: 1000})
-			must(t, err, "ListEvents")
-			if len(page) == 0 {
-				break
-			}
-			evs = append(evs, page...)
-		}
+		evs := allPages(t, "ListEvents", func(after int64) ([]store.Event, error) {
+			return s.ListEvents(ctx, store.ListEventsParams{Key: key, After: after, Limit: 1000})
+		}, func(e store.Event) int64 { return e.ID })
 		for j, e := range evs {
 			if e.Seq != int64(j+1) {
 				t.Fatalf("session %d event %d has seq %d: a gap", i, j, e.Seq)
 			}
 			seen[string(e.Payload)]++
 		}
-		var turns []store.Turn
-		for {
-			var after int64
-			if len(turns) > 0 {
-				after = turns[len(turns)-1].TurnNo
-			}
-			page, err := s.Transcript(ctx, store.TranscriptParams{Key: key, AfterTurn: after, Limit: 1000})
-			must(t, err, "Transcript")
-			if len(page) == 0 {
-				break
-			}
-			turns = append(turns, page...)
-		}
+		turns := allPages(t, "Transcript", func(after int64) ([]store.Turn, error) {
+			return s.Transcript(ctx, store.TranscriptParams{Key: key, AfterTurn: after, Limit: 1000})
+		}, func(turn store.Turn) int64 { return turn.TurnNo })
 		byEvent := map[int64]int64{}
 		for _, turn := range turns {
 			if prev, dup := byEvent[turn.EventID]; dup {

@@ -45,11 +45,11 @@ import (
 // the activation before the session row: the turns lane locks a session's
 // activation, then its rows (an activation claim locks the session row and
 // inserts the activation, which only another claim can wait for); the
-// acceptance lane locks only session rows. So
-// a batch may wait for another batch's row (an append for a commit of the
-// same session, a few milliseconds) but no cycle of waits can form, with
-// each other or with a request run on its own path. Audit rows lock no row
-// (they sort first, with the zero key).
+// acceptance lane locks only session rows. So a batch may wait for another
+// batch's row (an append for a commit of the same session, a few
+// milliseconds) but no cycle of waits can form, with each other or with a
+// request run on its own path. Audit rows lock no row (they sort first,
+// with the zero key).
 //
 // A batch is all or nothing. When a statement in it fails (a commit's
 // fence refusing, a lock race, an idempotency-key race, a refused audit
