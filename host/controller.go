@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -37,6 +38,11 @@ type controller struct {
 	notCharged int
 	// attempt is the span of the attempt being run (tracing.go).
 	attempt *attemptTrace
+
+	// hint is the oldest event this host appended since the controller
+	// last took it (Host.offer, wakedispatch.go); hintMu guards it.
+	hintMu sync.Mutex
+	hint   *store.Event
 }
 
 func newController(h *Host, key store.ActorKey) *controller {
@@ -326,6 +332,12 @@ type activationRun struct {
 	// the next commit asks for the next turn (CommitTurnParams.Next).
 	taken   *store.Dispatch
 	backlog bool
+	// after is what the last commit left known of the session while the
+	// activation waits for a wake-up, and hinted the deferred dispatch
+	// made from that wake-up's event: the loop runs it without asking the
+	// store (wakedispatch.go).
+	after  *afterCommit
+	hinted *store.Dispatch
 	// slots is the pool whose slot the activation holds; yielded records
 	// that it stopped idle to give the slot to a waiting session.
 	slots   *pool
@@ -438,6 +450,9 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 	h, c := a.h, a.c
 	idleSince := time.Now()
 	for {
+		if a.hinted != nil && !a.runnable(runCtx) {
+			a.hinted = nil // nothing of it was written
+		}
 		switch taken := a.taken; {
 		case taken != nil && !a.runnable(runCtx):
 			// The last commit took the next event, but the activation
@@ -463,6 +478,13 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 		if a.taken != nil {
 			d, a.taken = *a.taken, nil
 			a.expectNext(d.Agent)
+		} else if a.hinted != nil {
+			np := a.nextParams()
+			np.DeliveryID = a.hinted.Delivery.ID
+			d, a.hinted = *a.hinted, nil
+			pr = h.newPromotion(a.act.Ref(), np, d)
+			h.metrics.Deferred.Inc()
+			h.metrics.WakeupDispatches.Inc()
 		} else if a.nothingOpen {
 			// Nothing was open when the last turn committed: wait for the
 			// wake-up of the next signal instead of asking now.
@@ -478,6 +500,8 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			case <-c.wake:
 			default:
 			}
+			c.takeHint()
+			a.after = nil
 			np := a.nextParams()
 			np.Defer = a.defers()
 			d, err = h.st.NextDelivery(ctx, np)
@@ -521,8 +545,13 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 				// wake-up for nothing is rare since a host's own appends
 				// wake it once, host/wakeups.go), so dispatch at once. The
 				// dispatch answers "nothing due" too, at one round trip
-				// more than the probe it skips.
+				// more than the probe it skips. After a commit that saw
+				// nothing else open, the event this host appended is the
+				// dispatch (wakedispatch.go).
 				a.nextOpen = true
+				if hd, ok := a.fromWakeup(); ok {
+					a.hinted = &hd
+				}
 			case <-time.After(wait):
 				if !due {
 					a.log.Debug("activation idle, stopping")
@@ -700,6 +729,7 @@ func (a *activationRun) turn(d store.Dispatch, pr *promotion) (outcome abi.Outco
 			np := a.nextParams()
 			next = &np
 		}
+		c.takeHint() // the commit sees the events appended before it
 		turn, err := h.commit(ctx, res, payloads, next, deferred)
 		var fe *store.FenceError
 		if errors.As(err, &fe) && fe.Reason == store.FenceStaleRevision && latest.Delivery.Revision <= res.TurnRef.Revision {
@@ -748,6 +778,7 @@ func (a *activationRun) turn(d store.Dispatch, pr *promotion) (outcome abi.Outco
 		}
 		c.notCharged = 0
 		a.nothingOpen, a.nextOpen, a.backlog, a.taken = !turn.NextOpen, turn.NextOpen, turn.NextOpen, turn.Next
+		a.remember(d, res, turn)
 		a.log.Debug("turn committed", "turn", turn.TurnNo, "event", turn.EventID, "outcome", turn.Outcome)
 		if r, ok := a.inst.(Recycler); ok && r.ShouldRecycle() {
 			a.closeInstance()

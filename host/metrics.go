@@ -38,6 +38,9 @@ type Metrics struct {
 	// them, Promotions counts those written before their commit
 	// (docs/DESIGN.md "Deferred dispatch").
 	Deferred, Promotions prometheus.Counter
+	// WakeupDispatches counts the deferred turns among Deferred that were
+	// dispatched from a wake-up's event, without a read (host/wakedispatch.go).
+	WakeupDispatches prometheus.Counter
 	// WakeupsDeduplicated counts wake-ups dropped as the second of one
 	// append's two (host.Host.Appended and the echo of the store's
 	// notification): the first had woken the controller after the commit.
@@ -112,6 +115,9 @@ func NewMetrics() *Metrics {
 		Promotions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paddock_turns_promoted_total", Help: "Deferred turns written before their commit (a host call, a stream write, a failure, or promote_after).",
 		}),
+		WakeupDispatches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paddock_turns_dispatched_from_wakeup_total", Help: "Deferred turns dispatched from the event of the wake-up that this host's own append sent, without a read.",
+		}),
 		WakeupsDeduplicated: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paddock_wakeups_deduplicated_total", Help: "Wake-ups dropped as the second of one append's two (in-process, and the store notification's echo).",
 		}),
@@ -149,7 +155,7 @@ func NewMetrics() *Metrics {
 	}
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Registry.MustRegister(m.FenceRejections, m.Turns, m.FailedAttempts, m.DeadLetters,
-		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.Deferred, m.Promotions, m.WakeupsDeduplicated, m.PendingSessions,
+		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.Deferred, m.Promotions, m.WakeupDispatches, m.WakeupsDeduplicated, m.PendingSessions,
 		m.HostCallsReplayed, m.HostCallsFenced, m.StreamFrames, m.WaitsExpired, m.ApprovalHolds, m.APIRefused, m.QuotaRefused)
 	return m
 }

@@ -2,38 +2,63 @@ package host
 
 import (
 	"testing"
+	"time"
 
 	"github.com/paddock-dev/paddock/store"
 )
 
-// TestEchoSetPairsAnAppendsTwoWakeups: of an append's two wake-ups, in
-// either order, the first is reported first and the second is not; other
-// appends are independent; an unpaired one is forgotten after two
-// generations (its partner, come late, then wakes again: nothing lost).
+// TestEchoSetPairsAnAppendsTwoWakeups: of an append's two wake-ups, the
+// report (Appended) and the echo of its notification, exactly one wakes
+// the controller. A report that comes first wakes it and the echo is
+// dropped; an echo that comes first waits for the report, which wakes it
+// instead, or wakes it itself after the grace; other appends are
+// independent; an unpaired one is forgotten after two generations (its
+// partner, come late, then wakes again: nothing lost).
 func TestEchoSetPairsAnAppendsTwoWakeups(t *testing.T) {
 	var s echoSet
-	a := echoKey{store.ActorKey{AgentUID: "a", SessionID: "s"}, 1}
-	b := echoKey{store.ActorKey{AgentUID: "a", SessionID: "s"}, 2}
-	c := echoKey{store.ActorKey{AgentUID: "a", SessionID: "t"}, 1}
-	for _, step := range []struct {
-		k     echoKey
-		first bool
-	}{
-		{a, true}, {b, true}, {c, true}, {b, false}, {a, false}, {c, false},
-		// A pair done is forgotten: the same key again is a first.
-		{a, true}, {a, false},
-	} {
-		if got := s.first(step.k); got != step.first {
-			t.Fatalf("first(%v) = %v, want %v", step.k, got, step.first)
-		}
+	key := func(session string, seq int64) echoKey {
+		return echoKey{store.ActorKey{AgentUID: "a", SessionID: session}, seq}
 	}
-	if !s.first(a) {
-		t.Fatal("a fresh wake-up was not first")
+	never := func() { t.Error("an echo's wake-up fired although its report came first") }
+
+	a, b, c := key("s", 1), key("s", 2), key("t", 1)
+	if wake, dropped := s.reported(a); !wake || dropped {
+		t.Fatalf("a first report: wake %v, dropped %v; want true, false", wake, dropped)
 	}
+	if s.echoed(b, time.Hour, never) != true {
+		t.Fatal("a first echo was not taken as first")
+	}
+	if s.echoed(a, time.Hour, never) {
+		t.Fatal("the echo of a reported append was not dropped")
+	}
+	if wake, dropped := s.reported(b); !wake || !dropped {
+		t.Fatalf("a report after its echo, within the grace: wake %v, dropped %v; want true, true", wake, dropped)
+	}
+	// A pair done is forgotten: the same key again is a first.
+	if wake, _ := s.reported(a); !wake {
+		t.Fatal("a pair done was still remembered")
+	}
+
+	// An echo whose report does not come wakes the controller itself.
+	fired := make(chan struct{})
+	if !s.echoed(c, time.Millisecond, func() { close(fired) }) {
+		t.Fatal("a first echo was not taken as first")
+	}
+	select {
+	case <-fired:
+	case <-time.After(10 * time.Second):
+		t.Fatal("an echo without a report never woke the controller")
+	}
+	if wake, dropped := s.reported(c); wake || !dropped {
+		t.Fatalf("a report after its echo woke: wake %v, dropped %v; want false, true", wake, dropped)
+	}
+
+	d := key("u", 1)
+	s.reported(d)
 	for i := range 2 * echoSetSize {
-		s.first(echoKey{store.ActorKey{AgentUID: "x", SessionID: "y"}, int64(i + 10)})
+		s.reported(key("y", int64(i+10)))
 	}
-	if !s.first(a) {
+	if wake, dropped := s.reported(d); !wake || dropped {
 		t.Fatal("a wake-up unpaired for two generations was still remembered")
 	}
 	if n := len(s.cur) + len(s.prev); n > 2*echoSetSize {

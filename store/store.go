@@ -325,8 +325,9 @@ type Turn struct {
 	// NextOpen is a hint set by CommitTurn: whether the session had another
 	// open event (not a steer) when the turn committed. False lets a
 	// controller wait for a wake-up instead of asking NextDelivery at once
-	// (an event appended later wakes it). A driver that does not compute it
-	// reports true.
+	// (an event appended later wakes it), and dispatch the event of that
+	// wake-up without a read (host/wakedispatch.go). A driver that does not
+	// compute it must report true.
 	NextOpen bool `json:"-"`
 	// Next is the session's next turn when CommitTurnParams.Next asked for
 	// it and the driver took an event in the commit's transaction: the
@@ -378,6 +379,25 @@ type Dispatch struct {
 // stored before the dispatch.
 func Deferrable(attempts int, recorded string, steers int) bool {
 	return attempts == 0 && recorded == "" && steers == 0
+}
+
+// DeferredOf is the deferred dispatch of e (Dispatch.Deferred, attempt 1)
+// under the activation ref at its revision, with the delivery id
+// deliveryID and what x says the agent runs: the delivery NextDelivery
+// would have created (state sent), nothing of it written. The caller has
+// checked Deferrable and fills Session, State and Tail. It is shared by
+// PostgreSQL's deferred read and the host's dispatch from a wake-up
+// (docs/DESIGN.md "Deferred dispatch"), whose commit checks what a read
+// would have.
+func DeferredOf(ref ActivationRef, revision int64, deliveryID string, x ExpectedBinding, e Event) Dispatch {
+	e.Binding = x.Binding
+	return Dispatch{
+		Event: e, Agent: x.Agent, Attempt: 1, Deferred: true,
+		Delivery: Delivery{
+			ID: deliveryID, ActorKey: ref.ActorKey, ActivationUID: ref.UID, ActorEpoch: ref.ActorEpoch,
+			EventID: e.ID, Revision: revision, State: DeliverySent, Binding: x.Binding,
+		},
+	}
 }
 
 // Store is the interface the host needs. Methods take a context (drivers

@@ -106,16 +106,12 @@ func queueDeferredRead(b *pgx.Batch, p store.NextDeliveryParams) *deferredRead {
 func (r *deferredRead) dispatch() (d store.Dispatch, ok bool) {
 	p := r.p
 	ref, x := p.Activation, p.Expect
-	d = r.d
-	if !r.found || !store.Deferrable(d.Event.Attempts, d.Event.Binding, 0) || d.Agent != x.Agent {
+	if !r.found || !store.Deferrable(r.d.Event.Attempts, r.d.Event.Binding, 0) || r.d.Agent != x.Agent {
 		return store.Dispatch{}, false
 	}
-	d.Event.Binding = x.Binding
-	d.Delivery = store.Delivery{
-		ID: p.DeliveryID, ActorKey: ref.ActorKey, ActivationUID: ref.UID, ActorEpoch: r.epoch,
-		EventID: d.Event.ID, Revision: r.revision, State: store.DeliverySent, Binding: x.Binding,
-	}
-	d.Attempt, d.Deferred = 1, true
+	ref.ActorEpoch = r.epoch
+	d = store.DeferredOf(ref, r.revision, p.DeliveryID, *x, r.d.Event)
+	d.Session, d.State, d.Tail = r.d.Session, r.d.State, r.d.Tail
 	return d, true
 }
 

@@ -448,7 +448,14 @@ func (s *Store) CommitTurn(ctx context.Context, p store.CommitTurnParams) (store
 		}
 		t = store.Turn{ActorKey: key, EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
 			ActorEpoch: ref.ActorEpoch, Outcome: outcome, CommittedAt: msTime(closedAt),
-			Messages: store.TurnMessages(payloads, p.Messages), NextOpen: true}
+			Messages: store.TurnMessages(payloads, p.Messages)}
+		// Turn.NextOpen, now that the event is closed: whether another
+		// (not a steer) is open behind it.
+		if err := tx.queryRow(`SELECT EXISTS (SELECT 1 FROM actor_events
+			WHERE agent_uid = ? AND session_id = ? AND status = 'open' AND steer_of IS NULL)`,
+			ref.AgentUID, ref.SessionID).Scan(&t.NextOpen); err != nil {
+			return err
+		}
 		// The turn's usage: its event's journal, not set aside, as of now.
 		if t.Usage, err = journalUsage(tx, key, ref.ActorEventID); err != nil {
 			return err

@@ -203,8 +203,8 @@ func testCommitNoMessage(t *testing.T, b *bundle) {
 
 // testCommitPayloads: a commit given the payloads its dispatch carried
 // (CommitTurnParams.Payloads) writes the turn a commit without them writes:
-// the same transcript, a next-open hint that is not false while an event
-// waits (a driver may always say true); and one with a steer
+// the same transcript, a next-open hint that is true while an event waits
+// and false once none does (host/wakedispatch.go builds on it); and one with a steer
 // attached since the dispatch is refused (stale revision), nothing written.
 func testCommitPayloads(t *testing.T, b *bundle) {
 	key := b.session()
@@ -224,6 +224,7 @@ func testCommitPayloads(t *testing.T, b *bundle) {
 		Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "r2"}}, KeepState: true})
 	noErr(t, err, "CommitTurn without payloads")
 	wantMessages(t, turn.Messages, abi.RoleUser, "two", abi.RoleAssistant, "r2")
+	wantEq(t, turn.NextOpen, false, "NextOpen with nothing else open")
 	turns := b.transcript(key)
 	wantEq(t, len(turns), 2, "turns")
 	wantMessages(t, turns[0].Messages, abi.RoleUser, "one", abi.RoleAssistant, "r1")

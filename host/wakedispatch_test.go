@@ -1,0 +1,169 @@
+package host_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/store"
+)
+
+// The dispatch from the wake-up (host/wakedispatch.go, docs/DESIGN.md
+// "Deferred dispatch"), on both drivers.
+
+// seen is what a turn function was asked: each request's event message,
+// state and transcript tail, in order.
+type seen struct {
+	mu   sync.Mutex
+	reqs []abi.TurnRequest
+}
+
+func (s *seen) add(req *abi.TurnRequest) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reqs = append(s.reqs, *req)
+}
+
+func (s *seen) all() []abi.TurnRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.reqs)
+}
+
+// TestATurnWokenByItsOwnAppendIsDispatchedWithoutARead: once a commit saw
+// nothing else open, the next signal appended through the host is run
+// from its wake-up without asking the store, and its request is what a
+// read would have given: the state the last commit wrote, the transcript
+// tail as stored (the tail kept shorter than the transcript, so that it
+// moves), the session's key and input.
+func TestATurnWokenByItsOwnAppendIsDispatchedWithoutARead(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		var s seen
+		fn := func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			s.add(req)
+			var n int
+			if req.State != nil {
+				if err := json.Unmarshal(req.State, &n); err != nil {
+					return nil, err
+				}
+			}
+			n++
+			res := &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: fmt.Sprintf("%d: %s", n, req.Event.Message)}}}
+			if req.Event.Message != "keep" {
+				res.State = json.RawMessage(fmt.Sprint(n))
+			}
+			return res, nil
+		}
+		pol := testPolicy()
+		pol.IdleTimeout = time.Minute // one activation for every turn
+		tail := 3
+		pol.TranscriptTail = tail
+		f := start(t, st, map[string]abi.TurnFunc{"w": fn}, pol)
+		ag := f.agent("w")
+		key := f.session(ag)
+		msgs := []string{"one", "two", "keep", "four", "five"}
+		for i, msg := range msgs {
+			f.signal(key, msg)
+			f.waitFor("the turn of "+msg, func() bool { return f.get(key).TurnCount == int64(i+1) })
+		}
+		m := f.h.Metrics()
+		// The activation's first dispatch is written; every later one
+		// comes from the wake-up of the signal's own append.
+		if n := testutil.ToFloat64(m.WakeupDispatches); n != float64(len(msgs)-1) {
+			t.Errorf("turns dispatched from a wake-up = %v, want %d", n, len(msgs)-1)
+		}
+		if n := testutil.ToFloat64(m.Deferred); n != float64(len(msgs)-1) {
+			t.Errorf("deferred turns = %v, want %d", n, len(msgs)-1)
+		}
+		reqs := s.all()
+		if len(reqs) != len(msgs) {
+			t.Fatalf("%d requests, want %d", len(reqs), len(msgs))
+		}
+		turns := f.transcript(key)
+		var stored []abi.Message // the transcript before each turn
+		state, n := "", 0        // the committed state, and the counter it holds
+		for i, req := range reqs {
+			if req.Event.Message != msgs[i] || req.Attempt != 1 || req.Session.SessionID != key.SessionID {
+				t.Errorf("request %d: event %q attempt %d session %s, want %q, 1, %s", i, req.Event.Message, req.Attempt, req.Session.SessionID, msgs[i], key.SessionID)
+			}
+			if string(req.State) != state {
+				t.Errorf("request %d (%s): state %q, want %q (the last commit's)", i, msgs[i], req.State, state)
+			}
+			want := stored[max(len(stored)-tail, 0):]
+			if !slices.Equal(req.Transcript, want) {
+				t.Errorf("request %d (%s): tail %v, want %v (the stored transcript's last %d)", i, msgs[i], req.Transcript, want, tail)
+			}
+			for _, tm := range turns[i].Messages {
+				stored = append(stored, abi.Message{Role: tm.Role, Content: tm.Content})
+			}
+			n++
+			reply := fmt.Sprintf("%d: %s", n, msgs[i])
+			if msgs[i] == "keep" {
+				n-- // the state is kept: the next turn counts from it again
+			} else {
+				state = fmt.Sprint(n)
+			}
+			if got, want := turns[i].Messages[len(turns[i].Messages)-1].Content, reply; got != want {
+				t.Errorf("turn %d reply %q, want %q", turns[i].TurnNo, got, want)
+			}
+		}
+		wantSoundStream(t, st, key)
+	})
+}
+
+// TestAWakeupForAnEventThatIsNotTheNextIsDropped: a wake-up whose event is
+// not the session's next (here one that does not exist: a buggy or late
+// report) runs a turn whose commit the store refuses; nothing of it is
+// recorded, and the controller asks the store and runs the real signals as
+// always.
+func TestAWakeupForAnEventThatIsNotTheNextIsDropped(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		var s seen
+		fn := func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			s.add(req)
+			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "re: " + req.Event.Message}}}, nil
+		}
+		pol := testPolicy()
+		pol.IdleTimeout = time.Minute
+		f := start(t, st, map[string]abi.TurnFunc{"x": fn}, pol)
+		ag := f.agent("x")
+		key := f.session(ag)
+		first := f.signal(key, "one")
+		f.waitFor("the first turn", func() bool { return f.get(key).TurnCount == 1 })
+
+		ghost := first
+		ghost.ID, ghost.Seq, ghost.Status = first.ID+1<<40, first.Seq+1, store.EventOpen
+		ghost.Payload = json.RawMessage(`{"message":"ghost"}`)
+		f.h.Appended(ghost)
+		f.waitFor("the ghost's turn to run", func() bool { return len(s.all()) == 2 })
+
+		f.signal(key, "two")
+		f.waitFor("the second turn", func() bool { return f.get(key).TurnCount == 2 })
+		turns := f.transcript(key)
+		if len(turns) != 2 {
+			t.Fatalf("%d turns recorded, want 2 (the ghost's refused)", len(turns))
+		}
+		for i, tr := range turns {
+			want := "re: " + []string{"one", "two"}[i]
+			if got := tr.Messages[len(tr.Messages)-1].Content; got != want {
+				t.Errorf("turn %d reply %q, want %q", tr.TurnNo, got, want)
+			}
+		}
+		for _, e := range f.events(key) {
+			if e.Status != store.EventDone || e.Attempts != 0 {
+				t.Errorf("event %d: status %s attempts %d, want done, 0", e.ID, e.Status, e.Attempts)
+			}
+		}
+		if got := s.all()[1].Event.Message; got != "ghost" {
+			t.Fatalf("the second request was %q, want the ghost's", got)
+		}
+		wantSoundStream(t, st, key)
+	})
+}
