@@ -28,8 +28,10 @@ type controller struct {
 
 	// panics records recent recovered panics (restart intensity).
 	panics []time.Time
-	// inflight is the turn being run, for cleanup after a panic.
-	inflight *abi.TurnRef
+	// inflight is the turn being run, for cleanup after a panic, and
+	// inflightPr its promotion (nil: written at its dispatch).
+	inflight   *abi.TurnRef
+	inflightPr *promotion
 	// pol is the agent policy of the current activation.
 	pol AgentPolicy
 	// notCharged counts failures in a row that consumed no attempt (the
@@ -106,11 +108,19 @@ func (c *controller) runSafely(runCtx, turnCtx context.Context) (retryIn time.Du
 		c.panics = append(recent, now)
 		crash := len(c.panics) > c.h.set.RestartIntensity
 		c.log.Error("controller panic recovered", "panic", fmt.Sprint(p), "crash", crash, "stack", string(debug.Stack()))
-		if ref := c.inflight; ref != nil {
-			c.inflight = nil
+		if ref, pr := c.inflight, c.inflightPr; ref != nil {
+			c.inflight, c.inflightPr = nil, nil
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			c.fail(ctx, *ref, 1, c.pol, fmt.Errorf("controller panic: %v", p), crash, "panic")
+			// A deferred turn is written first (promoted), so that its
+			// failure is recorded as any turn's: fenced off unwritten, a
+			// panic that recurs would never be counted. A refused
+			// promotion means the turn was superseded: nothing to record.
+			if err := pr.ensure(ctx); err != nil {
+				c.log.Info("deferred turn not written: its panic is not recorded", "err", err)
+			} else {
+				c.fail(ctx, *ref, 1, c.pol, fmt.Errorf("controller panic: %v", p), crash, "panic")
+			}
 		}
 		retryIn = 100 * time.Millisecond
 	}()
@@ -629,9 +639,9 @@ func (a *activationRun) turn(d store.Dispatch, pr *promotion) (outcome abi.Outco
 			}
 			a.inst, a.instBinding = inst, d.Delivery.Binding
 		}
-		c.inflight = &ref
+		c.inflight, c.inflightPr = &ref, pr
 		res, latest, cancelled, hold, err := a.run(d, sb, pr)
-		c.inflight = nil
+		c.inflight, c.inflightPr = nil, nil
 		// The worker is done: its chunks are written before the commit or
 		// the failed attempt (chunk frames precede turn.committed).
 		sb.end()

@@ -154,7 +154,8 @@ func (boomInstance) Close(context.Context) error { return nil }
 // turn is the attempt's failure, counted as a crash past the restart
 // intensity ("Fault domains"), so the event ends dead-lettered after
 // MaxAttempts. A deferred turn (not written when it panics) must not
-// escape that: its failure must be recorded, not fenced off forever.
+// escape that: it is written before its failure is, so that every panic,
+// the first included, is in the event's error chain.
 func TestAPanickingDeferredTurnIsFailedLikeAnyOther(t *testing.T) {
 	eachDriver(t, func(t *testing.T, st store.Store) {
 		var panics atomic.Int32
@@ -165,15 +166,28 @@ func TestAPanickingDeferredTurnIsFailedLikeAnyOther(t *testing.T) {
 		f.signal(key, "warm") // sets the host's expectation: the next dispatches are deferred
 		f.waitFor("the warm turn", func() bool { return f.get(key).TurnCount == 1 })
 		e := f.signal(key, "boom")
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
+		event := func() store.Event {
 			for _, ev := range f.events(key) {
-				if ev.ID == e.ID && (ev.Attempts > 0 || ev.Status != store.EventOpen || ev.Binding != "") {
-					return // the failure was recorded
+				if ev.ID == e.ID {
+					return ev
 				}
 			}
-			time.Sleep(50 * time.Millisecond)
+			t.Fatalf("event %d not found", e.ID)
+			return store.Event{}
 		}
-		t.Fatalf("after %d panics in 20s the event has no attempt, no binding and is still open: its failures are never recorded (stuck forever, never dead-lettered)", panics.Load())
+		f.waitFor("the event dead-lettered", func() bool { return event().Status == store.EventDeadLetter })
+		errs, err := st.EventErrors(context.Background(), key, e.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counted := 0
+		for _, ae := range errs {
+			if ae.Counted {
+				counted++
+			}
+		}
+		if n := int(panics.Load()); len(errs) != n || counted != pol.MaxAttempts {
+			t.Fatalf("%d panics, %d in the error chain of which %d counted; want every panic recorded and %d counted", n, len(errs), counted, pol.MaxAttempts)
+		}
 	})
 }
