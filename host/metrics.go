@@ -41,9 +41,9 @@ type Metrics struct {
 	// WakeupDispatches counts the deferred turns among Deferred that were
 	// dispatched from a wake-up's event, without a read (host/wakedispatch.go).
 	WakeupDispatches prometheus.Counter
-	// WakeupsDeduplicated counts wake-ups dropped as the second of one
-	// append's two (host.Host.Appended and the echo of the store's
-	// notification): the first had woken the controller after the commit.
+	// WakeupsDeduplicated counts wake-ups dropped as one of an append's two
+	// (host.Host.Appended and the echo of the store's notification): the
+	// other woke the controller after the commit (host/wakeups.go).
 	WakeupsDeduplicated prometheus.Counter
 	// PendingSessions is the number of sessions waiting for capacity.
 	PendingSessions prometheus.Gauge
@@ -119,7 +119,7 @@ func NewMetrics() *Metrics {
 			Name: "paddock_turns_dispatched_from_wakeup_total", Help: "Deferred turns dispatched from the event of the wake-up that this host's own append sent, without a read.",
 		}),
 		WakeupsDeduplicated: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "paddock_wakeups_deduplicated_total", Help: "Wake-ups dropped as the second of one append's two (in-process, and the store notification's echo).",
+			Name: "paddock_wakeups_deduplicated_total", Help: "Wake-ups dropped as one of an append's two (the in-process report, and the store notification's echo); the other woke the controller.",
 		}),
 		HostCallsReplayed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paddock_host_calls_replayed_total", Help: "Host calls answered from the event's journal instead of being sent again, by agent.",

@@ -2,7 +2,6 @@ package host
 
 import (
 	"slices"
-	"time"
 
 	"github.com/google/uuid"
 
@@ -100,12 +99,15 @@ func (a *activationRun) remember(d store.Dispatch, res *abi.TurnResult, t store.
 // fromWakeup is the deferred dispatch of the event offered with the
 // wake-up that ended the wait after a commit (afterCommit), or false when
 // there is none to make: no event was offered or it was already seen, the
-// agent's turns are not deferred, or the event is not due by this host's
-// clock. The caller then asks the store.
+// agent's turns are not deferred, or the event was accepted not due (its
+// first attempt set later than its acceptance). The caller then asks the
+// store. Whether it is due now is the database's to say, by its clock (the
+// deferred commit, the promotion): by the host's, a database clock a few
+// milliseconds ahead would make every fresh event look not due yet.
 func (a *activationRun) fromWakeup() (store.Dispatch, bool) {
 	after, e := a.after, a.c.takeHint()
 	a.after = nil
-	if after == nil || e == nil || e.Seq <= after.seq || !a.defers() || time.Now().Before(e.NextAttemptAt) {
+	if after == nil || e == nil || e.Seq <= after.seq || !a.defers() || e.NextAttemptAt.After(e.AcceptedAt) {
 		return store.Dispatch{}, false
 	}
 	d := store.DeferredOf(a.act.Ref(), after.revision, uuid.NewString(), *a.expect, *e)

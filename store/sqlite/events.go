@@ -97,7 +97,7 @@ func (s *Store) AppendEvent(ctx context.Context, p store.AppendEventParams) (sto
 		return store.Event{}, false, err
 	}
 	if created {
-		s.publish(p.Key)
+		s.publishAppend(p.Key, ev.Seq)
 	}
 	return ev, created, nil
 }

@@ -344,7 +344,7 @@ func (s *Store) Steer(ctx context.Context, p store.SteerParams) (store.SteerResu
 		return store.SteerResult{}, err
 	}
 	if r.Created {
-		s.publish(p.Key)
+		s.publishAppend(p.Key, r.Event.Seq)
 	}
 	return r, nil
 }

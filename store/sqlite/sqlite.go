@@ -128,10 +128,40 @@ type Store struct {
 	done   chan struct{}
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store          = (*Store)(nil)
+	_ store.EchoSubscriber = (*Store)(nil)
+)
 
+// subscriber is one Subscribe (ch) or SubscribeEchoes (echoes) channel.
 type subscriber struct {
-	ch chan store.ActorKey
+	ch     chan store.ActorKey
+	echoes chan store.Wakeup
+}
+
+// send hands w to the subscriber without blocking (a full channel drops
+// the hint).
+func (sub *subscriber) send(w store.Wakeup) {
+	if sub.echoes != nil {
+		select {
+		case sub.echoes <- w:
+		default:
+		}
+		return
+	}
+	select {
+	case sub.ch <- w.Key:
+	default:
+	}
+}
+
+// close closes the subscriber's channel.
+func (sub *subscriber) close() {
+	if sub.echoes != nil {
+		close(sub.echoes)
+		return
+	}
+	close(sub.ch)
 }
 
 // Open opens (creating if needed) the database at dsnOrPath and applies the
@@ -293,7 +323,7 @@ func (s *Store) Close() error {
 	s.closed = true
 	close(s.done)
 	for sub := range s.subs {
-		close(sub.ch)
+		sub.close()
 		delete(s.subs, sub)
 	}
 	s.mu.Unlock()
@@ -307,10 +337,30 @@ func (s *Store) Close() error {
 // hint. The channel closes when ctx ends or the Store closes.
 func (s *Store) Subscribe(ctx context.Context) (<-chan store.ActorKey, error) {
 	sub := &subscriber{ch: make(chan store.ActorKey, 256)}
+	if err := s.subscribe(ctx, sub); err != nil {
+		return nil, err
+	}
+	return sub.ch, nil
+}
+
+// SubscribeEchoes is Subscribe whose hints carry, for an event appended
+// by AppendEvent or Steer, its seq (store.EchoSubscriber): every append
+// of a SQLite Store is its own process's, so the host pairs each with the
+// caller's report (host.Host.Appended), which carries the event.
+func (s *Store) SubscribeEchoes(ctx context.Context) (<-chan store.Wakeup, error) {
+	sub := &subscriber{echoes: make(chan store.Wakeup, 256)}
+	if err := s.subscribe(ctx, sub); err != nil {
+		return nil, err
+	}
+	return sub.echoes, nil
+}
+
+// subscribe registers sub until ctx ends or the Store closes.
+func (s *Store) subscribe(ctx context.Context, sub *subscriber) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, errors.New("store/sqlite: subscribe: store is closed")
+		return errors.New("store/sqlite: subscribe: store is closed")
 	}
 	s.subs[sub] = struct{}{}
 	s.mu.Unlock()
@@ -322,22 +372,29 @@ func (s *Store) Subscribe(ctx context.Context) (<-chan store.ActorKey, error) {
 		s.mu.Lock()
 		if _, ok := s.subs[sub]; ok {
 			delete(s.subs, sub)
-			close(sub.ch)
+			sub.close()
 		}
 		s.mu.Unlock()
 	}()
-	return sub.ch, nil
+	return nil
 }
 
 // publish wakes this process's subscribers; it never blocks.
 func (s *Store) publish(key store.ActorKey) {
+	s.publishWakeup(store.Wakeup{Key: key})
+}
+
+// publishAppend is publish for the event of seq that AppendEvent or Steer
+// appended (store.Wakeup.EchoSeq).
+func (s *Store) publishAppend(key store.ActorKey, seq int64) {
+	s.publishWakeup(store.Wakeup{Key: key, EchoSeq: seq})
+}
+
+func (s *Store) publishWakeup(w store.Wakeup) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for sub := range s.subs {
-		select {
-		case sub.ch <- key:
-		default:
-		}
+		sub.send(w)
 	}
 }
 

@@ -101,3 +101,72 @@ func TestOpenRefusesAFileAnotherStoreHolds(t *testing.T) {
 		t.Fatalf("Close: %v", err)
 	}
 }
+
+// TestSubscribeEchoesTellsOwnAppends: SubscribeEchoes marks the wake-up of
+// an event appended by AppendEvent or Steer with the event's seq (every
+// append of a SQLite Store is its own process's), any other wake-up (here
+// a wake of a sleeping session) with 0; Subscribe sees just the key.
+func TestSubscribeEchoesTellsOwnAppends(t *testing.T) {
+	s := open(t)
+	ctx := t.Context()
+	echoes, err := s.SubscribeEchoes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := s.Subscribe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.PutModule(ctx, store.PutModuleParams{Digest: "m", ABIVersion: 1, Bytes: []byte("m")}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.CreateAgent(ctx, store.CreateAgentParams{UID: "a1", Name: "echo", ModuleDigest: "m", CrashPolicy: store.CrashSleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, _, err := s.CreateSession(ctx, store.CreateSessionParams{AgentUID: a.UID, SessionID: "s1", CrashPolicy: store.CrashSleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := sess.ActorKey
+	next := func(what string, want store.Wakeup) {
+		t.Helper()
+		select {
+		case w := <-echoes:
+			if w != want {
+				t.Fatalf("%s: wake-up %+v, want %+v", what, w, want)
+			}
+		default:
+			t.Fatalf("%s: no wake-up", what)
+		}
+		select {
+		case k := <-keys:
+			if k != want.Key {
+				t.Fatalf("%s: Subscribe got %v, want %v", what, k, want.Key)
+			}
+		default:
+			t.Fatalf("%s: Subscribe got nothing", what)
+		}
+	}
+	msg := []byte(`{"message":"m"}`)
+	e, _, err := s.AppendEvent(ctx, store.AppendEventParams{Key: key, Kind: "message", Payload: msg, IdempotencyKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next("append", store.Wakeup{Key: key, EchoSeq: e.Seq})
+	if _, created, err := s.AppendEvent(ctx, store.AppendEventParams{Key: key, Kind: "message", Payload: msg, IdempotencyKey: "k"}); err != nil || created {
+		t.Fatalf("re-send: created %v, %v", created, err)
+	}
+	st, err := s.Steer(ctx, store.SteerParams{Key: key, Payload: msg, DeliveryID: "d1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next("steer (a re-send before it notified nothing)", store.Wakeup{Key: key, EchoSeq: st.Event.Seq})
+	if _, err := s.SleepSession(ctx, store.SleepSessionParams{Key: key, Reason: "agent"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.WakeSession(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	next("wake", store.Wakeup{Key: key})
+}
