@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
 )
 
@@ -19,6 +20,7 @@ func eventCases() []testCase {
 		{"Invariant7/IdempotencyKeyRaceCreatesOne", testIdempotencyRace},
 		{"Invariant7/ReusedKeyIsTheSameSignalByMeaning", testIdempotencyByMeaning},
 		{"Subscribe/WakesOnAppendClosesWithContext", testSubscribe},
+		{"Subscribe/EchoesTellOwnAppends", testSubscribeEchoes},
 	}
 }
 
@@ -226,4 +228,67 @@ func testSubscribe(t *testing.T, b *bundle) {
 			t.Fatalf("subscription still open 10 s after its context ended")
 		}
 	}
+}
+
+// testSubscribeEchoes: a store.EchoSubscriber marks the wake-up of an
+// event appended through the same Store value by AppendEvent or Steer
+// with the event's seq, and any other wake-up (here a sleeping session
+// woken) with 0; an idempotent re-send appends nothing and notifies
+// nothing; Subscribe, on the same wake-ups, sees just the key.
+func testSubscribeEchoes(t *testing.T, b *bundle) {
+	es, ok := b.s.(store.EchoSubscriber)
+	if !ok {
+		t.Skip("the store does not tell its own appends' wake-ups")
+	}
+	echoes, err := es.SubscribeEchoes(b.ctx)
+	noErr(t, err, "SubscribeEchoes")
+	keys, err := b.s.Subscribe(b.ctx)
+	noErr(t, err, "Subscribe")
+	key := b.session()
+	// next takes the next wake-up of key from each channel (others'
+	// sessions may share the channel: skipped).
+	next := func(what string, want store.Wakeup) {
+		t.Helper()
+		timeout := time.After(30 * time.Second)
+		for {
+			select {
+			case w := <-echoes:
+				if w.Key != key {
+					continue
+				}
+				if w != want {
+					t.Fatalf("%s: wake-up %+v, want %+v", what, w, want)
+				}
+			case <-timeout:
+				t.Fatalf("%s: no wake-up within 30 s", what)
+			}
+			break
+		}
+		for {
+			select {
+			case k := <-keys:
+				if k != key {
+					continue
+				}
+			case <-timeout:
+				t.Fatalf("%s: Subscribe got nothing within 30 s", what)
+			}
+			return
+		}
+	}
+	msg := json.RawMessage(`{"message":"m"}`)
+	e, _, err := b.s.AppendEvent(b.ctx, store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: msg, IdempotencyKey: "k"})
+	noErr(t, err, "AppendEvent")
+	next("append", store.Wakeup{Key: key, EchoSeq: e.Seq})
+	_, created, err := b.s.AppendEvent(b.ctx, store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: msg, IdempotencyKey: "k"})
+	noErr(t, err, "AppendEvent re-sent")
+	wantEq(t, created, false, "a re-send created")
+	st, err := b.s.Steer(b.ctx, store.SteerParams{Key: key, Payload: msg, DeliveryID: "steer-" + key.SessionID})
+	noErr(t, err, "Steer")
+	next("steer (the re-send before it notified nothing)", store.Wakeup{Key: key, EchoSeq: st.Event.Seq})
+	_, err = b.s.SleepSession(b.ctx, store.SleepSessionParams{Key: key, Reason: "agent"})
+	noErr(t, err, "SleepSession")
+	_, err = b.s.WakeSession(b.ctx, key)
+	noErr(t, err, "WakeSession")
+	next("wake", store.Wakeup{Key: key})
 }
