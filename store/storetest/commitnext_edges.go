@@ -321,7 +321,7 @@ func testCommitNextExpired(t *testing.T, b *bundle) {
 	key := b.session()
 	b.message(key, "one")
 	two := b.message(key, "two")
-	act := b.claim(key, ShortTTL)
+	act := b.claim(key, SetupTTL)
 	d, err := b.nextExpect(act, nil)
 	noErr(t, err, "dispatch")
 	b.waitExpired(act)

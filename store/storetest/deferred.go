@@ -247,7 +247,7 @@ func testDeferredRedrivenAhead(t *testing.T, b *bundle) {
 func testDeferredLostActivation(t *testing.T, b *bundle) {
 	key := b.session()
 	b.message(key, "warm")
-	act := b.claim(key, ShortTTL)
+	act := b.claim(key, SetupTTL)
 	d0, err := b.nextExpect(act, nil)
 	noErr(t, err, "first dispatch")
 	_, err = b.commitPayloads(d0, "warm reply")

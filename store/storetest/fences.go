@@ -158,7 +158,7 @@ func testFenceSuperseded(t *testing.T, b *bundle) {
 }
 
 func testFenceExpiredLease(t *testing.T, b *bundle) {
-	f := newFenceFixture(b, ShortTTL)
+	f := newFenceFixture(b, SetupTTL)
 	b.waitExpired(f.act)
 	f.reject(b, f.ref, store.FenceExpiredLease, "expired lease")
 	f.proveUntouched(b, true)

@@ -37,7 +37,9 @@ import (
 // suite waits out; LongTTL never expires during a test. SetupTTL is for a
 // test that claims several activations and dispatches on each before any
 // lease may lapse: on a loaded CI machine (2 cores, -race, packages in
-// parallel) that setup has taken longer than ShortTTL.
+// parallel) that setup has taken longer than ShortTTL: a test that
+// dispatches (or commits) under a lease before waiting it out claims with
+// SetupTTL.
 const (
 	ShortTTL = 300 * time.Millisecond
 	SetupTTL = 3 * time.Second
