@@ -20,14 +20,70 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // newStore opens a store on a fresh database; it closes with the test.
+// Before it closes, the test fails if the database holds an orphan
+// (noOrphans).
 func newStore(t testing.TB) *postgres.Store {
 	t.Helper()
-	s, err := postgres.Open(context.Background(), pgtest.DSN(t))
+	dsn := pgtest.DSN(t)
+	s, err := postgres.Open(context.Background(), dsn)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
+	t.Cleanup(func() { noOrphans(t, dsn) }) // runs first
 	return s
+}
+
+// orphansSQL counts the rows of the tables written per turn whose session
+// (for messages: whose turn) does not exist. Migration 00015 dropped those
+// tables' foreign keys: what they guarded must hold by construction.
+const orphansSQL = `
+	SELECT t, n FROM (
+		SELECT 'actor_events' AS t, count(*) AS n FROM actor_events x
+		WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.agent_uid = x.agent_uid AND s.session_id = x.session_id)
+		UNION ALL SELECT 'deliveries', count(*) FROM deliveries x
+		WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.agent_uid = x.agent_uid AND s.session_id = x.session_id)
+		UNION ALL SELECT 'turns', count(*) FROM turns x
+		WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.agent_uid = x.agent_uid AND s.session_id = x.session_id)
+		UNION ALL SELECT 'messages', count(*) FROM messages x
+		WHERE NOT EXISTS (SELECT 1 FROM turns u
+			WHERE u.agent_uid = x.agent_uid AND u.session_id = x.session_id AND u.turn_no = x.turn_no)
+		UNION ALL SELECT 'stream_heads', count(*) FROM stream_heads x
+		WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.agent_uid = x.agent_uid AND s.session_id = x.session_id)
+		UNION ALL SELECT 'stream_frames', count(*) FROM stream_frames x
+		WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.agent_uid = x.agent_uid AND s.session_id = x.session_id)
+		UNION ALL SELECT 'session_state', count(*) FROM session_state x
+		WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE s.agent_uid = x.agent_uid AND s.session_id = x.session_id)
+	) o WHERE n > 0`
+
+// noOrphans fails t if the database at dsn holds a row orphansSQL counts.
+func noOrphans(t testing.TB, dsn string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Errorf("orphan check: connect: %v", err)
+		return
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, orphansSQL)
+	if err != nil {
+		t.Errorf("orphan check: %v", err)
+		return
+	}
+	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		var table string
+		var n int64
+		err := r.Scan(&table, &n)
+		return fmt.Sprintf("%s: %d", table, n), err
+	})
+	if err != nil {
+		t.Errorf("orphan check: %v", err)
+	}
+	if len(found) > 0 {
+		t.Errorf("rows without their session (or turn): %v", found)
+	}
 }
 
 func must(t testing.TB, err error, what string) {
