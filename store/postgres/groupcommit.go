@@ -260,8 +260,10 @@ func (b *batcher) flush(p *pipe, batch []groupItem) *pipe {
 		<-p.room
 	}
 	pb := &pgx.Batch{}
-	for _, r := range reqs {
-		r.queue(pb)
+	if !queueSet(pb, reqs) {
+		for _, r := range reqs {
+			r.queue(pb)
+		}
 	}
 	p.idle = time.Now()
 	if err := p.send(reqs, pb, deadline); err != nil {
