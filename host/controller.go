@@ -187,7 +187,9 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	// The claim takes the first turn in its transaction when this host
 	// knows what the agent ran last (an expectation, for the one-statement
 	// claim), at the epoch the peek implies: a claim that gives another
-	// takes nothing, and the loop asks NextDelivery as usual.
+	// takes nothing, and the loop asks NextDelivery as usual. A turn that
+	// runs in this process is taken deferred (read, nothing written) and
+	// runs as any deferred dispatch: its commit writes it whole.
 	run := &activationRun{c: c, h: h, agent: agent, pol: pol, runCtx: runCtx, slots: slots,
 		nextOpen: true, // peek.AnyOpen
 		expect:   h.expected(expectKey{agent.UID, pol.Pool})}
@@ -198,6 +200,7 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	if run.expect != nil {
 		run.act = store.Activation{UID: claim.UID, ActorKey: c.key, ActorEpoch: sess.ActorEpoch + 1, LeaseID: claim.LeaseID}
 		first := run.nextParams()
+		first.Defer = run.defers()
 		claim.First = &first
 		// A pending wake-up is answered by the claim's look, as by
 		// NextDelivery's in the loop.
@@ -235,11 +238,16 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	defer h.dropLease(act.UID)
 
 	a = run
-	a.act, a.log, a.leaseCtx, a.taken = act, log, leaseCtx, act.First
-	a.act.First = nil
-	if a.taken != nil {
+	a.act, a.log, a.leaseCtx = act, log, leaseCtx
+	if first := act.First; first != nil {
 		a.nextOpen = false
+		if first.Deferred {
+			a.hinted = first
+		} else {
+			a.taken = first
+		}
 	}
+	a.act.First = nil
 	defer a.closeInstance()
 	return a.loop(runCtx)
 }
@@ -348,6 +356,9 @@ type activationRun struct {
 	// store (wakedispatch.go).
 	after  *afterCommit
 	hinted *store.Dispatch
+	// hintedWakeup: hinted came from a wake-up (else from the claim, a
+	// deferred first turn: ClaimActivationParams.First).
+	hintedWakeup bool
 	// slots is the pool whose slot the activation holds; yielded records
 	// that it stopped idle to give the slot to a waiting session.
 	slots   *pool
@@ -494,7 +505,9 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			d, a.hinted = *a.hinted, nil
 			pr = h.newPromotion(a.act.Ref(), np, d)
 			h.metrics.Deferred.Inc()
-			h.metrics.WakeupDispatches.Inc()
+			if a.hintedWakeup {
+				h.metrics.WakeupDispatches.Inc()
+			}
 		} else if a.nothingOpen {
 			// Nothing was open when the last turn committed: wait for the
 			// wake-up of the next signal instead of asking now.
@@ -560,7 +573,7 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 				// dispatch (wakedispatch.go).
 				a.nextOpen = true
 				if hd, ok := a.fromWakeup(); ok {
-					a.hinted = &hd
+					a.hinted, a.hintedWakeup = &hd, true
 				}
 			case <-time.After(wait):
 				if !due {

@@ -167,3 +167,66 @@ func TestAWakeupForAnEventThatIsNotTheNextIsDropped(t *testing.T) {
 		wantSoundStream(t, st, key)
 	})
 }
+
+// TestAnActivationsFirstTurnIsReadDeferredByItsClaim: once the host knows
+// what an agent runs (its first session's written dispatch), the first
+// turn of each new activation of it is read deferred in the claim's
+// transaction (ClaimActivationParams.First with Defer) and written whole
+// by its commit: counted deferred, never promoted, not a wake-up's. Its
+// request is what a read gives (the state of the session's last
+// activation), and the transcript and stream stay sound.
+func TestAnActivationsFirstTurnIsReadDeferredByItsClaim(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		var s seen
+		fn := func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			s.add(req)
+			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "re: " + req.Event.Message}},
+				State: json.RawMessage(`"after ` + req.Event.Message + `"`)}, nil
+		}
+		pol := testPolicy()
+		pol.IdleTimeout = 50 * time.Millisecond // every signal below finds its session idle: a new activation
+		f := start(t, st, map[string]abi.TurnFunc{"w": fn}, pol)
+		ag := f.agent("w")
+		first := f.session(ag)
+		f.signal(first, "warm")
+		f.waitFor("the warm-up turn", func() bool { return f.get(first).TurnCount == 1 })
+		m := f.h.Metrics()
+		epoch := f.get(first).ActorEpoch
+		deferred0 := testutil.ToFloat64(m.Deferred)
+		keys := []store.ActorKey{f.session(ag), f.session(ag), first}
+		for i, key := range keys {
+			// Every activation stopped idle: the signal claims a new one.
+			f.waitFor("no controller", func() bool { return f.h.Controllers() == 0 })
+			f.signal(key, fmt.Sprintf("m%d", i))
+			f.waitFor(fmt.Sprintf("the turn of m%d", i), func() bool {
+				tr := f.transcript(key)
+				return len(tr) > 0 && tr[len(tr)-1].Messages[len(tr[len(tr)-1].Messages)-1].Content == fmt.Sprintf("re: m%d", i)
+			})
+		}
+		if n := testutil.ToFloat64(m.Deferred) - deferred0; n != float64(len(keys)) {
+			t.Errorf("first turns read deferred = %v, want %d (one per new activation)", n, len(keys))
+		}
+		if n := testutil.ToFloat64(m.Promotions); n != 0 {
+			t.Errorf("promotions = %v, want 0", n)
+		}
+		if e := f.get(first).ActorEpoch; e != epoch+1 {
+			t.Errorf("the returning session's epoch %d, want %d: one new activation", e, epoch+1)
+		}
+		if n := testutil.ToFloat64(m.WakeupDispatches); n != 0 {
+			t.Errorf("turns dispatched from a wake-up = %v, want 0 (each was an activation's first)", n)
+		}
+		reqs := s.all()
+		last := reqs[len(reqs)-1]
+		if last.Event.Message != "m2" || string(last.State) != `"after warm"` || last.Attempt != 1 {
+			t.Errorf("the returning session's first turn was asked %q with state %s at attempt %d, want m2 with the state of its last activation", last.Event.Message, last.State, last.Attempt)
+		}
+		for _, key := range keys {
+			wantSoundStream(t, st, key)
+			for _, e := range f.events(key) {
+				if e.Status != store.EventDone || e.Attempts != 0 {
+					t.Errorf("event %d is %s after %d charged attempts", e.ID, e.Status, e.Attempts)
+				}
+			}
+		}
+	})
+}

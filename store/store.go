@@ -867,7 +867,11 @@ type ClaimActivationParams struct {
 	// dispatch's own transaction and round trip for a session woken by a
 	// signal. Whatever the dispatch finds never undoes the claim: Activation.First
 	// is then nil and the caller asks NextDelivery. A driver may always
-	// leave it nil (PostgreSQL does without First.Expect).
+	// leave it nil (PostgreSQL does without First.Expect). With First.Defer
+	// (and First.Expect) the first turn is read deferred, as NextDelivery
+	// with Defer reads it — nothing written, Dispatch.Deferred set — or,
+	// when it may not be deferred (store.Deferrable, the agent not the
+	// expected one), not taken at all.
 	First *NextDeliveryParams
 }
 

@@ -111,6 +111,8 @@ type queuedActivation struct {
 	a       store.Activation
 	claimed bool
 	first   *claim
+	// read is a deferred first turn's reads (First.Defer).
+	read *deferredRead
 }
 
 // queueActivation queues p's claim (claimActivationSQL): one statement,
@@ -135,7 +137,12 @@ func queueActivation(b *pgx.Batch, p store.ClaimActivationParams) *queuedActivat
 		}
 		return err
 	})
-	if p.First != nil {
+	switch {
+	case p.First != nil && p.First.Defer && p.First.Expect != nil:
+		// Deferred: read in the claim's transaction, after it (the read
+		// sees the activation the claim inserted), nothing written.
+		q.read = queueDeferredRead(b, *p.First)
+	case p.First != nil:
 		q.first = queueClaim(b, *p.First, true)
 	}
 	return q
@@ -148,6 +155,11 @@ func (q *queuedActivation) activation() store.Activation {
 	a.LeaseExpiresAt = utc(a.LeaseExpiresAt)
 	if q.first != nil {
 		if d, taken := q.first.dispatch(); taken {
+			a.First = &d
+		}
+	}
+	if q.read != nil && q.claimed {
+		if d, ok := q.read.dispatch(); ok {
 			a.First = &d
 		}
 	}

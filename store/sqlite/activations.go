@@ -28,7 +28,8 @@ func scanActivation(sc scanner) (store.Activation, error) {
 // ClaimActivation starts a new activation for the key; see store.Store. The
 // epoch bump and the insert are one transaction: when the partial unique
 // index refuses the insert, both roll back. With p.First the first turn is
-// taken in the same transaction, inside a savepoint (nextAfterCommit).
+// taken in the same transaction, inside a savepoint (nextAfterCommit), or
+// read deferred (First.Defer: deferredDispatch).
 func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationParams) (store.Activation, error) {
 	if err := store.CheckLeaseTTL(p.LeaseTTL); err != nil {
 		return store.Activation{}, fmt.Errorf("store/sqlite: claim activation: %w", err)
@@ -74,9 +75,16 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 		case err != nil:
 			return err
 		}
-		if p.First != nil {
+		switch f := p.First; {
+		case f != nil && f.Defer && f.Expect != nil:
+			// The first turn read deferred, nothing written (as PostgreSQL:
+			// none when it may not be deferred; the caller asks then).
+			if d, ok, _ := deferredDispatch(tx, *f); ok {
+				a.First = &d
+			}
+		case f != nil:
 			// The first turn, in this transaction (ClaimActivationParams.First).
-			a.First, err = nextAfterCommit(tx, *p.First)
+			a.First, err = nextAfterCommit(tx, *f)
 		}
 		return err
 	})

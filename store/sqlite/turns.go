@@ -31,10 +31,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		deferred := false
 		var nd *store.NoDueEventError
 		err := s.read(ctx, "next delivery", func(tx *txn) (err error) {
-			var recorded string
-			d, recorded, err = nextDeliveryOf(tx, p, true)
-			deferred = err == nil && d.Agent == p.Expect.Agent && d.Delivery.Binding == p.Expect.Binding &&
-				store.Deferrable(d.Event.Attempts, recorded, len(d.Steers))
+			d, deferred, err = deferredDispatch(tx, p)
 			if errors.As(err, &nd) {
 				return err
 			}
@@ -57,6 +54,17 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		return err
 	})
 	return d, err
+}
+
+// deferredDispatch is the read of a deferred dispatch (p.Defer, p.Expect
+// set) in tx: ok when store.Deferrable allows and the agent is what the
+// caller expects; then d is marked Deferred. Nothing is written.
+func deferredDispatch(tx *txn, p store.NextDeliveryParams) (d store.Dispatch, ok bool, err error) {
+	d, recorded, err := nextDeliveryOf(tx, p, true)
+	ok = err == nil && d.Agent == p.Expect.Agent && d.Delivery.Binding == p.Expect.Binding &&
+		store.Deferrable(d.Event.Attempts, recorded, len(d.Steers))
+	d.Deferred = ok
+	return d, ok, err
 }
 
 // Promote writes a deferred dispatch under its checks; see store.Store.

@@ -23,6 +23,8 @@ func claimFirstCases() []testCase {
 		{"ClaimFirst/ADeliveryIDInUseLeavesTheClaimStanding", testClaimFirstDeliveryIDInUse},
 		{"ClaimFirst/AnotherActivationsFirstIsInvalid", testClaimFirstOtherActivation},
 		{"ClaimFirst/AnUpdatedAgentIsNeverTakenUnderTheOldBinding", testClaimFirstUpdatedAgent},
+		{"ClaimFirst/DeferredReadsTheFirstTurnAndWritesNothing", testClaimFirstDeferred},
+		{"ClaimFirst/DeferredUnderAnUpdatedAgentTakesNothing", testClaimFirstDeferredUpdatedAgent},
 	}
 }
 
@@ -230,4 +232,83 @@ func testClaimFirstUpdatedAgent(t *testing.T, b *bundle) {
 	wantEq(t, first.Event.ID, one.ID, "first event")
 	wantEq(t, first.Delivery.Binding, "bound:"+v2.Digest, "first event's binding: the updated agent's")
 	wantEq(t, first.Agent.ModuleDigest, v2.Digest, "Dispatch.Agent")
+}
+
+// testClaimFirstDeferred: First.Defer reads the first turn in the claim's
+// transaction as a deferred NextDelivery would — the event, the session
+// at the claim's epoch, no state yet, the tail — and writes nothing of it:
+// no frame, the event open and unattempted, the activation idle. Its
+// deferred commit then writes the turn whole.
+func testClaimFirstDeferred(t *testing.T, b *bundle) {
+	key := b.session()
+	one := b.message(key, "one")
+	p := b.claimFirstParams(key, b.epochOf(key)+1)
+	p.First.Defer = true
+	head := b.stream(key).Head
+	act, err := b.s.ClaimActivation(b.ctx, p)
+	noErr(t, err, "ClaimActivation with a deferred First")
+	if act.First == nil {
+		t.Fatalf("ClaimActivation with a deferred First and an event due: Activation.First = nil")
+	}
+	d := *act.First
+	wantEq(t, d.Deferred, true, "Dispatch.Deferred")
+	wantEq(t, d.Event.ID, one.ID, "first event")
+	wantEq(t, d.Delivery.ID, p.First.DeliveryID, "first delivery id")
+	wantEq(t, d.Delivery.ActorEpoch, act.ActorEpoch, "first delivery's epoch")
+	wantEq(t, d.Delivery.Binding, b.agent.ModuleDigest, "first delivery's binding")
+	wantEq(t, d.Attempt, 1, "Attempt")
+	wantEq(t, d.Session.ActorKey, key, "Session")
+	wantEq(t, d.Session.ActorEpoch, act.ActorEpoch, "Session's epoch: the claim's")
+	wantBytes(t, d.State, nil, "State: none was committed")
+	if h := b.stream(key).Head; h != head {
+		t.Fatalf("a deferred first turn wrote frames: head %d, was %d", h, head)
+	}
+	if e := b.event(key, one.ID); e.Status != store.EventOpen || e.Attempts != 0 || e.Binding != "" {
+		t.Fatalf("event after a deferred first turn: %+v, want open, unattempted, unbound", e)
+	}
+	b.wantIdle(act, "after a deferred first turn")
+	turn, err := b.commitDeferred(act, *p.First, d, "r1")
+	noErr(t, err, "deferred commit of the first turn")
+	wantMessages(t, turn.Messages, abi.RoleUser, "one", abi.RoleAssistant, "r1")
+	wantEq(t, turn.TurnNo, int64(1), "TurnNo")
+	wantStatus(t, b, key, one.ID, store.EventDone)
+}
+
+// testClaimFirstDeferredUpdatedAgent: an agent updated since the caller's
+// expectation is not read deferred under the old one: no First, nothing
+// written, and the event's dispatch binds the new agent.
+func testClaimFirstDeferredUpdatedAgent(t *testing.T, b *bundle) {
+	v1 := b.module("deferred first v1")
+	a := b.newAgent("dfirst-"+uuid.NewString()[:8], v1.Digest, store.CrashRestart)
+	key := b.sessionOf(a.UID, store.CrashRestart)
+	bind := func(ab store.AgentBinding) (string, error) { return "bound:" + ab.ModuleDigest, nil }
+	one := b.message(key, "one")
+	v2 := b.module("deferred first v2")
+	_, err := b.s.CreateAgent(b.ctx, store.CreateAgentParams{UID: a.UID, Name: a.Name, ModuleDigest: v2.Digest,
+		CrashPolicy: store.CrashRestart, Upsert: true})
+	noErr(t, err, "update the agent")
+	p := store.ClaimActivationParams{Key: key, UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: b.host, LeaseTTL: LongTTL}
+	p.First = &store.NextDeliveryParams{
+		Activation: store.ActivationRef{UID: p.UID, ActorKey: key, ActorEpoch: b.epochOf(key) + 1, LeaseID: p.LeaseID},
+		DeliveryID: uuid.NewString(), MarkSent: true, Bind: bind, ExpectDue: true, Defer: true,
+		Expect: &store.ExpectedBinding{Agent: store.AgentBinding{Namespace: a.Namespace, Kind: a.Kind, ModuleDigest: v1.Digest},
+			Binding: "bound:" + v1.Digest},
+	}
+	head := b.stream(key).Head
+	act, err := b.s.ClaimActivation(b.ctx, p)
+	noErr(t, err, "ClaimActivation with a deferred First expecting the old agent")
+	if act.First != nil {
+		t.Fatalf("Activation.First = %+v under an agent updated since the expectation", act.First)
+	}
+	if h := b.stream(key).Head; h != head {
+		t.Fatalf("a deferred first turn not taken wrote frames: head %d, was %d", h, head)
+	}
+	if e := b.event(key, one.ID); e.Status != store.EventOpen || e.Attempts != 0 || e.Binding != "" {
+		t.Fatalf("event after a deferred first turn not taken: %+v, want open, unattempted, unbound", e)
+	}
+	d, err := b.s.NextDelivery(b.ctx, store.NextDeliveryParams{Activation: act.Ref(), DeliveryID: uuid.NewString(),
+		MarkSent: true, Bind: bind, ExpectDue: true})
+	noErr(t, err, "NextDelivery after the claim")
+	wantEq(t, d.Event.ID, one.ID, "first event")
+	wantEq(t, d.Delivery.Binding, "bound:"+v2.Digest, "first event's binding: the updated agent's")
 }
