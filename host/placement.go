@@ -38,6 +38,9 @@ func (h *Host) placeable(ctx context.Context, agent store.Agent, pool string) bo
 	if !ok {
 		return true
 	}
+	if ps, ok := p.(PoolScope); ok && !ps.MayRefuse(pool) {
+		return true // asked before every turn: no timer for a local pool
+	}
 	// CanRun may look up the agent's plugin binding in the store.
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
