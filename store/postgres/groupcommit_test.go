@@ -622,9 +622,11 @@ func TestGroupCommitOfMixedKinds(t *testing.T) {
 // fixture on it.
 func openTraced(t *testing.T, tracer pgx.QueryTracer) (*postgres.Store, *fixture) {
 	t.Helper()
-	s, err := postgres.Open(context.Background(), pgtest.DSN(t), postgres.WithTracer(tracer))
+	dsn := pgtest.DSN(t)
+	s, err := postgres.Open(context.Background(), dsn, postgres.WithTracer(tracer))
 	must(t, err, "Open")
 	t.Cleanup(func() { _ = s.Close() })
+	t.Cleanup(func() { noOrphans(t, dsn) }) // runs first
 	return s, newFixtureOn(t, s)
 }
 

@@ -130,6 +130,7 @@ func fixtureOnOwnStore(t *testing.T) (string, *fixture) {
 	s, err := postgres.Open(context.Background(), dsn)
 	must(t, err, "Open")
 	t.Cleanup(func() { _ = s.Close() })
+	t.Cleanup(func() { noOrphans(t, dsn) }) // runs first
 	return dsn, newFixtureOn(t, s)
 }
 

@@ -23,9 +23,10 @@ import (
 //
 // Lock order. deferredCommitSQL takes, within a session, the activation,
 // the event, the delivery, the session row and the stream head. The set
-// commit takes them phase by phase: every turn's activation, then every
-// event, then the session rows in key order (sessionLock), then the
-// stream heads. Within each session that is the same order, so no cycle
+// commit takes them phase by phase: every turn's activation (locked, its
+// lease renewed only once its turn's event is closed, so that a refused
+// turn writes nothing), then every event, then the session rows in byte
+// order of their keys (COLLATE "C": live's sort), then the stream heads. Within each session that is the same order, so no cycle
 // forms with a single-session transaction; the session rows in key order
 // are the acceptance lane's order. Another statement of the same batch
 // that locks rows session by session would break this (it would hold a
@@ -33,6 +34,17 @@ import (
 // the set commit only goes out in a batch whose other requests lock
 // nothing (deferred reads); otherwise the batch is queued statement by
 // statement as before (queueSet reports false).
+//
+// Its plan must not depend on statistics taken when the tables were small,
+// nor on the planner's guess of ten rows for an array: the activations are
+// found by primary key (= ANY, the rest of the guard inside IS TRUE, which
+// keeps the planner off the partial index of live activations), and the
+// turns whose activations passed are materialized (ai) before the
+// per-turn lookups, which then run once per turn. Joined in one CTE, a
+// generic plan built with one agent in the table's statistics ran the
+// oldest-open-event lookup for every pair of activation and turn: n²
+// index probes for a batch of n (found in review;
+// TestSetCommitIndexScansStayLinear).
 
 // setCommitMin is the fewest deferred commits a batch sends as a set
 // commit; one goes as deferredCommitSQL.
@@ -58,31 +70,34 @@ var setCommitSQL = `
 			WITH ORDINALITY AS i(agent_uid, session_id, event_id, delivery_id, epoch, outcome, msgs, state, set_state,
 				activation_uid, lease_id, revision, binding, block_dead, kind, digest, plugin, sha, namespace, n)),
 	a AS (
-		UPDATE activations a SET lease_expires_at = greatest(a.lease_expires_at,
-			clock_timestamp() + $13 * interval '1 microsecond')
+		SELECT a.activation_uid FROM activations a
 		WHERE a.activation_uid = ANY ($10::text[])
 		  AND ((a.agent_uid, a.session_id, a.actor_epoch, a.lease_id, a.revision)
 			= (SELECT i.agent_uid, i.session_id, i.epoch, i.lease_id, i.revision FROM i
 			   WHERE i.activation_uid = a.activation_uid)
 		  AND a.state IN ` + liveStates + ` AND a.current_event_id IS NULL
 		  AND a.lease_expires_at > clock_timestamp()) IS TRUE
-		RETURNING a.activation_uid, a.agent_uid, a.session_id),
+		FOR NO KEY UPDATE OF a),
+	ai AS MATERIALIZED (SELECT i.* FROM a JOIN i ON i.activation_uid = a.activation_uid),
 	c AS (
-		SELECT i.n FROM a
-		JOIN i ON i.activation_uid = a.activation_uid
+		SELECT a.n FROM ai a
 		` + agentJoins + `
 		JOIN LATERAL ` + oldestOpenEvent + `
-		WHERE e.event_id = i.event_id AND e.next_attempt_at <= clock_timestamp() AND coalesce(e.binding, '') = ''
-		  AND NOT (i.block_dead AND ` + deadLetterBefore + `)
+		WHERE e.event_id = a.event_id AND e.next_attempt_at <= clock_timestamp() AND coalesce(e.binding, '') = ''
+		  AND NOT (a.block_dead AND ` + deadLetterBefore + `)
 		  AND NOT ` + steersAttached + `
 		  AND ((ag.kind, coalesce(ag.module_digest, ''), coalesce(ag.plugin, ''), coalesce(pw.sha256, ''), ag.namespace)
-			= (i.kind, i.digest, i.plugin, i.sha, i.namespace)) IS TRUE),
+			= (a.kind, a.digest, a.plugin, a.sha, a.namespace)) IS TRUE),
 	closed AS (
 		UPDATE actor_events ev SET status = 'done', closed_at = clock_timestamp(), binding = nullif(i.binding, '')
 		FROM c JOIN i ON i.n = c.n
 		WHERE ` + byID("ev.", "i.event_id",
 	"ev.agent_uid = i.agent_uid AND ev.session_id = i.session_id AND ev.status = 'open' AND ev.attempts = 0") + `
 		RETURNING i.n, ev.kind),
+	renew AS (
+		UPDATE activations a SET lease_expires_at = greatest(a.lease_expires_at,
+			clock_timestamp() + $13 * interval '1 microsecond')
+		WHERE a.activation_uid = ANY (ARRAY(SELECT i.activation_uid FROM closed JOIN i ON i.n = closed.n))),
 	del AS (
 		INSERT INTO deliveries (delivery_id, agent_uid, session_id, activation_uid, actor_epoch, event_id,
 			revision, state, binding, sent_at, closed_at)
@@ -93,8 +108,8 @@ var setCommitSQL = `
 	sl AS (
 		SELECT s.agent_uid, s.session_id FROM sessions s
 		WHERE (s.agent_uid, s.session_id) IN (SELECT i.agent_uid, i.session_id FROM i JOIN del USING (delivery_id))
-		ORDER BY s.agent_uid, s.session_id
-		FOR UPDATE OF s),
+		ORDER BY s.agent_uid COLLATE "C", s.session_id COLLATE "C"
+		FOR NO KEY UPDATE OF s),
 	turn AS (
 		UPDATE sessions s SET turn_count = s.turn_count + 1
 		FROM sl JOIN i ON i.agent_uid = sl.agent_uid AND i.session_id = sl.session_id
