@@ -257,8 +257,7 @@ func deferredCommit(state bool) string {
 func queueDeferredCommit(b *pgx.Batch, p store.CommitTurnParams, next *store.NextDeliveryParams) *queuedCommit {
 	ref, dp := p.Ref, p.Deferred
 	outcome := store.CommitOutcome(p)
-	q := &queuedCommit{t: store.Turn{ActorKey: store.KeyOf(ref), EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
-		ActorEpoch: ref.ActorEpoch, Outcome: outcome}}
+	q := &queuedCommit{t: turnOf(ref, outcome)}
 	t := &q.t
 	t.Messages = store.TurnMessages(p.Payloads, p.Messages)
 	n := len(t.Messages)

@@ -220,8 +220,8 @@ func queueSetCommit(b *pgx.Batch, commits []*groupReq[commitIn, commitRes]) {
 		p := c.in.p
 		ref, dp := p.Ref, p.Deferred
 		outcome := store.CommitOutcome(p)
-		t := store.Turn{ActorKey: store.KeyOf(ref), EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
-			ActorEpoch: ref.ActorEpoch, Outcome: outcome, Messages: store.TurnMessages(p.Payloads, p.Messages)}
+		t := turnOf(ref, outcome)
+		t.Messages = store.TurnMessages(p.Payloads, p.Messages)
 		turns[k] = t
 		for _, m := range t.Messages {
 			mOrd, mIdx = append(mOrd, int64(k+1)), append(mIdx, int32(m.Index))

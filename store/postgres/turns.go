@@ -737,6 +737,13 @@ type queuedCommit struct {
 	c *claim
 }
 
+// turnOf is the answer of ref's commit with outcome before its row is
+// read: the turn's key, event, delivery and epoch.
+func turnOf(ref abi.TurnRef, outcome abi.Outcome) store.Turn {
+	return store.Turn{ActorKey: store.KeyOf(ref), EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
+		ActorEpoch: ref.ActorEpoch, Outcome: outcome}
+}
+
 // queueCommit queues the statements of p's commit after its fence's lock
 // (with fence, the commit's fence itself first: commitFenceLocking):
 // attached steers closed, the alarms, the writes (commitWritesSQL), a
@@ -746,8 +753,7 @@ func queueCommit(b *pgx.Batch, p store.CommitTurnParams, payloads []string, fenc
 	next *store.NextDeliveryParams) *queuedCommit {
 	ref := p.Ref
 	outcome := store.CommitOutcome(p)
-	q := &queuedCommit{t: store.Turn{ActorKey: store.KeyOf(ref), EventID: ref.ActorEventID, DeliveryID: ref.DeliveryID,
-		ActorEpoch: ref.ActorEpoch, Outcome: outcome}}
+	q := &queuedCommit{t: turnOf(ref, outcome)}
 	t := &q.t
 	if fence {
 		// The caller's payloads are those of the ref's revision: a steer

@@ -45,8 +45,7 @@ func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (s
 		case err != nil:
 			return store.Dispatch{}, err
 		case deferred:
-			d.Deferred = true
-			return d, nil
+			return d, nil // marked Deferred by deferredDispatch
 		}
 	}
 	err := s.write(ctx, "next delivery", func(tx *txn) (err error) {

@@ -201,25 +201,35 @@ func testClaimFirstOtherActivation(t *testing.T, b *bundle) {
 	wantEq(t, b.next(act).Attempt, 1, "the event's attempt")
 }
 
-func testClaimFirstUpdatedAgent(t *testing.T, b *bundle) {
+// updatedAgentClaim is a session of a new agent with one event ("one"),
+// the agent then updated from module v1 to v2, and the claim of its first
+// turn by a caller that still expects v1 (its last dispatch of this
+// agent), deferred or not; bind binds "bound:<digest>".
+func (b *bundle) updatedAgentClaim(deferred bool) (key store.ActorKey, one store.Event, v2 store.Module,
+	bind func(store.AgentBinding) (string, error), p store.ClaimActivationParams) {
+	b.t.Helper()
 	v1 := b.module("first v1")
 	a := b.newAgent("first-"+uuid.NewString()[:8], v1.Digest, store.CrashRestart)
-	key := b.sessionOf(a.UID, store.CrashRestart)
-	bind := func(ab store.AgentBinding) (string, error) { return "bound:" + ab.ModuleDigest, nil }
-	one := b.message(key, "one")
-	v2 := b.module("first v2")
+	key = b.sessionOf(a.UID, store.CrashRestart)
+	bind = func(ab store.AgentBinding) (string, error) { return "bound:" + ab.ModuleDigest, nil }
+	one = b.message(key, "one")
+	v2 = b.module("first v2")
 	_, err := b.s.CreateAgent(b.ctx, store.CreateAgentParams{UID: a.UID, Name: a.Name, ModuleDigest: v2.Digest,
 		CrashPolicy: store.CrashRestart, Upsert: true})
-	noErr(t, err, "update the agent")
-	// The caller still expects v1 (its last dispatch of this agent): the
-	// event is either left to NextDelivery or bound to v2, never to v1.
-	p := store.ClaimActivationParams{Key: key, UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: b.host, LeaseTTL: LongTTL}
+	noErr(b.t, err, "update the agent")
+	p = store.ClaimActivationParams{Key: key, UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: b.host, LeaseTTL: LongTTL}
 	p.First = &store.NextDeliveryParams{
 		Activation: store.ActivationRef{UID: p.UID, ActorKey: key, ActorEpoch: b.epochOf(key) + 1, LeaseID: p.LeaseID},
-		DeliveryID: uuid.NewString(), MarkSent: true, Bind: bind, ExpectDue: true,
+		DeliveryID: uuid.NewString(), MarkSent: true, Bind: bind, ExpectDue: true, Defer: deferred,
 		Expect: &store.ExpectedBinding{Agent: store.AgentBinding{Namespace: a.Namespace, Kind: a.Kind, ModuleDigest: v1.Digest},
 			Binding: "bound:" + v1.Digest},
 	}
+	return key, one, v2, bind, p
+}
+
+func testClaimFirstUpdatedAgent(t *testing.T, b *bundle) {
+	// The event is either left to NextDelivery or bound to v2, never to v1.
+	_, one, v2, bind, p := b.updatedAgentClaim(false)
 	act, err := b.s.ClaimActivation(b.ctx, p)
 	noErr(t, err, "ClaimActivation with First expecting the old agent")
 	first := act.First
@@ -278,22 +288,7 @@ func testClaimFirstDeferred(t *testing.T, b *bundle) {
 // expectation is not read deferred under the old one: no First, nothing
 // written, and the event's dispatch binds the new agent.
 func testClaimFirstDeferredUpdatedAgent(t *testing.T, b *bundle) {
-	v1 := b.module("deferred first v1")
-	a := b.newAgent("dfirst-"+uuid.NewString()[:8], v1.Digest, store.CrashRestart)
-	key := b.sessionOf(a.UID, store.CrashRestart)
-	bind := func(ab store.AgentBinding) (string, error) { return "bound:" + ab.ModuleDigest, nil }
-	one := b.message(key, "one")
-	v2 := b.module("deferred first v2")
-	_, err := b.s.CreateAgent(b.ctx, store.CreateAgentParams{UID: a.UID, Name: a.Name, ModuleDigest: v2.Digest,
-		CrashPolicy: store.CrashRestart, Upsert: true})
-	noErr(t, err, "update the agent")
-	p := store.ClaimActivationParams{Key: key, UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: b.host, LeaseTTL: LongTTL}
-	p.First = &store.NextDeliveryParams{
-		Activation: store.ActivationRef{UID: p.UID, ActorKey: key, ActorEpoch: b.epochOf(key) + 1, LeaseID: p.LeaseID},
-		DeliveryID: uuid.NewString(), MarkSent: true, Bind: bind, ExpectDue: true, Defer: true,
-		Expect: &store.ExpectedBinding{Agent: store.AgentBinding{Namespace: a.Namespace, Kind: a.Kind, ModuleDigest: v1.Digest},
-			Binding: "bound:" + v1.Digest},
-	}
+	key, one, v2, bind, p := b.updatedAgentClaim(true)
 	head := b.stream(key).Head
 	act, err := b.s.ClaimActivation(b.ctx, p)
 	noErr(t, err, "ClaimActivation with a deferred First expecting the old agent")
