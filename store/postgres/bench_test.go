@@ -128,3 +128,35 @@ func BenchmarkNextDelivery(b *testing.B) { storetest.BenchNextDelivery(b, newSto
 // by three concurrent callers (storetest.BenchFireDueAlarms, shared with
 // sqlite).
 func BenchmarkFireDueAlarms(b *testing.B) { storetest.BenchFireDueAlarms(b, newStore(b)) }
+
+// BenchmarkAppendEventParallel: signals' acceptance under load, 64
+// concurrent callers appending to 1,000 sessions (a caller's next append
+// goes to the next session of its own stride), each returning once its
+// event is durable; the group commit's acceptance lane sends them in
+// batches, as set appends (setappend.go).
+func BenchmarkAppendEventParallel(b *testing.B) {
+	f := newFixture(b)
+	agent, err := f.s.GetAgent(f.ctx, store.DefaultNamespace, "agent")
+	must(b, err, "GetAgent")
+	const sessions, callers = 1000, 64
+	keys := make([]store.ActorKey, sessions)
+	for i := range keys {
+		keys[i] = f.session(agent.UID)
+	}
+	var next atomic.Int64
+	b.SetParallelism(max(1, callers/runtime.GOMAXPROCS(0)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			key := keys[int(next.Add(1))%sessions]
+			if _, _, err := f.s.AppendEvent(f.ctx, store.AppendEventParams{Key: key, Kind: abi.EventMessage,
+				Payload: []byte(`{"message":"hello"}`)}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "appends/s")
+}

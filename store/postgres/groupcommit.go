@@ -260,7 +260,7 @@ func (b *batcher) flush(p *pipe, batch []groupItem) *pipe {
 		<-p.room
 	}
 	pb := &pgx.Batch{}
-	if !queueSet(pb, reqs) {
+	if !queueSet(pb, reqs) && !queueSetAppends(pb, reqs) {
 		for _, r := range reqs {
 			r.queue(pb)
 		}

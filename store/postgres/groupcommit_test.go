@@ -486,7 +486,12 @@ func (k *kindsTracer) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 	if strings.Contains(d.SQL, "INSERT INTO turns") {
 		bk.commits.Add(1)
 	}
-	if strings.Contains(d.SQL, "status <> 'destroyed'") && strings.Contains(d.SQL, "INSERT INTO actor_events") {
+	switch {
+	case strings.Contains(d.SQL, "WITH ORDINALITY AS na("): // a set append: one element per append
+		if agents, ok := d.Args[0].([]string); ok {
+			bk.appends.Add(int64(len(agents)))
+		}
+	case strings.Contains(d.SQL, "status <> 'destroyed'") && strings.Contains(d.SQL, "INSERT INTO actor_events"):
 		bk.appends.Add(1)
 	}
 }
