@@ -51,15 +51,16 @@ var setAppendSQL = `
 			WITH ORDINALITY AS na(agent_uid, session_id, kind, payload, idem, steer_of, traceparent, origin,
 				audited, token_id, namespace, action, object, result, status, n)),
 	sl AS (
-		SELECT s.agent_uid, s.session_id, s.last_event_seq FROM sessions s
-		WHERE (s.agent_uid, s.session_id) IN (SELECT na.agent_uid, na.session_id FROM na) AND s.status <> 'destroyed'
-		ORDER BY s.agent_uid COLLATE "C", s.session_id COLLATE "C"
-		FOR NO KEY UPDATE OF s),
+		SELECT s.* FROM (SELECT na.agent_uid, na.session_id FROM na GROUP BY na.agent_uid, na.session_id
+			ORDER BY na.agent_uid COLLATE "C", na.session_id COLLATE "C") k
+		CROSS JOIN LATERAL (SELECT s.agent_uid, s.session_id, s.last_event_seq FROM sessions s
+			WHERE s.agent_uid = k.agent_uid AND s.session_id = k.session_id AND s.status <> 'destroyed'
+			FOR NO KEY UPDATE OF s) s),
 	ok AS MATERIALIZED (
 		SELECT na.*, sl.last_event_seq + row_number() OVER (PARTITION BY na.agent_uid, na.session_id ORDER BY na.n) AS seq
 		FROM na JOIN sl ON sl.agent_uid = na.agent_uid AND sl.session_id = na.session_id
-		WHERE na.idem IS NULL OR NOT EXISTS (SELECT 1 FROM actor_events e
-			WHERE e.agent_uid = na.agent_uid AND e.session_id = na.session_id AND e.idempotency_key = na.idem)),
+		WHERE na.idem IS NULL OR (SELECT 1 FROM actor_events e
+			WHERE e.agent_uid = na.agent_uid AND e.session_id = na.session_id AND e.idempotency_key = na.idem LIMIT 1) IS NULL),
 	up AS (
 		UPDATE sessions s SET last_event_seq = c.seq,
 			status = CASE s.status WHEN 'sleeping' THEN 'active' ELSE s.status END,
