@@ -129,16 +129,21 @@ func BenchmarkNextDelivery(b *testing.B) { storetest.BenchNextDelivery(b, newSto
 // sqlite).
 func BenchmarkFireDueAlarms(b *testing.B) { storetest.BenchFireDueAlarms(b, newStore(b)) }
 
-// BenchmarkAppendEventParallel: signals' acceptance under load, 64
-// concurrent callers appending to 1,000 sessions (a caller's next append
-// goes to the next session of its own stride), each returning once its
-// event is durable; the group commit's acceptance lane sends them in
-// batches, as set appends (setappend.go).
+// BenchmarkAppendEventParallel: signals' acceptance under load, 8 or 64
+// concurrent callers appending to 1,000 sessions (each append to the next
+// session), each returning once its event is durable; the group commit's
+// acceptance lane sends them in batches (setappend.go).
 func BenchmarkAppendEventParallel(b *testing.B) {
+	for _, callers := range []int{8, 64} {
+		b.Run(fmt.Sprint("callers=", callers), func(b *testing.B) { benchAppends(b, callers) })
+	}
+}
+
+func benchAppends(b *testing.B, callers int) {
 	f := newFixture(b)
 	agent, err := f.s.GetAgent(f.ctx, store.DefaultNamespace, "agent")
 	must(b, err, "GetAgent")
-	const sessions, callers = 1000, 64
+	const sessions = 1000
 	keys := make([]store.ActorKey, sessions)
 	for i := range keys {
 		keys[i] = f.session(agent.UID)
