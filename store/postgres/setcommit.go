@@ -97,7 +97,8 @@ var setCommitSQL = `
 	renew AS (
 		UPDATE activations a SET lease_expires_at = greatest(a.lease_expires_at,
 			clock_timestamp() + $13 * interval '1 microsecond')
-		WHERE a.activation_uid = ANY (ARRAY(SELECT i.activation_uid FROM closed JOIN i ON i.n = closed.n))),
+		FROM closed JOIN i ON i.n = closed.n
+		WHERE a.activation_uid = i.activation_uid),
 	del AS (
 		INSERT INTO deliveries (delivery_id, agent_uid, session_id, activation_uid, actor_epoch, event_id,
 			revision, state, binding, sent_at, closed_at)
