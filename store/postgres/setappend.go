@@ -54,7 +54,7 @@ const setAppendMin = 8
 var setAppendSQL = `
 	WITH na AS (
 		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[],
-			$8::text[], $9::boolean[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::int[])
+			$8::text[], $9::boolean[], $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::bigint[])
 			WITH ORDINALITY AS na(agent_uid, session_id, kind, payload, idem, steer_of, traceparent, origin,
 				audited, token_id, namespace, action, object, result, status, n)),
 	sl AS (
@@ -147,7 +147,7 @@ func queueSetAppend(b *pgx.Batch, appends []*groupReq[appendIn, appendRes]) {
 	audited := make([]bool, n)
 	tokens, namespaces, actions, objects, results := make([]string, n), make([]string, n), make([]string, n),
 		make([]string, n), make([]string, n)
-	statuses := make([]int32, n)
+	statuses := make([]int64, n) // as auditArgs: one out of integer's range fails the statement, not wraps
 	for k, a := range appends {
 		in := a.in
 		agents[k], sessions[k], kinds[k], payloads[k] = in.key.AgentUID, in.key.SessionID, in.ne.kind, in.ne.payload
@@ -159,7 +159,7 @@ func queueSetAppend(b *pgx.Batch, appends []*groupReq[appendIn, appendRes]) {
 		if au := in.eventAudit; au != nil {
 			audited[k] = true
 			tokens[k], namespaces[k], actions[k], objects[k], results[k] = au.TokenID, au.Namespace, au.Action, au.Object, au.Result
-			statuses[k] = int32(au.Status)
+			statuses[k] = int64(au.Status)
 		}
 	}
 	events := make([]*store.Event, n)
