@@ -123,11 +123,19 @@ type AppendAuditParams struct {
 // MaxAuditField bounds each text field of an audit row, in bytes.
 const MaxAuditField = 1024
 
+// MaxAuditStatus bounds an audit row's status (an HTTP status code, 0
+// for none).
+const MaxAuditStatus = 999
+
 // CheckAudit validates AppendAudit's inputs: token id, action and result
-// are set; no text is longer than 1024 bytes. Errors wrap ErrInvalid.
+// are set; no text is longer than 1024 bytes; the status is within 0 to
+// MaxAuditStatus. Errors wrap ErrInvalid.
 func CheckAudit(p AppendAuditParams) error {
 	if p.TokenID == "" || p.Action == "" || p.Result == "" {
 		return fmt.Errorf("audit row without a token id, action or result (%q, %q, %q): %w", p.TokenID, p.Action, p.Result, ErrInvalid)
+	}
+	if p.Status < 0 || p.Status > MaxAuditStatus {
+		return fmt.Errorf("audit row status %d: want 0 to %d: %w", p.Status, MaxAuditStatus, ErrInvalid)
 	}
 	for _, f := range []string{p.TokenID, p.Namespace, p.Action, p.Object, p.Result} {
 		if len(f) > MaxAuditField {

@@ -199,6 +199,9 @@ func testAuditInvalid(t *testing.T, b *bundle) {
 		{TokenID: "t", Result: "ok"},
 		{TokenID: "t", Action: "x"},
 		{TokenID: "t", Action: "x", Result: "ok", Object: strings.Repeat("o", 1025)},
+		{TokenID: "t", Action: "x", Result: "ok", Status: -1},
+		{TokenID: "t", Action: "x", Result: "ok", Status: 1000},
+		{TokenID: "t", Action: "x", Result: "ok", Status: 1<<32 + 202},
 	} {
 		_, err := b.s.AppendAudit(b.ctx, p)
 		wantIs(t, err, store.ErrInvalid, fmt.Sprintf("AppendAudit(%+v)", p))
