@@ -419,6 +419,44 @@ func boolInt(b bool) int {
 	return 0
 }
 
+// runnableSessionsSQL is RunnableSessions' query. Parameters: ?1 the
+// blocked agents, ?2 the limit, ?3 the capacity sleep reasons, ?4 the
+// agents to skip (JSON arrays).
+const runnableSessionsSQL = `
+	WITH RECURSIVE k(event_id) AS (
+		SELECT (SELECT event_id FROM actor_events WHERE status = 'open'
+		        ORDER BY agent_uid, session_id LIMIT 1)
+		UNION ALL
+		SELECT coalesce(
+			(SELECT n.event_id FROM actor_events n
+			 WHERE n.status = 'open' AND n.agent_uid = c.agent_uid AND n.session_id > c.session_id
+			 ORDER BY n.agent_uid, n.session_id LIMIT 1),
+			(SELECT n.event_id FROM actor_events n
+			 WHERE n.status = 'open' AND n.agent_uid > c.agent_uid
+			 ORDER BY n.agent_uid, n.session_id LIMIT 1))
+		FROM k JOIN actor_events c ON c.event_id = k.event_id)
+	SELECT s.agent_uid, s.session_id
+	FROM k
+	CROSS JOIN actor_events c ON c.event_id = k.event_id
+	CROSS JOIN sessions s ON s.agent_uid = c.agent_uid AND s.session_id = c.session_id
+	JOIN actor_events e ON e.event_id = (SELECT o.event_id FROM actor_events o
+		WHERE o.agent_uid = s.agent_uid AND o.session_id = s.session_id
+		  AND o.status = 'open' AND o.steer_of IS NULL
+		ORDER BY o.seq LIMIT 1)
+	WHERE (s.status = 'active'
+	       OR (s.status = 'sleeping' AND s.sleep_reason IN (SELECT value FROM json_each(?3))))
+	  AND e.next_attempt_at <= ` + nowMS + `
+	  AND NOT EXISTS (SELECT 1 FROM activations a
+	                  WHERE a.agent_uid = s.agent_uid AND a.session_id = s.session_id
+	                    AND a.state IN ` + liveStates + `)
+	  AND NOT (s.agent_uid IN (SELECT value FROM json_each(?1))
+	           AND EXISTS (SELECT 1 FROM actor_events dl
+	                       WHERE dl.agent_uid = s.agent_uid AND dl.session_id = s.session_id
+	                         AND dl.status = 'dead_letter' AND dl.seq < e.seq))
+	  AND s.agent_uid NOT IN (SELECT value FROM json_each(?4))
+	ORDER BY e.next_attempt_at, e.event_id
+	LIMIT ?2`
+
 // RunnableSessions lists active sessions, and sessions asleep for lack of
 // capacity (store.CapacitySleepReasons), whose oldest open event (steers
 // attached to a turn aside) is due (DB clock) and that have no live
@@ -439,30 +477,15 @@ func (s *Store) RunnableSessions(ctx context.Context, p store.RunnableSessionsPa
 	}
 	var out []store.ActorKey
 	err = s.read(ctx, "runnable sessions", func(tx *txn) error {
-		// Session-driven: each awake (or capacity-sleeping) session's
-		// oldest open event is the first entry of actor_events_open, so the
-		// scan costs one index probe per such session, however many events
-		// wait behind each (a scan of every open event did not).
-		rows, err := tx.query(`
-			SELECT s.agent_uid, s.session_id
-			FROM sessions s
-			JOIN actor_events e ON e.event_id = (SELECT o.event_id FROM actor_events o
-				WHERE o.agent_uid = s.agent_uid AND o.session_id = s.session_id
-				  AND o.status = 'open' AND o.steer_of IS NULL
-				ORDER BY o.seq LIMIT 1)
-			WHERE (s.status = 'active'
-			       OR (s.status = 'sleeping' AND s.sleep_reason IN (SELECT value FROM json_each(?3))))
-			  AND e.next_attempt_at <= `+nowMS+`
-			  AND NOT EXISTS (SELECT 1 FROM activations a
-			                  WHERE a.agent_uid = s.agent_uid AND a.session_id = s.session_id
-			                    AND a.state IN `+liveStates+`)
-			  AND NOT (s.agent_uid IN (SELECT value FROM json_each(?1))
-			           AND EXISTS (SELECT 1 FROM actor_events dl
-			                       WHERE dl.agent_uid = s.agent_uid AND dl.session_id = s.session_id
-			                         AND dl.status = 'dead_letter' AND dl.seq < e.seq))
-			  AND s.agent_uid NOT IN (SELECT value FROM json_each(?4))
-			ORDER BY e.next_attempt_at, e.event_id
-			LIMIT ?2`, string(blocked), store.PageLimit(p.Limit), string(capacity), string(skip))
+		// Driven by the sessions that have open events, not by the
+		// sessions: k walks actor_events_open one session at a time (the
+		// next key after the last one found), so idle sessions cost nothing
+		// and a session's backlog costs one probe; each session found then
+		// costs its oldest open event and a look for a live activation.
+		// Driven by sessions, the scan had probed every awake session's
+		// oldest open event, each ScanInterval
+		// (TestRunnableSessionsReadsOnlySessionsWithOpenEvents).
+		rows, err := tx.query(runnableSessionsSQL, string(blocked), store.PageLimit(p.Limit), string(capacity), string(skip))
 		if err != nil {
 			return err
 		}
