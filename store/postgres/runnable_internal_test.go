@@ -5,11 +5,8 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/google/uuid"
-
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
-	"github.com/paddock-dev/paddock/store/pgtest"
 )
 
 // TestRunnableSessionsCostNothingForIdleSessions: the runnable scan, which
@@ -20,19 +17,7 @@ import (
 // probes here for the three sessions that have work.
 func TestRunnableSessionsCostNothingForIdleSessions(t *testing.T) {
 	ctx := context.Background()
-	s, err := Open(ctx, pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	m, _, err := s.PutModule(ctx, store.PutModuleParams{Digest: "sha256:runnable", ABIVersion: abi.Version, Bytes: []byte("m")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := s.CreateAgent(ctx, store.CreateAgentParams{UID: uuid.NewString(), Name: "runnable", ModuleDigest: m.Digest, CrashPolicy: store.CrashRestart})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, a := agentStore(t, "runnable")
 	const idle = 20000
 	if _, err := s.pool.Exec(ctx, `INSERT INTO sessions (agent_uid, session_id, crash_policy, actor_epoch, last_event_seq, turn_count)
 		SELECT $1, 'idle' || g, 'restart', 1, 3, 3 FROM generate_series(1, $2::int) g`, a.UID, idle); err != nil {

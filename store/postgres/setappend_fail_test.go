@@ -39,6 +39,22 @@ func (k *setAppendTracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.
 }
 func (k *setAppendTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
+// setAppendSessions opens a traced store and returns it with its DSN, a
+// session to stall a batch on (stalledBatch) and 12 other sessions.
+func setAppendSessions(t *testing.T) (tr *setAppendTracer, s *postgres.Store, dsn string, blocker store.ActorKey, keys []store.ActorKey) {
+	t.Helper()
+	dsn = pgtest.DSN(t)
+	tr = &setAppendTracer{}
+	s, err := postgres.Open(context.Background(), dsn, postgres.WithTracer(tr))
+	must(t, err, "Open")
+	t.Cleanup(func() { _ = s.Close() })
+	f := newFixtureOn(t, s)
+	for range 12 {
+		keys = append(keys, f.session(f.key.AgentUID))
+	}
+	return tr, s, dsn, f.key, keys
+}
+
 // stalledBatch holds a session row so that the acceptance lane's batch
 // appending to it waits; the requests made meanwhile queue and go out as
 // the next batch once release is called.
@@ -73,17 +89,7 @@ func stalledBatch(t *testing.T, s *postgres.Store, dsn string, blocker store.Act
 func TestSetAppendBadValueFallsBackPerRequest(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dsn := pgtest.DSN(t)
-	tr := &setAppendTracer{}
-	s, err := postgres.Open(ctx, dsn, postgres.WithTracer(tr))
-	must(t, err, "Open")
-	t.Cleanup(func() { _ = s.Close() })
-	f := newFixtureOn(t, s)
-	blocker := f.key
-	var keys []store.ActorKey
-	for range 12 {
-		keys = append(keys, f.session(f.key.AgentUID))
-	}
+	tr, s, dsn, blocker, keys := setAppendSessions(t)
 	var long strings.Builder
 	for long.Len() < 9000 {
 		long.WriteString(rand.Text()) // incompressible: too long for the index
@@ -143,17 +149,7 @@ func TestSetAppendBadValueFallsBackPerRequest(t *testing.T) {
 func TestSetAppendCancelledCallers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dsn := pgtest.DSN(t)
-	tr := &setAppendTracer{}
-	s, err := postgres.Open(ctx, dsn, postgres.WithTracer(tr))
-	must(t, err, "Open")
-	t.Cleanup(func() { _ = s.Close() })
-	f := newFixtureOn(t, s)
-	blocker := f.key
-	var keys []store.ActorKey
-	for range 12 {
-		keys = append(keys, f.session(f.key.AgentUID))
-	}
+	tr, s, dsn, blocker, keys := setAppendSessions(t)
 	release := stalledBatch(t, s, dsn, blocker)
 	errs := make([]error, len(keys))
 	cancels := make([]context.CancelFunc, len(keys))

@@ -19,9 +19,9 @@ import (
 // The set append (setappend.go), driven batch by batch: each append of a
 // batch gets exactly its own answer.
 
-// setAppendStore opens a store with one agent and returns it with the
-// agent's uid.
-func setAppendStore(t *testing.T) (*Store, string) {
+// agentStore opens a store with one agent of a module of digest
+// "sha256:"+name and returns it with the agent.
+func agentStore(t *testing.T, name string) (*Store, store.Agent) {
 	t.Helper()
 	ctx := context.Background()
 	s, err := Open(ctx, pgtest.DSN(t))
@@ -29,14 +29,22 @@ func setAppendStore(t *testing.T) (*Store, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	m, _, err := s.PutModule(ctx, store.PutModuleParams{Digest: "sha256:setappend", ABIVersion: abi.Version, Bytes: []byte("m")})
+	m, _, err := s.PutModule(ctx, store.PutModuleParams{Digest: "sha256:" + name, ABIVersion: abi.Version, Bytes: []byte("m")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := s.CreateAgent(ctx, store.CreateAgentParams{UID: uuid.NewString(), Name: "setappend", ModuleDigest: m.Digest, CrashPolicy: store.CrashRestart})
+	a, err := s.CreateAgent(ctx, store.CreateAgentParams{UID: uuid.NewString(), Name: name, ModuleDigest: m.Digest, CrashPolicy: store.CrashRestart})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, a
+}
+
+// setAppendStore is agentStore for the set append's tests: the store and
+// the agent's uid.
+func setAppendStore(t *testing.T) (*Store, string) {
+	t.Helper()
+	s, a := agentStore(t, "setappend")
 	return s, a.UID
 }
 

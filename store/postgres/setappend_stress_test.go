@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -39,7 +38,7 @@ func TestSetAppendStressTwoHosts(t *testing.T) {
 	var deadlocks0 int64
 	must(t, admin.QueryRow(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&deadlocks0), "deadlocks")
 
-	sets := &setAppendCounter{}
+	sets := &setAppendTracer{}
 	s1, err := postgres.Open(ctx, dsn, postgres.WithTracer(sets))
 	must(t, err, "Open")
 	t.Cleanup(func() { _ = s1.Close() })
@@ -149,7 +148,7 @@ func TestSetAppendStressTwoHosts(t *testing.T) {
 	if deadlocks != deadlocks0 {
 		t.Errorf("the server detected %d deadlocks", deadlocks-deadlocks0)
 	}
-	setAppends, setRows := sets.statements.Load(), sets.appends.Load()
+	setAppends, setRows := sets.sets.Load(), sets.held.Load()
 	if setAppends == 0 {
 		t.Errorf("no set append ran")
 	}
@@ -205,18 +204,3 @@ func TestSetAppendStressTwoHosts(t *testing.T) {
 	}
 }
 
-// setAppendCounter counts the set appends sent (store/postgres/setappend.go)
-// and the appends they held.
-type setAppendCounter struct {
-	batchCounter
-	statements, appends atomic.Int64
-}
-
-func (c *setAppendCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
-	if strings.Contains(d.SQL, "WITH ORDINALITY AS na(") {
-		c.statements.Add(1)
-		if agents, ok := d.Args[0].([]string); ok {
-			c.appends.Add(int64(len(agents)))
-		}
-	}
-}

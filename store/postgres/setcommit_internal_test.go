@@ -12,7 +12,6 @@ import (
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
-	"github.com/paddock-dev/paddock/store/pgtest"
 )
 
 // The set commit's plan and its refusals, on tables of realistic size
@@ -32,19 +31,7 @@ type setFixture struct {
 // them, and returns n real sessions' deferred commits, ready to queue.
 func setCommitSetup(t *testing.T, n int, fillSessions int) (*setFixture, []*groupReq[commitIn, commitRes]) {
 	ctx := context.Background()
-	s, err := Open(ctx, pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	m, _, err := s.PutModule(ctx, store.PutModuleParams{Digest: "sha256:plan", ABIVersion: abi.Version, Bytes: []byte("m")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := s.CreateAgent(ctx, store.CreateAgentParams{UID: uuid.NewString(), Name: "plan", ModuleDigest: m.Digest, CrashPolicy: store.CrashRestart})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, a := agentStore(t, "plan")
 	f := &setFixture{s: s, agent: a}
 	exec := func(sql string, args ...any) {
 		t.Helper()
@@ -109,7 +96,7 @@ func setCommitSetup(t *testing.T, n int, fillSessions int) (*setFixture, []*grou
 			t.Fatal(err)
 		}
 		f.acts = append(f.acts, act)
-		d, err := s.NextDelivery(ctx, store.NextDeliveryParams{Activation: act.Ref(), DeliveryID: uuid.NewString(), Binding: m.Digest, MarkSent: true})
+		d, err := s.NextDelivery(ctx, store.NextDeliveryParams{Activation: act.Ref(), DeliveryID: uuid.NewString(), Binding: a.ModuleDigest, MarkSent: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +104,7 @@ func setCommitSetup(t *testing.T, n int, fillSessions int) (*setFixture, []*grou
 			Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "r"}}, Payloads: []string{string(d.Event.Payload)}}); err != nil {
 			t.Fatal(err)
 		}
-		f.expect = &store.ExpectedBinding{Agent: d.Agent, Binding: m.Digest}
+		f.expect = &store.ExpectedBinding{Agent: d.Agent, Binding: a.ModuleDigest}
 	}
 	var commits []*groupReq[commitIn, commitRes]
 	for _, act := range f.acts {
