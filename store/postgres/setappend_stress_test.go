@@ -203,4 +203,3 @@ func TestSetAppendStressTwoHosts(t *testing.T) {
 		t.Errorf("%d payloads audited twice", dupAudits)
 	}
 }
-
