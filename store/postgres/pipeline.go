@@ -52,7 +52,8 @@ type pipe struct {
 	conn    net.Conn
 	pgx     *pgx.Conn // the hijacked handle: its type map and tracer
 	typeMap *pgtype.Map
-	tracer  pgx.BatchTracer // nil when the pool's tracer is not one
+	tracer  pgx.BatchTracer   // nil when the pool's tracer is not one
+	ptracer pgx.PrepareTracer // nil when the pool's tracer is not one
 
 	// Flusher side.
 	stmts  map[string]*pgconn.StatementDescription // prepared on this connection, by SQL
@@ -119,6 +120,9 @@ func (s *Store) openPipe(ctx context.Context) (*pipe, error) {
 	}
 	if t, ok := c.Config().Tracer.(pgx.BatchTracer); ok {
 		p.tracer = t
+	}
+	if t, ok := c.Config().Tracer.(pgx.PrepareTracer); ok {
+		p.ptracer = t
 	}
 	p.room <- struct{}{}
 	go p.read(pgproto3.NewFrontend(hj.Conn, io.Discard))
@@ -233,7 +237,16 @@ func (p *pipe) prepare(b *pgx.Batch, deadline time.Time) error {
 	}
 	sb := &sentBatch{prepare: true, sds: todo, deadline: deadline, prepared: make(chan error, 1)}
 	p.write(sb, buf)
-	if err := <-sb.prepared; err != nil {
+	err := <-sb.prepared
+	if p.ptracer != nil {
+		// Each statement as pgx traces its prepares, so that a tracer can
+		// tell a statement prepared again from one prepared first.
+		for _, sd := range todo {
+			ctx := p.ptracer.TracePrepareStart(context.Background(), p.pgx, pgx.TracePrepareStartData{Name: sd.Name, SQL: sd.SQL})
+			p.ptracer.TracePrepareEnd(ctx, p.pgx, pgx.TracePrepareEndData{Err: err})
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("prepare: %w", err)
 	}
 	for _, sd := range todo {
