@@ -13,7 +13,8 @@ FUZZ_TARGETS := ./abi:FuzzTurnResult ./abi:FuzzTurnRequest ./abi:FuzzCallRequest
 	./host/api:FuzzSignal ./host/api:FuzzSession ./host/api:FuzzAgent ./host/api:FuzzPlugin ./host/api:FuzzQuery \
 	./host/config:FuzzLoad ./plugins/pluginhost:FuzzPluginFrames ./plugins/pluginhost:FuzzFrameRoundTrip \
 	./fabric:FuzzBrokerReceive ./fabric:FuzzRemoteResult ./fabric/wire:FuzzParseHeader ./fabric/wire:FuzzSessionOpen \
-	./wasm/guest/internal/wire:FuzzDecodeTurnRequest ./wasm/guest/internal/wire:FuzzAppendTurnResult
+	./wasm/internal/wire:FuzzDecodeTurnRequest ./wasm/internal/wire:FuzzAppendTurnResult \
+	./wasm/internal/wire:FuzzDecodeTurnResult
 
 .PHONY: help build examples plugins run test vet lint fmt-check bench bench-go bench-paddock bench-peers bench-backlog bench-stream chaos burst fuzz clean
 

@@ -2,7 +2,6 @@ package wasm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +17,7 @@ import (
 	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/paddock-dev/paddock/abi"
+	"github.com/paddock-dev/paddock/wasm/internal/wire"
 )
 
 // Kinds of a TurnError.
@@ -139,10 +139,17 @@ type Instance struct {
 	// under its code; the turn closes it when the guest has returned.
 	stopMu sync.Mutex
 	stop   context.CancelFunc
+	// reqBuf is the last turn's encoded request, reused (guarded by mu).
+	reqBuf []byte
 	// callStart is when the guest call being made started (its deadline is
 	// reported as a duration from there).
 	callStart time.Time
 }
+
+// maxKeptRequestBuf bounds the request buffer an Instance keeps between
+// turns (bytes): most requests are a few KiB, and a pool keeps up to
+// DefaultPoolIdle instances per module.
+const maxKeptRequestBuf = 64 << 10
 
 // instantiate makes an instance of compiled in the sandbox, running its
 // _initialize within InitTimeout.
@@ -236,9 +243,14 @@ func (i *Instance) Turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnRes
 	if i.closed.Load() {
 		return nil, ErrInstanceClosed
 	}
-	in, err := abi.Marshal(req)
+	// The request is copied into guest memory, so its encoding's buffer
+	// is kept for the next turn (unless a large request grew it).
+	in, err := wire.AppendTurnRequest(i.reqBuf[:0], req)
 	if err != nil {
 		return nil, fmt.Errorf("wasm: encode turn request: %w", err)
+	}
+	if cap(in) <= maxKeptRequestBuf {
+		i.reqBuf = in
 	}
 	if len(in) > abi.MaxRequestBytes {
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrRequestTooLarge, len(in), abi.MaxRequestBytes)
@@ -328,7 +340,7 @@ func (i *Instance) runTurn(ctx context.Context, req *abi.TurnRequest, in []byte,
 	// Decoding copies every field out of guest memory, so the view may be
 	// released right after.
 	res := new(abi.TurnResult)
-	decErr := json.Unmarshal(view, res)
+	decErr := wire.DecodeTurnResult(view, res)
 	if _, err := i.free.Call(ctx, uint64(rptr)); err != nil {
 		return nil, i.classify(ctx, ExportFree, err)
 	}

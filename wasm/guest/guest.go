@@ -66,7 +66,7 @@
 // machine.
 //
 // The package imports only the standard library, abi and its own codec
-// (internal/wire), which decodes requests and encodes results without
+// (wasm/internal/wire), which decodes requests and encodes results without
 // reflection, byte for byte as encoding/json does, because reflection
 // dominated a wasm turn's cost.
 package guest

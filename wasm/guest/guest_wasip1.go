@@ -9,7 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/paddock-dev/paddock/abi"
-	"github.com/paddock-dev/paddock/wasm/guest/internal/wire"
+	"github.com/paddock-dev/paddock/wasm/internal/wire"
 )
 
 // A wasm export is a process-wide function, so the SDK necessarily keeps its

@@ -32,22 +32,7 @@ func appendTurnResult(b []byte, r *abi.TurnResult) ([]byte, bool) {
 	b = append(b, `{"turn_ref":`...)
 	b = appendTurnRef(b, &r.TurnRef)
 	b = append(b, `,"messages":`...)
-	if r.Messages == nil {
-		b = append(b, "null"...)
-	} else {
-		b = append(b, '[')
-		for i, m := range r.Messages {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = append(b, `{"role":`...)
-			b = appendString(b, m.Role)
-			b = append(b, `,"content":`...)
-			b = appendString(b, m.Content)
-			b = append(b, '}')
-		}
-		b = append(b, ']')
-	}
+	b = appendMessages(b, r.Messages)
 	b = append(b, `,"state":`...)
 	b = appendBytes(b, r.State)
 	b = append(b, `,"outcome":`...)
@@ -91,6 +76,25 @@ func appendTurnResult(b []byte, r *abi.TurnResult) ([]byte, bool) {
 		b = append(obj.b, '}')
 	}
 	return append(b, '}'), true
+}
+
+// appendMessages writes a []Message as encoding/json does: null when nil.
+func appendMessages(b []byte, msgs []abi.Message) []byte {
+	if msgs == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '[')
+	for i, m := range msgs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"role":`...)
+		b = appendString(b, m.Role)
+		b = append(b, `,"content":`...)
+		b = appendString(b, m.Content)
+		b = append(b, '}')
+	}
+	return append(b, ']')
 }
 
 // objectWriter writes the members of an object whose fields may all be

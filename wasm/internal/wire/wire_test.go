@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/paddock-dev/paddock/abi"
-	"github.com/paddock-dev/paddock/wasm/guest/internal/wire"
+	"github.com/paddock-dev/paddock/wasm/internal/wire"
 )
 
 // checkDecode fails t unless DecodeTurnRequest and json.Unmarshal give the
@@ -47,6 +47,82 @@ func checkEncode(t *testing.T, res *abi.TurnResult) {
 	}
 	if gotErr == nil && !bytes.Equal(got, append([]byte("prefix"), want...)) {
 		t.Fatalf("encode %#v:\n got %s\nwant prefix%s", res, got, want)
+	}
+}
+
+// checkDecodeResult fails t unless DecodeTurnResult and json.Unmarshal
+// give the same result and the same error for data, and unless the result
+// shares no memory with data (the host decodes from guest memory).
+func checkDecodeResult(t *testing.T, data []byte) {
+	t.Helper()
+	var got, want abi.TurnResult
+	in := bytes.Clone(data)
+	gotErr := wire.DecodeTurnResult(in, &got)
+	wantErr := json.Unmarshal(data, &want)
+	if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) {
+		t.Fatalf("decode result %q: error %v, encoding/json %v", data, gotErr, wantErr)
+	}
+	for i := range in {
+		in[i] = 'X' // the guest reuses its memory
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("decode result %q (its input overwritten after):\n got %#v\nwant %#v", data, got, want)
+	}
+}
+
+// checkEncodeRequest fails t unless AppendTurnRequest writes what
+// abi.Marshal writes for req (or fails as it does).
+func checkEncodeRequest(t *testing.T, req *abi.TurnRequest) {
+	t.Helper()
+	got, gotErr := wire.AppendTurnRequest([]byte("prefix"), req)
+	want, wantErr := abi.Marshal(req)
+	if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) {
+		t.Fatalf("encode %#v: error %v, abi.Marshal %v", req, gotErr, wantErr)
+	}
+	if gotErr == nil && !bytes.Equal(got, append([]byte("prefix"), want...)) {
+		t.Fatalf("encode %#v:\n got %s\nwant prefix%s", req, got, want)
+	}
+}
+
+// trickyResults are results at the edges of encoding/json's semantics, as
+// a hostile guest may write them.
+var trickyResults = []string{
+	``, ` `, `null`, `{}`, `[]`, `"x"`, `{`, `{}x`, `{}{}`,
+	`{"outcome":"ok"}`, `{"outcome":"ok","outcome":"error"}`, `{"Outcome":"ok"}`, `{"OUTCOME":"ok"}`, `{"outcome":1}`, `{"outcome":null}`,
+	`{"error":"e\u0000\ud800x"}`, "{\"error\":\"bad \xff utf8\"}", `{"error":null,"state":null,"messages":null,"turn_ref":null}`,
+	`{"messages":[]}`, `{"messages":[null,{}]}`, `{"messages":[{"role":"assistant","content":"a","role":"user"}]}`, `{"messages":{}}`,
+	`{"messages":[{"Role":"assistant"}]}`, `{"messages":[{"role":"assistant","content":"\"<&>\u2028"}],"x":[1,{"y":null}]}`,
+	`{"state":""}`, `{"state":"AAEC"}`, `{"state":"AAE"}`, `{"state":"!!"}`, `{"state":1}`,
+	`{"alarms":null,"wait":null}`, `{"alarms":[]}`, `{"alarms":[{"name":"a","in_ms":5}]}`, `{"alarms":5}`,
+	`{"wait":{"id":"w","for":"f","data":[1],"timeout_ms":3}}`, `{"wait":{}}`, `{"wait":"x"}`,
+	`{"turn_ref":{"delivery_id":"d","actor_epoch":1,"revision":2.5}}`, `{"turn_ref":{"actor_epoch":9223372036854775808}}`,
+	`{"turn_ref":{"delivery_id":"d","delivery_id":"e"}}`, `{"turn_ref":[]}`, `{"ſtate":"AA=="}`,
+	`{"u":` + strings.Repeat(`[`, 1100) + strings.Repeat(`]`, 1100) + `}`,
+}
+
+func TestDecodeResultTricky(t *testing.T) {
+	t.Parallel()
+	for _, s := range trickyResults {
+		checkDecodeResult(t, []byte(s))
+	}
+}
+
+func TestEncodeRequestTricky(t *testing.T) {
+	t.Parallel()
+	bad := time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, req := range []*abi.TurnRequest{
+		{},
+		{Transcript: []abi.Message{}, State: []byte{}, Session: abi.Session{Input: []byte{}}, Event: abi.Event{Data: json.RawMessage{}}},
+		{Event: abi.Event{AcceptedAt: bad}},
+		{Event: abi.Event{Data: json.RawMessage(`{"a":`)}},
+		{Event: abi.Event{Data: json.RawMessage(" [ \"<\u2028>\" ] ")}},
+		{Steers: []abi.Steer{{Data: json.RawMessage(`nope`)}}},
+		{Steers: []abi.Steer{{}, {Message: "<&>\u2028", Data: json.RawMessage(`null`)}}},
+		{Event: abi.Event{Alarm: &abi.AlarmFired{Name: "a"}}},
+		{Event: abi.Event{Wait: &abi.WaitEvent{ID: "w"}, Data: json.RawMessage(`1`)}},
+		{Session: abi.Session{AgentName: "\u2028\u2029<>&\x7f\x00\xc0\xaf😀", Key: "k", Input: []byte("in")}},
+	} {
+		checkEncodeRequest(t, req)
 	}
 }
 
@@ -226,10 +302,24 @@ func TestRandomRoundTrips(t *testing.T) {
 				t.Fatalf("decode %s: %v", data, err)
 			}
 		}
+		checkEncodeRequest(t, req)
+		if _, err := abi.Marshal(req); err == nil && req.Event.Alarm == nil && req.Event.Wait == nil && !wire.FastEncodeRequest(req) {
+			t.Fatalf("the fast path refused %#v", req)
+		}
 		res := randResult(r)
 		checkEncode(t, res)
 		if _, err := abi.Marshal(res); err == nil && !wire.FastEncode(res) {
 			t.Fatalf("the fast path refused %#v", res)
+		}
+		for _, enc := range []func(any) ([]byte, error){abi.Marshal, json.Marshal, func(v any) ([]byte, error) { return json.MarshalIndent(v, "", " ") }} {
+			data, err := enc(res)
+			if err != nil {
+				continue // invalid raw data or time: nothing a guest could send
+			}
+			checkDecodeResult(t, data)
+			if len(res.Alarms) == 0 && res.Wait == nil && !wire.FastDecodeResult(data) {
+				t.Fatalf("the fast path refused %s, which the guest's encoder wrote", data)
+			}
 		}
 	}
 }
@@ -268,6 +358,23 @@ func FuzzDecodeTurnRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkDecode(t, data)
+	})
+}
+
+func FuzzDecodeTurnResult(f *testing.F) {
+	for _, s := range trickyResults {
+		if len(s) < 4096 {
+			f.Add([]byte(s))
+		}
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	for range 20 {
+		if data, err := abi.Marshal(randResult(r)); err == nil {
+			f.Add(data)
+		}
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checkDecodeResult(t, data)
 	})
 }
 
@@ -339,4 +446,44 @@ func TestSpecialBytePositions(t *testing.T) {
 			}
 		}
 	}
+}
+
+// BenchmarkHostCodec compares the host's direction with encoding/json on
+// the bench agent's turn: its request encoded, its result decoded.
+func BenchmarkHostCodec(b *testing.B) {
+	ref := abi.TurnRef{DeliveryID: "0193a6f0-7c1e-7d3a-9a51-3c1f0b6f2e11", ActivationUID: "0193a6f0-7c1e-7d3a-9a51-3c1f0b6f2e12",
+		ActorEpoch: 3, ActorEventID: 123456, Revision: 17, AgentUID: "0193a6f0-7c1e-7d3a-9a51-3c1f0b6f2e13", SessionID: "bench-000123"}
+	req := &abi.TurnRequest{ABIVersion: 1, TurnRef: ref, Session: abi.Session{AgentName: "hasher", SessionID: ref.SessionID},
+		Event: abi.Event{ID: 123456, Kind: abi.EventMessage, Data: json.RawMessage(`{"idx":1234,"key":"bench-000123","seq":17,"t":1764812345678901234}`),
+			AcceptedAt: time.Date(2026, 12, 4, 3, 5, 55, 123456000, time.UTC)}, Attempt: 1}
+	out, err := abi.Marshal(&abi.TurnResult{TurnRef: ref, Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "0123456789abcdef"}}, Outcome: abi.OutcomeOK})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("wire", func(b *testing.B) {
+		b.ReportAllocs()
+		var buf []byte
+		for b.Loop() {
+			var err error
+			if buf, err = wire.AppendTurnRequest(buf[:0], req); err != nil {
+				b.Fatal(err)
+			}
+			var res abi.TurnResult
+			if err := wire.DecodeTurnResult(out, &res); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("encoding-json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := abi.Marshal(req); err != nil {
+				b.Fatal(err)
+			}
+			var res abi.TurnResult
+			if err := json.Unmarshal(out, &res); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -14,3 +14,16 @@ func FastEncode(res *abi.TurnResult) bool {
 	_, ok := appendTurnResult(nil, res)
 	return ok
 }
+
+// FastDecodeResult reports whether the fast path decodes data on its own.
+func FastDecodeResult(data []byte) bool {
+	var res abi.TurnResult
+	d := decoder{data: data}
+	return d.turnResult(&res) && d.end()
+}
+
+// FastEncodeRequest reports whether the fast path encodes req on its own.
+func FastEncodeRequest(req *abi.TurnRequest) bool {
+	_, ok := appendTurnRequest(nil, req)
+	return ok
+}

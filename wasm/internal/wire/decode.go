@@ -1,7 +1,8 @@
-// Package wire is the wasm guest SDK's JSON codec for the two messages of
-// a turn: it decodes an abi.TurnRequest and encodes an abi.TurnResult
+// Package wire is the JSON codec of the two messages of a wasm turn,
 // without reflection, producing exactly what encoding/json (and
-// abi.Marshal) produce for the same input.
+// abi.Marshal) produce for the same input. The guest SDK (wasm/guest)
+// decodes an abi.TurnRequest and encodes an abi.TurnResult with it; the
+// host (package wasm) encodes the request and decodes the result (host.go).
 //
 // Why: inside a wasm guest run by wazero, encoding/json's reflection is
 // slow. Measured on the dev machine (2 shared, busy cores) with the hasher
@@ -24,7 +25,8 @@
 // raw JSON to abi.Marshal. The equivalence tests and fuzz targets in this
 // package compare both with encoding/json on random and tricky inputs.
 //
-// The package imports only the standard library and abi, like the SDK.
+// The package imports only the standard library and abi, like the SDK,
+// which is built into every Go guest module.
 package wire
 
 import (
