@@ -187,13 +187,22 @@ func (b *batcher) flushLoop() {
 			p.close()
 		}
 	}()
+	// carry is what the last batch left for this one (splitSet); a batch
+	// that starts with it is not split again, so nothing waits for more
+	// than one batch.
+	var carry []groupItem
 	for {
-		var first groupItem
-		select {
-		case first = <-b.queue:
-		case <-b.s.closedCtx.Done():
-			return
+		batch := carry
+		if len(batch) == 0 {
+			select {
+			case first := <-b.queue:
+				batch = []groupItem{first}
+			case <-b.s.closedCtx.Done():
+				return
+			}
 		}
+		split := len(carry) == 0
+		carry = nil
 		if p != nil {
 			// Wait until the batch in flight has run its statements: the
 			// next one takes whatever queued meanwhile.
@@ -206,7 +215,6 @@ func (b *batcher) flushLoop() {
 				p = nil
 			}
 		}
-		batch := []groupItem{first}
 	more:
 		for len(batch) < groupMax {
 			select {
@@ -216,16 +224,18 @@ func (b *batcher) flushLoop() {
 				break more
 			}
 		}
-		p = b.flush(p, batch)
+		p, carry = b.flush(p, batch, split)
 	}
 }
 
 // flush sends one batch on p (a new pipe when p is nil) and returns the
-// pipe to send the next one on. The caller holds p's room token; the
+// pipe to send the next one on, and the requests it left for the next
+// batch: with split, a batch may go out as a set commit and leave its
+// other locking requests (splitSet). The caller holds p's room token; the
 // reader answers the batch's requests. A request whose batch could not be
 // sent at all (no connection, a statement that does not prepare) runs on
 // its own path.
-func (b *batcher) flush(p *pipe, batch []groupItem) *pipe {
+func (b *batcher) flush(p *pipe, batch []groupItem, split bool) (*pipe, []groupItem) {
 	reqs := live(batch)
 	giveBack := func() {
 		if p != nil {
@@ -234,7 +244,7 @@ func (b *batcher) flush(p *pipe, batch []groupItem) *pipe {
 	}
 	if len(reqs) == 0 {
 		giveBack()
-		return p
+		return p, nil
 	}
 	solo := func() {
 		for _, r := range reqs {
@@ -254,27 +264,35 @@ func (b *batcher) flush(p *pipe, batch []groupItem) *pipe {
 		cancel()
 		if err != nil {
 			solo()
-			return nil
+			return nil, nil
 		}
 		p = np
 		<-p.room
 	}
 	pb := &pgx.Batch{}
-	if !queueSet(pb, reqs) && !queueSetAppends(pb, reqs) {
+	sent, carry := reqs, []groupItem(nil)
+	switch {
+	case queueSet(pb, reqs), queueSetAppends(pb, reqs):
+	default:
+		if set, rest, ok := splitSet(reqs); split && ok && queueSet(pb, set) {
+			sent, carry = set, rest
+			break
+		}
 		for _, r := range reqs {
 			r.queue(pb)
 		}
 	}
 	p.idle = time.Now()
-	if err := p.send(reqs, pb, deadline); err != nil {
+	if err := p.send(sent, pb, deadline); err != nil {
 		solo()
 		if p.isDead() {
 			p.close()
-			return nil
+			return nil, nil
 		}
 		giveBack()
+		return p, nil
 	}
-	return p
+	return p, carry
 }
 
 // pipeIdleCheck: a pipe idle for longer is checked before a batch goes

@@ -32,8 +32,11 @@ import (
 // that locks rows session by session would break this (it would hold a
 // later session's row while the set commit waits for an earlier one), so
 // the set commit only goes out in a batch whose other requests lock
-// nothing (deferred reads); otherwise the batch is queued statement by
-// statement as before (queueSet reports false).
+// nothing (deferred reads). A batch with enough deferred commits and other
+// locking requests too is split (splitSet): the set commit and the reads
+// now, the rest, statement by statement, as the next batch — its own
+// transaction. Otherwise the batch is queued statement by statement as
+// before (queueSet reports false).
 //
 // Its plan must not depend on statistics taken when the tables were small,
 // nor on the planner's guess of ten rows for an array: the activations are
@@ -199,6 +202,54 @@ func queueSet(b *pgx.Batch, reqs []groupItem) bool {
 		r.queue(b)
 	}
 	return true
+}
+
+// splitSetMin is the fewest settable commits for which splitSet takes a
+// batch apart: the rest then costs a transaction of its own.
+const splitSetMin = 4
+
+// splitSet divides a batch that queueSet refused only for its requests
+// that lock rows session by session (claims, written commits, activation
+// claims: a burst of cold starts mixes them with deferred commits in every
+// batch) into the set — its settable commits, at least splitSetMin, one
+// per session and all of one lease renewal, and its deferred reads — and
+// the rest, which the flusher sends as the next batch. Each part keeps the
+// lock order of a batch of its own kind. ok is false when the batch does
+// not qualify or a request of the rest is of a session in the set: within
+// a session, requests go out in arrival order.
+func splitSet(reqs []groupItem) (set, rest []groupItem, ok bool) {
+	inSet := map[store.ActorKey]bool{}
+	commits := 0
+	var ttl time.Duration
+	for _, r := range reqs {
+		c, settled := settable(r)
+		if settled {
+			k := store.KeyOf(c.in.p.Ref)
+			if commits > 0 && (c.in.p.LeaseTTL != ttl || inSet[k]) {
+				return nil, nil, false
+			}
+			ttl = c.in.p.LeaseTTL
+			commits++
+			inSet[k] = true
+			set = append(set, r)
+			continue
+		}
+		if _, read := r.(*groupReq[store.NextDeliveryParams, readRes]); read {
+			inSet[r.key()] = true
+			set = append(set, r)
+			continue
+		}
+		rest = append(rest, r)
+	}
+	if commits < splitSetMin || len(rest) == 0 {
+		return nil, nil, false
+	}
+	for _, r := range rest {
+		if inSet[r.key()] {
+			return nil, nil, false
+		}
+	}
+	return set, rest, true
 }
 
 // queueSetCommit queues setCommitSQL for commits and sets each one's

@@ -9,12 +9,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
+	"github.com/paddock-dev/paddock/store/pgtest"
+	"github.com/paddock-dev/paddock/store/postgres"
 )
 
 // setCounter counts batches and, among their statements, the set commits
@@ -178,4 +181,164 @@ func TestSetCommitOfDeferredTurns(t *testing.T) {
 		t.Fatalf("no set commit in %d rounds (%d deferred commits sent one by one)", rounds, tr.singles.Load())
 	}
 	t.Logf("%d set commits, %d deferred commits alone, %d refused", tr.sets.Load(), tr.singles.Load(), refusedAll)
+}
+
+// splitTracer records, per turns-lane batch, how many set commits and
+// written claims it held, in send order.
+type splitTracer struct {
+	batchCounter
+	mu      sync.Mutex
+	batches [][2]int // {set commits, written claims}
+}
+
+func (k *splitTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	if d.Batch == nil {
+		return ctx
+	}
+	var kinds [2]int
+	for _, q := range d.Batch.QueuedQueries {
+		switch {
+		case strings.Contains(q.SQL, "WITH ORDINALITY AS i(agent_uid"):
+			kinds[0]++
+		case strings.Contains(q.SQL, "SELECT e.event_id, ag.kind, coalesce(ag.module_digest"): // claimDeliverySQL
+			kinds[1]++
+		}
+	}
+	k.mu.Lock()
+	k.batches = append(k.batches, kinds)
+	k.mu.Unlock()
+	return ctx
+}
+
+// TestSetCommitSplitsAMixedBatch: a turns-lane batch of deferred commits
+// and written claims of other sessions (a burst of cold starts) goes out
+// as a set commit of the commits alone, then the claims as the next
+// batch; every request gets its own answer.
+func TestSetCommitSplitsAMixedBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tr := &splitTracer{}
+	dsn := pgtest.DSN(t)
+	s, err := postgres.Open(ctx, dsn, postgres.WithTracer(tr))
+	must(t, err, "Open")
+	t.Cleanup(func() { _ = s.Close() })
+	t.Cleanup(func() { noOrphans(t, dsn) })
+	f := newFixtureOn(t, s)
+	const commits, claims = 8, 3
+	acts := liveSessions(f, 1+commits+claims)
+	blocker, committers, claimers := acts[0], acts[1:1+commits], acts[1+commits:]
+	var expect *store.ExpectedBinding
+	for _, a := range committers {
+		f.key = a.ActorKey
+		f.append("warm")
+		d := f.next(a)
+		_, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK, KeepState: true,
+			Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "warm reply"}}, Payloads: []string{string(d.Event.Payload)}})
+		must(t, err, "first commit")
+		expect = &store.ExpectedBinding{Agent: d.Agent, Binding: "sha256:test"}
+	}
+	bind := func(store.AgentBinding) (string, error) { return "sha256:test", nil }
+	type turn struct {
+		p store.NextDeliveryParams
+		d store.Dispatch
+	}
+	turns := make([]turn, commits)
+	for i, a := range committers {
+		f.key = a.ActorKey
+		f.append(fmt.Sprintf("job %d", i))
+		p := store.NextDeliveryParams{Activation: a.Ref(), DeliveryID: uuid.NewString(), MarkSent: true,
+			TailMessages: 10, ExpectDue: true, Expect: expect, Defer: true, Bind: bind}
+		d, err := s.NextDelivery(ctx, p)
+		must(t, err, "deferred NextDelivery")
+		if !d.Deferred {
+			t.Fatalf("session %d: dispatch not deferred", i)
+		}
+		turns[i] = turn{p: p, d: d}
+	}
+	for i, a := range append([]store.Activation{blocker}, claimers...) {
+		f.key = a.ActorKey
+		f.append(fmt.Sprintf("claim %d", i))
+	}
+
+	// Stall the turns lane: the blocker's claim waits for its activation
+	// row, held here, and everything sent meanwhile queues behind it.
+	conn, err := pgx.Connect(ctx, dsn)
+	must(t, err, "Connect")
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	must(t, err, "Begin")
+	_, err = tx.Exec(ctx, `SELECT 1 FROM activations WHERE activation_uid = $1 FOR UPDATE`, blocker.UID)
+	must(t, err, "lock the blocker's activation")
+	// A written claim of the turns lane (one statement: the expectation
+	// known, not deferred), as a remote worker's turn or a plugin's takes.
+	claim := func(a store.Activation) (store.Dispatch, error) {
+		return s.NextDelivery(ctx, store.NextDeliveryParams{Activation: a.Ref(), DeliveryID: uuid.NewString(),
+			MarkSent: true, TailMessages: 10, ExpectDue: true, Expect: expect, Bind: bind})
+	}
+	stalled := make(chan error, 1)
+	go func() {
+		_, err := claim(blocker)
+		stalled <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the blocker's batch is in flight
+	tr.mu.Lock()
+	before := len(tr.batches)
+	tr.mu.Unlock()
+
+	var wg sync.WaitGroup
+	errs := make(chan error, commits+claims)
+	got := make([]store.Turn, commits)
+	for i, a := range committers {
+		tu := turns[i]
+		wg.Go(func() {
+			pp := store.PromoteOf(a.Ref(), tu.p, tu.d)
+			tn, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: tu.d.Delivery.TurnRef(), Outcome: abi.OutcomeOK, KeepState: true,
+				Messages: []abi.Message{{Role: abi.RoleAssistant, Content: fmt.Sprintf("reply %d", i)}},
+				Payloads: []string{string(tu.d.Event.Payload)}, Deferred: &pp})
+			if err != nil {
+				errs <- fmt.Errorf("commit %d: %w", i, err)
+			}
+			got[i] = tn
+		})
+	}
+	claimed := make([]store.Dispatch, claims)
+	for i, a := range claimers {
+		wg.Go(func() {
+			d, err := claim(a)
+			if err != nil {
+				errs <- fmt.Errorf("claim %d: %w", i, err)
+			}
+			claimed[i] = d
+		})
+	}
+	time.Sleep(300 * time.Millisecond) // all of them queued behind the blocker
+	must(t, tx.Commit(ctx), "release the blocker")
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if err := <-stalled; err != nil {
+		t.Fatalf("the blocker's claim: %v", err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	for i, tn := range got {
+		if tn.TurnNo != 2 || len(tn.Messages) != 2 || tn.Messages[1].Content != fmt.Sprintf("reply %d", i) {
+			t.Fatalf("commit %d: turn %+v, want turn 2 with its reply", i, tn)
+		}
+	}
+	for i, d := range claimed {
+		if d.Event.Payload == nil || !strings.Contains(string(d.Event.Payload), fmt.Sprintf("claim %d", i+1)) || d.Deferred {
+			t.Fatalf("claim %d: dispatch %+v, want its own event, written", i, d)
+		}
+	}
+	tr.mu.Lock()
+	after := tr.batches[before:]
+	tr.mu.Unlock()
+	// The batch after the blocker's: the set commit alone; then the claims.
+	if len(after) < 2 || after[0] != [2]int{1, 0} || after[1][0] != 0 || after[1][1] != claims {
+		t.Fatalf("batches after the stall (set commits, claims): %v; want [1 0] then [0 %d]", after, claims)
+	}
 }
