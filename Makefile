@@ -14,7 +14,7 @@ FUZZ_TARGETS := ./abi:FuzzTurnResult ./abi:FuzzTurnRequest ./abi:FuzzCallRequest
 	./host/config:FuzzLoad ./plugins/pluginhost:FuzzPluginFrames ./plugins/pluginhost:FuzzFrameRoundTrip \
 	./fabric:FuzzBrokerReceive ./fabric:FuzzRemoteResult ./fabric/wire:FuzzParseHeader ./fabric/wire:FuzzSessionOpen \
 	./wasm/internal/wire:FuzzDecodeTurnRequest ./wasm/internal/wire:FuzzAppendTurnResult \
-	./wasm/internal/wire:FuzzDecodeTurnResult
+	./wasm/internal/wire:FuzzDecodeTurnResult ./wasm/internal/wire:FuzzAppendTurnRequest
 
 .PHONY: help build examples plugins run test vet lint fmt-check bench bench-go bench-paddock bench-peers bench-backlog bench-stream chaos burst fuzz clean
 

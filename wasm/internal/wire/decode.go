@@ -464,10 +464,18 @@ func (d *decoder) setBytes(p *[]byte) bool {
 		*p = nil
 		return true
 	}
-	s, _, ok := d.strBytes()
-	if !ok {
+	// What an encoder writes is plain ASCII; escapes, control and
+	// non-ASCII bytes (never valid base64) are encoding/json's business,
+	// unquoted (up to 3x the input for invalid UTF-8) for nothing here.
+	if !d.ws() || d.data[d.i] != '"' {
 		return false
 	}
+	j := plainRun(d.data, d.i+1)
+	if j == len(d.data) || d.data[j] != '"' {
+		return false
+	}
+	s := d.data[d.i+1 : j]
+	d.i = j + 1
 	start := len(d.arena)
 	out, err := base64.StdEncoding.AppendDecode(d.arena, s)
 	if err != nil {

@@ -109,7 +109,9 @@ func appendTurnRequest(b []byte, r *abi.TurnRequest) ([]byte, bool) {
 // DecodeTurnResult decodes data into *res, which must be the zero
 // TurnResult, with the result and error json.Unmarshal(data, res) would
 // give. Every string and byte slice of *res is a copy: data may be a view
-// of guest memory, which the guest reuses after the turn. The fast path
+// of guest memory, which the guest reuses after the turn. On the fast path
+// they share one buffer of about data's size, which any one of them kept
+// keeps alive (the host keeps none past the commit). The fast path
 // takes results without alarms or a wait (non-null); others, and anything
 // the fast path does not reproduce exactly (see DecodeTurnRequest), go to
 // encoding/json.

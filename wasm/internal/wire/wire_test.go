@@ -362,7 +362,7 @@ func FuzzDecodeTurnRequest(f *testing.F) {
 }
 
 func FuzzDecodeTurnResult(f *testing.F) {
-	for _, s := range trickyResults {
+	for _, s := range append(trickyResults, hostileResults...) {
 		if len(s) < 4096 {
 			f.Add([]byte(s))
 		}
@@ -375,6 +375,7 @@ func FuzzDecodeTurnResult(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkDecodeResult(t, data)
+		checkNoAlias(t, data)
 	})
 }
 
