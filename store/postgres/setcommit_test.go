@@ -36,6 +36,24 @@ func (c *setCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.Trace
 	}
 }
 
+// warmTurns commits a first, written turn of each of acts, and returns the
+// expectation their dispatches tell (the agent and its binding), with
+// which the next dispatches can be deferred.
+func warmTurns(t *testing.T, s *postgres.Store, f *fixture, acts []store.Activation) *store.ExpectedBinding {
+	t.Helper()
+	var expect *store.ExpectedBinding
+	for _, a := range acts {
+		f.key = a.ActorKey
+		f.append("warm")
+		d := f.next(a)
+		_, err := s.CommitTurn(context.Background(), store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK, KeepState: true,
+			Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "warm reply"}}, Payloads: []string{string(d.Event.Payload)}})
+		must(t, err, "first commit")
+		expect = &store.ExpectedBinding{Agent: d.Agent, Binding: "sha256:test"}
+	}
+	return expect
+}
+
 // TestSetCommitOfDeferredTurns: rounds of concurrent deferred commits of
 // many sessions go out as set commits, and each turn gets exactly its own
 // outcome: a fresh commit writes its turn (number, messages, state or
@@ -49,17 +67,7 @@ func TestSetCommitOfDeferredTurns(t *testing.T) {
 	s, f := openTraced(t, tr)
 	const sessions, rounds = 16, 8
 	acts := liveSessions(f, sessions)
-	// A first, written turn each, whose dispatch tells the expectation.
-	var expect *store.ExpectedBinding
-	for _, a := range acts {
-		f.key = a.ActorKey
-		f.append("warm")
-		d := f.next(a)
-		_, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK, KeepState: true,
-			Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "warm reply"}}, Payloads: []string{string(d.Event.Payload)}})
-		must(t, err, "first commit")
-		expect = &store.ExpectedBinding{Agent: d.Agent, Binding: "sha256:test"}
-	}
+	expect := warmTurns(t, s, f, acts)
 	bind := func(store.AgentBinding) (string, error) { return "sha256:test", nil }
 	wantTurns := make([]int64, sessions) // committed turns per session
 	for i := range wantTurns {
@@ -227,16 +235,7 @@ func TestSetCommitSplitsAMixedBatch(t *testing.T) {
 	const commits, claims = 8, 3
 	acts := liveSessions(f, 1+commits+claims)
 	blocker, committers, claimers := acts[0], acts[1:1+commits], acts[1+commits:]
-	var expect *store.ExpectedBinding
-	for _, a := range committers {
-		f.key = a.ActorKey
-		f.append("warm")
-		d := f.next(a)
-		_, err := s.CommitTurn(ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK, KeepState: true,
-			Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "warm reply"}}, Payloads: []string{string(d.Event.Payload)}})
-		must(t, err, "first commit")
-		expect = &store.ExpectedBinding{Agent: d.Agent, Binding: "sha256:test"}
-	}
+	expect := warmTurns(t, s, f, committers)
 	bind := func(store.AgentBinding) (string, error) { return "sha256:test", nil }
 	type turn struct {
 		p store.NextDeliveryParams
