@@ -133,6 +133,7 @@ func (c *controller) runSafely(runCtx, turnCtx context.Context) (retryIn time.Du
 func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	h := c.h
 	ctx, cancel := context.WithTimeout(runCtx, 10*time.Second)
+	looked := time.Now()
 	peek, err := h.st.PeekSession(ctx, c.key)
 	sess, agent := peek.Session, peek.Agent
 	cancel()
@@ -215,6 +216,7 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	cancel()
 	switch {
 	case err == nil:
+		h.metrics.ActivationStartSeconds.Observe(time.Since(looked).Seconds())
 		if forCapacity {
 			c.log.Info("capacity free: session asleep for capacity woken")
 		}

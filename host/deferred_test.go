@@ -5,7 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/store"
@@ -13,6 +15,16 @@ import (
 
 // Deferred dispatch at the host's level (docs/DESIGN.md "Deferred
 // dispatch"), on both drivers.
+
+// sampleCount is the number of observations of h.
+func sampleCount(t *testing.T, h prometheus.Histogram) uint64 {
+	t.Helper()
+	var d dto.Metric
+	if err := h.Write(&d); err != nil {
+		t.Fatalf("read histogram: %v", err)
+	}
+	return d.GetHistogram().GetSampleCount()
+}
 
 // TestAQuickTurnIsWrittenByItsCommitAlone: once the activation knows what
 // its agent runs, a turn that only computes is dispatched by a read and
@@ -40,6 +52,9 @@ func TestAQuickTurnIsWrittenByItsCommitAlone(t *testing.T) {
 		}
 		if n := testutil.ToFloat64(m.Promotions); n != 0 {
 			t.Errorf("promotions = %v, want 0 (the turns only compute)", n)
+		}
+		if n := sampleCount(t, m.ActivationStartSeconds); n != 1 {
+			t.Errorf("cold starts observed = %d, want 1 (one activation for the three turns)", n)
 		}
 		for i, tr := range f.transcript(key) {
 			want := "re: " + []string{"one", "two", "three"}[i]

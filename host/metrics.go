@@ -22,6 +22,13 @@ type Metrics struct {
 	DeadLetters prometheus.Counter
 	// TurnSeconds is the worker time of a turn, in seconds.
 	TurnSeconds prometheus.Histogram
+	// ActivationStartSeconds is a cold start's wait, in seconds: from the
+	// controller's look at the session (PeekSession) to its activation
+	// claimed (ClaimActivation answered), a slot of the agent's pool taken
+	// in between — what a signal to a session without a live activation
+	// waits for before its turn can run. Claims refused (another owner,
+	// nothing to run) are not observed.
+	ActivationStartSeconds prometheus.Histogram
 	// Controllers is the number of live controllers on this host.
 	Controllers prometheus.Gauge
 	// ControllerPanics counts recovered controller panics.
@@ -91,6 +98,10 @@ func NewMetrics() *Metrics {
 			Name: "paddock_turn_seconds", Help: "Worker time of one turn.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
+		ActivationStartSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "paddock_activation_start_seconds", Help: "A cold start: the session's look, a slot and the activation's claim.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
 		Controllers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paddock_controllers", Help: "Live session controllers on this host.",
 		}),
@@ -155,7 +166,7 @@ func NewMetrics() *Metrics {
 	}
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Registry.MustRegister(m.FenceRejections, m.Turns, m.FailedAttempts, m.DeadLetters,
-		m.TurnSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.Deferred, m.Promotions, m.WakeupDispatches, m.WakeupsDeduplicated, m.PendingSessions,
+		m.TurnSeconds, m.ActivationStartSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.Deferred, m.Promotions, m.WakeupDispatches, m.WakeupsDeduplicated, m.PendingSessions,
 		m.HostCallsReplayed, m.HostCallsFenced, m.StreamFrames, m.WaitsExpired, m.ApprovalHolds, m.APIRefused, m.QuotaRefused)
 	return m
 }

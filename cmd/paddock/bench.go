@@ -113,10 +113,19 @@ type BenchResult struct {
 	// WorkerMeanMS is the mean time of a turn in the worker (the host's
 	// paddock_turn_seconds), the per-turn overhead of the worker kind.
 	WorkerMeanMS float64 `json:"worker_turn_mean_ms"`
-	Postgres     string  `json:"postgres,omitempty"`
-	GoVersion    string  `json:"go"`
-	CPUs         int     `json:"cpus"`
-	Time         string  `json:"time"`
+	// ColdStarts is the number of activations claimed during the measured
+	// run (the host's paddock_activation_start_seconds), and
+	// ColdStartP50MS and ColdStartP99MS the upper bounds, in ms, of the
+	// histogram buckets (0.5 ms × 2^k) holding the median and the 99th
+	// percentile of their waits: the session's look, a slot and the claim,
+	// before the first turn can run (-1: no cold start).
+	ColdStarts     uint64  `json:"cold_starts"`
+	ColdStartP50MS float64 `json:"cold_start_p50_ms"`
+	ColdStartP99MS float64 `json:"cold_start_p99_ms"`
+	Postgres       string  `json:"postgres,omitempty"`
+	GoVersion      string  `json:"go"`
+	CPUs           int     `json:"cpus"`
+	Time           string  `json:"time"`
 }
 
 type benchPct struct {
@@ -202,10 +211,11 @@ func newBenchCmd() *cobra.Command {
 				}
 				return fmt.Sprintf("%.2f", v)
 			}
-			fmt.Fprintf(out, "peer=paddock mode=%s store=%s worker=%s signal=%s n=%d completed=%d wall_s=%.2f turns_per_s=%.0f p50_ms=%.1f p95_ms=%.1f p99_ms=%.1f max_ms=%.1f signal_call_p50_ms=%.2f round_trips/turn=%s tx/turn=%s peak_rss_mib=%.0f worker_turn_mean_ms=%.3f host_cpu_ms/turn=%s db_cpu_ms/turn=%s db_busiest_process_cores=%s\n",
+			fmt.Fprintf(out, "peer=paddock mode=%s store=%s worker=%s signal=%s n=%d completed=%d wall_s=%.2f turns_per_s=%.0f p50_ms=%.1f p95_ms=%.1f p99_ms=%.1f max_ms=%.1f signal_call_p50_ms=%.2f round_trips/turn=%s tx/turn=%s peak_rss_mib=%.0f worker_turn_mean_ms=%.3f host_cpu_ms/turn=%s db_cpu_ms/turn=%s db_busiest_process_cores=%s cold_starts=%d cold_start_p50_ms≤%s cold_start_p99_ms≤%s\n",
 				res.Mode, res.Store, res.Worker, res.Signal, res.N, res.Completed, res.WallS, res.JobsPerS, res.Latency.P50, res.Latency.P95, res.Latency.P99, res.Latency.Max,
 				res.InsertCall.P50, measured(res.RoundTrips), measured(res.Transactions), res.PeakRSSMB, res.WorkerMeanMS,
-				measured(res.HostCPUMSPerTurn), measured(res.DBCPUMSPerTurn), measured(res.DBBusiestCores))
+				measured(res.HostCPUMSPerTurn), measured(res.DBCPUMSPerTurn), measured(res.DBBusiestCores),
+				res.ColdStarts, measured(res.ColdStartP50MS), measured(res.ColdStartP99MS))
 			if o.rate > 0 && res.InsertPerS < 0.95*o.rate {
 				fmt.Fprintf(out, "note: the producers sent %.0f signals/s, below the --rate target %g/s: %d producers each wait for their call (signal_call_p50_ms), so latencies here count from the call, not from when the signal was due; add --producers\n",
 					res.InsertPerS, o.rate, o.producers)
@@ -654,7 +664,8 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 		clear(rt.bySQL)
 		rt.mu.Unlock()
 	}
-	turns0 := turnStats(metrics)
+	turns0 := histStats(metrics, "paddock_turn_seconds")
+	cold0 := histStats(metrics, "paddock_activation_start_seconds")
 	cpu0 := startCPU(ctx, pgConn, logw)
 	base := sink.count.Load()
 	progress("measured run: %d turns over %d keys from %d producers", o.n, o.keys, o.producers)
@@ -763,9 +774,15 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 			rt.report(logw, o.n)
 		}
 	}
-	turns1 := turnStats(metrics)
+	turns1 := histStats(metrics, "paddock_turn_seconds")
 	if n := turns1.n - turns0.n; n > 0 {
 		res.WorkerMeanMS = round3((turns1.sum - turns0.sum) / float64(n) * 1000)
+	}
+	cold := histStats(metrics, "paddock_activation_start_seconds").since(cold0)
+	res.ColdStarts = cold.n
+	res.ColdStartP50MS, res.ColdStartP99MS = cold.bound(0.50)*1000, cold.bound(0.99)*1000
+	if cold.n == 0 {
+		res.ColdStartP50MS, res.ColdStartP99MS = -1, -1
 	}
 	res.PeakRSSMB = peakRSSMB()
 	res.GoVersion, res.CPUs, res.Time = runtime.Version(), runtime.NumCPU(), time.Now().UTC().Format(time.RFC3339)
@@ -910,24 +927,66 @@ func redactDSN(dsn string) string {
 	return dsn
 }
 
+// histSum is a histogram of the host's metrics as read at one time: its
+// observations' count and sum, and each bucket's upper bound (seconds)
+// with the cumulative count up to it.
 type histSum struct {
-	n   uint64
-	sum float64
+	n      uint64
+	sum    float64
+	bounds []float64
+	counts []uint64
 }
 
-// turnStats reads paddock_turn_seconds' count and sum.
-func turnStats(m *host.Metrics) histSum {
+// histStats reads the host histogram named name (zero when absent).
+func histStats(m *host.Metrics, name string) histSum {
 	mfs, err := m.Registry.Gather()
 	if err != nil {
 		return histSum{}
 	}
 	for _, mf := range mfs {
-		if mf.GetName() == "paddock_turn_seconds" && len(mf.GetMetric()) > 0 {
+		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
 			h := mf.GetMetric()[0].GetHistogram()
-			return histSum{n: h.GetSampleCount(), sum: h.GetSampleSum()}
+			s := histSum{n: h.GetSampleCount(), sum: h.GetSampleSum()}
+			for _, b := range h.GetBucket() {
+				s.bounds = append(s.bounds, b.GetUpperBound())
+				s.counts = append(s.counts, b.GetCumulativeCount())
+			}
+			return s
 		}
 	}
 	return histSum{}
+}
+
+// since is the observations of h made after h0 was read.
+func (h histSum) since(h0 histSum) histSum {
+	d := histSum{n: h.n - h0.n, sum: h.sum - h0.sum, bounds: h.bounds, counts: slices.Clone(h.counts)}
+	if len(h0.counts) == len(d.counts) {
+		for i := range d.counts {
+			d.counts[i] -= h0.counts[i]
+		}
+	}
+	return d
+}
+
+// bound is the upper bound (seconds) of the bucket that holds the
+// q-quantile of h's observations (0 < q ≤ 1); the last finite bound when
+// it is past the last bucket, 0 with no observation.
+func (h histSum) bound(q float64) float64 {
+	if h.n == 0 {
+		return 0
+	}
+	rank := uint64(math.Ceil(q * float64(h.n)))
+	last := 0.0
+	for i, c := range h.counts {
+		if math.IsInf(h.bounds[i], 1) {
+			break
+		}
+		last = h.bounds[i]
+		if c >= rank {
+			return last
+		}
+	}
+	return last
 }
 
 // peakRSSMB is this process's peak resident set (VmHWM), in MiB.

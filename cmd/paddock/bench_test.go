@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/procfs"
 
+	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
 	"github.com/paddock-dev/paddock/store/pgtest"
 	"github.com/paddock-dev/paddock/wasm/wasmtest"
@@ -317,5 +318,37 @@ func TestBenchServerCPUReadsALocalServer(t *testing.T) {
 	out, err := exec.Command(bin, "bench", "server-cpu", "--dsn", "postgres://nobody@127.0.0.1:1/none?connect_timeout=2").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "connect postgres://") {
 		t.Fatalf("an unreachable server: err %v, output %q; want an error naming the connection", err, out)
+	}
+}
+
+// TestHistStatsQuantileBounds: the bench's cold-start figures come from the
+// host's histogram read before and after the measured run; the quantile is
+// the bound of the bucket that holds it, over the run's observations only.
+func TestHistStatsQuantileBounds(t *testing.T) {
+	m := host.NewMetrics()
+	h := m.ActivationStartSeconds
+	h.Observe(20) // before the run, past the last bucket (16.384 s)
+	before := histStats(m, "paddock_activation_start_seconds")
+	for range 98 {
+		h.Observe(0.0004) // the first bucket: ≤ 0.5 ms
+	}
+	h.Observe(0.003) // ≤ 4 ms
+	h.Observe(0.003)
+	run := histStats(m, "paddock_activation_start_seconds").since(before)
+	if run.n != 100 {
+		t.Fatalf("observations in the run = %d, want 100", run.n)
+	}
+	if got := run.bound(0.50); got != 0.0005 {
+		t.Errorf("p50 bound = %v s, want 0.0005", got)
+	}
+	if got := run.bound(0.99); got != 0.004 {
+		t.Errorf("p99 bound = %v s, want 0.004 (the two slow ones)", got)
+	}
+	all := histStats(m, "paddock_activation_start_seconds")
+	if got := all.bound(1); got != 16.384 {
+		t.Errorf("max bound with one past the last bucket = %v s, want the last finite bound 16.384", got)
+	}
+	if got := (histSum{}).bound(0.99); got != 0 {
+		t.Errorf("no observation: bound %v, want 0", got)
 	}
 }
