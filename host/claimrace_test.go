@@ -28,8 +28,11 @@ type peekClaimHook struct {
 type claimHookOf struct {
 	before, after func(ctx context.Context)
 	fired         chan struct{}
-	act           store.Activation
-	err           error
+	// epoch is the epoch the claim asked its first turn at (0: the
+	// claim's own, a cold start without a look: controller.quickStart).
+	epoch int64
+	act   store.Activation
+	err   error
 }
 
 func (h *peekClaimHook) arm(key store.ActorKey, before, after func(ctx context.Context)) *claimHookOf {
@@ -58,6 +61,7 @@ func (h *peekClaimHook) ClaimActivation(ctx context.Context, p store.ClaimActiva
 	if c.before != nil {
 		c.before(ctx)
 	}
+	c.epoch = p.First.Activation.ActorEpoch
 	c.act, c.err = h.Store.ClaimActivation(ctx, p)
 	if c.after != nil {
 		c.after(ctx)
@@ -74,7 +78,9 @@ func echoAs(name string) abi.TurnFunc {
 }
 
 // TestWritesBetweenThePeekAndTheFirstTurnsClaim: whatever lands between a
-// controller's PeekSession and its activation's claim with the first turn
+// controller's PeekSession (when it looks: a cold start after this host's
+// own append of an agent it knows does not) and its activation's claim
+// with the first turn
 // (another activation that came and went, one that is still live, a
 // cancel, a destroy, a sleep, an agent update) is honoured: the first turn
 // is never taken at a stale epoch, a cancelled event never runs, nothing
@@ -111,30 +117,57 @@ func TestWritesBetweenThePeekAndTheFirstTurnsClaim(t *testing.T) {
 			wantSoundStream(t, st, key)
 		}
 
-		t.Run("AnotherActivationCameAndWent", func(t *testing.T) {
-			key := f.session(ag)
-			c := hk.arm(key, func(ctx context.Context) {
-				p := other()
-				p.Key = key
-				a, err := st.ClaimActivation(ctx, p)
-				if err != nil {
-					t.Errorf("intruder's claim: %v", err)
-					return
+		// Another activation came and went between the look and the
+		// claim: a claim that asked its first turn at the epoch the look
+		// implied takes nothing (the fences' equality), one that asked
+		// none — a cold start after this host's own append, which needs
+		// no look — takes it at the epoch it gives.
+		for _, look := range []bool{true, false} {
+			t.Run(fmt.Sprintf("AnotherActivationCameAndWent/look=%v", look), func(t *testing.T) {
+				key := f.session(ag)
+				c := hk.arm(key, func(ctx context.Context) {
+					p := other()
+					p.Key = key
+					a, err := st.ClaimActivation(ctx, p)
+					if err != nil {
+						t.Errorf("intruder's claim: %v", err)
+						return
+					}
+					if err := st.StopActivation(ctx, a.Ref()); err != nil {
+						t.Errorf("intruder's stop: %v", err)
+					}
+				}, nil)
+				if look {
+					// Appended through the store alone: the controller has
+					// no hint, so it looks first.
+					payload := []byte(`{"message":"hi"}`)
+					if _, _, err := st.AppendEvent(ctx, store.AppendEventParams{Key: key, Kind: abi.EventMessage, Payload: payload}); err != nil {
+						t.Fatal(err)
+					}
+					f.h.Ensure(key)
+				} else {
+					f.signal(key, "hi")
 				}
-				if err := st.StopActivation(ctx, a.Ref()); err != nil {
-					t.Errorf("intruder's stop: %v", err)
+				recv(t, c.fired)
+				if c.err != nil {
+					t.Fatalf("the controller's claim: %v", c.err)
 				}
-			}, nil)
-			f.signal(key, "hi")
-			recv(t, c.fired)
-			if c.err != nil {
-				t.Fatalf("the controller's claim: %v", c.err)
-			}
-			if c.act.First != nil {
-				t.Errorf("the claim at epoch %d took a first turn at epoch %d", c.act.ActorEpoch, c.act.First.Delivery.ActorEpoch)
-			}
-			ranOnce(t, key, "old: hi")
-		})
+				// Without look the controller still looks when the scan or
+				// the echo of the append's notification started it before
+				// the append's report (Appended) carried the hint.
+				switch quick := c.epoch == 0; {
+				case look && quick:
+					t.Fatalf("a claim after a look asked its first turn without an epoch")
+				case !quick && c.act.First != nil:
+					t.Errorf("the claim at epoch %d took a first turn at epoch %d", c.act.ActorEpoch, c.act.First.Delivery.ActorEpoch)
+				case quick && c.act.First == nil:
+					t.Errorf("the claim without a look took no first turn")
+				case quick && c.act.First.Delivery.ActorEpoch != c.act.ActorEpoch:
+					t.Errorf("the claim at epoch %d took a first turn at epoch %d", c.act.ActorEpoch, c.act.First.Delivery.ActorEpoch)
+				}
+				ranOnce(t, key, "old: hi")
+			})
+		}
 
 		t.Run("AnotherActivationIsLive", func(t *testing.T) {
 			key := f.session(ag)

@@ -132,8 +132,11 @@ func (c *controller) runSafely(runCtx, turnCtx context.Context) (retryIn time.Du
 // before trying again (0 = look at the store again only if woken).
 func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	h := c.h
-	ctx, cancel := context.WithTimeout(runCtx, 10*time.Second)
 	looked := time.Now()
+	if retry, done := c.quickStart(runCtx, turnCtx, looked); done {
+		return retry
+	}
+	ctx, cancel := context.WithTimeout(runCtx, 10*time.Second)
 	peek, err := h.st.PeekSession(ctx, c.key)
 	sess, agent := peek.Session, peek.Agent
 	cancel()
@@ -144,6 +147,7 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 		}
 		return 0
 	}
+	h.setKnownAgent(agent)
 	forCapacity := store.WaitsForCapacity(sess)
 	if sess.Status != store.SessionActive && !forCapacity {
 		return 0 // sleeping or destroyed: a signal, a wake or a redrive resumes it
@@ -232,6 +236,14 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 		}
 		return 0
 	}
+	a = run
+	return c.runClaimed(runCtx, turnCtx, a, act, sent)
+}
+
+// runClaimed runs the claimed activation act (its claim sent at sent) as
+// a until it ends; see activation.
+func (c *controller) runClaimed(runCtx, turnCtx context.Context, a *activationRun, act store.Activation, sent time.Time) time.Duration {
+	h := c.h
 	log := c.log.With("activation", act.UID, "epoch", act.ActorEpoch)
 	log.Debug("activation claimed")
 	leaseCtx, leaseLost := context.WithCancel(turnCtx)
@@ -239,7 +251,6 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	h.holdLease(act.Ref(), leaseLost, sent)
 	defer h.dropLease(act.UID)
 
-	a = run
 	a.act, a.log, a.leaseCtx = act, log, leaseCtx
 	if first := act.First; first != nil {
 		a.nextOpen = false
@@ -252,6 +263,87 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	a.act.First = nil
 	defer a.closeInstance()
 	return a.loop(runCtx)
+}
+
+// quickStart is a cold start without a look at the session (PeekSession)
+// nor a round trip for it: when the controller holds the hint of an event
+// this host just appended (Host.ensure, offer) and this host knows the
+// session's agent (Host.agents) and that its turns run in this process
+// (a deferred first turn, activationRun.defers), the claim alone starts
+// the activation and reads its first turn, at the epoch the claim gives
+// (store.ClaimActivationParams.First without an epoch). What the look
+// would have said the claim checks itself — the session active, and an
+// event open (the hint's, unless another host ran it meanwhile: the
+// activation then idles as after any turn) — or matters only when the
+// pool is full (the crash policy's choice), for which the look decides.
+// done is false when the cold start needs the look: no hint, an unknown
+// agent, a pool not runnable here, a worker not in this process, a full
+// pool, or a claim refused for a session not active (asleep, destroyed,
+// unknown), which the look then explains. Else it returns like
+// activation.
+func (c *controller) quickStart(runCtx, turnCtx context.Context, looked time.Time) (retry time.Duration, done bool) {
+	h := c.h
+	hint := c.takeHint()
+	if hint == nil {
+		return 0, false
+	}
+	agent, ok := h.knownAgent(c.key.AgentUID)
+	if !ok {
+		return 0, false
+	}
+	pol := h.Policy().ForAgent(agent)
+	if !h.placeable(runCtx, agent, pol.Pool) {
+		return 0, false
+	}
+	run := &activationRun{c: c, h: h, agent: agent, pol: pol, runCtx: runCtx, nextOpen: true,
+		expect: h.expected(expectKey{agent.UID, pol.Pool})}
+	if !run.defers() {
+		return 0, false
+	}
+	slots := h.pool(pol.Pool)
+	if !slots.tryAcquire() {
+		return 0, false
+	}
+	run.slots = slots
+	c.pol = pol
+	h.consumeForce(c.key)
+	claim := store.ClaimActivationParams{
+		Key: c.key, UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: h.id, LeaseTTL: h.set.LeaseTTL,
+	}
+	// No epoch: the claim's (ClaimActivationParams.First).
+	run.act = store.Activation{UID: claim.UID, ActorKey: c.key, LeaseID: claim.LeaseID}
+	first := run.nextParams()
+	first.Defer = true
+	claim.First = &first
+	select {
+	case <-c.wake: // answered by the claim's read, as in activation
+	default:
+	}
+	ctx, cancel := context.WithTimeout(runCtx, 10*time.Second)
+	sent := time.Now()
+	act, err := h.st.ClaimActivation(ctx, claim)
+	cancel()
+	switch {
+	case err == nil:
+	case errors.Is(err, store.ErrActivationLive):
+		slots.release(false)
+		return 0, true
+	case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrSessionDestroyed),
+		errors.Is(err, store.ErrSessionSleeping):
+		slots.release(false)
+		return 0, false
+	default:
+		slots.release(false)
+		if runCtx.Err() == nil {
+			c.log.Warn("claim activation", "err", err)
+			return time.Second, true
+		}
+		return 0, true
+	}
+	h.metrics.ActivationStartSeconds.Observe(time.Since(looked).Seconds())
+	h.metrics.QuickStarts.Inc()
+	defer func() { slots.release(run.yielded) }()
+	return c.runClaimed(runCtx, turnCtx, run, act, sent), true
 }
 
 // slotForCapacity takes a slot for a session asleep for lack of capacity
@@ -429,6 +521,26 @@ func (h *Host) expected(k expectKey) *store.ExpectedBinding {
 		return &x
 	}
 	return nil
+}
+
+// knownAgent is agent uid as this host last read it (setKnownAgent). An
+// agent's name and namespace never change; what it runs may have, which
+// the claim's read checks (store.ExpectedBinding).
+func (h *Host) knownAgent(uid string) (store.Agent, bool) {
+	h.expectMu.Lock()
+	defer h.expectMu.Unlock()
+	a, ok := h.agents[uid]
+	return a, ok
+}
+
+// setKnownAgent records a as read by a look at one of its sessions.
+func (h *Host) setKnownAgent(a store.Agent) {
+	h.expectMu.Lock()
+	defer h.expectMu.Unlock()
+	if h.agents == nil {
+		h.agents = map[string]store.Agent{}
+	}
+	h.agents[a.UID] = a
 }
 
 func (h *Host) setExpected(k expectKey, x store.ExpectedBinding) {

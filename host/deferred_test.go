@@ -2,6 +2,7 @@ package host_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -178,5 +179,92 @@ func TestADeferredTurnCancelledBeforeItIsWrittenIsDropped(t *testing.T) {
 			t.Errorf("superseded_delivery rejections = %v, want the refused promotion", n)
 		}
 		wantSoundStream(t, st, key)
+	})
+}
+
+// peekCounter counts the looks at a session before a claim (PeekSession).
+type peekCounter struct {
+	store.Store
+	peeks atomic.Int64
+}
+
+func (c *peekCounter) PeekSession(ctx context.Context, key store.ActorKey) (store.SessionPeek, error) {
+	c.peeks.Add(1)
+	return c.Store.PeekSession(ctx, key)
+}
+
+// TestAColdStartAfterThisHostsAppendNeedsNoLook: once the host knows an
+// agent (its first cold start looked) and what it runs in-process, a
+// session of it woken by this host's own append is claimed without a look
+// at the session, its first turn read by the claim at the epoch the claim
+// gives, and run deferred like any; a session woken otherwise (another
+// host's append: no hint) still looks first (docs/DESIGN.md "Deferred
+// dispatch", the quick start).
+func TestAColdStartAfterThisHostsAppendNeedsNoLook(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		pc := &peekCounter{Store: st}
+		fn := func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "re: " + req.Event.Message}}}, nil
+		}
+		pol := testPolicy()
+		pol.IdleTimeout = time.Minute
+		f := start(t, pc, map[string]abi.TurnFunc{"q": fn}, pol)
+		m := f.h.Metrics()
+		ag := f.agent("q")
+		first := f.session(ag)
+		f.signal(first, "one")
+		f.waitFor("the first session's turn", func() bool { return f.get(first).TurnCount == 1 })
+		if n := pc.peeks.Load(); n != 1 {
+			t.Fatalf("looks after the agent's first cold start = %d, want 1", n)
+		}
+		// A controller may still look: one the scan or the echo of the
+		// append's notification started before the append's report
+		// (Appended) carried the hint. Each cold start either looks or
+		// starts quick, and within a few sessions one starts quick.
+		var quick store.ActorKey
+		for i := 0; i < 8 && testutil.ToFloat64(m.QuickStarts) == 0; i++ {
+			quick = f.session(ag)
+			f.signal(quick, "two")
+			f.waitFor("the session's turn", func() bool { return f.get(quick).TurnCount == 1 })
+			if looks, quicks := pc.peeks.Load(), int64(testutil.ToFloat64(m.QuickStarts)); looks+quicks != int64(i+2) {
+				t.Fatalf("after %d cold starts: %d looks and %d quick starts", i+2, looks, quicks)
+			}
+		}
+		if n := testutil.ToFloat64(m.QuickStarts); n != 1 {
+			t.Fatalf("quick starts = %v in 8 cold starts woken by this host's appends, want 1", n)
+		}
+		starts := int(pc.peeks.Load()) + 1
+		if n := sampleCount(t, m.ActivationStartSeconds); n != uint64(starts) {
+			t.Errorf("cold starts observed = %d, want %d", n, starts)
+		}
+		if ts := f.transcript(quick); len(ts) != 1 || ts[0].Messages[len(ts[0].Messages)-1].Content != "re: two" {
+			t.Fatalf("transcript of the quick start: %+v, want one turn answering two", ts)
+		}
+		sess := f.get(quick)
+		for _, e := range f.events(quick) {
+			if e.Status != store.EventDone || e.Binding != "q" || e.Attempts != 0 {
+				t.Errorf("event %d: status %s binding %q attempts %d, want done, q, 0", e.ID, e.Status, e.Binding, e.Attempts)
+			}
+		}
+		if sess.ActorEpoch != 1 {
+			t.Errorf("the quick start's session epoch = %d, want 1 (one claim)", sess.ActorEpoch)
+		}
+		wantSoundStream(t, st, quick)
+
+		// Appended elsewhere (no hint for this host): the look as before.
+		other := f.session(ag)
+		looks := pc.peeks.Load()
+		if _, _, err := st.AppendEvent(context.Background(), store.AppendEventParams{Key: other, Kind: abi.EventMessage,
+			Payload: []byte(`{"message":"three"}`)}); err != nil {
+			t.Fatal(err)
+		}
+		f.h.Ensure(other)
+		f.waitFor("the last session's turn", func() bool { return f.get(other).TurnCount == 1 })
+		if n := pc.peeks.Load(); n != looks+1 {
+			t.Errorf("looks after a cold start without this host's append = %d, want %d", n, looks+1)
+		}
+		if n := testutil.ToFloat64(m.QuickStarts); n != 1 {
+			t.Errorf("quick starts = %v, want still 1", n)
+		}
 	})
 }

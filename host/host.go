@@ -260,6 +260,11 @@ type Host struct {
 	// activation's first dispatch starts from.
 	expectMu sync.Mutex
 	expects  map[expectKey]store.ExpectedBinding
+	// agents is each agent as this host's last look at one of its
+	// sessions read it (PeekSession), by agent UID: a cold start after
+	// this host's own append claims without a look (quickStart). Guarded
+	// by expectMu.
+	agents map[string]store.Agent
 
 	commitMu sync.Mutex
 	commitCh chan struct{}
@@ -449,7 +454,12 @@ func (h *Host) controllerCount() int {
 
 // Ensure makes sure a controller runs for key on this host (idempotent:
 // a second call wakes the existing controller). It returns at once.
-func (h *Host) Ensure(key store.ActorKey) {
+func (h *Host) Ensure(key store.ActorKey) { h.ensure(key, nil) }
+
+// ensure is Ensure; a controller it starts holds hint, an event this host
+// just appended (offer's choice), from the start: its cold start then
+// needs no look at the session (quickStart).
+func (h *Host) ensure(key store.ActorKey, hint *store.Event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.runCtx == nil || h.stopping {
@@ -460,6 +470,9 @@ func (h *Host) Ensure(key store.ActorKey) {
 		return
 	}
 	c := newController(h, key)
+	if hint != nil && offered(*hint) {
+		c.hint = hint
+	}
 	h.ctrls[key] = c
 	h.metrics.Controllers.Inc()
 	h.wg.Add(1)

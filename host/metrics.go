@@ -29,6 +29,11 @@ type Metrics struct {
 	// waits for before its turn can run. Claims refused (another owner,
 	// nothing to run) are not observed.
 	ActivationStartSeconds prometheus.Histogram
+	// QuickStarts counts the cold starts among them claimed without a
+	// look at the session: after this host's own append, of an agent it
+	// knows, whose turns run in this process (docs/DESIGN.md "Deferred
+	// dispatch").
+	QuickStarts prometheus.Counter
 	// Controllers is the number of live controllers on this host.
 	Controllers prometheus.Gauge
 	// ControllerPanics counts recovered controller panics.
@@ -102,6 +107,9 @@ func NewMetrics() *Metrics {
 			Name: "paddock_activation_start_seconds", Help: "A cold start: the session's look, a slot and the activation's claim.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
+		QuickStarts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paddock_activation_quick_starts_total", Help: "Cold starts claimed without a look at the session (after this host's own append).",
+		}),
 		Controllers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paddock_controllers", Help: "Live session controllers on this host.",
 		}),
@@ -166,7 +174,7 @@ func NewMetrics() *Metrics {
 	}
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Registry.MustRegister(m.FenceRejections, m.Turns, m.FailedAttempts, m.DeadLetters,
-		m.TurnSeconds, m.ActivationStartSeconds, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.Deferred, m.Promotions, m.WakeupDispatches, m.WakeupsDeduplicated, m.PendingSessions,
+		m.TurnSeconds, m.ActivationStartSeconds, m.QuickStarts, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.Deferred, m.Promotions, m.WakeupDispatches, m.WakeupsDeduplicated, m.PendingSessions,
 		m.HostCallsReplayed, m.HostCallsFenced, m.StreamFrames, m.WaitsExpired, m.ApprovalHolds, m.APIRefused, m.QuotaRefused)
 	return m
 }

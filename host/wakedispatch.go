@@ -29,7 +29,7 @@ import (
 // an event a deferred dispatch may take is kept (store.Deferrable, not a
 // steer); of several, the oldest.
 func (h *Host) offer(e store.Event) {
-	if e.SteerOf != 0 || e.Status != store.EventOpen || !store.Deferrable(e.Attempts, e.Binding, 0) {
+	if !offered(e) {
 		return
 	}
 	h.mu.Lock()
@@ -43,6 +43,12 @@ func (h *Host) offer(e store.Event) {
 	if c.hint == nil || e.Seq < c.hint.Seq {
 		c.hint = &e
 	}
+}
+
+// offered reports whether e may be a controller's hint: an open event a
+// deferred dispatch may take (store.Deferrable), not a steer.
+func offered(e store.Event) bool {
+	return e.SteerOf == 0 && e.Status == store.EventOpen && store.Deferrable(e.Attempts, e.Binding, 0)
 }
 
 // takeHint returns the event offered since the last call (nil: none) and

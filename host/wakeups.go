@@ -114,7 +114,7 @@ func (s *echoSet) echoed(k echoKey, grace time.Duration, wake func()) bool {
 func (h *Host) Appended(e store.Event) {
 	h.offer(e) // before the wake-up: the controller takes both
 	if !h.echoes || e.Seq <= 0 {
-		h.Ensure(e.ActorKey)
+		h.ensure(e.ActorKey, &e)
 		return
 	}
 	wake, dropped := h.echoSet.reported(echoKey{e.ActorKey, e.Seq})
@@ -122,7 +122,7 @@ func (h *Host) Appended(e store.Event) {
 		h.metrics.WakeupsDeduplicated.Inc()
 	}
 	if wake {
-		h.Ensure(e.ActorKey)
+		h.ensure(e.ActorKey, &e)
 	}
 }
 

@@ -871,7 +871,13 @@ type ClaimActivationParams struct {
 	// (and First.Expect) the first turn is read deferred, as NextDelivery
 	// with Defer reads it — nothing written, Dispatch.Deferred set — or,
 	// when it may not be deferred (store.Deferrable, the agent not the
-	// expected one), not taken at all.
+	// expected one), not taken at all. A deferred first turn may leave
+	// First.Activation.ActorEpoch 0: the epoch the claim gives, whatever
+	// it is (the activation's UID names it alone), so that a caller that
+	// did not read the session first (a cold start after this host's own
+	// append) can still have its first turn read in the claim's
+	// transaction; Activation.First then carries that epoch. Without
+	// First.Defer the epoch must be given (CheckClaimFirst: ErrInvalid).
 	First *NextDeliveryParams
 }
 

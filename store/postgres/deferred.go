@@ -19,7 +19,10 @@ import (
 // steer of a live, idle, unexpired activation, due, not held back by a
 // dead letter ($6), no steers attached — without a lock or a write. It
 // returns the event's row, then the activation's epoch and revision and
-// what the agent runs now, or no row. Parameters $1-$5: the ActivationRef.
+// what the agent runs now, or no row. Parameters $1-$5: the ActivationRef;
+// an epoch ($4) of 0 matches the activation's own (a claim's first turn,
+// whose epoch the claim gives in the same transaction: the UID names the
+// activation alone — store.ClaimActivationParams.First).
 var deferredReadSQL = `
 	WITH c AS (
 		SELECT e.event_id AS c_event, a.actor_epoch AS c_epoch, a.revision AS c_revision, ag.kind AS c_kind,
@@ -28,7 +31,7 @@ var deferredReadSQL = `
 		FROM activations a
 		` + agentJoins + `
 		JOIN LATERAL ` + oldestOpenEvent + `
-		WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3 AND a.actor_epoch = $4
+		WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3 AND ($4 = 0 OR a.actor_epoch = $4)
 		  AND a.lease_id = $5 AND a.state IN ` + liveStates + ` AND a.current_event_id IS NULL
 		  AND a.lease_expires_at > clock_timestamp()
 		  AND e.next_attempt_at <= clock_timestamp()

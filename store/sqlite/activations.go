@@ -75,6 +75,12 @@ func (s *Store) ClaimActivation(ctx context.Context, p store.ClaimActivationPara
 		case err != nil:
 			return err
 		}
+		if p.First != nil && p.First.Activation.ActorEpoch == 0 {
+			// The claim's epoch, whatever it is (store.ClaimActivationParams.First).
+			f := *p.First
+			f.Activation.ActorEpoch = epoch
+			p.First = &f
+		}
 		switch f := p.First; {
 		case f != nil && f.Defer && f.Expect != nil:
 			// The first turn read deferred, nothing written (as PostgreSQL:

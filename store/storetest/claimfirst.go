@@ -25,6 +25,7 @@ func claimFirstCases() []testCase {
 		{"ClaimFirst/AnUpdatedAgentIsNeverTakenUnderTheOldBinding", testClaimFirstUpdatedAgent},
 		{"ClaimFirst/DeferredReadsTheFirstTurnAndWritesNothing", testClaimFirstDeferred},
 		{"ClaimFirst/DeferredUnderAnUpdatedAgentTakesNothing", testClaimFirstDeferredUpdatedAgent},
+		{"ClaimFirst/DeferredWithoutAnEpochTakesTheClaims", testClaimFirstDeferredClaimsEpoch},
 	}
 }
 
@@ -186,6 +187,8 @@ func testClaimFirstOtherActivation(t *testing.T, b *bundle) {
 		"uid":     func(p *store.ClaimActivationParams) { p.First.Activation.UID = uuid.NewString() },
 		"lease":   func(p *store.ClaimActivationParams) { p.First.Activation.LeaseID = uuid.NewString() },
 		"session": func(p *store.ClaimActivationParams) { p.First.Activation.SessionID = "other" },
+		// Only a deferred first turn may leave the epoch to the claim.
+		"no epoch, written": func(p *store.ClaimActivationParams) { p.First.Activation.ActorEpoch = 0 },
 	} {
 		p := b.claimFirstParams(key, b.epochOf(key)+1)
 		mutate(&p)
@@ -281,6 +284,41 @@ func testClaimFirstDeferred(t *testing.T, b *bundle) {
 	noErr(t, err, "deferred commit of the first turn")
 	wantMessages(t, turn.Messages, abi.RoleUser, "one", abi.RoleAssistant, "r1")
 	wantEq(t, turn.TurnNo, int64(1), "TurnNo")
+	wantStatus(t, b, key, one.ID, store.EventDone)
+}
+
+// testClaimFirstDeferredClaimsEpoch: a deferred first turn asked without an
+// epoch (a caller that did not read the session) is read at the epoch the
+// claim gives — two earlier activations put it at 3 — and commits like any.
+func testClaimFirstDeferredClaimsEpoch(t *testing.T, b *bundle) {
+	key := b.session()
+	for range 2 {
+		noErr(t, b.s.StopActivation(b.ctx, b.claim(key, LongTTL).Ref()), "StopActivation")
+	}
+	one := b.message(key, "one")
+	p := b.claimFirstParams(key, 0)
+	p.First.Defer = true
+	head := b.stream(key).Head
+	act, err := b.s.ClaimActivation(b.ctx, p)
+	noErr(t, err, "ClaimActivation with a deferred First without an epoch")
+	wantEq(t, act.ActorEpoch, int64(3), "the claim's epoch")
+	if act.First == nil {
+		t.Fatalf("ClaimActivation with a deferred First without an epoch and an event due: Activation.First = nil")
+	}
+	d := *act.First
+	wantEq(t, d.Deferred, true, "Dispatch.Deferred")
+	wantEq(t, d.Event.ID, one.ID, "first event")
+	wantEq(t, d.Delivery.ActorEpoch, act.ActorEpoch, "first delivery's epoch: the claim's")
+	wantEq(t, d.Delivery.ActivationUID, act.UID, "first delivery's activation")
+	wantEq(t, d.Session.ActorEpoch, act.ActorEpoch, "Session's epoch: the claim's")
+	if h := b.stream(key).Head; h != head {
+		t.Fatalf("a deferred first turn wrote frames: head %d, was %d", h, head)
+	}
+	first := *p.First
+	first.Activation.ActorEpoch = act.ActorEpoch
+	turn, err := b.commitDeferred(act, first, d, "r1")
+	noErr(t, err, "deferred commit of the first turn")
+	wantMessages(t, turn.Messages, abi.RoleUser, "one", abi.RoleAssistant, "r1")
 	wantStatus(t, b, key, one.ID, store.EventDone)
 }
 
