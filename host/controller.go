@@ -262,6 +262,10 @@ func (c *controller) runClaimed(runCtx, turnCtx context.Context, a *activationRu
 	}
 	a.act.First = nil
 	defer a.closeInstance()
+	// A hint left when the activation ends (its event maybe run by it,
+	// cancelled or taken by a commit) must not make the next cold start
+	// claim without a look: only a hint given since then does.
+	defer c.takeHint()
 	return a.loop(runCtx)
 }
 
@@ -292,21 +296,21 @@ func (c *controller) quickStart(runCtx, turnCtx context.Context, looked time.Tim
 		return 0, false
 	}
 	pol := h.Policy().ForAgent(agent)
-	if !h.placeable(runCtx, agent, pol.Pool) {
-		return 0, false
-	}
 	run := &activationRun{c: c, h: h, agent: agent, pol: pol, runCtx: runCtx, nextOpen: true,
 		expect: h.expected(expectKey{agent.UID, pol.Pool})}
-	if !run.defers() {
+	// defers first: it rules out plugin and remote pools without the
+	// placement check's store read.
+	if !run.defers() || !h.placeable(runCtx, agent, pol.Pool) {
 		return 0, false
 	}
 	slots := h.pool(pol.Pool)
 	if !slots.tryAcquire() {
 		return 0, false
 	}
+	claimed := false
+	defer func() { slots.release(claimed && run.yielded) }()
 	run.slots = slots
 	c.pol = pol
-	h.consumeForce(c.key)
 	claim := store.ClaimActivationParams{
 		Key: c.key, UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: h.id, LeaseTTL: h.set.LeaseTTL,
 	}
@@ -326,23 +330,23 @@ func (c *controller) quickStart(runCtx, turnCtx context.Context, looked time.Tim
 	switch {
 	case err == nil:
 	case errors.Is(err, store.ErrActivationLive):
-		slots.release(false)
 		return 0, true
 	case errors.Is(err, store.ErrNotFound), errors.Is(err, store.ErrSessionDestroyed),
 		errors.Is(err, store.ErrSessionSleeping):
-		slots.release(false)
 		return 0, false
 	default:
-		slots.release(false)
 		if runCtx.Err() == nil {
 			c.log.Warn("claim activation", "err", err)
 			return time.Second, true
 		}
 		return 0, true
 	}
+	claimed = true
+	// A forced allocation is spent once a slot served a claim; a refused
+	// claim leaves the mark to the look.
+	h.consumeForce(c.key)
 	h.metrics.ActivationStartSeconds.Observe(time.Since(looked).Seconds())
 	h.metrics.QuickStarts.Inc()
-	defer func() { slots.release(run.yielded) }()
 	return c.runClaimed(runCtx, turnCtx, run, act, sent), true
 }
 

@@ -248,8 +248,8 @@ func CheckClaimFirst(p ClaimActivationParams) error {
 		return fmt.Errorf("first turn asked of activation %s (lease %s) of %s, the claim is of activation %s (lease %s) of %s: %w",
 			a.UID, a.LeaseID, a.ActorKey, p.UID, p.LeaseID, p.Key, ErrInvalid)
 	}
-	if f.Activation.ActorEpoch == 0 && !f.Defer {
-		return fmt.Errorf("first turn of activation %s asked without its epoch: only a deferred first turn (Defer) may take the claim's: %w",
+	if f.Activation.ActorEpoch == 0 && (!f.Defer || f.Expect == nil) {
+		return fmt.Errorf("first turn of activation %s asked without its epoch: only a deferred first turn (Defer, Expect) may take the claim's: %w",
 			p.UID, ErrInvalid)
 	}
 	return nil

@@ -877,7 +877,8 @@ type ClaimActivationParams struct {
 	// did not read the session first (a cold start after this host's own
 	// append) can still have its first turn read in the claim's
 	// transaction; Activation.First then carries that epoch. Without
-	// First.Defer the epoch must be given (CheckClaimFirst: ErrInvalid).
+	// First.Defer and First.Expect the epoch must be given
+	// (CheckClaimFirst: ErrInvalid).
 	First *NextDeliveryParams
 }
 

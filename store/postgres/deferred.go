@@ -31,7 +31,7 @@ var deferredReadSQL = `
 		FROM activations a
 		` + agentJoins + `
 		JOIN LATERAL ` + oldestOpenEvent + `
-		WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3 AND ($4 = 0 OR a.actor_epoch = $4)
+		WHERE a.activation_uid = $1 AND a.agent_uid = $2 AND a.session_id = $3 AND ($4::bigint = 0 OR a.actor_epoch = $4)
 		  AND a.lease_id = $5 AND a.state IN ` + liveStates + ` AND a.current_event_id IS NULL
 		  AND a.lease_expires_at > clock_timestamp()
 		  AND e.next_attempt_at <= clock_timestamp()
