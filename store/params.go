@@ -255,6 +255,20 @@ func CheckClaimFirst(p ClaimActivationParams) error {
 	return nil
 }
 
+// CheckNextDelivery validates NextDeliveryParams before any database
+// access: the activation is named by its epoch (≥ 1, what its claim gave).
+// Epoch 0 stands for "the claim's" only in a claim's deferred first turn
+// (ClaimActivationParams.First, CheckClaimFirst); asked of NextDelivery it
+// would match whatever epoch the activation has in one driver and none in
+// the other, so it is refused with ErrInvalid.
+func CheckNextDelivery(p NextDeliveryParams) error {
+	if p.Activation.ActorEpoch < 1 {
+		return fmt.Errorf("next delivery of activation %s asked at epoch %d: an activation's epoch is at least 1: %w",
+			p.Activation.UID, p.Activation.ActorEpoch, ErrInvalid)
+	}
+	return nil
+}
+
 // PayloadMessage returns a signal payload's "message" string
 // ({"message": "...", "data": {...}}) when it has a non-empty one.
 func PayloadMessage(payload string) (string, bool) {

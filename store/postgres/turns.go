@@ -15,6 +15,9 @@ import (
 // NextDelivery takes the session's oldest open event if it is due and
 // creates its delivery; see store.Store.
 func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (store.Dispatch, error) {
+	if err := store.CheckNextDelivery(p); err != nil {
+		return store.Dispatch{}, fmt.Errorf("store/postgres: next delivery: %w", err)
+	}
 	ref := p.Activation
 	if !p.ExpectDue {
 		if nd, err := s.probeNoDue(ctx, p); err != nil || nd != nil {

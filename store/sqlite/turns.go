@@ -26,6 +26,9 @@ const activationLiveWhere = `activation_uid = ? AND agent_uid = ? AND session_id
 // caller asked for a deferred dispatch knowing what that runs, as
 // PostgreSQL's read does. Otherwise it is taken as usual.
 func (s *Store) NextDelivery(ctx context.Context, p store.NextDeliveryParams) (store.Dispatch, error) {
+	if err := store.CheckNextDelivery(p); err != nil {
+		return store.Dispatch{}, fmt.Errorf("store/sqlite: next delivery: %w", err)
+	}
 	var d store.Dispatch
 	if p.Defer && p.Expect != nil {
 		deferred := false

@@ -314,6 +314,13 @@ func testClaimFirstDeferredClaimsEpoch(t *testing.T, b *bundle) {
 	if h := b.stream(key).Head; h != head {
 		t.Fatalf("a deferred first turn wrote frames: head %d, was %d", h, head)
 	}
+	// Outside a claim, epoch 0 names no activation: both drivers refuse it
+	// before reading (store.CheckNextDelivery), so a caller cannot take a
+	// turn without knowing the activation's epoch.
+	zero := *p.First
+	if _, err := b.s.NextDelivery(b.ctx, zero); !errors.Is(err, store.ErrInvalid) {
+		t.Fatalf("NextDelivery at epoch 0 outside a claim: %v, want ErrInvalid", err)
+	}
 	first := *p.First
 	first.Activation.ActorEpoch = act.ActorEpoch
 	turn, err := b.commitDeferred(act, first, d, "r1")
