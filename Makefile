@@ -16,7 +16,7 @@ FUZZ_TARGETS := ./abi:FuzzTurnResult ./abi:FuzzTurnRequest ./abi:FuzzCallRequest
 	./wasm/internal/wire:FuzzDecodeTurnRequest ./wasm/internal/wire:FuzzAppendTurnResult \
 	./wasm/internal/wire:FuzzDecodeTurnResult ./wasm/internal/wire:FuzzAppendTurnRequest
 
-.PHONY: help build examples plugins run test vet lint fmt-check bench bench-go bench-paddock bench-peers bench-backlog bench-stream chaos burst fuzz clean
+.PHONY: help build examples rust-examples plugins run test vet lint fmt-check bench bench-go bench-paddock bench-peers bench-backlog bench-stream chaos burst fuzz clean
 
 help: ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -30,6 +30,16 @@ examples/%.wasm: FORCE
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -o $@ ./$(dir $@)cmd
 
 FORCE:
+
+# The bench agent in Rust (examples/hasher/rust): the same work as the Go
+# module, with a guest compiled well. Debian's rustc with
+# libstd-rust-dev-wasm32 and lld builds it (.ci/run installs them);
+# RUSTC_WASM names another rustc that has the wasm32-wasi target.
+RUSTC_WASM ?= /usr/bin/rustc
+examples/hasher/hasher-rust.wasm: examples/hasher/rust/hasher.rs
+	$(RUSTC_WASM) --edition 2021 --target wasm32-wasi --crate-type cdylib -C opt-level=3 -C panic=abort -C strip=symbols -o $@ $<
+
+rust-examples: examples/hasher/hasher-rust.wasm ## build the Rust bench agent examples/hasher/hasher-rust.wasm (needs RUSTC_WASM: Debian's rustc, libstd-rust-dev-wasm32, lld)
 
 plugins: ## build the example plugin workers bin/notes-plugin, bin/hasher-plugin, bin/chat-plugin and their checksum files
 	@mkdir -p bin
@@ -110,7 +120,7 @@ bench-stream: ## the session stream: chunk latency emit → SSE client on the sa
 	STREAMBENCH=1 STREAMBENCH_STORE=sqlite $(GO) test -run '^TestStreamBenchFigures$$' -count=1 -v -timeout 10m ./cmd/paddock/ | grep -E 'stream bench|^(--- |ok|FAIL)'
 	$(GO) test -run '^$$' -bench 'IdleSubscribers' -benchtime 3x ./host/api/
 
-bench-peers: build examples ## Paddock beside River, DBOS and pgbench (../shared/peers) on one PostgreSQL, with the ratios (≈ 10 min)
+bench-peers: build examples rust-examples ## Paddock beside River, DBOS and pgbench (../shared/peers) on one PostgreSQL, with the ratios; the wasm runs with the Go and the Rust bench agent (≈ 11 min)
 	bash cmd/bench-peers.sh
 
 # The long fault-injection run; CHAOS_FLAGS changes it (go run ./cmd/paddock-chaos -h lists the flags).

@@ -7,7 +7,8 @@
 #
 # Env: N (20000) KEYS (1000) PRODUCERS (8) PG_BIN (/usr/lib/postgresql/15/bin)
 #      PEERS_DIR (../shared/peers) ONLY (regex over the peers' run names, default all)
-#      PADDOCK_RUNS (space-separated worker/signal pairs, default "wasm/go wasm/http plugin/go"; fabric/go
+#      PADDOCK_RUNS (space-separated worker/signal pairs, default "wasm/go wasm-rust/go wasm/http plugin/go";
+#      wasm-rust is the wasm worker with the Rust bench agent, examples/hasher/hasher-rust.wasm; fabric/go
 #      too, with KEYS ≤ 64: one remote worker's send queue holds 64 turns)
 #      RESULTS_DIR (bin): where the run's JSON lines are kept, bench-peers-<UTC time>.jsonl
 set -euo pipefail
@@ -15,7 +16,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 N="${N:-20000}"; KEYS="${KEYS:-1000}"; PRODUCERS="${PRODUCERS:-8}"
-PADDOCK_RUNS="${PADDOCK_RUNS:-wasm/go wasm/http plugin/go}"
+PADDOCK_RUNS="${PADDOCK_RUNS:-wasm/go wasm-rust/go wasm/http plugin/go}"
 PEERS_DIR="${PEERS_DIR:-$ROOT/../shared/peers}"
 if [ ! -x "$PEERS_DIR/run.sh" ]; then
 	echo "bench-peers: no peers at $PEERS_DIR (set PEERS_DIR to the peersbench directory)" >&2
@@ -84,12 +85,17 @@ for name in ${RUNS:+pgbench $RUNS}; do
 done
 FAILED=""
 for run in $PADDOCK_RUNS; do
-	worker="${run%/*}"; signal="${run#*/}"
+	worker="${run%/*}"; signal="${run#*/}"; module="$ROOT/examples/hasher/hasher.wasm"
+	if [ "$worker" = wasm-rust ]; then
+		# The same agent in Rust (examples/hasher/rust): the host's cost
+		# with a guest compiled well.
+		worker=wasm; module="$ROOT/examples/hasher/hasher-rust.wasm"
+	fi
 	"$PG_BIN/psql" "$DATABASE_URL" -qAtc CHECKPOINT >/dev/null
 	sleep 1
 	log "paddock: worker=$worker signal=$signal"
 	"$ROOT/bin/paddock" bench --store postgres --dsn "$DATABASE_URL" --n "$N" --keys "$KEYS" --producers "$PRODUCERS" \
-		--worker "$worker" --signal "$signal" --module "$ROOT/examples/hasher/hasher.wasm" --plugin "$ROOT/bin/hasher-plugin" \
+		--worker "$worker" --signal "$signal" --module "$module" --plugin "$ROOT/bin/hasher-plugin" \
 		2> >(sed "s|^|  [paddock $run] |" >&2) | tee -a "$RESULTS" | grep '^peer=' >&2 || { log "paddock $run FAILED"; FAILED=1; }
 done
 echo

@@ -73,11 +73,14 @@ type BenchResult struct {
 	RateTarget float64 `json:"rate_target,omitempty"`
 	Store      string  `json:"store"`
 	Worker     string  `json:"worker"`
-	Signal     string  `json:"signal_path"`
-	N          int     `json:"n"`
-	Keys       int     `json:"keys"`
-	Producers  int     `json:"producers"`
-	Pool       int     `json:"pool"`
+	// Module is the wasm worker's module file (--module, its base name):
+	// hasher.wasm is the Go agent, hasher-rust.wasm the Rust one.
+	Module    string `json:"module,omitempty"`
+	Signal    string `json:"signal_path"`
+	N         int    `json:"n"`
+	Keys      int    `json:"keys"`
+	Producers int    `json:"producers"`
+	Pool      int    `json:"pool"`
 	// TranscriptTail and InstanceReuse are the agent's policies.
 	TranscriptTail int    `json:"transcript_tail"`
 	InstanceReuse  string `json:"instance_reuse"`
@@ -434,6 +437,9 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	res := &BenchResult{Peer: "paddock", Mode: mode, RateTarget: o.rate, Store: o.storeKind, Worker: o.worker, Signal: o.signalPath,
 		N: o.n, Keys: o.keys, Producers: o.producers, Pool: o.pool, TranscriptTail: o.tail, InstanceReuse: o.reuse, RoundTrips: -1, Transactions: -1,
 		HostCPUMSPerTurn: -1, DBCPUMSPerTurn: -1, DBBusiestCores: -1}
+	if o.worker == "wasm" {
+		res.Module = filepath.Base(o.module)
+	}
 
 	// The store, in a fresh schema (PostgreSQL) or a fresh file (SQLite).
 	var st store.Store

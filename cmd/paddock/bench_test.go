@@ -190,12 +190,13 @@ func TestBenchReportComputesTheRatios(t *testing.T) {
 		`{"peer":"river","mode":"single","tuning":"fetch_cooldown=10ms","jobs_per_s":3000,"latency_ms":{"p50":46,"p99":150}}`,
 		`not json: a log line`,
 		`{"peer":"paddock","mode":"single","worker":"wasm","signal_path":"go","n":100,"completed":100,"jobs_per_s":4500,"latency_ms":{"p50":5,"p99":20},"db_round_trips_per_turn":6.5,"host_cpu_ms_per_turn":0.61,"db_cpu_ms_per_turn":1.07,"db_busiest_process_cores":0.78}`,
+		`{"peer":"paddock","mode":"single","worker":"wasm","module":"hasher-rust.wasm","signal_path":"go","n":100,"completed":100,"jobs_per_s":3600,"latency_ms":{"p50":5,"p99":20}}`,
 	}, "\n")
 	var out bytes.Buffer
 	if err := benchReport(strings.NewReader(in), &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"pgbench -N (ceiling)", "river single fetch_cooldown=10ms", "1.50× River single fetch_cooldown=10ms", "1.12× pgbench TPS", "6.5", "paddock  wasm/go", "host cpu ms/t", " 0.61 ", " 1.07 ", " 0.78"} {
+	for _, want := range []string{"pgbench -N (ceiling)", "river single fetch_cooldown=10ms", "1.50× River single fetch_cooldown=10ms", "1.12× pgbench TPS", "6.5", "paddock  wasm/go", "paddock  wasm(rust)/go", "1.20× River single fetch_cooldown=10ms", "host cpu ms/t", " 0.61 ", " 1.07 ", " 0.78"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}

@@ -18,6 +18,7 @@ type peerLine struct {
 	Mode      string   `json:"mode"`
 	Tuning    string   `json:"tuning"`
 	Worker    string   `json:"worker"`
+	Module    string   `json:"module"`
 	Store     string   `json:"store"`
 	Signal    string   `json:"signal_path"`
 	JobsPerS  float64  `json:"jobs_per_s"`
@@ -36,7 +37,12 @@ type peerLine struct {
 func (l peerLine) name() string {
 	switch l.Peer {
 	case "paddock":
-		name := fmt.Sprintf("paddock %s %s/%s", l.Store, l.Worker, l.Signal)
+		worker := l.Worker
+		if m := strings.TrimSuffix(l.Module, ".wasm"); m != "" && m != "hasher" {
+			// Another bench agent than the Go one: hasher-rust → wasm(rust).
+			worker += "(" + strings.TrimPrefix(m, "hasher-") + ")"
+		}
+		name := fmt.Sprintf("paddock %s %s/%s", l.Store, worker, l.Signal)
 		if l.Mode != "" && l.Mode != "single" {
 			name += " " + l.Mode
 		}

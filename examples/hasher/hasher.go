@@ -5,7 +5,10 @@
 //
 // A signal's data is the peers' job arguments, {"idx","key","seq","t"}; the
 // agent keeps no session state. The wasip1 module is built from ./cmd and
-// the plugin worker from ./plugin (see the Makefile).
+// the plugin worker from ./plugin (see the Makefile). ./rust/hasher.rs is
+// the same agent in Rust, the guest ABI implemented by hand (make
+// rust-examples builds hasher-rust.wasm; TestRustModuleAnswersLikeTheGoAgent
+// holds the two to the same answers).
 package hasher
 
 import (
