@@ -610,7 +610,6 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			a.log.Info("pool no longer runnable on this host: activation stopped", "pool", a.pol.Pool)
 			return a.stop()
 		}
-		ctx, cancel := context.WithTimeout(a.leaseCtx, 10*time.Second)
 		var d store.Dispatch
 		var pr *promotion
 		var err error
@@ -645,7 +644,11 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			a.after = nil
 			np := a.nextParams()
 			np.Defer = a.defers()
+			// The only store call of this step that needs a deadline: the
+			// taken and hinted dispatches above are already in hand.
+			ctx, cancel := context.WithTimeout(a.leaseCtx, 10*time.Second)
 			d, err = h.st.NextDelivery(ctx, np)
+			cancel()
 			a.nextOpen = false
 			if err == nil {
 				a.expectNext(d.Agent)
@@ -655,14 +658,12 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 						// Deferred for a binding that does not run here
 						// (invariant 9): written before anything is sent.
 						if !a.settle(pr) {
-							cancel()
 							continue
 						}
 					}
 				}
 			}
 		}
-		cancel()
 		var noDue *store.NoDueEventError
 		switch {
 		case errors.As(err, &noDue):
