@@ -90,6 +90,10 @@ for run in $PADDOCK_RUNS; do
 		# The same agent in Rust (examples/hasher/rust): the host's cost
 		# with a guest compiled well.
 		worker=wasm; module="$ROOT/examples/hasher/hasher-rust.wasm"
+		if [ ! -f "$module" ]; then
+			log "paddock $run skipped: no $module (make rust-examples)"
+			continue
+		fi
 	fi
 	"$PG_BIN/psql" "$DATABASE_URL" -qAtc CHECKPOINT >/dev/null
 	sleep 1

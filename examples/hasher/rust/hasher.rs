@@ -6,25 +6,33 @@
 //! library only: no SDK, no crates.
 //!
 //! It exists to show what a turn costs the host when the guest's code is
-//! compiled well: Go's wasm code generation makes the Go hasher spend
-//! about 85 µs of a turn in the guest (its request decoding, the job's
-//! json.Unmarshal and the SHA-256), most of the host's CPU per turn.
+//! compiled well: Go's wasm code generation makes a turn of the Go hasher
+//! cost the wasm worker about 90 µs (its request decoding, the job's
+//! json.Unmarshal and the SHA-256), this module's about 25.
 //! `paddock bench --module examples/hasher/hasher-rust.wasm` runs it, and
 //! `make bench-peers` reports it beside the Go module.
 //!
-//! Build (Debian's rustc and libstd-rust-dev-wasm32; see the Makefile):
+//! Build: `make rust-examples`, which runs Debian's rustc 1.63 (packages
+//! rustc, libstd-rust-dev-wasm32 and lld):
 //!
 //! ```text
-//! rustc --edition 2021 --target wasm32-wasi --crate-type cdylib -C opt-level=3 -C panic=abort \
-//!     -o examples/hasher/hasher-rust.wasm examples/hasher/rust/hasher.rs
+//! /usr/bin/rustc --edition 2021 --target wasm32-wasi --crate-type cdylib -C opt-level=3 \
+//!     -C panic=abort -C strip=symbols -o examples/hasher/hasher-rust.wasm examples/hasher/rust/hasher.rs
 //! ```
+//!
+//! Newer compilers call the target wasm32-wasip1 (`make rust-examples
+//! RUSTC_WASM=rustc RUSTC_WASM_TARGET=wasm32-wasip1` with rustup's target
+//! installed); the code needs nothing newer than Rust 1.63.
 //!
 //! JSON: the request is read by a small scanner that keeps what the agent
 //! needs (the raw `turn_ref`, echoed unchanged, the event's id and data) and
-//! skips the rest; the job's keys must be spelled exactly (`key`, `seq`), a
-//! repeated key takes its last value, as encoding/json does. A job the
-//! scanner cannot read is an "error" outcome naming the event, like the Go
-//! agent's.
+//! skips the rest. The job is read as encoding/json reads it into the Go
+//! agent's hasher.Job (read_job): keys matched case-insensitively, the
+//! last of a repeated field winning, `null` leaving a field as it was,
+//! integers for every field but the key, unpaired surrogate escapes and
+//! invalid UTF-8 as U+FFFD; TestRustModuleAnswersLikeTheGoAgent compares
+//! the two on such jobs. A job the scanner cannot read is an "error"
+//! outcome naming the event, like the Go agent's (whose message differs).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -175,10 +183,9 @@ fn read_request(s: &[u8]) -> Result<Request<'_>, String> {
             b"event" => p.object(|p, k| {
                 match k.as_slice() {
                     b"id" => r.event_id = p.int()?,
-                    b"data" => {
-                        let raw = p.raw()?;
-                        r.data = if raw == b"null" { None } else { Some(raw) };
-                    }
+                    // A null data is data, as json.RawMessage keeps it
+                    // (the Go agent then hashes the zero job).
+                    b"data" => r.data = Some(p.raw()?),
                     _ => p.skip()?,
                 }
                 Ok(())
@@ -191,32 +198,57 @@ fn read_request(s: &[u8]) -> Result<Request<'_>, String> {
     Ok(r)
 }
 
-/// read_job reads the job's key and seq ({"idx","key","seq","t"}).
+/// read_job reads the job's key and seq ({"idx","key","seq","t"}) as the Go
+/// agent's json.Unmarshal into hasher.Job does: `null` is the zero job, a
+/// key matches a field case-insensitively (field_of), `null` leaves a
+/// field as it was, and idx and t must be integers too, though unused.
 fn read_job(s: &[u8]) -> Result<(Vec<u8>, i64), String> {
     let mut p = Scanner { s, i: 0 };
     let (mut key, mut seq) = (Vec::new(), 0i64);
+    if p.peek() == b'n' {
+        p.literal(b"null")?;
+        p.end()?;
+        return Ok((key, seq));
+    }
     p.object(|p, k| {
-        match k.as_slice() {
-            b"key" => {
-                if p.peek() == b'n' {
-                    p.literal(b"null")?;
-                } else {
-                    key = p.string()?;
-                }
+        let field = field_of(&k);
+        if field.is_some() && p.peek() == b'n' {
+            return p.literal(b"null");
+        }
+        match field {
+            Some("key") => key = p.string()?,
+            Some("seq") => seq = p.int()?,
+            Some(_) => {
+                p.int()?;
             }
-            b"seq" => {
-                if p.peek() == b'n' {
-                    p.literal(b"null")?;
-                } else {
-                    seq = p.int()?;
-                }
-            }
-            _ => p.skip()?,
+            None => p.skip()?,
         }
         Ok(())
     })?;
     p.end()?;
     Ok((key, seq))
+}
+
+/// field_of is the Job field a key names, matched as encoding/json does
+/// (bytes.EqualFold, Unicode simple folding): ASCII case aside, the Kelvin
+/// sign folds to k and the long s to s; no other letter of the four names
+/// has a fold outside ASCII.
+fn field_of(k: &[u8]) -> Option<&'static str> {
+    let mut folded = Vec::with_capacity(k.len());
+    let mut i = 0;
+    while i < k.len() {
+        if k[i..].starts_with("\u{212a}".as_bytes()) {
+            folded.push(b'k');
+            i += 3;
+        } else if k[i..].starts_with("\u{17f}".as_bytes()) {
+            folded.push(b's');
+            i += 2;
+        } else {
+            folded.push(k[i].to_ascii_lowercase());
+            i += 1;
+        }
+    }
+    ["idx", "key", "seq", "t"].into_iter().find(|f| f.as_bytes() == folded.as_slice())
 }
 
 /// Scanner is a cursor over JSON text.
@@ -319,15 +351,20 @@ impl<'a> Scanner<'a> {
                         b'r' => out.push(b'\r'),
                         b't' => out.push(b'\t'),
                         b'u' => {
+                            // As encoding/json: a surrogate makes a pair
+                            // only with a low surrogate right after it,
+                            // which is then consumed; any other surrogate
+                            // is U+FFFD, and what follows it is read on.
                             let mut u = self.hex4()?;
-                            if (0xd800..0xdc00).contains(&u) && self.s[self.i..].starts_with(b"\\u") {
-                                self.i += 2;
-                                let lo = self.hex4()?;
-                                u = if (0xdc00..0xe000).contains(&lo) {
-                                    0x10000 + ((u - 0xd800) << 10) + (lo - 0xdc00)
-                                } else {
-                                    0xfffd
-                                };
+                            if (0xd800..0xe000).contains(&u) {
+                                let lo = self.peek_u4();
+                                match lo {
+                                    Some(lo) if u < 0xdc00 && (0xdc00..0xe000).contains(&lo) => {
+                                        self.i += 6;
+                                        u = 0x10000 + ((u - 0xd800) << 10) + (lo - 0xdc00);
+                                    }
+                                    _ => u = 0xfffd,
+                                }
                             }
                             let ch = char::from_u32(u).unwrap_or('\u{fffd}');
                             let mut b = [0u8; 4];
@@ -337,15 +374,47 @@ impl<'a> Scanner<'a> {
                     }
                 }
                 c if c < 0x20 => return self.fail("control character in string"),
-                c => out.push(c),
+                c if c < 0x80 => out.push(c),
+                c => {
+                    // As encoding/json: a valid UTF-8 sequence is kept,
+                    // each byte of an invalid one becomes U+FFFD.
+                    let w = match c {
+                        0xc2..=0xdf => 2,
+                        0xe0..=0xef => 3,
+                        0xf0..=0xf4 => 4,
+                        _ => 0,
+                    };
+                    let start = self.i - 1;
+                    match self.s.get(start..start + w).filter(|_| w > 0).map(std::str::from_utf8) {
+                        Some(Ok(ch)) => {
+                            out.extend_from_slice(ch.as_bytes());
+                            self.i = start + w;
+                        }
+                        _ => out.extend_from_slice("\u{fffd}".as_bytes()),
+                    }
+                }
             }
         }
+    }
+
+    /// peek_u4 is the code unit of a `\uXXXX` escape at the cursor, if one
+    /// is there, without consuming it.
+    fn peek_u4(&self) -> Option<u32> {
+        if !self.s[self.i..].starts_with(b"\\u") {
+            return None;
+        }
+        self.s
+            .get(self.i + 2..self.i + 6)
+            .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|t| u32::from_str_radix(t, 16).ok())
     }
 
     fn hex4(&mut self) -> Result<u32, String> {
         let u = self
             .s
             .get(self.i..self.i + 4)
+            .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
             .and_then(|h| std::str::from_utf8(h).ok())
             .and_then(|t| u32::from_str_radix(t, 16).ok());
         let u = match u {
