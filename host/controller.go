@@ -198,21 +198,10 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	run := &activationRun{c: c, h: h, agent: agent, pol: pol, runCtx: runCtx, slots: slots,
 		nextOpen: true, // peek.AnyOpen
 		expect:   h.expected(expectKey{agent.UID, pol.Pool})}
-	claim := store.ClaimActivationParams{
-		Key: c.key, UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: h.id, LeaseTTL: h.set.LeaseTTL,
-		WakeForCapacity: forCapacity,
-	}
+	claim := c.newClaim()
+	claim.WakeForCapacity = forCapacity
 	if run.expect != nil {
-		run.act = store.Activation{UID: claim.UID, ActorKey: c.key, ActorEpoch: sess.ActorEpoch + 1, LeaseID: claim.LeaseID}
-		first := run.nextParams()
-		first.Defer = run.defers()
-		claim.First = &first
-		// A pending wake-up is answered by the claim's look, as by
-		// NextDelivery's in the loop.
-		select {
-		case <-c.wake:
-		default:
-		}
+		run.askFirst(&claim, sess.ActorEpoch+1, run.defers())
 	}
 	ctx, cancel = context.WithTimeout(runCtx, 10*time.Second)
 	sent := time.Now()
@@ -238,6 +227,29 @@ func (c *controller) activation(runCtx, turnCtx context.Context) time.Duration {
 	}
 	a = run
 	return c.runClaimed(runCtx, turnCtx, a, act, sent)
+}
+
+// newClaim is the claim of a new activation of c's session by this host.
+func (c *controller) newClaim() store.ClaimActivationParams {
+	h := c.h
+	return store.ClaimActivationParams{
+		Key: c.key, UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: h.id, LeaseTTL: h.set.LeaseTTL,
+	}
+}
+
+// askFirst makes claim read (deferred) or take the activation's first
+// turn in its transaction, at epoch (0: the claim's, for a deferred one;
+// store.ClaimActivationParams.First). A wake-up pending now is answered
+// by that read, as by NextDelivery's in the loop, so it is dropped.
+func (a *activationRun) askFirst(claim *store.ClaimActivationParams, epoch int64, deferred bool) {
+	a.act = store.Activation{UID: claim.UID, ActorKey: claim.Key, ActorEpoch: epoch, LeaseID: claim.LeaseID}
+	first := a.nextParams()
+	first.Defer = deferred
+	claim.First = &first
+	select {
+	case <-a.c.wake:
+	default:
+	}
 }
 
 // runClaimed runs the claimed activation act (its claim sent at sent) as
@@ -311,18 +323,8 @@ func (c *controller) quickStart(runCtx, turnCtx context.Context, looked time.Tim
 	defer func() { slots.release(claimed && run.yielded) }()
 	run.slots = slots
 	c.pol = pol
-	claim := store.ClaimActivationParams{
-		Key: c.key, UID: uuid.NewString(), LeaseID: uuid.NewString(), HostID: h.id, LeaseTTL: h.set.LeaseTTL,
-	}
-	// No epoch: the claim's (ClaimActivationParams.First).
-	run.act = store.Activation{UID: claim.UID, ActorKey: c.key, LeaseID: claim.LeaseID}
-	first := run.nextParams()
-	first.Defer = true
-	claim.First = &first
-	select {
-	case <-c.wake: // answered by the claim's read, as in activation
-	default:
-	}
+	claim := c.newClaim()
+	run.askFirst(&claim, 0, true) // no epoch: the claim's (ClaimActivationParams.First)
 	ctx, cancel := context.WithTimeout(runCtx, 10*time.Second)
 	sent := time.Now()
 	act, err := h.st.ClaimActivation(ctx, claim)

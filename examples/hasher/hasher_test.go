@@ -50,17 +50,16 @@ func TestWorkIsThePeersWork(t *testing.T) {
 	}
 }
 
-// TestModuleAnswersLikeTheLogic runs the wasm module and the logic on the
-// same jobs, and a job without data.
-func TestModuleAnswersLikeTheLogic(t *testing.T) {
-	t.Parallel()
+// warmInstance loads body in a new wasm runtime and returns an instance
+// of it; both close when t ends.
+func warmInstance(t *testing.T, body []byte) *wasm.Instance {
+	t.Helper()
 	ctx := context.Background()
-	_, body := wasmtest.BuildExample(t, "./examples/hasher/cmd")
 	rt, err := wasm.New(ctx, wasm.Config{CacheDir: wasmtest.CacheDir(t)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rt.Close(ctx)
+	t.Cleanup(func() { rt.Close(ctx) })
 	info, err := rt.Load(ctx, wasm.Digest(body), body)
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +68,17 @@ func TestModuleAnswersLikeTheLogic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer inst.Close(ctx)
+	t.Cleanup(func() { inst.Close(ctx) })
+	return inst
+}
+
+// TestModuleAnswersLikeTheLogic runs the wasm module and the logic on the
+// same jobs, and a job without data.
+func TestModuleAnswersLikeTheLogic(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, body := wasmtest.BuildExample(t, "./examples/hasher/cmd")
+	inst := warmInstance(t, body)
 	for i, data := range []string{`{"idx":7,"key":"k00007","seq":3,"t":1}`, `{"key":"k00001","seq":0}`} {
 		res, err := inst.Turn(ctx, request(int64(i+1), data))
 		if err != nil {
@@ -140,20 +149,7 @@ func TestRustModuleAnswersLikeTheGoAgent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	body := buildRust(t)
-	rt, err := wasm.New(ctx, wasm.Config{CacheDir: wasmtest.CacheDir(t)}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.Close(ctx)
-	info, err := rt.Load(ctx, wasm.Digest(body), body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inst, err := rt.Instantiate(ctx, info.Digest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inst.Close(ctx)
+	inst := warmInstance(t, body)
 	jobs := []string{`{"idx":7,"key":"k00007","seq":3,"t":1}`, `{"key":"k00001","seq":0}`,
 		`{"idx":-3,"key":"k00999","seq":-1,"t":1764490000000000000}`, ` { "seq" : 19 , "key" : "k\u00e9\"\\x" } `,
 		`{"key":"w","seq":1099511627776,"extra":[1,{"a":null},"]"]}`, "null",
@@ -217,21 +213,23 @@ func BenchmarkModuleTurn(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	rust := buildRust(b)
-	rinfo, err := rt.Load(ctx, wasm.Digest(rust), rust)
-	if err != nil {
-		b.Fatal(err)
-	}
+	var rust []byte // built once, by the first Rust sub-benchmark: without a compiler only they skip
 	for _, c := range []struct {
 		guest string
 		tail  int
 	}{{"go", 0}, {"go", 20}, {"rust", 0}, {"rust", 20}} {
-		info := info
-		if c.guest == "rust" {
-			info = rinfo
-		}
 		tail := c.tail
 		b.Run("guest="+c.guest+"/tail="+strconv.Itoa(tail), func(b *testing.B) {
+			info := info
+			if c.guest == "rust" {
+				if rust == nil {
+					rust = buildRust(b)
+				}
+				var err error
+				if info, err = rt.Load(ctx, wasm.Digest(rust), rust); err != nil {
+					b.Fatal(err)
+				}
+			}
 			inst, err := rt.Instantiate(ctx, info.Digest)
 			if err != nil {
 				b.Fatal(err)

@@ -403,26 +403,27 @@ impl<'a> Scanner<'a> {
         if !self.s[self.i..].starts_with(b"\\u") {
             return None;
         }
+        self.hex4_at(self.i + 2)
+    }
+
+    /// hex4 reads the four hex digits of a `\u` escape (after the `\u`).
+    fn hex4(&mut self) -> Result<u32, String> {
+        match self.hex4_at(self.i) {
+            Some(u) => {
+                self.i += 4;
+                Ok(u)
+            }
+            None => self.fail("invalid \\u escape"),
+        }
+    }
+
+    /// hex4_at is the value of the four hex digits at offset at.
+    fn hex4_at(&self, at: usize) -> Option<u32> {
         self.s
-            .get(self.i + 2..self.i + 6)
+            .get(at..at + 4)
             .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
             .and_then(|h| std::str::from_utf8(h).ok())
             .and_then(|t| u32::from_str_radix(t, 16).ok())
-    }
-
-    fn hex4(&mut self) -> Result<u32, String> {
-        let u = self
-            .s
-            .get(self.i..self.i + 4)
-            .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|t| u32::from_str_radix(t, 16).ok());
-        let u = match u {
-            Some(u) => u,
-            None => return self.fail("invalid \\u escape"),
-        };
-        self.i += 4;
-        Ok(u)
     }
 
     /// int reads an integer that fits i64 (no fraction, no exponent).
