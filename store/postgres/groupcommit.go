@@ -25,27 +25,38 @@ import (
 // load. Every caller still returns only after its own request committed
 // ("durable before 202").
 //
-// Two lanes, each one flusher on one connection (pipeline.go: the next
+// Three lanes, each one flusher on one connection (pipeline.go: the next
 // batch is sent while the last one commits, both on one backend, one after
-// the other): acceptance — appends and audit rows, what a 202 waits for —
-// and turns — commits, dispatches, reads, promotions and activation claims.
-// A signal's acceptance thus never queues behind other sessions' turn
-// work, and the two backends run at once: while one waits for its WAL
-// flush or for the host, the other runs statements. On the bench (N=10000,
-// K=1000, P=8, five interleaved pairs) the lanes raised turns/s by 6 to 60
-// %, median 27 %, over one shared flusher, whose backend had become the
-// bottleneck (docs/DESIGN.md "Store"). Splitting by session instead (each
-// lane every kind for its sessions) was measured no faster, and a third
-// lane for the deferred reads no faster than two.
+// the other): acceptance — appends and audit rows, what a 202 waits for —,
+// turns — commits, dispatches, reads and promotions — and starts —
+// activation claims, each with its first turn's read or claim. A signal's
+// acceptance thus never queues behind other sessions' turn work, nor a
+// cold start behind the turns of live sessions, and the backends run at
+// once: while one waits for its WAL flush or for the host, another runs
+// statements. On the bench (N=10000, K=1000, P=8, five interleaved pairs)
+// the first two lanes raised turns/s by 6 to 60 %, median 27 %, over one
+// shared flusher, whose backend had become the bottleneck (docs/DESIGN.md
+// "Store"). Splitting by session instead (each lane every kind for its
+// sessions) was measured no faster, and a lane for the deferred reads no
+// faster than two. The starts lane is for latency: in the turns lane a
+// burst of cold starts (800 new sessions in a run's first second) went
+// statement by statement behind each set commit (splitSet), and the turns
+// of live sessions waited behind them; on a lane of their own, p99
+// signal→commit at half load fell from 46–80 to 33–45 ms and at full load
+// from 262–415 to 53–81 ms, turns/s and CPU per turn within the noise
+// (docs/DESIGN.md, twelfth session).
 //
 // A batch's statements are sorted by session. Every transaction that
-// locks rows of more than one session — a batch of either lane, of this
-// host or another, and the alarm sweep (which skips a locked session) —
-// takes them in that order, and within a session every transaction takes
-// the activation before the session row: the turns lane locks a session's
-// activation, then its rows (an activation claim locks the session row and
-// inserts the activation, which only another claim can wait for); the
-// acceptance lane locks only session rows. So a batch may wait for another
+// locks rows of more than one session — a batch of any lane, of this host
+// or another, and the alarm sweep (which skips a locked session) — takes
+// them in that order, and within a session every transaction takes the
+// activation before the session row: the turns lane locks a session's
+// activation, then its rows; the starts lane's claims lock the session row
+// and insert the activation, which only another claim can wait for (a
+// session with a live activation is not claimed, so no commit of it runs),
+// then take the new activation's first turn; the acceptance lane locks
+// only session rows. A starts batch is one of the turns lane's batches of
+// before, with only claims in it. So a batch may wait for another
 // batch's row (an append for a commit of the same session, a few
 // milliseconds) but no cycle of waits can form, with each other or with a
 // request run on its own path. Audit rows lock no row (they sort first,
@@ -328,8 +339,8 @@ func live(batch []groupItem) []groupItem {
 	return out
 }
 
-// groups are the kinds of request of s's group commit, in two lanes:
-// appends (acceptance) and the rest (turns).
+// groups are the kinds of request of s's group commit, in three lanes:
+// appends (acceptance), activation claims (starts) and the rest (turns).
 type groups struct {
 	appends     *group[appendIn, appendRes]
 	commits     *group[commitIn, commitRes]
@@ -341,7 +352,7 @@ type groups struct {
 
 // newGroups returns s's group commit.
 func newGroups(s *Store) groups {
-	accept, b := &batcher{s: s}, &batcher{s: s}
+	accept, b, starts := &batcher{s: s}, &batcher{s: s}, &batcher{s: s}
 	return groups{
 		appends: &group[appendIn, appendRes]{b: accept,
 			key: func(in appendIn) store.ActorKey { return in.key }, prepare: prepareAppend,
@@ -386,7 +397,7 @@ func newGroups(s *Store) groups {
 				return func() claimRes { return claimRes{taken: c.taken} }
 			},
 			solo: claimRes{solo: true}, failed: func(err error) claimRes { return claimRes{err: err} }},
-		activations: &group[store.ClaimActivationParams, activationRes]{b: b,
+		activations: &group[store.ClaimActivationParams, activationRes]{b: starts,
 			key: func(p store.ClaimActivationParams) store.ActorKey { return p.Key },
 			prepare: func(b *pgx.Batch, p store.ClaimActivationParams) func() activationRes {
 				q := queueActivation(b, p)

@@ -735,3 +735,92 @@ func TestAppendsDoNotQueueBehindAStalledTurnBatch(t *testing.T) {
 		t.Fatal("the commit did not finish after the lock was released")
 	}
 }
+
+// TestClaimsDoNotQueueBehindAStalledTurnBatch: the starts lane. A turn
+// commit whose batch waits for a row lock stalls the turns lane, but a
+// cold start of another session — its activation claimed with its first
+// turn read, durable, the call returned — goes through meanwhile: claims
+// have a lane, a connection and a backend of their own. In the turns lane
+// the claim queued behind the stalled batch until the lock was released.
+// Once it is, the commit goes through unharmed.
+func TestClaimsDoNotQueueBehindAStalledTurnBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn, f := fixtureOnOwnStore(t)
+	f.append("the turn that stalls")
+	a := f.claim(time.Hour)
+	d := f.next(a)
+	expect := &store.ExpectedBinding{Agent: d.Agent, Binding: "sha256:test"}
+	stalled := f.key
+	f.key = f.session(f.key.AgentUID)
+	cold := f.append("the cold start")
+
+	holder, err := pgx.Connect(ctx, dsn)
+	must(t, err, "connect")
+	defer func() { _ = holder.Close(ctx) }()
+	watch, err := pgx.Connect(ctx, dsn)
+	must(t, err, "connect")
+	defer func() { _ = watch.Close(ctx) }()
+	tx, err := holder.Begin(ctx)
+	must(t, err, "begin")
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM activations WHERE activation_uid = $1 FOR UPDATE`, a.UID)
+	must(t, err, "lock the activation")
+
+	committed := make(chan error, 1)
+	go func() {
+		_, err := f.s.CommitTurn(ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK,
+			KeepState: true, Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "reply"}},
+			Payloads: []string{string(d.Event.Payload)}})
+		committed <- err
+	}()
+	awaitLockWait(t, watch, "the commit's batch", func() (string, bool) {
+		select {
+		case err := <-committed:
+			return fmt.Sprint(err), true
+		default:
+			return "", false
+		}
+	})
+
+	// In the turns lane the claim queued behind the stalled batch until the
+	// holder let go; its deadline here is the failure.
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	p := store.ClaimActivationParams{Key: f.key, UID: uuid.NewString(), LeaseID: uuid.NewString(),
+		HostID: "host", LeaseTTL: time.Hour}
+	p.First = &store.NextDeliveryParams{Activation: store.ActivationRef{UID: p.UID, ActorKey: f.key,
+		ActorEpoch: 1, LeaseID: p.LeaseID}, DeliveryID: uuid.NewString(), MarkSent: true, TailMessages: 10,
+		ExpectDue: true, Expect: expect}
+	started, err := f.s.ClaimActivation(cctx, p)
+	if err != nil {
+		t.Fatalf("cold start of another session while a turn batch is stalled: %v", err)
+	}
+	if started.First == nil || started.First.Event.ID != cold.ID {
+		t.Fatalf("the cold start's first turn is %+v, want event %d", started.First, cold.ID)
+	}
+	select {
+	case err := <-committed:
+		t.Fatalf("the commit returned (%v) before the lock was released", err)
+	default:
+	}
+	var live int
+	must(t, watch.QueryRow(ctx, `SELECT count(*) FROM activations WHERE activation_uid = $1 AND state = 'active'`,
+		started.UID).Scan(&live), "read the claimed activation from another connection")
+	if live != 1 {
+		t.Fatalf("the claimed activation is not active on another connection (%d rows)", live)
+	}
+
+	must(t, tx.Commit(ctx), "release the lock")
+	select {
+	case err := <-committed:
+		must(t, err, "the stalled commit")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the commit did not finish after the lock was released")
+	}
+	cur, err := f.s.CurrentActivation(ctx, stalled)
+	must(t, err, "CurrentActivation")
+	if cur.UID != a.UID {
+		t.Fatalf("the stalled session's activation is %s, want %s", cur.UID, a.UID)
+	}
+}

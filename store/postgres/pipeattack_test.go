@@ -446,8 +446,8 @@ const pipeAttackCallTimeout = 5 * time.Second
 // appends were acknowledged since the one before; then it checks that
 // every caller was answered before its call timeout (the breaks were
 // heard, not waited out), that each attack cost the group commit exactly
-// one connection (of either lane: the workers' appends and commits keep
-// both busy), that the store still serves appends on every session,
+// one connection (of the acceptance or the turns lane: the workers' appends
+// and commits keep both busy), that the store still serves appends on every session,
 // and checkAttackedSessions.
 func pipeUnderAttack(t *testing.T, rounds int, attack func(i int, px *pipeProxy, tr *pipeTracer)) {
 	ctx := context.Background()
@@ -460,6 +460,7 @@ func pipeUnderAttack(t *testing.T, rounds int, attack func(i int, px *pipeProxy,
 	f := newFixtureOn(t, s)
 	acts := liveSessions(f, 12)
 
+	const lanes = 3 // starts (the claims above), acceptance and turns
 	o := newAttackOutcome()
 	stop, cancelStop := context.WithCancel(ctx)
 	defer cancelStop()
@@ -470,10 +471,13 @@ func pipeUnderAttack(t *testing.T, rounds int, attack func(i int, px *pipeProxy,
 		acked, _, _ := o.counts()
 		ackedAtLeast(t, o, acked+30)
 		// The group commit's connections of this round are up, one per
-		// lane (each has prepared its statements).
-		for deadline := time.Now().Add(20 * time.Second); tr.pipes() < i+2; time.Sleep(time.Millisecond) {
+		// lane (each has prepared its statements): the starts lane's,
+		// opened by liveSessions' claims before the workers ran and idle
+		// since (never the one attacked: tr.pipe is the connection opened
+		// last), and the workers' acceptance and turns lanes.
+		for deadline := time.Now().Add(20 * time.Second); tr.pipes() < i+lanes; time.Sleep(time.Millisecond) {
 			if time.Now().After(deadline) {
-				t.Fatalf("attack %d: the group commit has %d connections after 20s, want %d", i, tr.pipes(), i+2)
+				t.Fatalf("attack %d: the group commit has %d connections after 20s, want %d", i, tr.pipes(), i+lanes)
 			}
 		}
 		attack(i, px, tr)
@@ -491,8 +495,8 @@ func pipeUnderAttack(t *testing.T, rounds int, attack func(i int, px *pipeProxy,
 	if l := lat.longest(); l >= pipeAttackCallTimeout {
 		t.Errorf("a call took %v, its call timeout %v: a broken batch's callers waited for their deadline", l, pipeAttackCallTimeout)
 	}
-	if n := tr.pipes(); n != rounds+2 {
-		t.Errorf("the group commit opened %d connections, want %d: one per lane, and one after each attack", n, rounds+2)
+	if n := tr.pipes(); n != rounds+lanes {
+		t.Errorf("the group commit opened %d connections, want %d: one per lane, and one after each attack", n, rounds+lanes)
 	}
 
 	// The store serves new appends and turns on every session.

@@ -121,7 +121,7 @@ type Store struct {
 
 	// groupCommit sends concurrent appends and audit rows, commits,
 	// one-statement dispatches, deferred dispatches' reads and promotions
-	// and activation claims in shared batches (groups, one batcher).
+	// and activation claims in shared batches (groups, a batcher per lane).
 	groupCommit bool
 	groups
 
@@ -168,7 +168,7 @@ func WithCallTimeout(d time.Duration) Option {
 
 // WithMaxConns caps the connection pool (default: pool_max_conns from the
 // DSN, else max(20, 4 × NumCPU)). Subscribe's connections and the group
-// commit's two (one per lane, taken out of the pool) are extra.
+// commit's three (one per lane, taken out of the pool) are extra.
 func WithMaxConns(n int32) Option {
 	return func(c *config) {
 		if n > 0 {

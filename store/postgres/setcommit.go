@@ -209,9 +209,10 @@ func queueSet(b *pgx.Batch, reqs []groupItem) bool {
 const splitSetMin = 4
 
 // splitSet divides a batch that queueSet refused only for its requests
-// that lock rows session by session (claims, written commits, activation
-// claims: a burst of cold starts mixes them with deferred commits in every
-// batch) into the set — its settable commits, at least splitSetMin, one
+// that lock rows session by session (claims, written commits, promotions;
+// activation claims, which a burst of cold starts mixed with deferred
+// commits in every batch, have had a lane of their own since: starts) into
+// the set — its settable commits, at least splitSetMin, one
 // per session and all of one lease renewal, and its deferred reads — and
 // the rest, which the flusher sends as the next batch. Each part keeps the
 // lock order of a batch of its own kind. ok is false when the batch does
