@@ -115,17 +115,30 @@ type queuedActivation struct {
 	read *deferredRead
 }
 
-// queueActivation queues p's claim (claimActivationSQL): one statement,
-// one implicit transaction with the rest of its batch — the session's
-// epoch raised (and, for a wake, its sleep cleared: store.ClaimWake) under
-// its row lock when no activation of it is live, and the activation
-// inserted. An activation inserted meanwhile by another claim (the partial
-// unique index on live activations) refuses the statement, so that the
-// epoch is not raised for nothing. Then p.First's claim, when set.
+// queueActivation queues p's claim, in one implicit transaction with the
+// rest of its batch: the session row locked (lockSessionSQL), then
+// claimActivationSQL — the session's epoch raised (and, for a wake, its
+// sleep cleared: store.ClaimWake) when no activation of it is live, and
+// the activation inserted. An activation inserted meanwhile by another
+// claim (the partial unique index on live activations) refuses the
+// statement, so that the epoch is not raised for nothing. Then p.First's
+// claim, when set.
+//
+// The lock is a statement of its own so that the claim's statement reads
+// with a snapshot taken once the row is held: it then sees every
+// activation whose claim held the row before (a claim holds it until it
+// commits), and inserts only when none is live. In one statement, a claim
+// that waited for the row behind a rival claim read with the snapshot of
+// before it, found no live activation, and its insert waited for the
+// rival's activation row — which the rival's first turn, waiting for the
+// session row in its commit, held: a deadlock, one second of
+// deadlock_timeout for both lanes (found in review; the starts lane made
+// it possible within one host, two hosts had it before).
 func queueActivation(b *pgx.Batch, p store.ClaimActivationParams) *queuedActivation {
 	key := p.Key
 	q := &queuedActivation{a: store.Activation{UID: p.UID, ActorKey: key, LeaseID: p.LeaseID,
 		State: store.ActivationActive, HostID: p.HostID}}
+	b.Queue(lockSessionSQL, key.AgentUID, key.SessionID)
 	b.Queue(claimActivationSQL, key.AgentUID, key.SessionID, p.WakeForCapacity,
 		store.CapacitySleepReasons(), p.UID, p.LeaseID, micros(p.LeaseTTL), p.HostID, checkActivationLive,
 	).QueryRow(func(row pgx.Row) error {
@@ -165,6 +178,10 @@ func (q *queuedActivation) activation() store.Activation {
 	}
 	return a
 }
+
+// lockSessionSQL locks a session's row, $1 agent uid, $2 session id, for
+// the claim that follows it in its transaction (queueActivation).
+const lockSessionSQL = `SELECT 1 FROM sessions WHERE agent_uid = $1 AND session_id = $2 FOR NO KEY UPDATE`
 
 // claimActivationSQL is ClaimActivation's statement: parameters $1 agent
 // uid, $2 session id, $3 wake for capacity, $4 the capacity sleep reasons,

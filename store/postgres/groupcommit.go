@@ -51,11 +51,12 @@ import (
 // or another, and the alarm sweep (which skips a locked session) — takes
 // them in that order, and within a session every transaction takes the
 // activation before the session row: the turns lane locks a session's
-// activation, then its rows; the starts lane's claims lock the session row
-// and insert the activation, which only another claim can wait for (a
-// session with a live activation is not claimed, so no commit of it runs),
-// then take the new activation's first turn; the acceptance lane locks
-// only session rows. A starts batch is one of the turns lane's batches of
+// activation, then its rows; the starts lane's claims lock the session
+// row, then, with a snapshot taken under that lock (queueActivation),
+// insert the activation only when none is live, so the insert waits for no
+// live activation's row (no turn transaction of the session), then take
+// the new activation's first turn; the acceptance lane locks only session
+// rows. A starts batch is one of the turns lane's batches of
 // before, with only claims in it. So a batch may wait for another
 // batch's row (an append for a commit of the same session, a few
 // milliseconds) but no cycle of waits can form, with each other or with a
