@@ -1,0 +1,177 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paddock-dev/paddock/store"
+)
+
+// awaitLockWaiters polls pg_stat_activity until at least n backends of the
+// test's database wait for a lock; it fails the test when returned reports
+// that the call named what returned first (and how), or after 30 s.
+func awaitLockWaiters(t *testing.T, watch *pgx.Conn, n int, what string, returned func() (string, bool)) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting int
+		must(t, watch.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting), "pg_stat_activity")
+		if waiting >= n {
+			return
+		}
+		if how, ok := returned(); ok {
+			t.Fatalf("%s did not wait for the held lock: %s", what, how)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never waited for the held lock (%d of %d waiting)", what, waiting, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestClaimWaitingForTheSessionRowDoesNotDeadlockWithTheRivalsCommit: a
+// claim X of session S waits for S's row behind another transaction; a
+// rival activation A of S is committed meanwhile, and A's turn commit T2
+// updates A's row and then waits for S's row too (it counts the turn in
+// sessions). Once the row is released, X must see A (its claim statement
+// reads with a snapshot taken once it holds the row) and insert nothing.
+// Before the fix the claim's one statement read with its snapshot of before
+// the wait, raised the epoch, and its insert waited for A's row, which T2
+// held while it waited for S's row: a deadlock PostgreSQL detected after
+// deadlock_timeout (the group commit then reran the victim alone, so the
+// callers' answers alone do not show it; the database's deadlock counter
+// does).
+func TestClaimWaitingForTheSessionRowDoesNotDeadlockWithTheRivalsCommit(t *testing.T) {
+	t.Parallel()
+	dsn, f := fixtureOnOwnStore(t)
+	ctx := context.Background()
+	key := f.key
+	f.append("the rival's turn")
+
+	watch, err := pgx.Connect(ctx, dsn)
+	must(t, err, "connect")
+	defer func() { _ = watch.Close(ctx) }()
+	var before int64
+	must(t, watch.QueryRow(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&before),
+		"pg_stat_database")
+
+	// The rival claim's epoch bump, committed before X starts and with no
+	// activation live: X's snapshot sees the session claimable.
+	var epoch int64
+	must(t, watch.QueryRow(ctx, `UPDATE sessions SET actor_epoch = actor_epoch + 1, status = 'active'
+		WHERE agent_uid = $1 AND session_id = $2 RETURNING actor_epoch`, key.AgentUID, key.SessionID).Scan(&epoch),
+		"raise the epoch")
+
+	// H holds S's row.
+	holder, err := pgx.Connect(ctx, dsn)
+	must(t, err, "connect")
+	defer func() { _ = holder.Close(ctx) }()
+	h, err := holder.Begin(ctx)
+	must(t, err, "begin the holder")
+	_, err = h.Exec(ctx, `SELECT 1 FROM sessions WHERE agent_uid = $1 AND session_id = $2 FOR NO KEY UPDATE`,
+		key.AgentUID, key.SessionID)
+	must(t, err, "lock the session row")
+
+	// X: the store's claim, waiting for S's row.
+	xDone := make(chan error, 1)
+	go func() {
+		_, err := f.s.ClaimActivation(f.ctx, store.ClaimActivationParams{Key: key, UID: uuid.NewString(),
+			LeaseID: uuid.NewString(), HostID: "x", LeaseTTL: time.Hour})
+		xDone <- err
+	}()
+	var xErr error
+	xReturned := false
+	xPoll := func() (string, bool) {
+		if !xReturned {
+			select {
+			case xErr = <-xDone:
+				xReturned = true
+			default:
+				return "", false
+			}
+		}
+		return fmt.Sprintf("%v", xErr), true
+	}
+	awaitLockWait(t, watch, "the claim X", xPoll)
+
+	// The rival's activation A, committed while X waits (after X's claim
+	// statement, without the fix, took its snapshot). Its foreign key takes
+	// FOR KEY SHARE on S's row, which the holder's lock lets through.
+	a := store.Activation{UID: uuid.NewString(), ActorKey: key, ActorEpoch: epoch, LeaseID: uuid.NewString(),
+		State: store.ActivationActive, HostID: "rival"}
+	_, err = watch.Exec(ctx, `INSERT INTO activations (activation_uid, agent_uid, session_id, actor_epoch, lease_id,
+			lease_expires_at, revision, state, host_id)
+		VALUES ($1, $2, $3, $4, $5, clock_timestamp() + interval '1 hour', 0, 'active', $6)`,
+		a.UID, key.AgentUID, key.SessionID, a.ActorEpoch, a.LeaseID, a.HostID)
+	must(t, err, "insert the rival activation")
+	if _, ok := xPoll(); ok {
+		t.Fatalf("the claim X returned before the holder let go: %v", xErr)
+	}
+
+	// A's turn: the dispatch does not need S's row; T2, its commit, updates
+	// A's row and then waits for S's row.
+	d := f.next(a)
+	t2Done := make(chan error, 1)
+	go func() {
+		_, err := f.commit(d.Delivery.TurnRef())
+		t2Done <- err
+	}()
+	var t2Err error
+	t2Returned := false
+	t2Poll := func() (string, bool) {
+		if !t2Returned {
+			select {
+			case t2Err = <-t2Done:
+				t2Returned = true
+			default:
+				return "", false
+			}
+		}
+		return fmt.Sprintf("%v", t2Err), true
+	}
+	awaitLockWaiters(t, watch, 2, "the commit T2", t2Poll)
+	if _, ok := xPoll(); ok {
+		t.Fatalf("the claim X returned before the holder let go: %v", xErr)
+	}
+
+	must(t, h.Rollback(ctx), "release the session row")
+	if !xReturned {
+		xErr = <-xDone
+	}
+	if !t2Returned {
+		t2Err = <-t2Done
+	}
+	for _, err := range []error{xErr, t2Err} {
+		if err != nil && strings.Contains(err.Error(), "deadlock") {
+			t.Errorf("a deadlock reached the caller: %v", err)
+		}
+	}
+	if !errors.Is(xErr, store.ErrActivationLive) {
+		t.Errorf("the claim X: %v, want ErrActivationLive", xErr)
+	}
+	if t2Err != nil {
+		t.Errorf("the commit T2: %v", t2Err)
+	}
+	cur, err := f.s.CurrentActivation(ctx, key)
+	must(t, err, "CurrentActivation")
+	if cur.UID != a.UID || cur.ActorEpoch != a.ActorEpoch {
+		t.Errorf("current activation %s at epoch %d, want the rival's %s at %d", cur.UID, cur.ActorEpoch, a.UID, a.ActorEpoch)
+	}
+
+	// The deadlock counter: every backend of the database flushes its
+	// statistics as it exits, so close them all and read it then.
+	_ = f.s.Close()
+	_ = holder.Close(ctx)
+	_ = watch.Close(ctx)
+	if after := deadlocks(t, dsn); after != before {
+		t.Fatalf("PostgreSQL detected %d deadlocks", after-before)
+	}
+}
