@@ -14,29 +14,6 @@ import (
 	"github.com/paddock-dev/paddock/store"
 )
 
-// awaitLockWaiters polls pg_stat_activity until at least n backends of the
-// test's database wait for a lock; it fails the test when returned reports
-// that the call named what returned first (and how), or after 30 s.
-func awaitLockWaiters(t *testing.T, watch *pgx.Conn, n int, what string, returned func() (string, bool)) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var waiting int
-		must(t, watch.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting), "pg_stat_activity")
-		if waiting >= n {
-			return
-		}
-		if how, ok := returned(); ok {
-			t.Fatalf("%s did not wait for the held lock: %s", what, how)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never waited for the held lock (%d of %d waiting)", what, waiting, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // TestClaimWaitingForTheSessionRowDoesNotDeadlockWithTheRivalsCommit: a
 // claim X of session S waits for S's row behind another transaction; a
 // rival activation A of S is committed meanwhile, and A's turn commit T2

@@ -675,36 +675,7 @@ func TestAppendsDoNotQueueBehindAStalledTurnBatch(t *testing.T) {
 	d := f.next(a)
 	other := f.session(f.key.AgentUID)
 
-	holder, err := pgx.Connect(ctx, dsn)
-	must(t, err, "connect")
-	defer func() { _ = holder.Close(ctx) }()
-	watch, err := pgx.Connect(ctx, dsn)
-	must(t, err, "connect")
-	defer func() { _ = watch.Close(ctx) }()
-	tx, err := holder.Begin(ctx)
-	must(t, err, "begin")
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SELECT 1 FROM activations WHERE activation_uid = $1 FOR UPDATE`, a.UID)
-	must(t, err, "lock the activation")
-
-	committed := make(chan error, 1)
-	go func() {
-		turn, err := f.s.CommitTurn(ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK,
-			KeepState: true, Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "reply"}},
-			Payloads: []string{string(d.Event.Payload)}})
-		if err == nil && turn.EventID != e.ID {
-			err = fmt.Errorf("committed event %d, want %d", turn.EventID, e.ID)
-		}
-		committed <- err
-	}()
-	awaitLockWait(t, watch, "the commit's batch", func() (string, bool) {
-		select {
-		case err := <-committed:
-			return fmt.Sprint(err), true
-		default:
-			return "", false
-		}
-	})
+	st := stallTurnsLane(t, dsn, f, a, d)
 
 	// With one lane the append queued behind the stalled batch until the
 	// holder let go; its deadline here is the failure.
@@ -715,24 +686,16 @@ func TestAppendsDoNotQueueBehindAStalledTurnBatch(t *testing.T) {
 	if err != nil || !created {
 		t.Fatalf("append to another session while a turn batch is stalled: created %v, %v", created, err)
 	}
-	select {
-	case err := <-committed:
-		t.Fatalf("the commit returned (%v) before the lock was released", err)
-	default:
-	}
+	st.stillWaiting()
 	var status string
-	must(t, watch.QueryRow(ctx, `SELECT status FROM actor_events WHERE event_id = $1`, ev.ID).Scan(&status),
+	must(t, st.watch.QueryRow(ctx, `SELECT status FROM actor_events WHERE event_id = $1`, ev.ID).Scan(&status),
 		"read the accepted event from another connection")
 	if status != "open" {
 		t.Fatalf("the accepted event is %q, want open", status)
 	}
 
-	must(t, tx.Commit(ctx), "release the lock")
-	select {
-	case err := <-committed:
-		must(t, err, "the stalled commit")
-	case <-time.After(30 * time.Second):
-		t.Fatal("the commit did not finish after the lock was released")
+	if turn := st.release(); turn.EventID != e.ID {
+		t.Fatalf("the stalled commit committed event %d, want %d", turn.EventID, e.ID)
 	}
 }
 
@@ -755,33 +718,7 @@ func TestClaimsDoNotQueueBehindAStalledTurnBatch(t *testing.T) {
 	f.key = f.session(f.key.AgentUID)
 	cold := f.append("the cold start")
 
-	holder, err := pgx.Connect(ctx, dsn)
-	must(t, err, "connect")
-	defer func() { _ = holder.Close(ctx) }()
-	watch, err := pgx.Connect(ctx, dsn)
-	must(t, err, "connect")
-	defer func() { _ = watch.Close(ctx) }()
-	tx, err := holder.Begin(ctx)
-	must(t, err, "begin")
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SELECT 1 FROM activations WHERE activation_uid = $1 FOR UPDATE`, a.UID)
-	must(t, err, "lock the activation")
-
-	committed := make(chan error, 1)
-	go func() {
-		_, err := f.s.CommitTurn(ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK,
-			KeepState: true, Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "reply"}},
-			Payloads: []string{string(d.Event.Payload)}})
-		committed <- err
-	}()
-	awaitLockWait(t, watch, "the commit's batch", func() (string, bool) {
-		select {
-		case err := <-committed:
-			return fmt.Sprint(err), true
-		default:
-			return "", false
-		}
-	})
+	st := stallTurnsLane(t, dsn, f, a, d)
 
 	// In the turns lane the claim queued behind the stalled batch until the
 	// holder let go; its deadline here is the failure.
@@ -799,28 +736,95 @@ func TestClaimsDoNotQueueBehindAStalledTurnBatch(t *testing.T) {
 	if started.First == nil || started.First.Event.ID != cold.ID {
 		t.Fatalf("the cold start's first turn is %+v, want event %d", started.First, cold.ID)
 	}
-	select {
-	case err := <-committed:
-		t.Fatalf("the commit returned (%v) before the lock was released", err)
-	default:
-	}
+	st.stillWaiting()
 	var live int
-	must(t, watch.QueryRow(ctx, `SELECT count(*) FROM activations WHERE activation_uid = $1 AND state = 'active'`,
+	must(t, st.watch.QueryRow(ctx, `SELECT count(*) FROM activations WHERE activation_uid = $1 AND state = 'active'`,
 		started.UID).Scan(&live), "read the claimed activation from another connection")
 	if live != 1 {
 		t.Fatalf("the claimed activation is not active on another connection (%d rows)", live)
 	}
 
-	must(t, tx.Commit(ctx), "release the lock")
-	select {
-	case err := <-committed:
-		must(t, err, "the stalled commit")
-	case <-time.After(30 * time.Second):
-		t.Fatal("the commit did not finish after the lock was released")
-	}
+	st.release()
 	cur, err := f.s.CurrentActivation(ctx, stalled)
 	must(t, err, "CurrentActivation")
 	if cur.UID != a.UID {
 		t.Fatalf("the stalled session's activation is %s, want %s", cur.UID, a.UID)
+	}
+}
+
+// stalledTurnsLane is a turns lane stalled by a held row lock (the lanes'
+// tests): the commit of a dispatched turn whose batch waits for its
+// activation's row, held by another transaction until release.
+type stalledTurnsLane struct {
+	t         *testing.T
+	tx        pgx.Tx
+	watch     *pgx.Conn // a connection of its own, for reads meanwhile
+	committed chan commitOutcome
+}
+
+type commitOutcome struct {
+	turn store.Turn
+	err  error
+}
+
+// stallTurnsLane locks activation a's row in a transaction of its own,
+// sends the commit of d (a's dispatched turn) and returns once the
+// commit's batch waits for that lock; it fails t if the commit returns
+// first. The connections close and the lock is released with the test.
+func stallTurnsLane(t *testing.T, dsn string, f *fixture, a store.Activation, d store.Dispatch) *stalledTurnsLane {
+	t.Helper()
+	ctx := context.Background()
+	holder, err := pgx.Connect(ctx, dsn)
+	must(t, err, "connect")
+	t.Cleanup(func() { _ = holder.Close(ctx) })
+	watch, err := pgx.Connect(ctx, dsn)
+	must(t, err, "connect")
+	t.Cleanup(func() { _ = watch.Close(ctx) })
+	tx, err := holder.Begin(ctx)
+	must(t, err, "begin")
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	_, err = tx.Exec(ctx, `SELECT 1 FROM activations WHERE activation_uid = $1 FOR UPDATE`, a.UID)
+	must(t, err, "lock the activation")
+
+	st := &stalledTurnsLane{t: t, tx: tx, watch: watch, committed: make(chan commitOutcome, 1)}
+	go func() {
+		turn, err := f.s.CommitTurn(ctx, store.CommitTurnParams{Ref: d.Delivery.TurnRef(), Outcome: abi.OutcomeOK,
+			KeepState: true, Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "reply"}},
+			Payloads: []string{string(d.Event.Payload)}})
+		st.committed <- commitOutcome{turn, err}
+	}()
+	awaitLockWait(t, watch, "the commit's batch", func() (string, bool) {
+		select {
+		case r := <-st.committed:
+			return fmt.Sprint(r.err), true
+		default:
+			return "", false
+		}
+	})
+	return st
+}
+
+// stillWaiting fails the test if the stalled commit has returned.
+func (st *stalledTurnsLane) stillWaiting() {
+	st.t.Helper()
+	select {
+	case r := <-st.committed:
+		st.t.Fatalf("the commit returned (%v) before the lock was released", r.err)
+	default:
+	}
+}
+
+// release lets the lock go and returns the stalled commit's turn once it
+// committed; it fails the test if the commit fails or takes over 30 s.
+func (st *stalledTurnsLane) release() store.Turn {
+	st.t.Helper()
+	must(st.t, st.tx.Commit(context.Background()), "release the lock")
+	select {
+	case r := <-st.committed:
+		must(st.t, r.err, "the stalled commit")
+		return r.turn
+	case <-time.After(30 * time.Second):
+		st.t.Fatal("the commit did not finish after the lock was released")
+		return store.Turn{}
 	}
 }

@@ -64,19 +64,27 @@ func claimUnderHeldLock(t *testing.T, dsn string, f *fixture, a store.Activation
 // how), or after 30 s.
 func awaitLockWait(t *testing.T, watch *pgx.Conn, what string, returned func() (string, bool)) {
 	t.Helper()
+	awaitLockWaiters(t, watch, 1, what, returned)
+}
+
+// awaitLockWaiters polls pg_stat_activity until at least n backends of the
+// test's database wait for a lock; it fails the test when returned reports
+// that the call named what returned first (and how), or after 30 s.
+func awaitLockWaiters(t *testing.T, watch *pgx.Conn, n int, what string, returned func() (string, bool)) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		var n int
+		var waiting int
 		must(t, watch.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n), "pg_stat_activity")
-		if n > 0 {
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting), "pg_stat_activity")
+		if waiting >= n {
 			return
 		}
 		if how, ok := returned(); ok {
 			t.Fatalf("%s did not wait for the held lock: %s", what, how)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s never waited for the held lock", what)
+			t.Fatalf("%s never waited for the held lock (%d of %d waiting)", what, waiting, n)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
