@@ -18,6 +18,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/valyala/fastjson"
 
 	"github.com/paddock-dev/paddock/abi"
 )
@@ -45,15 +49,133 @@ func Work(key string, seq int) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// Turn answers one job with its digest. An event without job data is an
-// agent error naming what is missing.
-func Turn(_ context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
-	var j Job
+// Agent is the bench agent: its Turn answers one job with its digest. The
+// zero value is ready to use, and it is safe for concurrent use (the plugin
+// worker runs turns in parallel); it keeps only parsers for reuse.
+type Agent struct {
+	jobs Decoder
+}
+
+// Turn answers one job with its digest. An event without job data, or
+// with data that is not a job, is an agent error naming the event.
+func (a *Agent) Turn(_ context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 	if len(req.Event.Data) == 0 {
 		return nil, fmt.Errorf("hasher: event %d has no data: want {\"key\":…,\"seq\":…}", req.Event.ID)
 	}
-	if err := json.Unmarshal(req.Event.Data, &j); err != nil {
+	j, err := a.jobs.Decode(req.Event.Data)
+	if err != nil {
 		return nil, fmt.Errorf("hasher: event %d data: %w", req.Event.ID, err)
 	}
 	return &abi.TurnResult{Messages: []abi.Message{{Role: "assistant", Content: Work(j.Key, j.Seq)}}}, nil
+}
+
+// Decoder decodes signals' data into Jobs exactly as json.Unmarshal does:
+// the same job for every input json.Unmarshal accepts, and its error for
+// every input it refuses (FuzzDecodeJob holds the two together). The zero
+// value is ready to use; it is safe for concurrent use.
+//
+// In a Go wasm guest, encoding/json's reflection cost a turn about 30 µs
+// of its 90 (go test -bench ModuleTurn ./examples/hasher), more than the
+// SHA-256. So the shape every producer sends — one object of the four
+// lowercase keys, each at most once, key a string and the others JSON
+// integers, no escapes, no control bytes, valid UTF-8 — is read with
+// fastjson, a parser without reflection, whose parsers the Decoder
+// reuses (a new one per job cost another 10 µs); anything else goes to
+// json.Unmarshal, whose answer (keys in another case, escapes, null,
+// unknown keys, errors) is then the answer.
+type Decoder struct {
+	parsers fastjson.ParserPool
+}
+
+// Decode decodes data as json.Unmarshal(data, &job) does.
+func (d *Decoder) Decode(data []byte) (Job, error) {
+	p := d.parsers.Get()
+	j, ok := plainJob(p, data)
+	d.parsers.Put(p)
+	if ok {
+		return j, nil
+	}
+	j = Job{}
+	err := json.Unmarshal(data, &j)
+	return j, err
+}
+
+// plainJob reads data with p when it has the plain shape Decoder
+// describes, where fastjson's answer is json.Unmarshal's; ok is false
+// otherwise. fastjson is laxer than encoding/json (it takes numbers such
+// as 01, inf or 1-2, control bytes in strings and unknown escapes),
+// hence the checks of the raw text before and after it parses.
+func plainJob(p *fastjson.Parser, data []byte) (j Job, ok bool) {
+	for _, c := range data {
+		if c < 0x20 || c == '\\' {
+			return Job{}, false
+		}
+	}
+	if !utf8.Valid(data) {
+		return Job{}, false
+	}
+	v, err := p.ParseBytes(data)
+	if err != nil {
+		return Job{}, false
+	}
+	o, err := v.Object()
+	if err != nil {
+		return Job{}, false
+	}
+	// Get finds a key's first occurrence: the object has no other key, and
+	// none twice, when the four found account for all of its keys.
+	found := 0
+	if k := o.Get("key"); k != nil {
+		if k.Type() != fastjson.TypeString {
+			return Job{}, false
+		}
+		j.Key = string(k.GetStringBytes())
+		found++
+	}
+	var idx, seq int64
+	for _, f := range [...]struct {
+		name string
+		p    *int64
+	}{{"idx", &idx}, {"seq", &seq}, {"t", &j.T}} {
+		v := o.Get(f.name)
+		if v == nil {
+			continue
+		}
+		n, isInt := jsonInt(v)
+		if !isInt {
+			return Job{}, false
+		}
+		*f.p = n
+		found++
+	}
+	j.Idx, j.Seq = int(idx), int(seq)
+	if found != o.Len() || int64(j.Idx) != idx || int64(j.Seq) != seq {
+		return Job{}, false
+	}
+	return j, true
+}
+
+// jsonInt is v's value when v is a number written as a JSON integer
+// (-?(0|[1-9][0-9]*)) that fits an int64: what encoding/json decodes into
+// an int64 field (the caller checks that it fits an int).
+func jsonInt(v *fastjson.Value) (int64, bool) {
+	if v.Type() != fastjson.TypeNumber {
+		return 0, false
+	}
+	var buf [24]byte
+	raw := v.MarshalTo(buf[:0])
+	digits := raw
+	if len(digits) > 0 && digits[0] == '-' {
+		digits = digits[1:]
+	}
+	if len(digits) == 0 || (digits[0] == '0' && len(digits) > 1) {
+		return 0, false
+	}
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(string(raw), 10, 64)
+	return n, err == nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -84,7 +85,7 @@ func TestModuleAnswersLikeTheLogic(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		local := abi.Run(ctx, hasher.Turn, request(int64(i+1), data))
+		local := abi.Run(ctx, new(hasher.Agent).Turn, request(int64(i+1), data))
 		if res.Outcome != abi.OutcomeOK || len(res.Messages) != 1 || res.Messages[0].Content != local.Messages[0].Content {
 			t.Fatalf("job %s: wasm %+v, logic %+v", data, res, local)
 		}
@@ -173,7 +174,7 @@ func TestRustModuleAnswersLikeTheGoAgent(t *testing.T) {
 		if res.TurnRef != req.TurnRef {
 			t.Fatalf("job %q: turn_ref %+v, want %+v", data, res.TurnRef, req.TurnRef)
 		}
-		local := abi.Run(ctx, hasher.Turn, request(id, data))
+		local := abi.Run(ctx, new(hasher.Agent).Turn, request(id, data))
 		switch {
 		case local.Outcome == abi.OutcomeOK:
 			if res.Outcome != abi.OutcomeOK || len(res.Messages) != 1 || res.Messages[0] != local.Messages[0] {
@@ -189,7 +190,7 @@ func TestRustModuleAnswersLikeTheGoAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := abi.Run(ctx, hasher.Turn, request(100, "")).Error; res.Outcome != abi.OutcomeError || res.Error != want {
+	if want := abi.Run(ctx, new(hasher.Agent).Turn, request(100, "")).Error; res.Outcome != abi.OutcomeError || res.Error != want {
 		t.Fatalf("a job without data: %+v, want the error %q", res, want)
 	}
 	if got, want := inst.Turns(), len(jobs)+1; got != want {
@@ -249,4 +250,43 @@ func BenchmarkModuleTurn(b *testing.B) {
 			}
 		})
 	}
+}
+
+// jobSeeds are job data that tell parsers apart: the producers' shape,
+// the Rust agent's comparison jobs, and text fastjson accepts where
+// encoding/json refuses it (or reads it otherwise).
+var jobSeeds = []string{
+	`{"idx":7,"key":"k00007","seq":3,"t":1}`, `{"key":"k00001","seq":0}`, `{}`, `null`, ``, ` {"key":"x"} `,
+	`{"idx":-3,"key":"k00999","seq":-1,"t":1764490000000000000}`, ` { "seq" : 19 , "key" : "k\u00e9\"\\x" } `,
+	`{"key":"w","seq":1099511627776,"extra":[1,{"a":null},"]"]}`, `{"key":"\ud800\u0041","seq":1}`,
+	"{\"key\":\"\xff\",\"seq\":1}", "{\"key\":\"a\xe2\x82b\",\"seq\":1}", `{"key":"k","seq":1,"idx":"x"}`,
+	`{"key":"k","seq":1,"t":1.5}`, `{"key":"k","seq":1,"idx":1e2}`, `{"key":"k","seq":1,"t":9223372036854775808}`,
+	`{"key":"k","seq":1,"t":-9223372036854775808}`, `{"key":"k","seq":1,"idx":null}`, `{"KEY":"k1","SEQ":3}`,
+	`{"key":"a","Key":"b","seq":1}`, "{\"key\":\"k\",\"\u017feq\":5}", "{\"\u212aey\":\"x\"}", `{"key":7,"seq":1}`,
+	`[]`, `"x"`, `{"key":"k","seq":null}`, `{"key":"k","seq":-0}`, `{"seq":01}`, `{"seq":inf}`, `{"seq":-}`,
+	`{"seq":1-2}`, `{"seq":+1}`, `{"seq":1.0}`, "{\"key\":\"a\tb\"}", "{\"key\":\"a\"}\n", `{"key":"\q"}`,
+	`{"key":"a"}x`, `{"key":"a",}`, `{"idx":1,"idx":2}`, `{"key":"a","key":"b"}`, `{"key":"a" "seq":1}`,
+	`{"key":"a\u0000"}`, "{\"key\":\"a\x7f\"}", `{"seq":nan}`, `{"t":1E5}`, "\xef\xbb\xbf{}",
+}
+
+// FuzzFuzzDecodeJob holds Decoder.Decode to json.Unmarshal into a Job: the same
+// job, or the same error.
+func FuzzDecodeJob(f *testing.F) {
+	var jobs hasher.Decoder
+	for _, s := range jobSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, err := jobs.Decode(data)
+		var want hasher.Job
+		wantErr := json.Unmarshal(data, &want)
+		switch {
+		case (err == nil) != (wantErr == nil):
+			t.Fatalf("Decode(%q): error %v, json.Unmarshal's %v", data, err, wantErr)
+		case err != nil && err.Error() != wantErr.Error():
+			t.Fatalf("Decode(%q): error %q, json.Unmarshal's %q", data, err, wantErr)
+		case err == nil && got != want:
+			t.Fatalf("Decode(%q) = %+v, json.Unmarshal gives %+v", data, got, want)
+		}
+	})
 }

@@ -10,6 +10,9 @@ import (
 	"github.com/paddock-dev/paddock/wasm/guest"
 )
 
-func init() { guest.Handle(hasher.Turn) }
+func init() {
+	var a hasher.Agent
+	guest.Handle(a.Turn)
+}
 
 func main() {}

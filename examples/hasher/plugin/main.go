@@ -7,4 +7,7 @@ import (
 	"github.com/paddock-dev/paddock/plugins"
 )
 
-func main() { plugins.Serve(hasher.Turn) }
+func main() {
+	var a hasher.Agent
+	plugins.Serve(a.Turn)
+}
