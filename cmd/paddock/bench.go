@@ -47,19 +47,19 @@ import (
 // benchOptions are `paddock bench`'s flags: the workload of
 // ../shared/peers/README.md (N turns over K keys from P producers).
 type benchOptions struct {
-	n, keys, producers, warmup, pool, capacity, processes int
-	tail, backlog                                         int
-	sleeping, warm                                        int
-	rate                                                  float64
-	storeKind, dsn, worker, signalPath                    string
-	module, plugin, schema, cpuProfile, dataDir           string
-	latencyLog                                            string
-	reuse, traceEndpoint                                  string
-	traceRatio                                            float64
-	sqlStats                                              bool
-	timeout                                               time.Duration
-	idle                                                  time.Duration
-	promoteAfter                                          time.Duration
+	n, keys, producers, warmup, pool, capacity, processes   int
+	tail, backlog                                           int
+	sleeping, warm                                          int
+	rate                                                    float64
+	storeKind, dsn, worker, signalPath                      string
+	module, plugin, schema, cpuProfile, memProfile, dataDir string
+	latencyLog                                              string
+	reuse, traceEndpoint                                    string
+	traceRatio                                              float64
+	sqlStats                                                bool
+	timeout                                                 time.Duration
+	idle                                                    time.Duration
+	promoteAfter                                            time.Duration
 }
 
 // BenchResult is the JSON line `paddock bench` prints. Field names follow
@@ -250,6 +250,7 @@ func newBenchCmd() *cobra.Command {
 	f.StringVar(&o.module, "module", "examples/hasher/hasher.wasm", "the hasher wasm module (make examples)")
 	f.StringVar(&o.plugin, "plugin", "bin/hasher-plugin", "the hasher plugin binary (make plugins)")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured run to this file")
+	f.StringVar(&o.memProfile, "memprofile", "", "write the host's allocations during the measured run to this file (a heap profile taken at its end; read it with go tool pprof -sample_index=alloc_space -base FILE.base, FILE.base being the one taken at its start)")
 	f.StringVar(&o.latencyLog, "latency-log", "", "write each turn of the measured run to this CSV file (sent_ms: the signal's send time from the run's start; call_ms: the signal call; latency_ms: send → committed), to find what makes a tail")
 	f.StringVar(&o.traceEndpoint, "trace-endpoint", "", "export OpenTelemetry spans over OTLP/HTTP to this URL (the cost of tracing); \"discard\": to a loopback receiver that reads and drops them; empty: tracing off")
 	f.Float64Var(&o.traceRatio, "trace-sample-ratio", 1, "with --trace-endpoint: the share of traces recorded (0 to 1)")
@@ -356,7 +357,9 @@ func (r *roundTrips) TraceBatchStart(ctx context.Context, c *pgx.Conn, d pgx.Tra
 	return ctx
 }
 func (r *roundTrips) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
-	r.count("(batch) " + d.SQL)
+	if r.bySQL != nil { // without --sql-stats, no copy of each statement's text
+		r.count("(batch) " + d.SQL)
+	}
 }
 func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 func (r *roundTrips) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
@@ -664,6 +667,11 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 		stopProfile = func() { pprof.StopCPUProfile(); f.Close() }
 	}
 	defer stopProfile()
+	if o.memProfile != "" {
+		if err := writeHeapProfile(o.memProfile + ".base"); err != nil {
+			return nil, err
+		}
+	}
 	rt0, xact0 := rt.n.Load(), rt.xacts.Load()
 	if o.sqlStats {
 		rt.mu.Lock()
@@ -734,6 +742,11 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	}
 	wall := time.Unix(0, sink.last.Load()).Sub(start)
 	stopProfile()
+	if o.memProfile != "" {
+		if err := writeHeapProfile(o.memProfile); err != nil {
+			return nil, err
+		}
+	}
 	cpu0.end(res, o.n)
 
 	var lat []time.Duration
@@ -1149,4 +1162,18 @@ func benchTracing(ctx context.Context, o benchOptions) (*tracing.Provider, error
 		endpoint = "http://" + ln.Addr().String() + "/v1/traces"
 	}
 	return tracing.New(ctx, tracing.Config{Endpoint: endpoint, SampleRatio: o.traceRatio, ServiceName: "paddock-bench"})
+}
+
+// writeHeapProfile writes the heap profile (with the allocations since
+// the process started) to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("bench: memory profile: %w", err)
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("bench: memory profile %s: %w", path, err)
+	}
+	return f.Close()
 }
