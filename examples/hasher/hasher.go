@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/valyala/fastjson"
@@ -46,7 +47,9 @@ func Work(key string, seq int) string {
 		buf[i] = byte(i)
 	}
 	sum := sha256.Sum256(buf[:])
-	return hex.EncodeToString(sum[:8])
+	var digits [16]byte // one allocation, the string's, not two (hex.EncodeToString)
+	hex.Encode(digits[:], sum[:8])
+	return string(digits[:])
 }
 
 // Agent is the bench agent: its Turn answers one job with its digest. The
@@ -84,20 +87,31 @@ func (a *Agent) Turn(_ context.Context, req *abi.TurnRequest) (*abi.TurnResult, 
 // json.Unmarshal, whose answer (keys in another case, escapes, null,
 // unknown keys, errors) is then the answer.
 type Decoder struct {
-	parsers fastjson.ParserPool
+	parsers sync.Pool // of *jobParser
+}
+
+// jobParser is a fastjson parser and the scratch space plainJob reads
+// numbers' text into, reused together: in a wasm guest every allocation
+// costs more than a microsecond (wasm/internal/wire).
+type jobParser struct {
+	p   fastjson.Parser
+	num []byte
 }
 
 // Decode decodes data as json.Unmarshal(data, &job) does.
 func (d *Decoder) Decode(data []byte) (Job, error) {
-	p := d.parsers.Get()
-	j, ok := plainJob(p, data)
-	d.parsers.Put(p)
+	jp, _ := d.parsers.Get().(*jobParser)
+	if jp == nil {
+		jp = new(jobParser)
+	}
+	j, ok := plainJob(jp, data)
+	d.parsers.Put(jp)
 	if ok {
 		return j, nil
 	}
-	j = Job{}
-	err := json.Unmarshal(data, &j)
-	return j, err
+	var slow Job // not j: what json.Unmarshal decodes into lives on the heap
+	err := json.Unmarshal(data, &slow)
+	return slow, err
 }
 
 // plainJob reads data with p when it has the plain shape Decoder
@@ -105,7 +119,7 @@ func (d *Decoder) Decode(data []byte) (Job, error) {
 // otherwise. fastjson is laxer than encoding/json (it takes numbers such
 // as 01, inf or 1-2, control bytes in strings and unknown escapes),
 // hence the checks of the raw text before and after it parses.
-func plainJob(p *fastjson.Parser, data []byte) (j Job, ok bool) {
+func plainJob(jp *jobParser, data []byte) (j Job, ok bool) {
 	for _, c := range data {
 		if c < 0x20 || c == '\\' {
 			return Job{}, false
@@ -114,7 +128,7 @@ func plainJob(p *fastjson.Parser, data []byte) (j Job, ok bool) {
 	if !utf8.Valid(data) {
 		return Job{}, false
 	}
-	v, err := p.ParseBytes(data)
+	v, err := jp.p.ParseBytes(data)
 	if err != nil {
 		return Job{}, false
 	}
@@ -141,7 +155,7 @@ func plainJob(p *fastjson.Parser, data []byte) (j Job, ok bool) {
 		if v == nil {
 			continue
 		}
-		n, isInt := jsonInt(v)
+		n, isInt := jp.jsonInt(v)
 		if !isInt {
 			return Job{}, false
 		}
@@ -158,12 +172,12 @@ func plainJob(p *fastjson.Parser, data []byte) (j Job, ok bool) {
 // jsonInt is v's value when v is a number written as a JSON integer
 // (-?(0|[1-9][0-9]*)) that fits an int64: what encoding/json decodes into
 // an int64 field (the caller checks that it fits an int).
-func jsonInt(v *fastjson.Value) (int64, bool) {
+func (jp *jobParser) jsonInt(v *fastjson.Value) (int64, bool) {
 	if v.Type() != fastjson.TypeNumber {
 		return 0, false
 	}
-	var buf [24]byte
-	raw := v.MarshalTo(buf[:0])
+	raw := v.MarshalTo(jp.num[:0]) // the number's text as written
+	jp.num = raw[:0]
 	digits := raw
 	if len(digits) > 0 && digits[0] == '-' {
 		digits = digits[1:]

@@ -13,6 +13,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
+
 	"github.com/paddock-dev/paddock/abi"
 	"github.com/paddock-dev/paddock/examples/hasher"
 	"github.com/paddock-dev/paddock/wasm"
@@ -289,4 +292,68 @@ func FuzzDecodeJob(f *testing.F) {
 			t.Fatalf("Decode(%q) = %+v, json.Unmarshal gives %+v", data, got, want)
 		}
 	})
+}
+
+// mallocCounter counts a Go guest's heap allocations: the calls of its
+// runtime.mallocgc, seen by a wazero function listener.
+type mallocCounter struct{ n int }
+
+func (c *mallocCounter) NewFunctionListener(d api.FunctionDefinition) experimental.FunctionListener {
+	if !strings.HasSuffix(d.DebugName(), "runtime.mallocgc") {
+		return nil
+	}
+	return experimental.FunctionListenerFunc(func(context.Context, api.Module, api.FunctionDefinition, []uint64, experimental.StackIterator) {
+		c.n++
+	})
+}
+
+// maxTurnAllocations is what a turn of the Go module may allocate in the
+// guest: the request's arena and the TurnRequest (the SDK), the job's key,
+// the digest, the TurnResult and its messages (the agent). In a wasm guest
+// an allocation costs more than a microsecond (wasm/internal/wire); this
+// session's count before the agent and the SDK reused their buffers was 13.
+const maxTurnAllocations = 6
+
+// TestModuleTurnAllocations counts the heap allocations of the Go
+// module's turns on a warm instance, through the host's runtime (its
+// checks, its fuel instrumentation), by listening to the guest's
+// runtime.mallocgc: a count, where a timing would be noise.
+func TestModuleTurnAllocations(t *testing.T) {
+	t.Parallel()
+	var c mallocCounter
+	ctx := experimental.WithFunctionListenerFactory(context.Background(), &c)
+	_, body := wasmtest.BuildExample(t, "./examples/hasher/cmd")
+	rt, err := wasm.New(ctx, wasm.Config{CacheDir: wasmtest.CacheDir(t)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close(ctx)
+	info, err := rt.Load(ctx, wasm.Digest(body), body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := rt.Instantiate(ctx, info.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Close(ctx)
+	want := hasher.Work("k00007", 3)
+	turn := func() {
+		res, err := inst.Turn(ctx, request(1, `{"idx":7,"key":"k00007","seq":3,"t":1764490000000000000}`))
+		if err != nil || res.Outcome != abi.OutcomeOK || res.Messages[0].Content != want {
+			t.Fatalf("turn: %v %+v", err, res)
+		}
+	}
+	for range 10 { // the first turns fill the SDK's spares and the parser pool
+		turn()
+	}
+	c.n = 0
+	const turns = 100
+	for range turns {
+		turn()
+	}
+	per := float64(c.n) / turns
+	if c.n == 0 || per > maxTurnAllocations {
+		t.Fatalf("%.2f heap allocations per turn in the guest, want 1 to %d", per, maxTurnAllocations)
+	}
 }

@@ -33,7 +33,21 @@ var (
 	// callBuf receives host-call results that fit callBufSize; larger
 	// ones get a buffer of their own, dropped after the call.
 	callBuf []byte
+	// spares are buffers the host freed, kept for the next paddock_alloc
+	// or result: every turn allocates a request and a result buffer, and
+	// in a wasm guest an allocation costs more than a microsecond
+	// (wasm/internal/wire), so a turn reuses those of the last one. A
+	// freed buffer is no longer referenced: the request's decoding copies
+	// what it keeps (wire.DecodeTurnRequest's arena), and a result is
+	// handed off whole.
+	spares [2][]byte
+	// turnCtx is every turn's context: the SDK's Caller, made once.
+	turnCtx context.Context
 )
+
+// maxSpare is the largest freed buffer kept for reuse (64 KiB): a large
+// request's buffer is left to the garbage collector.
+const maxSpare = 64 << 10
 
 // callBufSize is the size of callBuf, the first buffer given to
 // paddock.call (64 KiB): most results (model replies, small HTTP bodies)
@@ -196,12 +210,43 @@ func exportAlloc(size uint32) uint32 {
 	if size > abi.MaxRequestBytes {
 		return 0
 	}
-	return pin(make([]byte, max(size, 1))[:size])
+	return pin(spare(int(size)))
 }
 
 //go:wasmexport paddock_free
 func exportFree(ptr uint32) {
+	b, ok := pinned[ptr]
+	if !ok {
+		return
+	}
 	delete(pinned, ptr)
+	if c := cap(b); c <= maxSpare {
+		// Keep it in place of the smaller spare.
+		if cap(spares[0]) > cap(spares[1]) {
+			spares[0], spares[1] = spares[1], spares[0]
+		}
+		if c > cap(spares[0]) {
+			spares[0] = b
+		}
+	}
+}
+
+// spare returns a buffer of length n (its bytes not cleared: the host
+// and the encoder write all n), the smallest spare that holds n, or a new
+// one.
+func spare(n int) []byte {
+	k := -1
+	for i, b := range spares {
+		if cap(b) >= max(n, 1) && (k < 0 || cap(b) < cap(spares[k])) {
+			k = i
+		}
+	}
+	if k < 0 {
+		return make([]byte, max(n, 1))[:n]
+	}
+	b := spares[k][:n]
+	spares[k] = nil
+	return b
 }
 
 //go:wasmexport paddock_turn
@@ -238,14 +283,16 @@ func turn(ptr, size uint32) []byte {
 	}
 	current = &req
 	defer func() { current = nil }()
-	ctx := abi.WithCaller(context.Background(), hostCaller{})
-	return encode(abi.Run(ctx, handler, &req))
+	if turnCtx == nil {
+		turnCtx = abi.WithCaller(context.Background(), hostCaller{})
+	}
+	return encode(abi.Run(turnCtx, handler, &req))
 }
 
 // encode marshals res as abi.Marshal does; it fails only on invalid raw
 // JSON (alarm or wait data) or an unencodable alarm time, and stays total.
 func encode(res *abi.TurnResult) []byte {
-	out, err := wire.AppendTurnResult(make([]byte, 0, 512), res)
+	out, err := wire.AppendTurnResult(spare(512)[:0], res)
 	if err != nil {
 		out, _ = json.Marshal(&abi.TurnResult{TurnRef: res.TurnRef, Outcome: abi.OutcomeError,
 			Error: fmt.Sprintf("encode result: %v", err)})
