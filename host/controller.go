@@ -651,6 +651,11 @@ func (a *activationRun) run(d store.Dispatch, sb *streamBuf, pr *promotion) (res
 	for _, s := range d.Steers {
 		sent[s.ID] = true
 	}
+	// heldBack is set once a steer did not fit the channel: from then on
+	// no steer of this turn is handed over. A later one would carry a
+	// newer turn_ref than the steer held back, and a worker echoing it
+	// would commit a transcript with a steer it never saw.
+	heldBack := false
 	woken := false
 	defer func() {
 		if woken {
@@ -699,7 +704,8 @@ func (a *activationRun) run(d store.Dispatch, sb *streamBuf, pr *promotion) (res
 				// Only the newest steer carries the newest turn_ref: a worker
 				// that takes in some steers but not the last answers an older
 				// ref, is fenced off (stale revision) and the turn reruns with
-				// every steer in its request — none is committed unseen.
+				// every steer in its request — none is committed unseen. So
+				// once one steer is held back, every later one is too.
 				older := latest.Delivery.TurnRef()
 				latest.Delivery, latest.Steers = cur.Delivery, cur.Steers
 				jc.setRef(cur.Delivery.TurnRef())
@@ -708,10 +714,16 @@ func (a *activationRun) run(d store.Dispatch, sb *streamBuf, pr *promotion) (res
 					if i == len(fresh)-1 {
 						ref = cur.Delivery.TurnRef()
 					}
+					if heldBack {
+						h.metrics.SteersHeldBack.Inc()
+						continue
+					}
 					select {
 					case steers <- steerOf(ref, s):
 						h.metrics.Steers.Inc()
-					default: // the worker does not read steers; it reruns
+					default: // the worker does not read steers (fast enough); it reruns
+						heldBack = true
+						h.metrics.SteersHeldBack.Inc()
 					}
 				}
 			}

@@ -745,3 +745,103 @@ func TestInstantiateFailuresAreNotChargedToTheEvent(t *testing.T) {
 		}
 	})
 }
+
+// TestSteerHeldBackHoldsBackEveryLaterSteerOfTheTurn fills a running
+// turn's steer channel while its worker does not read, so that one steer
+// is held back; the worker then reads what it was handed and another
+// steer arrives. Handed over, that later steer's newer turn_ref would let
+// the worker commit a transcript without the steer held back. It must be
+// held back too, so that the turn is fenced off and reruns with every
+// steer in its request.
+func TestSteerHeldBackHoldsBackEveryLaterSteerOfTheTurn(t *testing.T) {
+	eachDriver(t, func(t *testing.T, st store.Store) {
+		started, readAll, read := make(chan struct{}, 1), make(chan struct{}), make(chan int, 1)
+		finish := make(chan struct{})
+		fn := func(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
+			answer := func(seen []string) *abi.TurnResult {
+				return &abi.TurnResult{Messages: []abi.Message{{Role: abi.RoleAssistant, Content: "saw " + strings.Join(seen, ",")}}}
+			}
+			if len(req.Steers) > 0 { // the rerun: every steer is in the request
+				var seen []string
+				for _, s := range req.Steers {
+					seen = append(seen, s.Message)
+				}
+				return answer(seen), nil
+			}
+			started <- struct{}{}
+			var seen []string
+			take := func(s abi.Steer) {
+				req.TurnRef = s.TurnRef // as the SDKs do: echo the newest ref
+				seen = append(seen, s.Message)
+			}
+			select {
+			case <-readAll:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			for len(seen) < 8 {
+				select {
+				case s := <-abi.SteersOf(ctx):
+					take(s)
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			read <- len(seen)
+			select {
+			case <-finish:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			for {
+				select {
+				case s := <-abi.SteersOf(ctx):
+					take(s)
+					continue
+				default:
+				}
+				return answer(seen), nil
+			}
+		}
+		f := start(t, st, map[string]abi.TurnFunc{"s": fn}, testPolicy())
+		key := f.session(f.agent("s"))
+		f.signal(key, "go")
+		recv(t, started)
+		m := f.h.Metrics()
+		steer := func(i int) {
+			payload, _ := json.Marshal(map[string]string{"message": fmt.Sprintf("s%d", i)})
+			res, err := st.Steer(context.Background(), store.SteerParams{Key: key, Payload: payload, DeliveryID: fmt.Sprintf("steer-%d-%s", i, key.SessionID)})
+			if err != nil || !res.InFlight {
+				t.Fatalf("steer %d: %+v %v, want it in flight", i, res, err)
+			}
+			f.h.Ensure(key)
+		}
+		for i := 1; i <= 9; i++ { // 8 fill the channel, the 9th is held back
+			steer(i)
+			f.waitFor(fmt.Sprintf("steer %d handed over or held back", i), func() bool {
+				return testutil.ToFloat64(m.Steers)+testutil.ToFloat64(m.SteersHeldBack) >= float64(i)
+			})
+		}
+		if got := testutil.ToFloat64(m.SteersHeldBack); got != 1 {
+			t.Fatalf("steers held back = %v, want 1 (the channel holds 8)", got)
+		}
+		close(readAll)
+		if n := recv(t, read); n != 8 {
+			t.Fatalf("worker read %d steers, want 8", n)
+		}
+		steer(10) // the channel has room again
+		f.waitFor("steer 10 handed over or held back", func() bool {
+			return testutil.ToFloat64(m.Steers)+testutil.ToFloat64(m.SteersHeldBack) >= 10
+		})
+		if got := testutil.ToFloat64(m.SteersHeldBack); got != 2 {
+			t.Errorf("steers held back = %v, want 2: steer 10 came after one held back", got)
+		}
+		close(finish)
+		f.waitFor("the turn to commit", func() bool { return f.get(key).TurnCount == 1 })
+		tr := f.transcript(key)[0]
+		last := tr.Messages[len(tr.Messages)-1]
+		if want := "saw s1,s2,s3,s4,s5,s6,s7,s8,s9,s10"; last.Content != want {
+			t.Errorf("committed answer %q, want %q (every steer in the transcript seen by the agent)", last.Content, want)
+		}
+	})
+}

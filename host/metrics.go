@@ -46,6 +46,11 @@ type Metrics struct {
 	Cancelled prometheus.Counter
 	// Steers counts steers handed to running turns.
 	Steers prometheus.Counter
+	// SteersHeldBack counts steers not handed to a running turn because its
+	// steer channel was full, or because one before them in the same turn
+	// was not handed over: the turn, fenced off, reruns with them in its
+	// request.
+	SteersHeldBack prometheus.Counter
 	// Deferred counts turns dispatched deferred (read, not written); of
 	// them, Promotions counts those written before their commit
 	// (docs/DESIGN.md "Deferred dispatch").
@@ -125,6 +130,9 @@ func NewMetrics() *Metrics {
 		Cancelled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paddock_turns_cancelled_total", Help: "In-flight turns aborted by a cancel.",
 		}),
+		SteersHeldBack: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paddock_steers_held_back_total", Help: "Steers not handed to a running turn (its steer channel full, or an earlier steer of the turn held back); the turn reruns with them.",
+		}),
 		Steers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paddock_steers_delivered_total", Help: "Steers handed to running turns.",
 		}),
@@ -174,7 +182,7 @@ func NewMetrics() *Metrics {
 	}
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.Registry.MustRegister(m.FenceRejections, m.Turns, m.FailedAttempts, m.DeadLetters,
-		m.TurnSeconds, m.ActivationStartSeconds, m.QuickStarts, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.Deferred, m.Promotions, m.WakeupDispatches, m.WakeupsDeduplicated, m.PendingSessions,
+		m.TurnSeconds, m.ActivationStartSeconds, m.QuickStarts, m.Controllers, m.ControllerPanics, m.LeasesExpired, m.AlarmsFired, m.Cancelled, m.Steers, m.SteersHeldBack, m.Deferred, m.Promotions, m.WakeupDispatches, m.WakeupsDeduplicated, m.PendingSessions,
 		m.HostCallsReplayed, m.HostCallsFenced, m.StreamFrames, m.WaitsExpired, m.ApprovalHolds, m.APIRefused, m.QuotaRefused)
 	return m
 }

@@ -742,12 +742,12 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	}
 	wall := time.Unix(0, sink.last.Load()).Sub(start)
 	stopProfile()
-	if o.memProfile != "" {
+	cpu0.end(res, o.n)
+	if o.memProfile != "" { // after the CPU figures, which it would inflate
 		if err := writeHeapProfile(o.memProfile); err != nil {
 			return nil, err
 		}
 	}
-	cpu0.end(res, o.n)
 
 	var lat []time.Duration
 	sink.mu.Lock()
@@ -1165,8 +1165,11 @@ func benchTracing(ctx context.Context, o benchOptions) (*tracing.Provider, error
 }
 
 // writeHeapProfile writes the heap profile (with the allocations since
-// the process started) to path.
+// the process started) to path, after a garbage collection: the profile
+// is as of the last one, so without it the allocations since would be
+// missing.
 func writeHeapProfile(path string) error {
+	runtime.GC()
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("bench: memory profile: %w", err)
