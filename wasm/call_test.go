@@ -481,3 +481,37 @@ func BenchmarkHostCall(b *testing.B) {
 	}
 	b.ReportMetric(float64(time.Since(start).Nanoseconds())/float64(b.N*perTurn), "ns/call")
 }
+
+// TestGuestKeepsWhatATurnHandedIt: an agent may keep its request past the
+// turn, and the SDK reuses the request and result buffers the host frees
+// (wasm/guest: spares). What the agent kept must read the same after
+// later turns, whose requests and results are written into those buffers:
+// nothing decoded may point into them.
+func TestGuestKeepsWhatATurnHandedIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, wasm.Config{})
+	inst := b.instance(t, b.callGuest(t))
+	ctx := context.Background()
+	keep := request("keep "+strings.Repeat("k", 300), nil, 1)
+	keep.Event.Data = json.RawMessage(`{"payload":"` + strings.Repeat("d", 300) + `"}`)
+	keep.Session.AgentName = "keeper"
+	want := keep.Event.Message + "|" + string(keep.Event.Data) + "|" + keep.TurnRef.DeliveryID + "|keeper"
+	if res, err := inst.Turn(ctx, keep); err != nil || res.Messages[0].Content != "kept" {
+		t.Fatalf("keep: %+v %v", res, err)
+	}
+	for i := range 5 {
+		// Requests of the same size, then larger and smaller ones: each
+		// is written where a spare is, over what the first one held.
+		msg := "kept " + strings.Repeat(string(rune('a'+i)), 300+100*(i%3)-100)
+		req := request(msg, nil, 1)
+		req.Event.Message = "kept"
+		req.Event.Data = json.RawMessage(`{"payload":"` + strings.Repeat(string(rune('a'+i)), 300+100*(i%3)-100) + `"}`)
+		res, err := inst.Turn(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := res.Messages[0].Content; got != want {
+			t.Fatalf("turn %d: the kept request reads %q, want %q", i+2, got, want)
+		}
+	}
+}

@@ -9,7 +9,11 @@
 //	raw       abi.Call with an http request: "raw seq=S replayed=R error=CODE"
 //	loop K    K http calls to https://example.test/0: "loop K"
 //	emit K    K text chunks "t0 " … and a tool chunk {"n":K}: "emit K"
+//	keep …    keeps the turn's request (the pointer, as an agent may): "kept"
+//	kept      the kept request's message, data and turn_ref as they read now
 //
+// keep and kept are the SDK's aliasing check: the SDK reuses the buffers
+// the host frees, so nothing a turn hands the agent may point into them.
 // A failed call replies "error CODE". It is a testdata package: go builds it
 // when named, and ./... patterns skip it.
 package main
@@ -27,6 +31,10 @@ import (
 )
 
 func init() { guest.Handle(turn) }
+
+// kept is the request a "keep" turn kept; it is the only state the
+// module keeps between turns.
+var kept *abi.TurnRequest
 
 func main() {}
 
@@ -80,6 +88,14 @@ func turn(ctx context.Context, req *abi.TurnRequest) (*abi.TurnResult, error) {
 		if err := guest.EmitJSON(ctx, abi.ChunkTool, map[string]int{"n": k}); err != nil {
 			reply = failure(err)
 		}
+	case "keep":
+		kept = req
+		reply = "kept"
+	case "kept":
+		if kept == nil {
+			return nil, errors.New("nothing kept")
+		}
+		reply = fmt.Sprintf("%s|%s|%s|%s", kept.Event.Message, kept.Event.Data, kept.TurnRef.DeliveryID, kept.Session.AgentName)
 	default:
 		return nil, fmt.Errorf("unknown command %q", req.Event.Message)
 	}
