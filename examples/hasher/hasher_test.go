@@ -56,9 +56,8 @@ func TestWorkIsThePeersWork(t *testing.T) {
 
 // warmInstance loads body in a new wasm runtime and returns an instance
 // of it; both close when t ends.
-func warmInstance(t *testing.T, body []byte) *wasm.Instance {
+func warmInstance(ctx context.Context, t *testing.T, body []byte) *wasm.Instance {
 	t.Helper()
-	ctx := context.Background()
 	rt, err := wasm.New(ctx, wasm.Config{CacheDir: wasmtest.CacheDir(t)}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +81,7 @@ func TestModuleAnswersLikeTheLogic(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, body := wasmtest.BuildExample(t, "./examples/hasher/cmd")
-	inst := warmInstance(t, body)
+	inst := warmInstance(ctx, t, body)
 	for i, data := range []string{`{"idx":7,"key":"k00007","seq":3,"t":1}`, `{"key":"k00001","seq":0}`} {
 		res, err := inst.Turn(ctx, request(int64(i+1), data))
 		if err != nil {
@@ -153,7 +152,7 @@ func TestRustModuleAnswersLikeTheGoAgent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	body := buildRust(t)
-	inst := warmInstance(t, body)
+	inst := warmInstance(ctx, t, body)
 	jobs := []string{`{"idx":7,"key":"k00007","seq":3,"t":1}`, `{"key":"k00001","seq":0}`,
 		`{"idx":-3,"key":"k00999","seq":-1,"t":1764490000000000000}`, ` { "seq" : 19 , "key" : "k\u00e9\"\\x" } `,
 		`{"key":"w","seq":1099511627776,"extra":[1,{"a":null},"]"]}`, "null",
@@ -323,20 +322,7 @@ func TestModuleTurnAllocations(t *testing.T) {
 	var c mallocCounter
 	ctx := experimental.WithFunctionListenerFactory(context.Background(), &c)
 	_, body := wasmtest.BuildExample(t, "./examples/hasher/cmd")
-	rt, err := wasm.New(ctx, wasm.Config{CacheDir: wasmtest.CacheDir(t)}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.Close(ctx)
-	info, err := rt.Load(ctx, wasm.Digest(body), body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inst, err := rt.Instantiate(ctx, info.Digest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inst.Close(ctx)
+	inst := warmInstance(ctx, t, body) // the listener is in ctx when the module compiles
 	want := hasher.Work("k00007", 3)
 	turn := func() {
 		res, err := inst.Turn(ctx, request(1, `{"idx":7,"key":"k00007","seq":3,"t":1764490000000000000}`))
