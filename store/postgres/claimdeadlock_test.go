@@ -58,26 +58,12 @@ func TestClaimWaitingForTheSessionRowDoesNotDeadlockWithTheRivalsCommit(t *testi
 	must(t, err, "lock the session row")
 
 	// X: the store's claim, waiting for S's row.
-	xDone := make(chan error, 1)
-	go func() {
+	x := goCall(func() error {
 		_, err := f.s.ClaimActivation(f.ctx, store.ClaimActivationParams{Key: key, UID: uuid.NewString(),
 			LeaseID: uuid.NewString(), HostID: "x", LeaseTTL: time.Hour})
-		xDone <- err
-	}()
-	var xErr error
-	xReturned := false
-	xPoll := func() (string, bool) {
-		if !xReturned {
-			select {
-			case xErr = <-xDone:
-				xReturned = true
-			default:
-				return "", false
-			}
-		}
-		return fmt.Sprintf("%v", xErr), true
-	}
-	awaitLockWait(t, watch, "the claim X", xPoll)
+		return err
+	})
+	awaitLockWait(t, watch, "the claim X", x.poll)
 
 	// The rival's activation A, committed while X waits (after X's claim
 	// statement, without the fix, took its snapshot). Its foreign key takes
@@ -89,43 +75,24 @@ func TestClaimWaitingForTheSessionRowDoesNotDeadlockWithTheRivalsCommit(t *testi
 		VALUES ($1, $2, $3, $4, $5, clock_timestamp() + interval '1 hour', 0, 'active', $6)`,
 		a.UID, key.AgentUID, key.SessionID, a.ActorEpoch, a.LeaseID, a.HostID)
 	must(t, err, "insert the rival activation")
-	if _, ok := xPoll(); ok {
-		t.Fatalf("the claim X returned before the holder let go: %v", xErr)
+	if how, ok := x.poll(); ok {
+		t.Fatalf("the claim X returned before the holder let go: %s", how)
 	}
 
 	// A's turn: the dispatch does not need S's row; T2, its commit, updates
 	// A's row and then waits for S's row.
 	d := f.next(a)
-	t2Done := make(chan error, 1)
-	go func() {
+	t2 := goCall(func() error {
 		_, err := f.commit(d.Delivery.TurnRef())
-		t2Done <- err
-	}()
-	var t2Err error
-	t2Returned := false
-	t2Poll := func() (string, bool) {
-		if !t2Returned {
-			select {
-			case t2Err = <-t2Done:
-				t2Returned = true
-			default:
-				return "", false
-			}
-		}
-		return fmt.Sprintf("%v", t2Err), true
-	}
-	awaitLockWaiters(t, watch, 2, "the commit T2", t2Poll)
-	if _, ok := xPoll(); ok {
-		t.Fatalf("the claim X returned before the holder let go: %v", xErr)
+		return err
+	})
+	awaitLockWaiters(t, watch, 2, "the commit T2", t2.poll)
+	if how, ok := x.poll(); ok {
+		t.Fatalf("the claim X returned before the holder let go: %s", how)
 	}
 
 	must(t, h.Rollback(ctx), "release the session row")
-	if !xReturned {
-		xErr = <-xDone
-	}
-	if !t2Returned {
-		t2Err = <-t2Done
-	}
+	xErr, t2Err := x.wait(), t2.wait()
 	for _, err := range []error{xErr, t2Err} {
 		if err != nil && strings.Contains(err.Error(), "deadlock") {
 			t.Errorf("a deadlock reached the caller: %v", err)
@@ -151,4 +118,40 @@ func TestClaimWaitingForTheSessionRowDoesNotDeadlockWithTheRivalsCommit(t *testi
 	if after := deadlocks(t, dsn); after != before {
 		t.Fatalf("PostgreSQL detected %d deadlocks", after-before)
 	}
+}
+
+// asyncCall is a store call running in its own goroutine (goCall).
+type asyncCall struct {
+	done     chan error
+	err      error
+	returned bool
+}
+
+// goCall runs fn in a goroutine of its own and returns it.
+func goCall(fn func() error) *asyncCall {
+	c := &asyncCall{done: make(chan error, 1)}
+	go func() { c.done <- fn() }()
+	return c
+}
+
+// poll reports, without waiting, whether the call returned and with what
+// (awaitLockWaiters' returned).
+func (c *asyncCall) poll() (string, bool) {
+	if !c.returned {
+		select {
+		case c.err = <-c.done:
+			c.returned = true
+		default:
+			return "", false
+		}
+	}
+	return fmt.Sprint(c.err), true
+}
+
+// wait returns the call's error once it returned.
+func (c *asyncCall) wait() error {
+	if !c.returned {
+		c.err, c.returned = <-c.done, true
+	}
+	return c.err
 }

@@ -42,7 +42,7 @@ var (
 	// handed off whole.
 	spares [2][]byte
 	// turnCtx is every turn's context: the SDK's Caller, made once.
-	turnCtx context.Context
+	turnCtx = abi.WithCaller(context.Background(), hostCaller{})
 )
 
 // maxSpare is the largest freed buffer kept for reuse (64 KiB): a large
@@ -283,9 +283,6 @@ func turn(ptr, size uint32) []byte {
 	}
 	current = &req
 	defer func() { current = nil }()
-	if turnCtx == nil {
-		turnCtx = abi.WithCaller(context.Background(), hostCaller{})
-	}
 	return encode(abi.Run(turnCtx, handler, &req))
 }
 
