@@ -372,9 +372,12 @@ func (r *roundTrips) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepar
 type benchSink struct {
 	mu        sync.Mutex
 	committed map[int64]time.Time
-	waiters   map[int64]chan struct{}
-	count     atomic.Int64
-	last      atomic.Int64 // unix ns of the latest commit
+	// answers is each committed turn's last assistant message, by event
+	// id (checkAnswers).
+	answers map[int64]string
+	waiters map[int64]chan struct{}
+	count   atomic.Int64
+	last    atomic.Int64 // unix ns of the latest commit
 }
 
 func (s *benchSink) onCommit(t store.Turn) {
@@ -382,6 +385,7 @@ func (s *benchSink) onCommit(t store.Turn) {
 	s.mu.Lock()
 	if _, dup := s.committed[t.EventID]; !dup {
 		s.committed[t.EventID] = now
+		s.answers[t.EventID] = lastAssistant(t)
 		s.count.Add(1)
 		s.last.Store(now.UnixNano())
 	}
@@ -396,7 +400,7 @@ func (s *benchSink) onCommit(t store.Turn) {
 // never shrink).
 func (s *benchSink) reset() {
 	s.mu.Lock()
-	s.committed = map[int64]time.Time{}
+	s.committed, s.answers = map[int64]time.Time{}, map[int64]string{}
 	s.mu.Unlock()
 }
 
@@ -414,7 +418,7 @@ func (s *benchSink) waitAll(ctx context.Context, ids []int64) error {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return fmt.Errorf("event %d not committed: %w", id, ctx.Err())
+			return fmt.Errorf("event %d not committed: %w", id, context.Cause(ctx))
 		}
 	}
 	return nil
@@ -426,6 +430,8 @@ type signaller func(ctx context.Context, key store.ActorKey, sessionKey string, 
 func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
 	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	progress := func(format string, args ...any) {
 		fmt.Fprintf(logw, "[bench %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
@@ -555,8 +561,9 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 		return nil, err
 	}
 
-	sink := &benchSink{committed: map[int64]time.Time{}, waiters: map[int64]chan struct{}{}}
+	sink := &benchSink{committed: map[int64]time.Time{}, answers: map[int64]string{}, waiters: map[int64]chan struct{}{}}
 	metrics := host.NewMetrics()
+	go watchFailures(ctx, fail, metrics, sink, benchStall, 250*time.Millisecond)
 	tp, err := benchTracing(ctx, o)
 	if err != nil {
 		return nil, err
@@ -626,16 +633,21 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	if o.warmup > 0 {
 		progress("warm-up: %d turns", o.warmup)
 		ids := make([]int64, 0, o.warmup)
+		jobs := make([]benchJob, 0, o.warmup)
 		for i := range o.warmup {
 			k := i % o.keys
-			data, _ := json.Marshal(hasher.Job{Idx: -1 - i, Key: benchKeyName(k), Seq: -1 - i/o.keys, T: time.Now().UnixNano()})
+			job := hasher.Job{Idx: -1 - i, Key: benchKeyName(k), Seq: -1 - i/o.keys, T: time.Now().UnixNano()}
+			data, _ := json.Marshal(job)
 			id, err := send(ctx, keys[k], benchKeyName(k), data)
 			if err != nil {
 				return nil, fmt.Errorf("warm-up signal: %w", err)
 			}
-			ids = append(ids, id)
+			ids, jobs = append(ids, id), append(jobs, benchJob{id: id, key: job.Key, seq: job.Seq})
 		}
 		if err := sink.waitAll(ctx, ids); err != nil {
+			return nil, fmt.Errorf("warm-up: %w", err)
+		}
+		if err := sink.checkAnswers(jobs); err != nil {
 			return nil, fmt.Errorf("warm-up: %w", err)
 		}
 	}
@@ -685,6 +697,8 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	progress("measured run: %d turns over %d keys from %d producers", o.n, o.keys, o.producers)
 	type sent struct {
 		id    int64
+		k     int // the key's index; the job's seq is i / o.keys
+		seq   int
 		t     time.Time
 		took  time.Duration
 		fails error
@@ -713,7 +727,7 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 				t := time.Now()
 				data, _ := json.Marshal(hasher.Job{Idx: i, Key: benchKeyName(k), Seq: i / o.keys, T: t.UnixNano()})
 				id, err := send(ctx, keys[k], benchKeyName(k), data)
-				results[p] = append(results[p], sent{id: id, t: t, took: time.Since(t), fails: err})
+				results[p] = append(results[p], sent{id: id, k: k, seq: i / o.keys, t: t, took: time.Since(t), fails: err})
 				if err != nil {
 					return
 				}
@@ -727,13 +741,18 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	barrier.Done()
 	wg.Wait()
 	var ids []int64
+	var jobs []benchJob
 	var calls []time.Duration
 	for _, rs := range results {
 		for _, s := range rs {
 			if s.fails != nil {
+				if cause := context.Cause(ctx); errors.Is(cause, ErrBenchFailing) {
+					return nil, cause // the producers stopped for it
+				}
 				return nil, fmt.Errorf("signal: %w", s.fails)
 			}
 			ids = append(ids, s.id)
+			jobs = append(jobs, benchJob{id: s.id, key: benchKeyName(s.k), seq: s.seq})
 			calls = append(calls, s.took)
 		}
 	}
@@ -743,6 +762,9 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	wall := time.Unix(0, sink.last.Load()).Sub(start)
 	stopProfile()
 	cpu0.end(res, o.n)
+	if err := sink.checkAnswers(jobs); err != nil {
+		return nil, err
+	}
 	if o.memProfile != "" { // after the CPU figures, which it would inflate
 		if err := writeHeapProfile(o.memProfile); err != nil {
 			return nil, err

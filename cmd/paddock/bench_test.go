@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/procfs"
 
+	"github.com/paddock-dev/paddock/examples/hasher"
 	"github.com/paddock-dev/paddock/host"
 	"github.com/paddock-dev/paddock/plugins/plugintest"
 	"github.com/paddock-dev/paddock/store/pgtest"
@@ -177,6 +178,44 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 		if err == nil || !strings.Contains(string(out), c.want) {
 			t.Errorf("paddock bench %v: err %v, output %q; want a refusal naming %q", c.args, err, out, c.want)
 		}
+	}
+}
+
+// TestBenchEndsARunThatCannotMeasure: a module whose every turn fails
+// ends the run with the failed attempts' causes once no turn committed
+// for benchStall (its cause, ErrBenchFailing, names them), not after
+// --timeout; a module that answers other than the peers' unit of work is
+// refused with its first wrong answer, since its figures would compare
+// with no peer's.
+func TestBenchEndsARunThatCannotMeasure(t *testing.T) {
+	t.Parallel()
+	bin := paddockBin(t)
+	failing, _ := wasmtest.BuildExample(t, wasmtest.CallGuest) // "unknown command" for every job
+	wrong, _ := wasmtest.BuildExample(t, wasmtest.Faulty)      // answers "ok: " to a job
+	for _, c := range []struct {
+		name, module string
+		want         []string
+	}{
+		{"failing", failing, []string{"the agent's turns fail: no turn committed for 10s while", "agent_error"}},
+		{"wrong", wrong, []string{"4 of 4 turns did not answer the bench's job",
+			`event 1 (key k00000, seq -1) answered "ok: ", want "` + hasher.Work("k00000", -1) + `"`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			args := []string{"bench", "--store", "sqlite", "--n", "8", "--keys", "4", "--producers", "4", "--warmup", "4",
+				"--module", c.module, "--timeout", "5m"}
+			out, err := exec.Command(bin, args...).CombinedOutput()
+			if err == nil {
+				t.Fatalf("paddock %s: succeeded, want a refusal:\n%s", strings.Join(args, " "), out)
+			}
+			last := strings.TrimSpace(string(out))
+			last = last[strings.LastIndex(last, "\n")+1:]
+			for _, w := range c.want {
+				if !strings.Contains(last, w) {
+					t.Errorf("last line %q: want it to contain %q", last, w)
+				}
+			}
+		})
 	}
 }
 
