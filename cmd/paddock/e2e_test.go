@@ -605,3 +605,51 @@ agents:
 		t.Errorf("transcript holds %d turns, want 2 (the warm-up, then the cancelled retry recorded once)", len(turns))
 	}
 }
+
+// TestServeSaysWhenTheAPIIsOpen: a host without an auth_token logs, once it
+// serves, that it refuses no request whatever bearer token comes (a wrong
+// one is accepted too), and answers a wrong token as the anonymous admin;
+// a host with one logs nothing of the kind and refuses it.
+func TestServeSaysWhenTheAPIIsOpen(t *testing.T) {
+	t.Parallel()
+	const warning = "the API is open: no auth_token is set"
+	for _, c := range []struct {
+		name   string
+		env    []string
+		open   bool
+		status int // of GET /v1/agents with a wrong bearer token
+	}{{"open", nil, true, http.StatusOK}, {"token", []string{"PADDOCK_AUTH_TOKEN=e2e-open-token"}, false, http.StatusUnauthorized}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			addr := freePort(t)
+			s := startServerEnv(t, writeConfig(t, "sqlite", addr), addr, c.env...)
+			req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/agents", nil)
+			req.Header.Set("Authorization", "Bearer not-a-token")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != c.status {
+				t.Errorf("GET /v1/agents with a wrong token: %d, want %d", resp.StatusCode, c.status)
+			}
+			// The warning comes before "paddock serving", which may follow
+			// the first healthy answer by a moment.
+			var logText string
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				s.mu.Lock()
+				logText = s.log.String()
+				s.mu.Unlock()
+				if strings.Contains(logText, "paddock serving") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the host's log has no start line: %q", logText)
+				}
+			}
+			if got := strings.Contains(logText, warning); got != c.open {
+				t.Errorf("log contains %q: %v, want %v:\n%s", warning, got, c.open, logText)
+			}
+		})
+	}
+}

@@ -364,6 +364,12 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	}
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve(ln) }()
+	if svc.Open() {
+		// Allowed on a loopback address only (config.Validate); said before
+		// the line that it serves, for whoever tries tokens against it: no
+		// request is refused.
+		log.Warn("the API is open: no auth_token is set, so every request is served as the anonymous admin, whatever bearer token it carries, and stored tokens are not checked (set auth_token to require tokens)")
+	}
 	log.Info("paddock serving", "listen", "http://"+ln.Addr().String(), "store", st.Driver(), "data_dir", cfg.DataDir)
 
 	select {
