@@ -122,7 +122,7 @@ bench-stream: ## the session stream: chunk latency emit → SSE client on the sa
 	STREAMBENCH=1 STREAMBENCH_STORE=sqlite $(GO) test -run '^TestStreamBenchFigures$$' -count=1 -v -timeout 10m ./cmd/paddock/ | grep -E 'stream bench|^(--- |ok|FAIL)'
 	$(GO) test -run '^$$' -bench 'IdleSubscribers' -benchtime 3x ./host/api/
 
-bench-peers: build examples ## Paddock beside River, DBOS and pgbench (../shared/peers) on one PostgreSQL, with the ratios; the wasm runs with the Go and (when rust-examples builds) the Rust bench agent (≈ 4 min)
+bench-peers: build examples ## Paddock beside River, DBOS and pgbench (../shared/peers) on one PostgreSQL, with the ratios; the wasm runs with the Go and (when rust-examples builds) the Rust bench agent; ROUNDS (3) pair River's tuned run with Paddock's again (≈ 6 min)
 	@$(MAKE) --no-print-directory rust-examples || echo "bench-peers: the Rust bench agent did not build (RUSTC_WASM=$(RUSTC_WASM)): its run is skipped"
 	bash cmd/bench-peers.sh
 

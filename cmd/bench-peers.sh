@@ -10,6 +10,8 @@
 #      PADDOCK_RUNS (space-separated worker/signal pairs, default "wasm/go wasm-rust/go wasm/http plugin/go";
 #      wasm-rust is the wasm worker with the Rust bench agent, examples/hasher/hasher-rust.wasm; fabric/go
 #      too, with KEYS ≤ 64: one remote worker's send queue holds 64 turns)
+#      ROUNDS (3): rounds 2.. run River's tuned single insert and ROUND_RUNS (default "wasm/go wasm-rust/go")
+#      again, each Paddock run then also compared with the River run of its round (see "Rounds" below)
 #      RESULTS_DIR (bin): where the run's JSON lines are kept, bench-peers-<UTC time>.jsonl
 set -euo pipefail
 
@@ -17,6 +19,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 N="${N:-20000}"; KEYS="${KEYS:-1000}"; PRODUCERS="${PRODUCERS:-8}"
 PADDOCK_RUNS="${PADDOCK_RUNS:-wasm/go wasm-rust/go wasm/http plugin/go}"
+ROUNDS="${ROUNDS:-3}"; ROUND_RUNS="${ROUND_RUNS:-wasm/go wasm-rust/go}"
 PEERS_DIR="${PEERS_DIR:-$ROOT/../shared/peers}"
 if [ ! -x "$PEERS_DIR/run.sh" ]; then
 	echo "bench-peers: no peers at $PEERS_DIR (set PEERS_DIR to the peersbench directory)" >&2
@@ -57,50 +60,76 @@ fi
 # db_cpu_ms_per_turn: the server's CPU per job of that run (its CHECKPOINT
 # included), the figure `paddock bench` gives for a turn. Without the server's
 # processes in this /proc the lines stay as the peers wrote them.
-log "peers: River, DBOS, pgbench (N=$N keys=$KEYS producers=$PRODUCERS)"
+#
+# Rounds: the machine's speed drifts by a third within minutes (River's tuned
+# single insert gave 2,760 to 3,740 jobs/s within an hour), so a Paddock
+# figure is also put beside a River run taken just before it. Round 1 runs
+# every peer and every PADDOCK_RUNS; rounds 2..ROUNDS run River's tuned
+# single insert and ROUND_RUNS again. Every line carries its round, and the
+# report gives each configuration the median of its ratios to the River run
+# of its round.
 RUNS="$(sed -n 's/^peer \([a-z0-9-]*\) .*/\1/p' "$PEERS_DIR/run.sh")"
+tag() { # round: append "round" to each JSON line of stdin
+	sed -E "/^\{.*\}\$/ s/\}\$/,\"round\":$1}/"
+}
+peer_runs() { # round names...
+	local round="$1" name line jobs per cpu0 cpu1; shift
+	for name in "$@"; do
+		[[ "$name" =~ ${ONLY:-.} ]] || continue
+		cpu0="$("$ROOT/bin/paddock" bench server-cpu --dsn "$DATABASE_URL" 2>/dev/null || true)"
+		RESULTS="$WORK/run.jsonl" N="$N" KEYS="$KEYS" PRODUCERS="$PRODUCERS" PG_BIN="$PG_BIN" ONLY="^$name\$" \
+			"$PEERS_DIR/run.sh" >>"$WORK/peers.out"
+		cpu1="$("$ROOT/bin/paddock" bench server-cpu --dsn "$DATABASE_URL" 2>/dev/null || true)"
+		touch "$WORK/run.jsonl"
+		while IFS= read -r line; do
+			jobs="$(echo "$line" | sed -n 's/.*"completed":\([0-9]*\).*/\1/p')"
+			if [ -n "$cpu0" ] && [ -n "$cpu1" ] && [ -n "$jobs" ] && [ "$jobs" -gt 0 ] && [ "${line: -1}" = "}" ]; then
+				per="$(awk -v t="$((cpu1 - cpu0))" -v n="$jobs" 'BEGIN { printf "%.3f", t * 10 / n }')"
+				line="${line%\}},\"db_cpu_ms_per_turn\":$per}"
+				log "$name: server CPU $per ms per job"
+			fi
+			echo "$line" | tag "$round" >>"$RESULTS"
+		done <"$WORK/run.jsonl"
+		rm -f "$WORK/run.jsonl"
+	done
+}
+FAILED=""
+paddock_runs() { # round runs...
+	local round="$1" run worker signal module; shift
+	for run in "$@"; do
+		worker="${run%/*}"; signal="${run#*/}"; module="$ROOT/examples/hasher/hasher.wasm"
+		if [ "$worker" = wasm-rust ]; then
+			# The same agent in Rust (examples/hasher/rust): the host's cost
+			# with a guest compiled well.
+			worker=wasm; module="$ROOT/examples/hasher/hasher-rust.wasm"
+			if [ ! -f "$module" ]; then
+				log "paddock $run skipped: no $module (make rust-examples)"
+				continue
+			fi
+		fi
+		"$PG_BIN/psql" "$DATABASE_URL" -qAtc CHECKPOINT >/dev/null
+		sleep 1
+		log "paddock (round $round): worker=$worker signal=$signal"
+		"$ROOT/bin/paddock" bench --store postgres --dsn "$DATABASE_URL" --n "$N" --keys "$KEYS" --producers "$PRODUCERS" \
+			--worker "$worker" --signal "$signal" --module "$module" --plugin "$ROOT/bin/hasher-plugin" \
+			2> >(sed "s|^|  [paddock $run] |" >&2) | tag "$round" | tee -a "$RESULTS" | grep '^peer=' >&2 ||
+			{ log "paddock $run FAILED"; FAILED=1; }
+	done
+}
+log "peers: River, DBOS, pgbench (N=$N keys=$KEYS producers=$PRODUCERS); $ROUNDS round(s)"
 if [ -z "$RUNS" ]; then
 	# run.sh no longer declares its runs as `peer NAME …` lines: run them all
-	# at once, as before, without their CPU.
+	# at once, as before, without their CPU or rounds.
 	log "no peer runs found in $PEERS_DIR/run.sh: running it whole, the peers' CPU not measured"
 	RESULTS="$RESULTS" N="$N" KEYS="$KEYS" PRODUCERS="$PRODUCERS" PG_BIN="$PG_BIN" "$PEERS_DIR/run.sh" >"$WORK/peers.out"
+	ROUNDS=1
 fi
-for name in ${RUNS:+pgbench $RUNS}; do
-	[[ "$name" =~ ${ONLY:-.} ]] || continue
-	cpu0="$("$ROOT/bin/paddock" bench server-cpu --dsn "$DATABASE_URL" 2>/dev/null || true)"
-	RESULTS="$WORK/run.jsonl" N="$N" KEYS="$KEYS" PRODUCERS="$PRODUCERS" PG_BIN="$PG_BIN" ONLY="^$name\$" \
-		"$PEERS_DIR/run.sh" >>"$WORK/peers.out"
-	cpu1="$("$ROOT/bin/paddock" bench server-cpu --dsn "$DATABASE_URL" 2>/dev/null || true)"
-	touch "$WORK/run.jsonl"
-	while IFS= read -r line; do
-		jobs="$(echo "$line" | sed -n 's/.*"completed":\([0-9]*\).*/\1/p')"
-		if [ -n "$cpu0" ] && [ -n "$cpu1" ] && [ -n "$jobs" ] && [ "$jobs" -gt 0 ] && [ "${line: -1}" = "}" ]; then
-			per="$(awk -v t="$((cpu1 - cpu0))" -v n="$jobs" 'BEGIN { printf "%.3f", t * 10 / n }')"
-			line="${line%\}},\"db_cpu_ms_per_turn\":$per}"
-			log "$name: server CPU $per ms per job"
-		fi
-		echo "$line" >>"$RESULTS"
-	done <"$WORK/run.jsonl"
-	rm -f "$WORK/run.jsonl"
-done
-FAILED=""
-for run in $PADDOCK_RUNS; do
-	worker="${run%/*}"; signal="${run#*/}"; module="$ROOT/examples/hasher/hasher.wasm"
-	if [ "$worker" = wasm-rust ]; then
-		# The same agent in Rust (examples/hasher/rust): the host's cost
-		# with a guest compiled well.
-		worker=wasm; module="$ROOT/examples/hasher/hasher-rust.wasm"
-		if [ ! -f "$module" ]; then
-			log "paddock $run skipped: no $module (make rust-examples)"
-			continue
-		fi
-	fi
-	"$PG_BIN/psql" "$DATABASE_URL" -qAtc CHECKPOINT >/dev/null
-	sleep 1
-	log "paddock: worker=$worker signal=$signal"
-	"$ROOT/bin/paddock" bench --store postgres --dsn "$DATABASE_URL" --n "$N" --keys "$KEYS" --producers "$PRODUCERS" \
-		--worker "$worker" --signal "$signal" --module "$module" --plugin "$ROOT/bin/hasher-plugin" \
-		2> >(sed "s|^|  [paddock $run] |" >&2) | tee -a "$RESULTS" | grep '^peer=' >&2 || { log "paddock $run FAILED"; FAILED=1; }
+peer_runs 1 ${RUNS:+pgbench $RUNS}
+paddock_runs 1 $PADDOCK_RUNS
+for ((round = 2; round <= ROUNDS; round++)); do
+	log "round $round of $ROUNDS: River's tuned single insert, then $ROUND_RUNS"
+	peer_runs "$round" river-single-tuned
+	paddock_runs "$round" $ROUND_RUNS
 done
 echo
 "$ROOT/bin/paddock" bench report "$RESULTS"

@@ -243,6 +243,33 @@ func TestBenchReportComputesTheRatios(t *testing.T) {
 	if err := benchReport(strings.NewReader(`{"peer": 3}`), &out); err == nil {
 		t.Error("a malformed results line was accepted")
 	}
+
+	// Rounds: each Paddock run beside the River run of its round, and the
+	// median of those ratios per configuration.
+	in = strings.Join([]string{
+		`{"peer":"river","mode":"single","tuning":"fetch_cooldown=10ms","jobs_per_s":3000,"round":1}`,
+		`{"peer":"paddock","mode":"single","worker":"wasm","signal_path":"go","n":100,"completed":100,"jobs_per_s":2700,"round":1}`,
+		`{"peer":"paddock","mode":"single","worker":"wasm","signal_path":"http","n":100,"completed":100,"jobs_per_s":1500,"round":1}`,
+		`{"peer":"river","mode":"single","tuning":"fetch_cooldown=10ms","jobs_per_s":2000,"round":2}`,
+		`{"peer":"paddock","mode":"single","worker":"wasm","signal_path":"go","n":100,"completed":100,"jobs_per_s":2200,"round":2}`,
+		`{"peer":"river","mode":"single","tuning":"fetch_cooldown=10ms","jobs_per_s":2500,"round":3}`,
+		`{"peer":"paddock","mode":"single","worker":"wasm","signal_path":"go","n":100,"completed":100,"jobs_per_s":2500,"round":3}`,
+	}, "\n")
+	out.Reset()
+	if err := benchReport(strings.NewReader(in), &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"river single fetch_cooldown=10ms #2", "paddock  wasm/go #3",
+		"0.73× River single fetch_cooldown=10ms", // 2200 against the best, 3000
+		"1.10× River of its round",               // 2200 against round 2's 2000
+		"paddock  wasm/go:                        median 1.00× River of its round over 3 rounds (0.90, 1.10, 1.00); 2 of 3 ≥ 1.0",
+		"paddock  wasm/http:                      median 0.50× River of its round over 1 rounds (0.50); 0 of 1 ≥ 1.0",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
 }
 
 // serverIsLocal reports whether the server at dsn has its processes in

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -32,6 +33,17 @@ type peerLine struct {
 	HostCPU   *float64 `json:"host_cpu_ms_per_turn"`
 	DBCPU     *float64 `json:"db_cpu_ms_per_turn"`
 	DBBusiest *float64 `json:"db_busiest_process_cores"`
+	// Round is the round of make bench-peers the line belongs to (1, 2,
+	// …; 0 when the file has no rounds): a round runs River's tuned single
+	// insert and Paddock one after the other, so that their ratio compares
+	// runs minutes apart at most on a machine whose speed drifts.
+	Round int `json:"round"`
+}
+
+// isRiverTuned reports whether l is River's tuned single-insert run, the
+// goal's reference.
+func (l peerLine) isRiverTuned() bool {
+	return l.Peer == "river" && l.Mode == "single" && strings.Contains(l.Tuning, "fetch_cooldown=10ms")
 }
 
 func (l peerLine) name() string {
@@ -71,7 +83,10 @@ func newBenchReportCmd() *cobra.Command {
 
 // benchReport reads JSON lines and writes the comparison table and the
 // issue's goals: turns/s ≥ 1.0 × (beyond it 1.5 ×) River's best single-insert run
-// (fetch_cooldown=10ms) and ≥ 0.8 × pgbench's TPS.
+// (fetch_cooldown=10ms) and ≥ 0.8 × pgbench's TPS. With rounds (the lines'
+// round field, make bench-peers' ROUNDS), each Paddock run is also put
+// beside the River run of its own round, and each Paddock configuration
+// gets the median of those ratios over the rounds (roundRatios).
 func benchReport(r io.Reader, w io.Writer) error {
 	var lines []peerLine
 	sc := bufio.NewScanner(r)
@@ -94,9 +109,13 @@ func benchReport(r io.Reader, w io.Writer) error {
 		return err
 	}
 	var riverBest, pgTPS float64
+	riverOf := map[int]float64{} // River's tuned run by round
+	rounds := 0
 	for _, l := range lines {
-		if l.Peer == "river" && l.Mode == "single" && strings.Contains(l.Tuning, "fetch_cooldown=10ms") {
+		rounds = max(rounds, l.Round)
+		if l.isRiverTuned() {
 			riverBest = max(riverBest, l.JobsPerS)
+			riverOf[l.Round] = l.JobsPerS
 		}
 		if l.Peer == "pgbench" {
 			pgTPS = l.TPS
@@ -117,7 +136,11 @@ func benchReport(r io.Reader, w io.Writer) error {
 		if l.Peer == "pgbench" {
 			rate = l.TPS
 		}
-		fmt.Fprintf(w, "%-40s %10.0f %10.1f %10.1f %10.1f %8s %8s %8s %13s %11s %11s\n", l.name(), rate, l.Latency.P50, l.Latency.P99, l.Latency.Max,
+		name := l.name()
+		if rounds > 1 {
+			name += fmt.Sprintf(" #%d", l.Round)
+		}
+		fmt.Fprintf(w, "%-40s %10.0f %10.1f %10.1f %10.1f %8s %8s %8s %13s %11s %11s\n", name, rate, l.Latency.P50, l.Latency.P99, l.Latency.Max,
 			opt(l.RTs), opt(l.Xacts), opt(l.RSS), two(l.HostCPU), two(l.DBCPU), two(l.DBBusiest))
 	}
 	fmt.Fprintln(w)
@@ -133,13 +156,95 @@ func benchReport(r io.Reader, w io.Writer) error {
 		if riverBest > 0 {
 			parts = append(parts, fmt.Sprintf("%.2f× River single fetch_cooldown=10ms (goal ≥ 1.0, beyond it 1.5)", l.JobsPerS/riverBest))
 		}
+		if river := riverOf[l.Round]; rounds > 1 && river > 0 {
+			parts = append(parts, fmt.Sprintf("%.2f× River of its round", l.JobsPerS/river))
+		}
 		if pgTPS > 0 {
 			parts = append(parts, fmt.Sprintf("%.2f× pgbench TPS (goal ≥ 0.8)", l.JobsPerS/pgTPS))
 		}
 		if l.Completed < l.N {
 			parts = append(parts, fmt.Sprintf("INCOMPLETE: %d of %d turns", l.Completed, l.N))
 		}
-		fmt.Fprintf(w, "%-40s %s\n", l.name()+":", strings.Join(parts, "; "))
+		name := l.name()
+		if rounds > 1 {
+			name += fmt.Sprintf(" #%d", l.Round)
+		}
+		fmt.Fprintf(w, "%-40s %s\n", name+":", strings.Join(parts, "; "))
+	}
+	if rounds > 1 {
+		fmt.Fprintln(w)
+		for _, rr := range roundRatios(lines, riverOf) {
+			fmt.Fprintf(w, "%-40s median %.2f× River of its round over %d rounds (%s); %d of %d ≥ 1.0\n", rr.name+":",
+				rr.median, len(rr.ratios), rr.list(), rr.atLeast(1), len(rr.ratios))
+		}
 	}
 	return nil
+}
+
+// roundRatio is one Paddock configuration's ratios to the River run of
+// the same round, in round order.
+type roundRatio struct {
+	name   string
+	ratios []float64
+	median float64
+}
+
+// roundRatios gives each Paddock configuration (by name, in the order of
+// first appearance) its ratios to River's tuned run of the same round,
+// over the rounds that have both, and their median.
+func roundRatios(lines []peerLine, riverOf map[int]float64) []roundRatio {
+	var out []roundRatio
+	at := map[string]int{}
+	for _, l := range lines {
+		river := riverOf[l.Round]
+		if l.Peer != "paddock" || river <= 0 {
+			continue
+		}
+		i, ok := at[l.name()]
+		if !ok {
+			i = len(out)
+			at[l.name()] = i
+			out = append(out, roundRatio{name: l.name()})
+		}
+		out[i].ratios = append(out[i].ratios, l.JobsPerS/river)
+	}
+	for i := range out {
+		out[i].median = median(out[i].ratios)
+	}
+	return out
+}
+
+// list writes the ratios as "0.91, 1.02, 0.88".
+func (r roundRatio) list() string {
+	parts := make([]string, len(r.ratios))
+	for i, x := range r.ratios {
+		parts[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// atLeast counts the ratios of at least floor.
+func (r roundRatio) atLeast(floor float64) int {
+	n := 0
+	for _, x := range r.ratios {
+		if x >= floor {
+			n++
+		}
+	}
+	return n
+}
+
+// median is the middle of xs (the mean of the two middle ones for an even
+// count); 0 for none.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
 }
