@@ -151,6 +151,11 @@ func newBenchCmd() *cobra.Command {
 			"PostgreSQL: --dsn or DATABASE_URL; the bench works in its own schema (--schema), dropped first.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cmd.Flags().Changed("namespace") {
+				// -n is the client commands' --namespace; a bench given
+				// "-n 100" would run its default 20,000 turns.
+				return fmt.Errorf("-n/--namespace is not a bench flag (the bench makes its own agent): for the number of turns write --n, with two dashes")
+			}
 			if o.keys < 1 || o.producers < 1 || o.keys%o.producers != 0 {
 				return fmt.Errorf("--n %d --keys %d --producers %d: want positive values with keys a multiple of producers (each key belongs to one producer)", o.n, o.keys, o.producers)
 			}
@@ -214,11 +219,19 @@ func newBenchCmd() *cobra.Command {
 				}
 				return fmt.Sprintf("%.2f", v)
 			}
-			fmt.Fprintf(out, "peer=paddock mode=%s store=%s worker=%s signal=%s n=%d completed=%d wall_s=%.2f turns_per_s=%.0f p50_ms=%.1f p95_ms=%.1f p99_ms=%.1f max_ms=%.1f signal_call_p50_ms=%.2f round_trips/turn=%s tx/turn=%s peak_rss_mib=%.0f worker_turn_mean_ms=%.3f host_cpu_ms/turn=%s db_cpu_ms/turn=%s db_busiest_process_cores=%s cold_starts=%d cold_start_p50_ms≤%s cold_start_p99_ms≤%s\n",
+			// bucket is a quantile known only as its histogram bucket's
+			// upper bound: "≤16.00", or "=n/a" when not measured.
+			bucket := func(v float64) string {
+				if v < 0 {
+					return "=n/a"
+				}
+				return "≤" + measured(v)
+			}
+			fmt.Fprintf(out, "peer=paddock mode=%s store=%s worker=%s signal=%s n=%d completed=%d wall_s=%.2f turns_per_s=%.0f p50_ms=%.1f p95_ms=%.1f p99_ms=%.1f max_ms=%.1f signal_call_p50_ms=%.2f round_trips/turn=%s tx/turn=%s peak_rss_mib=%.0f worker_turn_mean_ms=%.3f host_cpu_ms/turn=%s db_cpu_ms/turn=%s db_busiest_process_cores=%s cold_starts=%d cold_start_p50_ms%s cold_start_p99_ms%s\n",
 				res.Mode, res.Store, res.Worker, res.Signal, res.N, res.Completed, res.WallS, res.JobsPerS, res.Latency.P50, res.Latency.P95, res.Latency.P99, res.Latency.Max,
 				res.InsertCall.P50, measured(res.RoundTrips), measured(res.Transactions), res.PeakRSSMB, res.WorkerMeanMS,
 				measured(res.HostCPUMSPerTurn), measured(res.DBCPUMSPerTurn), measured(res.DBBusiestCores),
-				res.ColdStarts, measured(res.ColdStartP50MS), measured(res.ColdStartP99MS))
+				res.ColdStarts, bucket(res.ColdStartP50MS), bucket(res.ColdStartP99MS))
 			if o.rate > 0 && res.InsertPerS < 0.95*o.rate {
 				fmt.Fprintf(out, "note: the producers sent %.0f signals/s, below the --rate target %g/s: %d producers each wait for their call (signal_call_p50_ms), so latencies here count from the call, not from when the signal was due; add --producers\n",
 					res.InsertPerS, o.rate, o.producers)

@@ -173,6 +173,7 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 		{[]string{"--transcript-tail", "2000"}, "--transcript-tail 2000"},
 		{[]string{"--backlog", "10", "--keys", "4", "--producers", "4", "--n", "40"}, "n < backlog × keys"},
 		{[]string{"--module", "/nonexistent.wasm", "--warmup", "0", "--n", "1", "--keys", "1", "--producers", "1"}, "--module"},
+		{[]string{"-n", "100"}, "for the number of turns write --n, with two dashes"},
 	} {
 		out, err := exec.Command(bin, append([]string{"bench"}, c.args...)...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), c.want) {
