@@ -68,7 +68,7 @@ func (c *client) reach(err error) error {
 		if u, perr := url.Parse(c.server); perr != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fmt.Errorf("--server %q (or PADDOCK_SERVER): want the API's URL, such as http://127.0.0.1:8080", c.server)
 		}
-		return fmt.Errorf("cannot reach the Paddock API at %s (is `paddock serve` running?): %w", c.server, ue)
+		return fmt.Errorf("cannot reach the Paddock API at %s (is `paddock serve` running there? --server or PADDOCK_SERVER names another address): %w", c.server, ue)
 	}
 	return err
 }
@@ -562,6 +562,10 @@ func newSignalCmd(c *client) *cobra.Command {
 				case out.Created && out.Kind == "steer" && out.InFlight,
 					out.Created && out.MidTurn == apiclient.MidTurnSteer && out.InFlight:
 					fmt.Fprintf(w, "steer %d handed to the turn in flight (seq %d)\n", out.EventID, out.Seq)
+				case out.Created && (out.Kind == "steer" || out.MidTurn == apiclient.MidTurnSteer):
+					// No turn was in flight yet (a new turn counts as in
+					// flight a moment after its signal: runtime.promote_after).
+					fmt.Fprintf(w, "event %d accepted (seq %d): no turn in flight to steer, so it waits as the session's next message\n", out.EventID, out.Seq)
 				case out.Created && out.InterruptedEventID != 0:
 					fmt.Fprintf(w, "event %d accepted (seq %d); the turn of event %d was cancelled\n", out.EventID, out.Seq, out.InterruptedEventID)
 				case out.Created:

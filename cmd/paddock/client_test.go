@@ -181,7 +181,7 @@ func TestClientCommandsAgainstTheRealAPI(t *testing.T) {
 		{[]string{"session", "get", "nope", "s1"}, `agent_not_found (HTTP 404): no agent named "nope" [field agent]`},
 		{[]string{"session", "create", "notes", "--key", "has space"}, `invalid_field (HTTP 400): key must be 1–200 printable ASCII characters without spaces [field key]`},
 		{[]string{"--token", "wrong", "agent", "list"}, `unauthenticated (HTTP 401): unknown, revoked or malformed bearer token`},
-		{[]string{"--server", "http://127.0.0.1:1", "agent", "list"}, "cannot reach the Paddock API at http://127.0.0.1:1 (is `paddock serve` running?): "},
+		{[]string{"--server", "http://127.0.0.1:1", "agent", "list"}, "cannot reach the Paddock API at http://127.0.0.1:1 (is `paddock serve` running there? --server or PADDOCK_SERVER names another address): "},
 		{[]string{"--server", "127.0.0.1:1", "agent", "list"}, `--server "127.0.0.1:1" (or PADDOCK_SERVER): want the API's URL, such as http://127.0.0.1:8080`},
 		{[]string{"--server", "localhost:1", "agent", "list"}, `--server "localhost:1" (or PADDOCK_SERVER): want the API's URL`},
 		{[]string{"signal", "send", "notes", "s1"}, `accepts 3 arg(s), received 2; usage: paddock signal send AGENT SESSION MESSAGE`},

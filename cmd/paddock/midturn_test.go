@@ -14,7 +14,8 @@ import (
 // commands against the real API while the faulty agent's "think" turn
 // runs: reject is refused (409 turn_in_flight, nothing written), interrupt
 // cancels the turn and queues the message, steer hands the message to the
-// running turn, and a bad value is refused naming mid_turn.
+// running turn (and, with none running, says it waits as the next
+// message), and a bad value is refused naming mid_turn.
 func TestSignalSendMidTurn(t *testing.T) {
 	ctx := context.Background()
 	ra := startRealAPI(t, 32<<20)
@@ -74,6 +75,15 @@ func TestSignalSendMidTurn(t *testing.T) {
 	}
 	if tr := page.Turns; len(tr) != 1 || tr[0].Messages[len(tr[0].Messages)-1].Content != "steered: stop thinking" {
 		t.Errorf("the interrupting message's turn: %+v", tr)
+	}
+	// Nothing runs now: a steer (or --mid-turn steer) waits as the next
+	// message, and the CLI says so instead of claiming a hand-over.
+	for _, args := range [][]string{{"signal", "steer", "faulty", s.SessionID, "late"},
+		{"signal", "send", "faulty", s.SessionID, "later", "--mid-turn", "steer"}} {
+		out, err = ra.run(ctx, args...)
+		if err != nil || !strings.Contains(out, "no turn in flight to steer, so it waits as the session's next message") {
+			t.Errorf("%v with no turn in flight: %v\n%s", args, err, out)
+		}
 	}
 	out, err = ra.run(ctx, "signal", "send", "faulty", s.SessionID, "x", "--mid-turn", "later")
 	if err == nil || !strings.Contains(err.Error()+out, "mid_turn") {
