@@ -20,6 +20,10 @@ PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
 N="${N:-20000}"; KEYS="${KEYS:-1000}"; PRODUCERS="${PRODUCERS:-8}"
 PADDOCK_RUNS="${PADDOCK_RUNS:-wasm/go wasm-rust/go wasm/http plugin/go}"
 ROUNDS="${ROUNDS:-3}"; ROUND_RUNS="${ROUND_RUNS:-wasm/go wasm-rust/go}"
+if ! [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]]; then
+	echo "bench-peers: ROUNDS=$ROUNDS: want a whole number of rounds, at least 1" >&2
+	exit 2
+fi
 PEERS_DIR="${PEERS_DIR:-$ROOT/../shared/peers}"
 if [ ! -x "$PEERS_DIR/run.sh" ]; then
 	echo "bench-peers: no peers at $PEERS_DIR (set PEERS_DIR to the peersbench directory)" >&2
@@ -31,6 +35,13 @@ STARTED=""
 log() { echo "[bench-peers $(date +%H:%M:%S)] $*" >&2; }
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 cleanup() {
+	if [ -z "${KEPT:-}" ] && [ -s "${RESULTS:-}" ]; then
+		# Stopped before the end (a peer failed under set -e, an interrupt):
+		# keep what was measured.
+		mkdir -p "${RESULTS_DIR:-$ROOT/bin}"
+		partial="${RESULTS_DIR:-$ROOT/bin}/bench-peers-$(date -u +%Y%m%dT%H%M%SZ)-partial.jsonl"
+		cp "$RESULTS" "$partial" && log "stopped early: the lines so far are kept in $partial"
+	fi
 	if [ -n "$STARTED" ]; then
 		log "stopping the throwaway cluster"
 		as_pg "$PG_BIN/pg_ctl" -D "$WORK/data" -m fast -w stop >/dev/null 2>&1 || true
@@ -64,8 +75,8 @@ fi
 # Rounds: the machine's speed drifts by a third within minutes (River's tuned
 # single insert gave 2,760 to 3,740 jobs/s within an hour), so a Paddock
 # figure is also put beside a River run taken just before it. Round 1 runs
-# every peer and every PADDOCK_RUNS; rounds 2..ROUNDS run River's tuned
-# single insert and ROUND_RUNS again. Every line carries its round, and the
+# every peer, River's tuned single insert last, then every PADDOCK_RUNS;
+# rounds 2..ROUNDS run River's tuned single insert and ROUND_RUNS again. Every line carries its round, and the
 # report gives each configuration the median of its ratios to the River run
 # of its round.
 RUNS="$(sed -n 's/^peer \([a-z0-9-]*\) .*/\1/p' "$PEERS_DIR/run.sh")"
@@ -116,7 +127,6 @@ paddock_runs() { # round runs...
 			{ log "paddock $run FAILED"; FAILED=1; }
 	done
 }
-log "peers: River, DBOS, pgbench (N=$N keys=$KEYS producers=$PRODUCERS); $ROUNDS round(s)"
 if [ -z "$RUNS" ]; then
 	# run.sh no longer declares its runs as `peer NAME …` lines: run them all
 	# at once, as before, without their CPU or rounds.
@@ -124,7 +134,16 @@ if [ -z "$RUNS" ]; then
 	RESULTS="$RESULTS" N="$N" KEYS="$KEYS" PRODUCERS="$PRODUCERS" PG_BIN="$PG_BIN" "$PEERS_DIR/run.sh" >"$WORK/peers.out"
 	ROUNDS=1
 fi
-peer_runs 1 ${RUNS:+pgbench $RUNS}
+if ! [[ river-single-tuned =~ ${ONLY:-.} ]] || ! grep -qx river-single-tuned <<<"$RUNS"; then
+	[ "$ROUNDS" -gt 1 ] && log "no River tuned single-insert run (ONLY=${ONLY:-}): one round only"
+	ROUNDS=1
+fi
+log "peers: River, DBOS, pgbench (N=$N keys=$KEYS producers=$PRODUCERS); $ROUNDS round(s)"
+# River's tuned single insert last of the peers: nearest in time to the
+# Paddock runs of round 1.
+ORDERED="$(grep -vx river-single-tuned <<<"$RUNS" || true)"
+grep -qx river-single-tuned <<<"$RUNS" && ORDERED="$ORDERED river-single-tuned"
+peer_runs 1 ${RUNS:+pgbench $ORDERED}
 paddock_runs 1 $PADDOCK_RUNS
 for ((round = 2; round <= ROUNDS; round++)); do
 	log "round $round of $ROUNDS: River's tuned single insert, then $ROUND_RUNS"
@@ -136,6 +155,7 @@ echo
 mkdir -p "${RESULTS_DIR:-$ROOT/bin}"
 KEEP="${RESULTS_DIR:-$ROOT/bin}/bench-peers-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
 cp "$RESULTS" "$KEEP"
+KEPT=1
 echo "JSON lines kept in $KEEP (bin/paddock bench report $KEEP prints the table again)"
 if [ -n "$FAILED" ]; then
 	log "a Paddock run failed (its output is above)"

@@ -48,7 +48,7 @@ import (
 // ../shared/peers/README.md (N turns over K keys from P producers).
 type benchOptions struct {
 	n, keys, producers, warmup, pool, capacity, processes   int
-	tail, backlog                                           int
+	tail, backlog, maxAttempts                              int
 	sleeping, warm                                          int
 	rate                                                    float64
 	storeKind, dsn, worker, signalPath                      string
@@ -171,6 +171,9 @@ func newBenchCmd() *cobra.Command {
 			if o.reuse != "agent" && o.reuse != "session" {
 				return fmt.Errorf("--instance-reuse %q: want agent or session", o.reuse)
 			}
+			if o.maxAttempts < 1 {
+				return fmt.Errorf("--max-attempts %d: want at least 1", o.maxAttempts)
+			}
 			if o.tail < 0 || o.tail > 1000 {
 				return fmt.Errorf("--transcript-tail %d: want 0..1000", o.tail)
 			}
@@ -270,6 +273,7 @@ func newBenchCmd() *cobra.Command {
 	f.BoolVar(&o.sqlStats, "sql-stats", false, "print the statements sent per turn, most frequent first (PostgreSQL)")
 	f.DurationVar(&o.timeout, "timeout", 15*time.Minute, "give up after this long")
 	f.DurationVar(&o.idle, "idle-timeout", 30*time.Second, "sessions' idle timeout")
+	f.IntVar(&o.maxAttempts, "max-attempts", host.DefaultPolicy().MaxAttempts, "the agent policy's max_attempts: an event whose attempts fail this often is dead-lettered, and the run ends with the failures' causes (it cannot finish); retried with the policy's backoff before")
 	f.DurationVar(&o.promoteAfter, "promote-after", host.DefaultPromoteAfter, "runtime.promote_after: wasm turns are dispatched deferred and written by their commit unless they run this long (0: every dispatch written at once)")
 	return cmd
 }
@@ -529,6 +533,7 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	pol := host.DefaultPolicy()
 	pol.IdleTimeout = o.idle
 	pol.PromoteAfter = o.promoteAfter
+	pol.AgentPolicy.MaxAttempts = o.maxAttempts
 	pol.AgentPolicy.TranscriptTail = &o.tail
 	pol.AgentPolicy.InstanceReuse = host.InstanceScope(o.reuse)
 	pol.Pools = map[string]int{"default": o.capacity}
@@ -576,7 +581,11 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 
 	sink := &benchSink{committed: map[int64]time.Time{}, answers: map[int64]string{}, waiters: map[int64]chan struct{}{}}
 	metrics := host.NewMetrics()
-	go watchFailures(ctx, fail, metrics, sink, benchStall, 250*time.Millisecond)
+	go watchFailures(ctx, fail, metrics, 250*time.Millisecond)
+	agentFlag := "--module"
+	if o.worker == "plugin" {
+		agentFlag = "--plugin"
+	}
 	tp, err := benchTracing(ctx, o)
 	if err != nil {
 		return nil, err
@@ -631,7 +640,7 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 		} else {
 			res.RoundTrips, res.Transactions = 0, 0
 		}
-		b := &backlogRun{o: o, st: st, h: h, sink: sink, keys: keys, start: startHost, rt: rt, log: progress}
+		b := &backlogRun{o: o, st: st, h: h, sink: sink, keys: keys, start: startHost, rt: rt, log: progress, agentFlag: agentFlag}
 		if err := b.run(ctx, res); err != nil {
 			return nil, err
 		}
@@ -653,20 +662,20 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 			data, _ := json.Marshal(job)
 			id, err := send(ctx, keys[k], benchKeyName(k), data)
 			if err != nil {
-				return nil, fmt.Errorf("warm-up signal: %w", err)
+				return nil, fmt.Errorf("warm-up signal: %w", failing(ctx, err))
 			}
 			ids, jobs = append(ids, id), append(jobs, benchJob{id: id, key: job.Key, seq: job.Seq})
 		}
 		if err := sink.waitAll(ctx, ids); err != nil {
 			return nil, fmt.Errorf("warm-up: %w", err)
 		}
-		if err := sink.checkAnswers(jobs); err != nil {
+		if err := sink.checkAnswers(jobs, agentFlag); err != nil {
 			return nil, fmt.Errorf("warm-up: %w", err)
 		}
 	}
 
 	if o.sleeping > 0 || o.warm > 0 {
-		m, err := memoryPhase(ctx, o, st, h, ag, send, sink, progress)
+		m, err := memoryPhase(ctx, o, st, h, ag, send, sink, progress, agentFlag)
 		if err != nil {
 			return nil, err
 		}
@@ -734,7 +743,12 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 					// a producer that is late sends at once (the latency
 					// then counts from the call, like the closed loop's).
 					if d := time.Until(start.Add(time.Duration(float64(i) / o.rate * float64(time.Second)))); d > 0 {
-						time.Sleep(d)
+						select {
+						case <-time.After(d):
+						case <-ctx.Done(): // the run ended (watchFailures, --timeout)
+							results[p] = append(results[p], sent{fails: ctx.Err()})
+							return
+						}
 					}
 				}
 				t := time.Now()
@@ -759,10 +773,7 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	for _, rs := range results {
 		for _, s := range rs {
 			if s.fails != nil {
-				if cause := context.Cause(ctx); errors.Is(cause, ErrBenchFailing) {
-					return nil, cause // the producers stopped for it
-				}
-				return nil, fmt.Errorf("signal: %w", s.fails)
+				return nil, fmt.Errorf("signal: %w", failing(ctx, s.fails))
 			}
 			ids = append(ids, s.id)
 			jobs = append(jobs, benchJob{id: s.id, key: benchKeyName(s.k), seq: s.seq})
@@ -775,7 +786,7 @@ func runBench(ctx context.Context, o benchOptions, logw io.Writer) (*BenchResult
 	wall := time.Unix(0, sink.last.Load()).Sub(start)
 	stopProfile()
 	cpu0.end(res, o.n)
-	if err := sink.checkAnswers(jobs); err != nil {
+	if err := sink.checkAnswers(jobs, agentFlag); err != nil {
 		return nil, err
 	}
 	if o.memProfile != "" { // after the CPU figures, which it would inflate
@@ -1099,7 +1110,7 @@ type BenchMemory struct {
 
 // memoryPhase creates the sleeping, then the warm sessions, one turn each,
 // and reads the RSS at each step.
-func memoryPhase(ctx context.Context, o benchOptions, st store.Store, h *host.Host, ag store.Agent, send signaller, sink *benchSink, progress func(string, ...any)) (*BenchMemory, error) {
+func memoryPhase(ctx context.Context, o benchOptions, st store.Store, h *host.Host, ag store.Agent, send signaller, sink *benchSink, progress func(string, ...any), agentFlag string) (*BenchMemory, error) {
 	settle := func() float64 {
 		runtime.GC()
 		debug.FreeOSMemory()
@@ -1110,6 +1121,7 @@ func memoryPhase(ctx context.Context, o benchOptions, st store.Store, h *host.Ho
 	one := func(prefix string, n int) error {
 		var wg sync.WaitGroup
 		errs := make([]error, o.producers)
+		jobs := make([][]benchJob, o.producers)
 		for p := range o.producers {
 			wg.Go(func() {
 				var ids []int64
@@ -1126,13 +1138,18 @@ func memoryPhase(ctx context.Context, o benchOptions, st store.Store, h *host.Ho
 						errs[p] = err
 						return
 					}
-					ids = append(ids, id)
+					ids, jobs[p] = append(ids, id), append(jobs[p], benchJob{id: id, key: name, seq: 0})
 				}
 				errs[p] = sink.waitAll(ctx, ids)
 			})
 		}
 		wg.Wait()
-		return errors.Join(errs...)
+		for _, err := range errs {
+			if err != nil {
+				return failing(ctx, err) // the first: the others are mostly the same
+			}
+		}
+		return sink.checkAnswers(slices.Concat(jobs...), agentFlag)
 	}
 	// The harness keeps only what a phase waits for: the commit times of
 	// earlier runs are dropped, so that the RSS read is the host's.
@@ -1148,7 +1165,7 @@ func memoryPhase(ctx context.Context, o benchOptions, st store.Store, h *host.Ho
 		}
 		for h.Controllers() > 0 {
 			if ctx.Err() != nil {
-				return nil, fmt.Errorf("sleeping sessions: %d controllers still live: %w", h.Controllers(), ctx.Err())
+				return nil, fmt.Errorf("sleeping sessions: %d controllers still live: %w", h.Controllers(), failing(ctx, ctx.Err()))
 			}
 			time.Sleep(50 * time.Millisecond)
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/procfs"
@@ -183,28 +185,33 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 }
 
 // TestBenchEndsARunThatCannotMeasure: a module whose every turn fails
-// ends the run with the failed attempts' causes once no turn committed
-// for benchStall (its cause, ErrBenchFailing, names them), not after
-// --timeout; a module that answers other than the peers' unit of work is
-// refused with its first wrong answer, since its figures would compare
-// with no peer's.
+// ends the run once an event is dead-lettered (--max-attempts 1 here), its
+// cause (ErrBenchFailing) naming the failures, not after --timeout; a
+// module that answers other than the peers' unit of work is refused with
+// its first wrong answer — at the warm-up, after the measured run (no
+// warm-up) and after a backlog's drain.
 func TestBenchEndsARunThatCannotMeasure(t *testing.T) {
 	t.Parallel()
 	bin := paddockBin(t)
 	failing, _ := wasmtest.BuildExample(t, wasmtest.CallGuest) // "unknown command" for every job
 	wrong, _ := wasmtest.BuildExample(t, wasmtest.Faulty)      // answers "ok: " to a job
+	run := []string{"--store", "sqlite", "--n", "8", "--keys", "4", "--producers", "4", "--timeout", "5m"}
 	for _, c := range []struct {
 		name, module string
+		args         []string
 		want         []string
 	}{
-		{"failing", failing, []string{"the agent's turns fail: no turn committed for 10s while", "agent_error"}},
-		{"wrong", wrong, []string{"4 of 4 turns did not answer the bench's job",
+		{"failing", failing, []string{"--warmup", "4", "--max-attempts", "1"},
+			[]string{"warm-up: event 1 not committed: bench: the agent's turns fail: ", "event(s) dead-lettered; ", "failed attempt(s) in all (agent_error"}},
+		{"wrong-warmup", wrong, []string{"--warmup", "4"}, []string{"warm-up: 4 of 4 turns did not answer the bench's job (is --module the hasher agent?)",
 			`event 1 (key k00000, seq -1) answered "ok: ", want "` + hasher.Work("k00000", -1) + `"`}},
+		{"wrong-measured", wrong, []string{"--warmup", "0"}, []string{"8 of 8 turns did not answer the bench's job",
+			`(key k00000, seq 0) answered "ok: ", want "` + hasher.Work("k00000", 0) + `"`}},
+		{"wrong-backlog", wrong, []string{"--warmup", "0", "--backlog", "4"}, []string{"turns did not answer the bench's job", `answered "ok: "`}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			args := []string{"bench", "--store", "sqlite", "--n", "8", "--keys", "4", "--producers", "4", "--warmup", "4",
-				"--module", c.module, "--timeout", "5m"}
+			args := append(append(append([]string{"bench"}, run...), c.args...), "--module", c.module)
 			out, err := exec.Command(bin, args...).CombinedOutput()
 			if err == nil {
 				t.Fatalf("paddock %s: succeeded, want a refusal:\n%s", strings.Join(args, " "), out)
@@ -217,6 +224,33 @@ func TestBenchEndsARunThatCannotMeasure(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWatchFailuresEndsTheRunAtADeadLetter: failed attempts alone (a
+// flaky turn, retried) leave the run going; a dead letter ends it, the
+// cause naming the failures by cause.
+func TestWatchFailuresEndsTheRunAtADeadLetter(t *testing.T) {
+	t.Parallel()
+	m := host.NewMetrics()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	go watchFailures(ctx, cancel, m, time.Millisecond)
+	m.FailedAttempts.WithLabelValues("agent_error").Add(2)
+	m.FailedAttempts.WithLabelValues("crash").Inc()
+	time.Sleep(50 * time.Millisecond) // fifty ticks
+	if ctx.Err() != nil {
+		t.Fatalf("failed attempts without a dead letter ended the run: %v", context.Cause(ctx))
+	}
+	m.DeadLetters.Inc()
+	select {
+	case <-ctx.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("a dead letter did not end the run")
+	}
+	err := failing(ctx, errors.New("context canceled, as a step saw it"))
+	if want := "bench: the agent's turns fail: 1 event(s) dead-lettered; 3 failed attempt(s) in all (agent_error 2, crash 1)"; !errors.Is(err, ErrBenchFailing) || !strings.Contains(err.Error(), want) {
+		t.Errorf("cause %q: want ErrBenchFailing and %q", err, want)
 	}
 }
 
@@ -249,23 +283,24 @@ func TestBenchReportComputesTheRatios(t *testing.T) {
 	// median of those ratios per configuration.
 	in = strings.Join([]string{
 		`{"peer":"river","mode":"single","tuning":"fetch_cooldown=10ms","jobs_per_s":3000,"round":1}`,
-		`{"peer":"paddock","mode":"single","worker":"wasm","signal_path":"go","n":100,"completed":100,"jobs_per_s":2700,"round":1}`,
-		`{"peer":"paddock","mode":"single","worker":"wasm","signal_path":"http","n":100,"completed":100,"jobs_per_s":1500,"round":1}`,
+		`{"peer":"paddock","mode":"single","store":"postgres","worker":"wasm","signal_path":"go","n":100,"completed":100,"jobs_per_s":2700,"round":1}`,
+		`{"peer":"paddock","mode":"single","store":"postgres","worker":"wasm","signal_path":"http","n":100,"completed":100,"jobs_per_s":1500,"round":1}`,
 		`{"peer":"river","mode":"single","tuning":"fetch_cooldown=10ms","jobs_per_s":2000,"round":2}`,
-		`{"peer":"paddock","mode":"single","worker":"wasm","signal_path":"go","n":100,"completed":100,"jobs_per_s":2200,"round":2}`,
+		`{"peer":"paddock","mode":"single","store":"postgres","worker":"wasm","signal_path":"go","n":100,"completed":100,"jobs_per_s":2200,"round":2}`,
 		`{"peer":"river","mode":"single","tuning":"fetch_cooldown=10ms","jobs_per_s":2500,"round":3}`,
-		`{"peer":"paddock","mode":"single","worker":"wasm","signal_path":"go","n":100,"completed":100,"jobs_per_s":2500,"round":3}`,
+		`{"peer":"paddock","mode":"single","store":"postgres","worker":"wasm","signal_path":"go","n":100,"completed":100,"jobs_per_s":2500,"round":3}`,
+		`{"peer":"paddock","mode":"single","store":"postgres","worker":"wasm","signal_path":"http","n":100,"completed":100,"jobs_per_s":1500,"round":4}`,
 	}, "\n")
 	out.Reset()
 	if err := benchReport(strings.NewReader(in), &out); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"river single fetch_cooldown=10ms #2", "paddock  wasm/go #3",
+		"river single fetch_cooldown=10ms #2", "paddock postgres wasm/go #3",
 		"0.73× River single fetch_cooldown=10ms", // 2200 against the best, 3000
 		"1.10× River of its round",               // 2200 against round 2's 2000
-		"paddock  wasm/go:                        median 1.00× River of its round over 3 rounds (0.90, 1.10, 1.00); 2 of 3 ≥ 1.0",
-		"paddock  wasm/http:                      median 0.50× River of its round over 1 rounds (0.50); 0 of 1 ≥ 1.0",
+		"paddock postgres wasm/go:                median 1.00× River of its round over 3 rounds (0.90, 1.10, 1.00); 2 of 3 ≥ 1.0",
+		"paddock postgres wasm/http:              0.50× River of its round (1 round: too few for a median); 0 of 1 ≥ 1.0; 1 run in a round without a River tuned run left out",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())

@@ -34,6 +34,8 @@ type backlogRun struct {
 	start func() // starts the host
 	rt    *roundTrips
 	log   func(string, ...any)
+	// agentFlag names the flag that chose the agent (checkAnswers).
+	agentFlag string
 }
 
 // run preloads the backlog, starts the host and measures the drain; it
@@ -43,6 +45,7 @@ func (b *backlogRun) run(ctx context.Context, res *BenchResult) error {
 	b.log("backlog: appending %d open events to each of %d sessions (host stopped, untimed)", o.backlog, o.keys)
 	var wg sync.WaitGroup
 	errs := make([]error, o.producers)
+	jobs := make([][]benchJob, o.producers)
 	for p := range o.producers {
 		wg.Add(1)
 		go func() {
@@ -53,13 +56,15 @@ func (b *backlogRun) run(ctx context.Context, res *BenchResult) error {
 					payload, err := abi.Marshal(struct {
 						Data json.RawMessage `json:"data"`
 					}{data})
+					var e store.Event
 					if err == nil {
-						_, _, err = b.st.AppendEvent(ctx, store.AppendEventParams{Key: b.keys[k], Kind: abi.EventMessage, Payload: payload})
+						e, _, err = b.st.AppendEvent(ctx, store.AppendEventParams{Key: b.keys[k], Kind: abi.EventMessage, Payload: payload})
 					}
 					if err != nil {
-						errs[p] = fmt.Errorf("backlog append: %w", err)
+						errs[p] = fmt.Errorf("backlog append: %w", failing(ctx, err))
 						return
 					}
+					jobs[p] = append(jobs[p], benchJob{id: e.ID, key: benchKeyName(k), seq: seq})
 				}
 			}
 		}()
@@ -91,11 +96,16 @@ func (b *backlogRun) run(ctx context.Context, res *BenchResult) error {
 	for b.sink.count.Load() < int64(o.n)+1 {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("backlog: %d of %d turns committed: %w", b.sink.count.Load(), o.n+1, ctx.Err())
+			return fmt.Errorf("backlog: %d of %d turns committed: %w", b.sink.count.Load(), o.n+1, failing(ctx, ctx.Err()))
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
 	done := b.sink.count.Load()
+	// The drained turns (the rest of the backlog stays open) answered
+	// their jobs.
+	if err := b.sink.checkAnswers(b.sink.committedJobs(slices.Concat(jobs...)), b.agentFlag); err != nil {
+		return err
+	}
 	b.sink.mu.Lock()
 	times := make([]time.Time, 0, len(b.sink.committed))
 	for _, t := range b.sink.committed {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -14,51 +15,47 @@ import (
 )
 
 // What keeps a bench run honest: its turns answer the peers' unit of work,
-// and a run whose turns fail ends with the reason instead of waiting for
+// and a run that cannot finish ends with the reason instead of waiting for
 // --timeout (15 minutes by default).
 
-// benchStall is how long a run waits without a commit, once turn attempts
-// fail, before it gives up: a retried attempt backs off for up to
-// seconds, so a shorter wait could end a run that would recover.
-const benchStall = 10 * time.Second
+// ErrBenchFailing is the cause of a run's context when an event of the
+// bench was dead-lettered (watchFailures): the run waits for every event
+// to commit, and that one never will.
+var ErrBenchFailing = errors.New("bench: the agent's turns fail")
 
-// ErrBenchFailing is the cause of a run's context when its turns fail and
-// none commits (watchFailures); the error names the causes counted.
-var ErrBenchFailing = fmt.Errorf("bench: the agent's turns fail")
-
-// watchFailures cancels ctx (through cancel) once the run cannot finish:
-// an event of the bench was dead-lettered, or turn attempts failed and no
-// turn committed for stall. It polls m and sink every tick until ctx ends.
-// The cause wraps ErrBenchFailing and names the failed attempts by cause,
-// as paddock_failed_attempts_total counts them; the host's log above it
-// has each attempt's error.
-func watchFailures(ctx context.Context, cancel context.CancelCauseFunc, m *host.Metrics, sink *benchSink, stall, tick time.Duration) {
+// watchFailures cancels ctx (through cancel) once an event of the bench is
+// dead-lettered: its attempts failed --max-attempts times (the agent
+// policy's max_attempts, retried with its backoff), so the run cannot
+// finish. A flaky turn that succeeds on a retry does not end the run. The
+// cause wraps ErrBenchFailing and names the failed attempts by cause, as
+// paddock_failed_attempts_total counts them since the run began; the
+// host's log above it has each attempt's error. It polls m every tick
+// until ctx ends.
+func watchFailures(ctx context.Context, cancel context.CancelCauseFunc, m *host.Metrics, tick time.Duration) {
 	t := time.NewTicker(tick)
 	defer t.Stop()
-	// Since the last commit: when it was seen and the failed attempts then.
-	lastCount, since := sink.count.Load(), time.Now()
-	failedThen, _, _ := failures(m)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		failed, causes, dead := failures(m)
-		if dead > 0 {
-			cancel(fmt.Errorf("%w: %.0f event(s) dead-lettered after failed attempts (%s); see the host's log above", ErrBenchFailing, dead, causes))
-			return
-		}
-		if count := sink.count.Load(); count != lastCount {
-			lastCount, since, failedThen = count, time.Now(), failed
-			continue
-		}
-		if failed > failedThen && time.Since(since) >= stall {
-			cancel(fmt.Errorf("%w: no turn committed for %s while %.0f attempt(s) failed (%s); see the host's log above",
-				ErrBenchFailing, stall.Round(time.Second), failed-failedThen, causes))
+		if failed, causes, dead := failures(m); dead > 0 {
+			cancel(fmt.Errorf("%w: %.0f event(s) dead-lettered; %.0f failed attempt(s) in all (%s); see the host's log above",
+				ErrBenchFailing, dead, failed, causes))
 			return
 		}
 	}
+}
+
+// failing returns err, or the run's cause when watchFailures ended ctx:
+// every step of a run that stops for it reports why, not "context
+// canceled".
+func failing(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); ctx.Err() != nil && errors.Is(cause, ErrBenchFailing) {
+		return cause
+	}
+	return err
 }
 
 // failures reads m's failed attempts (their total, and "cause n" pairs
@@ -100,10 +97,12 @@ type benchJob struct {
 
 // checkAnswers checks that the turn of each job answered the peers' unit
 // of work (hasher.Work of its key and seq) as its last assistant message:
-// a module that answers otherwise does not run the bench's workload, and
-// its figures compare with no peer's. It names the first wrong answer and
-// how many there were. Call it once every job committed.
-func (s *benchSink) checkAnswers(jobs []benchJob) error {
+// an agent that answers otherwise does not run the bench's workload, and
+// its figures compare with no peer's. agentFlag names the flag that chose
+// the agent (--module, --plugin) in the error, which names the first wrong
+// answer and how many there were. A job whose turn has not committed
+// counts as wrong: call it once every job committed.
+func (s *benchSink) checkAnswers(jobs []benchJob, agentFlag string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	wrong := 0
@@ -118,9 +117,22 @@ func (s *benchSink) checkAnswers(jobs []benchJob) error {
 		}
 	}
 	if wrong > 0 {
-		return fmt.Errorf("%d of %d turns did not answer the bench's job (is --module the hasher agent?): %s", wrong, len(jobs), first)
+		return fmt.Errorf("%d of %d turns did not answer the bench's job (is %s the hasher agent?): %s", wrong, len(jobs), agentFlag, first)
 	}
 	return nil
+}
+
+// committedJobs returns the jobs of jobs whose turns have committed.
+func (s *benchSink) committedJobs(jobs []benchJob) []benchJob {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []benchJob
+	for _, j := range jobs {
+		if _, ok := s.committed[j.id]; ok {
+			out = append(out, j)
+		}
+	}
+	return out
 }
 
 // lastAssistant is the content of t's last assistant message ("" when it

@@ -174,8 +174,7 @@ func benchReport(r io.Reader, w io.Writer) error {
 	if rounds > 1 {
 		fmt.Fprintln(w)
 		for _, rr := range roundRatios(lines, riverOf) {
-			fmt.Fprintf(w, "%-40s median %.2f× River of its round over %d rounds (%s); %d of %d ≥ 1.0\n", rr.name+":",
-				rr.median, len(rr.ratios), rr.list(), rr.atLeast(1), len(rr.ratios))
+			fmt.Fprintf(w, "%-40s %s\n", rr.name+":", rr.summary())
 		}
 	}
 	return nil
@@ -187,17 +186,47 @@ type roundRatio struct {
 	name   string
 	ratios []float64
 	median float64
+	// noRiver counts the configuration's runs in rounds without a River
+	// tuned run, left out of ratios.
+	noRiver int
+}
+
+// summary is the report's line for r: the median over three rounds or
+// more (with fewer, the ratios alone), how many reach the goal, and the
+// runs left out.
+func (r roundRatio) summary() string {
+	n := len(r.ratios)
+	var b strings.Builder
+	switch {
+	case n >= 3:
+		fmt.Fprintf(&b, "median %.2f× River of its round over %d rounds (%s); ", r.median, n, r.list())
+	case n > 0:
+		fmt.Fprintf(&b, "%s× River of its round (%d round%s: too few for a median); ", r.list(), n, plural(n))
+	}
+	fmt.Fprintf(&b, "%d of %d ≥ 1.0", r.atLeast(1), n)
+	if r.noRiver > 0 {
+		fmt.Fprintf(&b, "; %d run%s in a round without a River tuned run left out", r.noRiver, plural(r.noRiver))
+	}
+	return b.String()
+}
+
+// plural is "s" unless n is 1.
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
 }
 
 // roundRatios gives each Paddock configuration (by name, in the order of
-// first appearance) its ratios to River's tuned run of the same round,
-// over the rounds that have both, and their median.
+// first appearance) its ratios to River's tuned run of the same round (the
+// round's last, if it has several), over the rounds that have both, and
+// their median.
 func roundRatios(lines []peerLine, riverOf map[int]float64) []roundRatio {
 	var out []roundRatio
 	at := map[string]int{}
 	for _, l := range lines {
-		river := riverOf[l.Round]
-		if l.Peer != "paddock" || river <= 0 {
+		if l.Peer != "paddock" {
 			continue
 		}
 		i, ok := at[l.name()]
@@ -206,7 +235,11 @@ func roundRatios(lines []peerLine, riverOf map[int]float64) []roundRatio {
 			at[l.name()] = i
 			out = append(out, roundRatio{name: l.name()})
 		}
-		out[i].ratios = append(out[i].ratios, l.JobsPerS/river)
+		if river := riverOf[l.Round]; river > 0 {
+			out[i].ratios = append(out[i].ratios, l.JobsPerS/river)
+		} else {
+			out[i].noRiver++
+		}
 	}
 	for i := range out {
 		out[i].median = median(out[i].ratios)

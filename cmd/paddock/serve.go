@@ -296,12 +296,13 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	// The one way into the runtime: the config's registrations and the
 	// HTTP API go through the same operations and rules.
 	svc := service.New(h, r, r).WithSecrets(secrets).WithStream(hub).WithAuthToken(cfg.AuthToken)
+	var openAttrs []any // the open host's warning, logged once it serves
 	if cfg.AuthToken == "" {
 		// An open host: every request acts as the anonymous admin, and
 		// stored tokens are not checked (docs/DESIGN.md "Tokens, roles
 		// and the audit log").
 		if ts, err := st.ListTokens(ctx, ""); err == nil && len(ts) > 0 {
-			log.Warn("auth: no auth_token is set, so the host is open and its stored API tokens are not checked; set auth_token to enforce them", "stored_tokens", len(ts))
+			openAttrs = append(openAttrs, "stored_tokens", len(ts))
 		}
 	}
 	if err := registerPlugins(ctx, cfg, svc, log); err != nil {
@@ -367,8 +368,8 @@ func serve(ctx context.Context, cfg config.Config, src config.Sources) error {
 	if svc.Open() {
 		// Allowed on a loopback address only (config.Validate); said before
 		// the line that it serves, for whoever tries tokens against it: no
-		// request is refused.
-		log.Warn("the API is open: no auth_token is set, so every request is served as the anonymous admin, whatever bearer token it carries, and stored tokens are not checked (set auth_token to require tokens)")
+		// token is checked.
+		log.Warn("the API is open: no auth_token is set, so every request to its loopback address is served as the anonymous admin, whatever bearer token it carries, and stored tokens are not checked (set auth_token to require tokens)", openAttrs...)
 	}
 	log.Info("paddock serving", "listen", "http://"+ln.Addr().String(), "store", st.Driver(), "data_dir", cfg.DataDir)
 
