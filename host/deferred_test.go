@@ -38,6 +38,9 @@ func TestAQuickTurnIsWrittenByItsCommitAlone(t *testing.T) {
 		}
 		pol := testPolicy()
 		pol.IdleTimeout = time.Minute // one activation for every turn
+		// No promotion by time: a quick turn that a loaded machine keeps
+		// past the default 50 ms (a CI run saw one) would be promoted.
+		pol.PromoteAfter = time.Hour
 		f := start(t, st, map[string]abi.TurnFunc{"q": fn}, pol)
 		ag := f.agent("q")
 		key := f.session(ag)
