@@ -121,6 +121,13 @@ func benchReport(r io.Reader, w io.Writer) error {
 			pgTPS = l.TPS
 		}
 	}
+	// label names a line, with its round when the file has several.
+	label := func(l peerLine) string {
+		if rounds > 1 {
+			return fmt.Sprintf("%s #%d", l.name(), l.Round)
+		}
+		return l.name()
+	}
 	fmt.Fprintf(w, "%-40s %10s %10s %10s %10s %8s %8s %8s %13s %11s %11s\n", "run", "turns/s", "p50 ms", "p99 ms", "max ms", "rt/turn", "tx/turn", "RSS MB",
 		"host cpu ms/t", "db cpu ms/t", "db busiest")
 	optf := func(format string, p *float64) string {
@@ -136,11 +143,7 @@ func benchReport(r io.Reader, w io.Writer) error {
 		if l.Peer == "pgbench" {
 			rate = l.TPS
 		}
-		name := l.name()
-		if rounds > 1 {
-			name += fmt.Sprintf(" #%d", l.Round)
-		}
-		fmt.Fprintf(w, "%-40s %10.0f %10.1f %10.1f %10.1f %8s %8s %8s %13s %11s %11s\n", name, rate, l.Latency.P50, l.Latency.P99, l.Latency.Max,
+		fmt.Fprintf(w, "%-40s %10.0f %10.1f %10.1f %10.1f %8s %8s %8s %13s %11s %11s\n", label(l), rate, l.Latency.P50, l.Latency.P99, l.Latency.Max,
 			opt(l.RTs), opt(l.Xacts), opt(l.RSS), two(l.HostCPU), two(l.DBCPU), two(l.DBBusiest))
 	}
 	fmt.Fprintln(w)
@@ -165,11 +168,7 @@ func benchReport(r io.Reader, w io.Writer) error {
 		if l.Completed < l.N {
 			parts = append(parts, fmt.Sprintf("INCOMPLETE: %d of %d turns", l.Completed, l.N))
 		}
-		name := l.name()
-		if rounds > 1 {
-			name += fmt.Sprintf(" #%d", l.Round)
-		}
-		fmt.Fprintf(w, "%-40s %s\n", name+":", strings.Join(parts, "; "))
+		fmt.Fprintf(w, "%-40s %s\n", label(l)+":", strings.Join(parts, "; "))
 	}
 	if rounds > 1 {
 		fmt.Fprintln(w)
@@ -185,7 +184,6 @@ func benchReport(r io.Reader, w io.Writer) error {
 type roundRatio struct {
 	name   string
 	ratios []float64
-	median float64
 	// noRiver counts the configuration's runs in rounds without a River
 	// tuned run, left out of ratios.
 	noRiver int
@@ -199,7 +197,7 @@ func (r roundRatio) summary() string {
 	var b strings.Builder
 	switch {
 	case n >= 3:
-		fmt.Fprintf(&b, "median %.2f× River of its round over %d rounds (%s); ", r.median, n, r.list())
+		fmt.Fprintf(&b, "median %.2f× River of its round over %d rounds (%s); ", median(r.ratios), n, r.list())
 	case n > 0:
 		fmt.Fprintf(&b, "%s× River of its round (%d round%s: too few for a median); ", r.list(), n, plural(n))
 	}
@@ -220,8 +218,7 @@ func plural(n int) string {
 
 // roundRatios gives each Paddock configuration (by name, in the order of
 // first appearance) its ratios to River's tuned run of the same round (the
-// round's last, if it has several), over the rounds that have both, and
-// their median.
+// round's last, if it has several), over the rounds that have both.
 func roundRatios(lines []peerLine, riverOf map[int]float64) []roundRatio {
 	var out []roundRatio
 	at := map[string]int{}
@@ -240,9 +237,6 @@ func roundRatios(lines []peerLine, riverOf map[int]float64) []roundRatio {
 		} else {
 			out[i].noRiver++
 		}
-	}
-	for i := range out {
-		out[i].median = median(out[i].ratios)
 	}
 	return out
 }
