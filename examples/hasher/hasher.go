@@ -90,7 +90,7 @@ type Decoder struct {
 
 // jobParser is a fastjson parser and the scratch space plainJob reads
 // numbers' text into, reused together: in a wasm guest every allocation
-// costs more than a microsecond (wasm/internal/wire).
+// costs several times its native cost (wasm/internal/wire).
 type jobParser struct {
 	p   fastjson.Parser
 	num []byte

@@ -35,7 +35,7 @@ var (
 	callBuf []byte
 	// spares are buffers the host freed, kept for the next paddock_alloc
 	// or result: every turn allocates a request and a result buffer, and
-	// in a wasm guest an allocation costs more than a microsecond
+	// in a wasm guest an allocation costs several times its native cost
 	// (wasm/internal/wire), so a turn reuses those of the last one. A
 	// freed buffer is no longer referenced: the request's decoding copies
 	// what it keeps (wire.DecodeTurnRequest's arena), and a result is

@@ -5,14 +5,17 @@
 // host (package wasm) encodes the request and decodes the result (host.go).
 //
 // Why: inside a wasm guest run by wazero, encoding/json's reflection is
-// slow. Measured on the dev machine (2 shared, busy cores) with the hasher
-// bench agent on a warm instance, a turn cost ~18 µs of export overhead
-// and ~300 µs (no transcript) to ~1,450 µs (20 transcript messages) of
-// json.Unmarshal of the request alone; github.com/go-json-experiment/json
-// halved that (~150 / ~820 µs) but no more. This codec decodes the same
-// requests in ~50 / ~260 µs; the rest of a Go guest's turn is mostly
-// per-byte and per-call cost of Go's wasm code, and allocation (~1.4 µs
-// per small object), which the decoder keeps to a handful per request.
+// slow. Measured on 12-04 (wazero 1.12, Go 1.26, 2 cores; a host loop
+// timing the guest's exports on a warm instance), json.Unmarshal of the
+// hasher bench agent's request takes ~78 µs (586 bytes, no transcript) to
+// ~307 µs (2,493 bytes, 20 transcript messages); this codec decodes the
+// same requests in ~10 / ~55 µs (natively, ~0.9 µs for the first). When
+// it was written, on a busier machine, the figures were ~300 / ~1,450 µs
+// against ~50 / ~260 µs, and github.com/go-json-experiment/json only
+// halved encoding/json's. What is left is the per-byte and per-call cost
+// of Go's wasm code, and allocation (0.13–0.24 µs per small object,
+// ~0.55 µs for 600 bytes), which the decoder keeps to a handful per
+// request.
 //
 // Equivalence: DecodeTurnRequest takes a fast path only over input whose
 // meaning it reproduces exactly — well-formed JSON, each object key once,
@@ -73,8 +76,9 @@ func DecodeSteer(data []byte, s *abi.Steer) error {
 //
 // Every string, raw value and byte slice it decodes lives in arena, one
 // allocation of the input's size, instead of one allocation each: in a
-// wasm guest an allocation costs ~1.4 µs (600 small strings took ~830 µs),
-// which dominated a request's decoding. The price is that a string an
+// wasm guest an allocation costs 0.13–0.24 µs (measured when this was
+// written: ~1.4 µs, and 600 small strings took ~830 µs, which dominated
+// a request's decoding). The price is that a string an
 // agent keeps past its turn keeps the whole arena (at most the request's
 // size) alive. Bytes are only ever appended to arena, never rewritten, so
 // the strings made from it stay immutable; raw values and byte slices
