@@ -24,7 +24,7 @@ help: ## list targets
 build: ## build bin/paddock
 	$(GO) build -o bin/paddock ./cmd/paddock
 
-examples: $(WASM) plugins ## build the example agents: wasm modules (GOOS=wasip1) and the plugin worker
+examples: $(WASM) plugins ## build the example agents: wasm modules (GOOS=wasip1) and the plugin workers
 
 examples/%.wasm: FORCE
 	GOOS=wasip1 GOARCH=wasm $(GO) build -buildmode=c-shared -o $@ ./$(dir $@)cmd
@@ -54,6 +54,7 @@ run: build examples ## start `paddock serve` on SQLite under ./data with the exa
 	@echo
 	@echo "Paddock is starting on http://$${PADDOCK_LISTEN:-127.0.0.1:8080} (SQLite under ./data). Wait until the server below logs that it is serving (its ready line), then in another terminal try:"
 	@if [ -n "$$PADDOCK_LISTEN" ]; then echo "  export PADDOCK_SERVER=http://$$PADDOCK_LISTEN   # the client's address"; fi
+	@if [ -n "$$PADDOCK_AUTH_TOKEN" ]; then echo "  export PADDOCK_TOKEN=...   # the auth_token you set: every request needs a bearer token"; fi
 	@echo "  S=\$$(bin/paddock session create notes)"
 	@echo "  bin/paddock signal send notes \$$S 'note buy milk'"
 	@echo "  bin/paddock signal send notes \$$S 'note call mum'"

@@ -162,8 +162,14 @@ func newBenchCmd() *cobra.Command {
 			if o.n < 0 || o.sleeping < 0 || o.warm < 0 || (o.n == 0 && o.sleeping == 0 && o.warm == 0) {
 				return fmt.Errorf("--n %d --sleeping %d --warm %d: want a measured run (--n) or a memory phase (--sleeping, --warm)", o.n, o.sleeping, o.warm)
 			}
-			if o.backlog < 0 || (o.backlog > 0 && (o.n >= o.backlog*o.keys || o.rate > 0)) {
-				return fmt.Errorf("--backlog %d --keys %d --n %d --rate %g: the measured turns (and the first, which starts the clock) must fit the backlog (n < backlog × keys), without --rate", o.backlog, o.keys, o.n, o.rate)
+			if o.backlog < 0 {
+				return fmt.Errorf("--backlog %d: want 0 (no backlog) or a positive number of open events per session", o.backlog)
+			}
+			if o.backlog > 0 && o.rate > 0 {
+				return fmt.Errorf("--backlog %d --rate %g: a backlog run measures the drain of events queued before the host starts, so it takes no --rate", o.backlog, o.rate)
+			}
+			if o.backlog > 0 && o.n >= o.backlog*o.keys {
+				return fmt.Errorf("--backlog %d --keys %d --n %d: the measured turns (and the first, which starts the clock) must fit the backlog: want --n below backlog × keys = %d", o.backlog, o.keys, o.n, o.backlog*o.keys)
 			}
 			if o.rate < 0 {
 				return fmt.Errorf("--rate %g: want 0 (closed loop) or a positive rate", o.rate)
@@ -230,9 +236,23 @@ func newBenchCmd() *cobra.Command {
 				}
 				return "≤" + measured(v)
 			}
-			fmt.Fprintf(out, "peer=paddock mode=%s store=%s worker=%s signal=%s n=%d completed=%d wall_s=%.2f turns_per_s=%.0f p50_ms=%.1f p95_ms=%.1f p99_ms=%.1f max_ms=%.1f signal_call_p50_ms=%.2f round_trips/turn=%s tx/turn=%s peak_rss_mib=%.0f worker_turn_mean_ms=%.3f host_cpu_ms/turn=%s db_cpu_ms/turn=%s db_busiest_process_cores=%s cold_starts=%d cold_start_p50_ms%s cold_start_p99_ms%s\n",
-				res.Mode, res.Store, res.Worker, res.Signal, res.N, res.Completed, res.WallS, res.JobsPerS, res.Latency.P50, res.Latency.P95, res.Latency.P99, res.Latency.Max,
-				res.InsertCall.P50, measured(res.RoundTrips), measured(res.Transactions), res.PeakRSSMB, res.WorkerMeanMS,
+			// A latency with no sample, and a worker mean of no turn, were
+			// not measured (a --backlog run times the drain alone).
+			ms := func(p benchPct, v float64, format string) string {
+				if p.N == 0 {
+					return "n/a"
+				}
+				return fmt.Sprintf(format, v)
+			}
+			lat, call := res.Latency, res.InsertCall
+			worker := "n/a"
+			if res.WorkerMeanMS > 0 {
+				worker = fmt.Sprintf("%.3f", res.WorkerMeanMS)
+			}
+			fmt.Fprintf(out, "peer=paddock mode=%s store=%s worker=%s signal=%s n=%d completed=%d wall_s=%.2f turns_per_s=%.0f p50_ms=%s p95_ms=%s p99_ms=%s max_ms=%s signal_call_p50_ms=%s round_trips/turn=%s tx/turn=%s peak_rss_mib=%.0f worker_turn_mean_ms=%s host_cpu_ms/turn=%s db_cpu_ms/turn=%s db_busiest_process_cores=%s cold_starts=%d cold_start_p50_ms%s cold_start_p99_ms%s\n",
+				res.Mode, res.Store, res.Worker, res.Signal, res.N, res.Completed, res.WallS, res.JobsPerS,
+				ms(lat, lat.P50, "%.1f"), ms(lat, lat.P95, "%.1f"), ms(lat, lat.P99, "%.1f"), ms(lat, lat.Max, "%.1f"),
+				ms(call, call.P50, "%.2f"), measured(res.RoundTrips), measured(res.Transactions), res.PeakRSSMB, worker,
 				measured(res.HostCPUMSPerTurn), measured(res.DBCPUMSPerTurn), measured(res.DBBusiestCores),
 				res.ColdStarts, bucket(res.ColdStartP50MS), bucket(res.ColdStartP99MS))
 			if o.rate > 0 && res.InsertPerS < 0.95*o.rate {

@@ -151,6 +151,14 @@ func TestBenchBacklogDrainsOnBothStores(t *testing.T) {
 			if st == "postgres" && (r.RoundTrips <= 0 || r.Transactions <= 0) {
 				t.Fatalf("round trips per turn on PostgreSQL: %+v", r)
 			}
+			// The drain is timed as a whole: the human line says n/a for
+			// the latencies, not 0.0, which reads as a measurement.
+			human := strings.SplitN(string(out), "\n", 3)[1]
+			for _, f := range []string{"p50_ms=n/a", "p99_ms=n/a", "signal_call_p50_ms=n/a"} {
+				if !strings.Contains(human, " "+f+" ") {
+					t.Errorf("backlog run's human line lacks %q: %s", f, human)
+				}
+			}
 		})
 	}
 }
@@ -173,7 +181,9 @@ func TestBenchRefusesBadFlags(t *testing.T) {
 		{[]string{"--instance-reuse", "module"}, `--instance-reuse "module"`},
 		{[]string{"--rate", "-5"}, "--rate -5"},
 		{[]string{"--transcript-tail", "2000"}, "--transcript-tail 2000"},
-		{[]string{"--backlog", "10", "--keys", "4", "--producers", "4", "--n", "40"}, "n < backlog × keys"},
+		{[]string{"--backlog", "10", "--keys", "4", "--producers", "4", "--n", "40"}, "want --n below backlog × keys = 40"},
+		{[]string{"--backlog", "10", "--keys", "4", "--producers", "4", "--n", "20", "--rate", "100"}, "it takes no --rate"},
+		{[]string{"--backlog", "-1"}, "--backlog -1"},
 		{[]string{"--module", "/nonexistent.wasm", "--warmup", "0", "--n", "1", "--keys", "1", "--producers", "1"}, "--module"},
 		{[]string{"-n", "100"}, "for the number of turns write --n, with two dashes"},
 	} {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -50,13 +51,24 @@ func (c *client) api() *apiclient.Client {
 }
 
 // prog is how the commands the CLI prints for the user to paste start:
-// "paddock", with "-n NS" when this command named a namespace (-n or
-// PADDOCK_NAMESPACE), so that the pasted command acts where this one did.
+// the program as it was invoked (invokedAs), with "-n NS" when this
+// command named a namespace (-n or PADDOCK_NAMESPACE), so that the pasted
+// command acts where this one did.
 func (c *client) prog() string {
 	if c.namespace == "" {
-		return "paddock"
+		return invokedAs()
 	}
-	return "paddock -n " + shellArg(c.namespace)
+	return invokedAs() + " -n " + shellArg(c.namespace)
+}
+
+// invokedAs is the program as the user invoked it when that was by a path
+// to a binary named paddock (bin/paddock, as the README runs it), so a
+// printed command pastes as it is; otherwise "paddock".
+func invokedAs() string {
+	if a := os.Args[0]; strings.ContainsRune(a, filepath.Separator) && filepath.Base(a) == "paddock" {
+		return shellArg(a)
+	}
+	return "paddock"
 }
 
 // reach names the server when the API could not be reached at all (or
@@ -833,7 +845,7 @@ func newEventCmd(c *client) *cobra.Command {
 				return c.print(cmd, raw, func(w io.Writer) {
 					fmt.Fprintf(w, "event %d: %s (failed attempts %d)\n", e.ID, e.Status, e.Attempts)
 					for _, a := range e.Errors {
-						fmt.Fprintf(w, "  attempt %d (epoch %d, counted %v): %s\n", a.Attempt, a.ActorEpoch, a.Counted,
+						fmt.Fprintf(w, "  attempt %d (epoch %d, %s): %s\n", a.Attempt, a.ActorEpoch, countedText(a.Counted),
 							safeText(firstLines(a.Error, 6)))
 					}
 					printCalls(w, e.Calls)
@@ -898,4 +910,14 @@ func firstLines(s string, n int) string {
 		lines = append(lines[:n], "…")
 	}
 	return strings.Join(lines, "\n")
+}
+
+// countedText says whether a failed attempt counted against the agent's
+// max_attempts: only one the worker had accepted does (docs/DESIGN.md
+// "What counts as an attempt").
+func countedText(counted bool) string {
+	if counted {
+		return "counted against max_attempts"
+	}
+	return "not counted: the worker never accepted the turn"
 }

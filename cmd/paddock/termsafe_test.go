@@ -205,7 +205,7 @@ func TestErrorCellsEscapeControls(t *testing.T) {
 		"events":       lastErrorCell("dead_letter", lastErr),
 		"events done":  lastErrorCell("done", lastErr),
 		"dead-letters": oneLine(lastErr, 100),
-		"event show":   "  attempt 1 (epoch 1, counted true): " + safeText(firstLines(lastErr, 6)),
+		"event show":   "  attempt 1 (epoch 1, counted against max_attempts): " + safeText(firstLines(lastErr, 6)),
 	} {
 		if r, ok := hasControls(out); ok {
 			t.Errorf("%s printed control %U raw:\n%q", name, r, out)

@@ -35,6 +35,8 @@ func TestBadInputGetsA4xxNamingTheProblemAndWritesNothing(t *testing.T) {
 			{"empty message", "POST", sig, "application/json", []byte(`{}`), 400, "missing_field", "message", "message"},
 			{"two JSON values", "POST", sig, "application/json", []byte(`{"message":"a"}{"message":"b"}`), 400, "malformed_json", "", "more than one"},
 			{"unknown module digest", "POST", "/v1/agents", "application/json", []byte(`{"name":"x","module":"sha256:00"}`), 400, "unknown_module", "module", "sha256:00"},
+			{"unknown module names its namespace", "POST", "/v1/agents", "application/json", []byte(`{"name":"x","module":"sha256:00"}`), 400, "unknown_module", "module", `in namespace "default"`},
+			{"unknown plugin names its namespace", "POST", "/v1/agents", "application/json", []byte(`{"name":"x","plugin":"nope"}`), 400, "unknown_plugin", "plugin", `no plugin worker named "nope" in namespace "default"`},
 			{"bad agent name", "POST", "/v1/agents", "application/json", []byte(`{"name":"Bad Name","module":"sha256:00"}`), 400, "invalid_field", "name", "Bad Name"},
 			{"bad crash policy", "POST", "/v1/agents/notes/sessions", "application/json", []byte(`{"crash_policy":"reboot"}`), 400, "invalid_field", "crash_policy", "reboot"},
 			{"get-or-create without key", "PUT", "/v1/agents/notes/sessions", "application/json", []byte(`{}`), 400, "missing_field", "key", "key"},

@@ -341,8 +341,14 @@ func TestSignalKindsNeedTheirRole(t *testing.T) {
 		`{"message":"x","mid_turn":"interrupt"}`, `{"message":"x","mid_turn":"steer"}`, `{"message":"x","force_allocation":true}`,
 	} {
 		before := e.state()
-		if code, m := e.call("POST", sig, e.tokens["client"], []byte(body)); code != 403 {
+		code, m := e.call("POST", sig, e.tokens["client"], []byte(body))
+		if code != 403 {
 			t.Errorf("client %s: %d %v, want 403", body, code, m)
+		} else if msg := fmt.Sprint(m["error"].(map[string]any)["message"]); !strings.HasPrefix(msg, "signal.") ||
+			!strings.Contains(msg, "needs role operator; the token's role is client") {
+			// The refusal names the op the body made it (a message that
+			// steers is signal.steer), not only the role.
+			t.Errorf("client %s: refused with %q, want the op and the roles named", body, msg)
 		}
 		if after := e.state(); after != before {
 			t.Errorf("refused %s wrote: %s → %s", body, before, after)

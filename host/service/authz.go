@@ -207,11 +207,11 @@ func (s *Service) Authorize(ctx context.Context, op Op) error {
 	ns := NamespaceOf(ctx)
 	if c.Namespace != "" && c.Namespace != ns {
 		s.refused(refusedNamespace)
-		return forbidden(c, rule.Role, ns)
+		return forbidden(c, op, rule.Role, ns)
 	}
 	if c.Role < rule.Role {
 		s.refused(refusedRole)
-		return forbidden(c, rule.Role, ns)
+		return forbidden(c, op, rule.Role, ns)
 	}
 	if rule.Cluster && c.Namespace != "" {
 		s.refused(refusedRole)

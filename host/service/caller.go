@@ -145,11 +145,13 @@ type QuotaError struct {
 // Error returns the message.
 func (e *QuotaError) Error() string { return e.Message }
 
-// forbidden builds the refusal of caller c for an operation needing need in
-// namespace ns.
-func forbidden(c Caller, need Role, ns string) *ForbiddenError {
+// forbidden builds the refusal of caller c for op, which needs role need,
+// in namespace ns. The message names the op: a request may need more than
+// its route suggests (a message sent with mid_turn "steer" is
+// signal.steer: SignalOp).
+func forbidden(c Caller, op Op, need Role, ns string) *ForbiddenError {
 	if c.Namespace != "" && c.Namespace != ns {
 		return &ForbiddenError{Namespace: ns, Message: fmt.Sprintf("this token belongs to namespace %q, not %q", c.Namespace, ns)}
 	}
-	return &ForbiddenError{Need: need, Namespace: ns, Message: fmt.Sprintf("this needs role %s; the token's role is %s", need, c.Role)}
+	return &ForbiddenError{Need: need, Namespace: ns, Message: fmt.Sprintf("%s needs role %s; the token's role is %s", op, need, c.Role)}
 }

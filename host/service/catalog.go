@@ -241,10 +241,10 @@ func (s *Service) putAgent(ctx context.Context, name string, b Binding, update b
 			Message: fmt.Sprintf("an agent named %q already exists", name)}
 	case errors.Is(err, store.ErrNotFound) && kind == store.KindPlugin:
 		return a, &NotFoundError{Resource: ResourcePlugin, Field: "plugin", Referenced: true,
-			Message: fmt.Sprintf("no plugin worker named %q; register it first", b.Plugin)}
+			Message: fmt.Sprintf("no plugin worker named %q in namespace %q; register it there first", b.Plugin, ns)}
 	case errors.Is(err, store.ErrNotFound):
 		return a, &NotFoundError{Resource: ResourceModule, Field: "module", Referenced: true,
-			Message: fmt.Sprintf("no module with digest %q; upload it first", b.Module)}
+			Message: fmt.Sprintf("no module with digest %q in namespace %q; upload it there first", b.Module, ns)}
 	}
 	return a, wrap("put agent", err)
 }

@@ -85,7 +85,7 @@ func (s *Service) CreateToken(ctx context.Context, p CreateTokenParams) (NewToke
 	}
 	if c.Namespace != "" && c.Namespace != ns {
 		s.refused(refusedNamespace)
-		return NewToken{}, forbidden(c, RoleAdmin, ns)
+		return NewToken{}, forbidden(c, OpTokenCreate, RoleAdmin, ns)
 	}
 	if p.Role == "" {
 		return NewToken{}, missing("role", "a token needs a role: reader, client, operator or admin")
