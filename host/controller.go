@@ -944,7 +944,15 @@ func (c *controller) fail(ctx context.Context, ref abi.TurnRef, attempt int, pol
 	case res.DeadLettered:
 		return time.Millisecond
 	}
-	c.log.Warn("turn attempt failed", "event", res.EventID, "attempt", attempt, "counted", counted,
+	// An event given back unsent (its activation stopped: a shutdown, a
+	// lease lost, which is logged on its own) is no failure of the agent
+	// nor of the worker: one line per live activation at a host's stop
+	// is not worth a warning.
+	level := slog.LevelWarn
+	if !counted && kind == "not_sent" {
+		level = slog.LevelInfo
+	}
+	c.log.Log(ctx, level, "turn attempt failed", "event", res.EventID, "attempt", attempt, "counted", counted,
 		"retry_in", backoff.Round(time.Millisecond), "cause", cause)
 	return backoff
 }
