@@ -248,6 +248,11 @@ func (a *activationRun) runnable(runCtx context.Context) bool {
 	return runCtx.Err() == nil && a.leaseCtx.Err() == nil && a.h.placeable(a.leaseCtx, a.agent, a.pol.Pool)
 }
 
+// errActivationStopped is the cause of a failed attempt whose event the
+// last commit took while its activation was stopping: given back unsent
+// and uncounted.
+var errActivationStopped = errors.New("activation stopped before the turn was sent")
+
 // loop takes due events one at a time until idle, lease loss or shutdown.
 func (a *activationRun) loop(runCtx context.Context) time.Duration {
 	h, c := a.h, a.c
@@ -263,7 +268,7 @@ func (a *activationRun) loop(runCtx context.Context) time.Duration {
 			// had it), which ends the activation.
 			a.taken = nil
 			return c.fail(context.Background(), taken.Delivery.TurnRef(), taken.Attempt, a.pol,
-				errors.New("activation stopped before the turn was sent"), false, "not_sent")
+				errActivationStopped, false, "not_sent")
 		case taken != nil:
 			// Runnable: it runs below, without a dispatch.
 		case runCtx.Err() != nil || a.leaseCtx.Err() != nil:
@@ -944,12 +949,13 @@ func (c *controller) fail(ctx context.Context, ref abi.TurnRef, attempt int, pol
 	case res.DeadLettered:
 		return time.Millisecond
 	}
-	// An event given back unsent (its activation stopped: a shutdown, a
-	// lease lost, which is logged on its own) is no failure of the agent
-	// nor of the worker: one line per live activation at a host's stop
-	// is not worth a warning.
+	// An event given back unsent because its activation stopped (a
+	// shutdown; a lost lease is logged on its own) is no failure of the
+	// agent nor of the worker: one line per live activation at a host's
+	// stop is not worth a warning. A turn a worker's transport could not
+	// send (also not_sent) is.
 	level := slog.LevelWarn
-	if !counted && kind == "not_sent" {
+	if errors.Is(cause, errActivationStopped) {
 		level = slog.LevelInfo
 	}
 	c.log.Log(ctx, level, "turn attempt failed", "event", res.EventID, "attempt", attempt, "counted", counted,
