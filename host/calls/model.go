@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/paddock-dev/paddock/abi"
 )
@@ -192,10 +193,11 @@ func upstreamError(mc *modelCall, resp *http.Response, body []byte) *abi.CallErr
 		}
 	}
 	if msg == "" {
-		msg = strings.TrimSpace(string(body))
-		if len(msg) > 512 {
-			msg = msg[:512] + "…"
-		}
+		// Scrubbed whole before it is cut: a key that the cut split would
+		// keep its first part, which no longer matches the scrubber
+		// (found in review: 22 of a key's 23 characters reached the
+		// transcript, the journal and the log).
+		msg = clipText(mc.scrub.str(strings.TrimSpace(string(body))), maxErrorTextBytes)
 	}
 	text := fmt.Sprintf("model endpoint %q answered %s", mc.name, resp.Status)
 	if ra := resp.Header.Get("Retry-After"); ra != "" {
@@ -205,6 +207,23 @@ func upstreamError(mc *modelCall, resp *http.Response, body []byte) *abi.CallErr
 		text += ": " + msg
 	}
 	return &abi.CallError{Code: abi.CallUpstream, Status: resp.StatusCode, Message: mc.scrub.str(text)}
+}
+
+// maxErrorTextBytes bounds the text of an error answer that is not the
+// provider's JSON error, as the call's error message quotes it.
+const maxErrorTextBytes = 512
+
+// clipText cuts s to at most n bytes at a character boundary, marking the
+// cut with "…". Cut only what is already scrubbed: a cut secret value
+// escapes the scrubber.
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // model scrubs a model's reply of the endpoint's key: an endpoint (or a

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/paddock-dev/paddock/abi"
 )
@@ -372,5 +373,34 @@ func TestDeltasPassThroughWhenNoSecretIsWatched(t *testing.T) {
 	wantOK(t, out)
 	if strings.Join(deltas, "|") != "Hel|lo, wörld" {
 		t.Errorf("deltas = %q, want each as it came", deltas)
+	}
+}
+
+// TestAnErrorBodyIsScrubbedBeforeItIsCut: an endpoint's plain-text error
+// answer is quoted cut to 512 bytes; a key that the cut would split (here
+// from byte 490 on) must not leave its first part in the message (found
+// in review), nor may the cut split a character.
+func TestAnErrorBodyIsScrubbedBeforeItIsCut(t *testing.T) {
+	const key = "sk-PROVIDERSECRET-7d1e9"
+	for _, at := range []int{480, 489, 500, 511} {
+		body := strings.Repeat("x", at) + " " + key + " tail " + strings.Repeat("é", 400)
+		f := newFake(t, false, reply{status: 500, body: body, header: map[string]string{"Content-Type": "text/plain"}})
+		x, _ := testExec(t, Config{Endpoints: map[string]Endpoint{
+			"oa": {Provider: ProviderOpenAI, BaseURL: f.URL + "/v1", Models: []string{"m1"}, Secret: "api_key"},
+		}}, env{"API_KEY": key})
+		e := wantErr(t, x.Do(context.Background(), "a", Capabilities{Models: []string{"oa"}},
+			modelReq("oa", "", abi.ModelMessage{Role: abi.RoleUser, Content: "hi"}), CallOptions{}), abi.CallUpstream, "")
+		for i := 4; i <= len(key); i++ {
+			if strings.Contains(e.Message, key[:i]) {
+				t.Errorf("key at byte %d: the message holds %q of the key: %q", at, key[:i], e.Message)
+				break
+			}
+		}
+		if !utf8.ValidString(e.Message) || !strings.Contains(e.Message, "answered 500") || !strings.HasSuffix(e.Message, "…") {
+			t.Errorf("key at byte %d: message %q, want valid UTF-8 naming the status, cut with …", at, e.Message)
+		}
+		if at < 490 && !strings.Contains(e.Message, "[secret:api_key]") {
+			t.Errorf("key at byte %d (within the quoted text): %q, want its placeholder", at, e.Message)
+		}
 	}
 }
