@@ -728,6 +728,9 @@ func newTranscriptCmd(c *client) *cobra.Command {
 					if cmd.Context().Err() != nil {
 						return nil
 					}
+					if follow && apiclient.IsCode(err, apiclient.CodeSessionDestroyed) {
+						return ErrSessionDestroyed // as session stream ends
+					}
 					err = c.reach(err)
 					if !follow || apiclient.AsError(err) != nil {
 						return err

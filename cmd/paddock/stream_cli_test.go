@@ -336,6 +336,10 @@ func TestWaitCommands(t *testing.T) {
 	if out, err := sa.run(ctx, "session", "stream", "asker", b.SessionID); !errors.Is(err, ErrSessionDestroyed) || strings.Contains(out, "reconnecting") {
 		t.Errorf("session stream of a destroyed session: %v\n%s", err, out)
 	}
+	// So does transcript --follow, which waited for a next turn.
+	if out, err := sa.run(ctx, "transcript", "asker", b.SessionID, "--follow"); !errors.Is(err, ErrSessionDestroyed) {
+		t.Errorf("transcript --follow of a destroyed session: %v\n%s", err, out)
+	}
 	if _, err := sa.run(ctx, "session", "stream", "asker", a.SessionID, "--after", "bogus"); err == nil || !strings.HasPrefix(err.Error(), `--after "bogus": `) {
 		t.Errorf("session stream --after bogus: %v", err)
 	}

@@ -216,3 +216,49 @@ func TestSessionByKeyDoesNotCreate(t *testing.T) {
 		t.Fatalf("unknown agent: %d %v", c, b)
 	}
 }
+
+// TestATranscriptWaitEndsWhenTheSessionIsDestroyed: no turn commits in a
+// destroyed session, so a long-poll for one answers 410 at once — on a
+// session already destroyed and on one destroyed while the poll waits —
+// while its transcript stays readable without wait (found in review:
+// `transcript --follow` of a destroyed session never ended).
+func TestATranscriptWaitEndsWhenTheSessionIsDestroyed(t *testing.T) {
+	eachDriver(t, func(t *testing.T, driver string) {
+		e := newEnv(t, driver, "")
+		e.setup()
+		_, s := e.json("POST", "/v1/agents/notes/sessions", `{}`)
+		base := "/v1/agents/notes/sessions/" + s["session_id"].(string)
+		if code, r := e.json("POST", base+"/signals", `{"message":"note one"}`); code != 202 {
+			t.Fatalf("signal: %d %v", code, r)
+		}
+		if _, tr := e.json("GET", base+"/transcript?wait=30s", ""); len(tr["turns"].([]any)) != 1 {
+			t.Fatalf("the first turn: %v", tr)
+		}
+		type answer struct {
+			code int
+			body map[string]any
+			took time.Duration
+		}
+		waiting := make(chan answer, 1)
+		go func() {
+			start := time.Now()
+			code, b := e.json("GET", base+"/transcript?after=1&wait=30s", "")
+			waiting <- answer{code, b, time.Since(start)}
+		}()
+		time.Sleep(300 * time.Millisecond) // the poll is waiting (it wakes at most a second later)
+		if code, b := e.json("DELETE", base, ""); code != 200 && code != 204 {
+			t.Fatalf("destroy: %d %v", code, b)
+		}
+		a := <-waiting
+		if a.code != 410 || a.body["error"].(map[string]any)["code"] != "session_destroyed" || a.took > 10*time.Second {
+			t.Errorf("a wait when the session was destroyed: %d %v after %s, want 410 session_destroyed within a poll", a.code, a.body, a.took)
+		}
+		start := time.Now()
+		if code, b := e.json("GET", base+"/transcript?after=1&wait=30s", ""); code != 410 || time.Since(start) > 10*time.Second {
+			t.Errorf("a wait on a destroyed session: %d %v after %s, want 410 at once", code, b, time.Since(start))
+		}
+		if code, tr := e.json("GET", base+"/transcript", ""); code != 200 || len(tr["turns"].([]any)) != 1 {
+			t.Errorf("the destroyed session's transcript without wait: %d %v, want its one turn", code, tr)
+		}
+	})
+}

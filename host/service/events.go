@@ -131,6 +131,10 @@ const MaxTranscriptWait = time.Minute
 // past p.After commits or wait passes: it wakes on a commit on this host
 // and polls the store every second (another host may commit). next is the
 // last turn number returned (p.After when none); turns is never nil.
+// A destroyed session commits no more turns, so a wait for one ends at
+// once (when x is destroyed, or when a poll finds it destroyed meanwhile)
+// with store.ErrSessionDestroyed (wrapped), as the session stream does;
+// its turns are still paged without wait.
 // Refusals: *InvalidError (limit, after, wait); the context's error when
 // ctx ends while waiting.
 func (s *Service) Transcript(ctx context.Context, x store.Session, p Page, wait time.Duration) (turns []store.Turn, next int64, err error) {
@@ -148,6 +152,9 @@ func (s *Service) Transcript(ctx context.Context, x store.Session, p Page, wait 
 			return nil, 0, wrap("transcript", err)
 		}
 		left := time.Until(deadline)
+		if len(turns) == 0 && wait > 0 && x.Status == store.SessionDestroyed {
+			return nil, 0, fmt.Errorf("wait for the transcript of session %s: %w", x.SessionID, store.ErrSessionDestroyed)
+		}
 		if len(turns) > 0 || left <= 0 {
 			next := p.After
 			if len(turns) > 0 {
@@ -164,6 +171,10 @@ func (s *Service) Transcript(ctx context.Context, x store.Session, p Page, wait 
 		case <-time.After(min(left, time.Second)):
 		case <-ctx.Done():
 			return nil, 0, fmt.Errorf("transcript wait: %w", ctx.Err())
+		}
+		// Destroyed meanwhile (here or on another host)?
+		if now, err := s.st.GetSession(ctx, x.ActorKey); err == nil {
+			x = now
 		}
 	}
 }
