@@ -51,6 +51,7 @@ func TestBadInputGetsA4xxNamingTheProblemAndWritesNothing(t *testing.T) {
 			{"field name in another case", "POST", sig, "application/json", []byte(`{"Message":"x"}`), 400, "unknown_field", "Message", "Message"},
 			{"null data and no message", "POST", sig, "application/json", []byte(`{"data":null}`), 400, "missing_field", "message", "message"},
 			{"NUL in a message", "POST", sig, "application/json", []byte(`{"message":"a\u0000b"}`), 400, "invalid_field", "message", "NUL"},
+			{"a body that is not UTF-8", "POST", sig, "application/json", []byte("{\"message\":\"ab\xffc\"}"), 400, "malformed_json", "", "not valid UTF-8 (at byte 14)"},
 		}
 		for _, c := range cases {
 			status, body := e.do(c.method, c.path, c.ct, c.body)

@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/paddock-dev/paddock/host/service"
 )
 
 // decode reads a JSON body strictly: size-limited, a JSON object, field
@@ -29,6 +31,11 @@ func (s *Server) decodeLimit(w http.ResponseWriter, r *http.Request, v any, limi
 	body := bytes.TrimSpace(raw)
 	if len(body) == 0 {
 		return badRequest("malformed_json", "", "the body is empty; a JSON object is required")
+	}
+	if at := service.InvalidUTF8At(raw); at < len(raw) {
+		// encoding/json would store U+FFFD for each bad byte: what was
+		// sent is not what would be kept. JSON text is UTF-8 (RFC 8259 8.1).
+		return badRequest("malformed_json", "", "the body is not valid UTF-8 (at byte %d); JSON text must be UTF-8", at)
 	}
 	if body[0] != '{' {
 		if err := json.Unmarshal(body, new(json.RawMessage)); err != nil {

@@ -177,6 +177,16 @@ func TestSecretsCRUDNeverShowTheValue(t *testing.T) {
 	req("PUT", "/v1/secrets/X", `{"value":"`+planted+`","other":1}`, 400, "unknown_field")
 	req("PUT", "/v1/secrets/X", `["`+planted+`"]`, 400, "malformed_json")
 	req("PUT", "/v1/secrets/X", fmt.Sprintf(`{"value":%q}`, planted+strings.Repeat("x", service.MaxSecretBytes)), 413, "secret_too_large")
+	// A value that could never fill a header (found in review: invalid
+	// UTF-8 was stored as U+FFFD, and NUL, CR and LF were taken).
+	req("PUT", "/v1/secrets/X", `{"value":"`+planted+"\xff\xfe"+`"}`, 400, "malformed_json")
+	for _, esc := range []string{`\u0000`, `\r\n`, `\n`, `\u007f`} {
+		if got := req("PUT", "/v1/secrets/X", `{"value":"`+planted+esc+`x"}`, 400, "invalid_field"); !strings.Contains(got, "control character") {
+			t.Errorf("a value with %s: %s, want the control character named", esc, got)
+		}
+	}
+	req("PUT", "/v1/secrets/TABBED", `{"value":"`+planted+`\tx"}`, 201, "")
+	req("DELETE", "/v1/secrets/TABBED", "", 204, "")
 	req("DELETE", "/v1/secrets/NOPE", "", 404, "secret_not_found")
 	req("DELETE", "/v1/secrets/bad%20name", "", 400, "invalid_parameter")
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"unicode/utf8"
 
 	"github.com/paddock-dev/paddock/host/calls"
 	"github.com/paddock-dev/paddock/store"
@@ -40,7 +41,10 @@ func (s *Service) WithSecrets(sealer Sealer) *Service {
 // of ctx, creating or
 // replacing it; the value is never returned or logged (docs/DESIGN.md
 // invariant 13). Errors: *InvalidError ("name": 1–128 of [A-Za-z0-9_.-];
-// "value": empty), *TooLargeError ("value", over MaxSecretBytes),
+// "value": empty, not UTF-8, or holding a control character other than
+// tab — a secret fills HTTP header values, which cannot carry one, so
+// such a value could never be used; the error names the byte offset,
+// never the value), *TooLargeError ("value", over MaxSecretBytes),
 // *ConflictError (the config declares that name, and the config wins),
 // ErrSecretsDisabled.
 func (s *Service) PutSecret(ctx context.Context, name string, value []byte) (store.Secret, bool, error) {
@@ -53,6 +57,9 @@ func (s *Service) PutSecret(ctx context.Context, name string, value []byte) (sto
 	if len(value) > MaxSecretBytes {
 		return store.Secret{}, false, &TooLargeError{Field: "value", Size: len(value), Limit: MaxSecretBytes,
 			Message: fmt.Sprintf("the secret's value is %d bytes, more than the limit of %d", len(value), MaxSecretBytes)}
+	}
+	if err := checkSecretValue(value); err != nil {
+		return store.Secret{}, false, err
 	}
 	ns, err := s.namespace(ctx)
 	if err != nil {
@@ -135,4 +142,34 @@ func (s *Service) EventCalls(ctx context.Context, x store.Session, id int64) ([]
 // sets them now (secret names only, never values).
 func (s *Service) Capabilities(a store.Agent) calls.Capabilities {
 	return s.h.Policy().ForAgent(a).Capabilities
+}
+
+// checkSecretValue refuses a value that cannot fill an HTTP header value
+// (RFC 9110 5.5: no control character but tab), naming the offending
+// byte's offset and never the value.
+func checkSecretValue(value []byte) error {
+	if at := InvalidUTF8At(value); at < len(value) {
+		return invalid("value", "the secret's value is not UTF-8 (at byte %d)", at)
+	}
+	for i, c := range value {
+		if (c < 0x20 && c != '\t') || c == 0x7f {
+			return invalid("value", "the secret's value holds a control character (0x%02x at byte %d): a secret fills HTTP header values, which cannot carry one", c, i)
+		}
+	}
+	return nil
+}
+
+// InvalidUTF8At is the offset of b's first byte that does not begin a
+// valid UTF-8 sequence, len(b) when b is valid UTF-8: where a front door's
+// refusal of text that is not UTF-8 points, without quoting it.
+func InvalidUTF8At(b []byte) int {
+	at := 0
+	for at < len(b) {
+		r, n := utf8.DecodeRune(b[at:])
+		if r == utf8.RuneError && n <= 1 {
+			return at
+		}
+		at += n
+	}
+	return at
 }
