@@ -1,13 +1,16 @@
 package api
 
 import (
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/paddock-dev/paddock/host/service"
 )
 
-// namespace is the middleware that reads the namespace a /v1 request
+// namespace is the middleware that refuses a /v1 query parameter given
+// more than once (400 invalid_parameter naming it) and reads the namespace a /v1 request
 // acts in, ?namespace= (docs/DESIGN.md "Namespaces"; none: the caller's
 // token's, else "default"), and hands it to the service
 // (service.WithNamespace), which refuses one that does not exist and scopes
@@ -23,15 +26,19 @@ func (s *Server) namespace(next http.Handler) http.Handler {
 			return
 		}
 		q := r.URL.Query()
+		// No /v1 parameter takes several values: one given twice would be
+		// read as its first and the other dropped silently.
+		for _, name := range slices.Sorted(maps.Keys(q)) {
+			if n := len(q[name]); n > 1 {
+				s.writeError(w, r, badRequest("invalid_parameter", name, "%s is given %d times; give it once", name, n))
+				return
+			}
+		}
 		if _, named := q["namespace"]; !named {
 			next.ServeHTTP(w, r)
 			return
 		}
 		vs := q["namespace"]
-		if len(vs) > 1 {
-			s.writeError(w, r, badRequest("invalid_parameter", "namespace", "namespace is given %d times; give it once", len(vs)))
-			return
-		}
 		ns := vs[0]
 		if c, ok := service.CallerFrom(r.Context()); ok && c.Namespace != "" && c.Namespace != ns {
 			// Not the token's namespace: the route's Authorize answers 403

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"net/http"
 
 	"github.com/paddock-dev/paddock/host/api/client"
@@ -135,6 +136,10 @@ func (s *Server) browseSessions(w http.ResponseWriter, r *http.Request) error {
 	page, err := s.svc.BrowseSessions(r.Context(), service.SessionFilter{
 		Agent: q.Get("agent"), Status: q.Get("status"), SleepReason: q.Get("sleep_reason"), Key: q.Get("key"), Text: q.Get("q"), After: q.Get("cursor"), Limit: limit,
 	})
+	var inv *service.InvalidError
+	if errors.As(err, &inv) && inv.Field == "after" {
+		inv.Field = "cursor" // SessionFilter.After is this route's ?cursor=
+	}
 	if err != nil {
 		return asParam(err)
 	}

@@ -54,7 +54,8 @@ func TestSteerCancelAndWakeSignalsThroughTheAPI(t *testing.T) {
 		if len(ts) != 1 || ts[0].(map[string]any)["outcome"] != "cancelled" {
 			t.Errorf("transcript after cancel: %v", tr)
 		}
-		for _, bad := range []string{`{"kind":"reboot"}`, `{"kind":"cancel","message":"x"}`, `{"kind":"wake","event_id":3}`, `{"kind":"steer"}`} {
+		for _, bad := range []string{`{"kind":"reboot"}`, `{"kind":"cancel","message":"x"}`, `{"kind":"wake","event_id":3}`, `{"kind":"steer"}`,
+			`{"kind":"cancel","event_id":-5}`, `{"kind":"cancel","force_allocation":true}`} {
 			if c, b := e.json("POST", base+"/signals", bad); c != 400 {
 				t.Errorf("%s: %d %v, want 400", bad, c, b)
 			}

@@ -62,13 +62,13 @@ func (s *Server) listAudit(w http.ResponseWriter, r *http.Request) error {
 		}
 		p.Before = n
 	}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return badRequest("invalid_parameter", "limit", "limit=%q must be an integer", v)
-		}
-		p.Limit = n
+	// limit=0 is refused as on every list route (the service reads 0 as
+	// its default page size).
+	limit, err := intParam(r, "limit", store.DefaultAuditLimit, 1, store.MaxAuditLimit)
+	if err != nil {
+		return err
 	}
+	p.Limit = limit
 	rows, next, err := s.svc.ListAudit(r.Context(), p)
 	if err != nil {
 		return asParam(err)

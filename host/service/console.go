@@ -95,7 +95,7 @@ func (s *Service) BrowseSessions(ctx context.Context, f SessionFilter) (SessionB
 		var ok bool
 		after.AgentUID, after.SessionID, ok = strings.Cut(f.After, "/")
 		if !ok || after.AgentUID == "" || after.SessionID == "" {
-			return SessionBrowse{}, invalid("after", "after %q must be <agent uid>/<session id>", f.After)
+			return SessionBrowse{}, invalid("after", "the page cursor %q must be <agent uid>/<session id>, a previous page's next cursor", f.After)
 		}
 	}
 	agents, err := s.ListAgents(ctx)

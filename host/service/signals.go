@@ -170,6 +170,12 @@ func (s *Service) signal(ctx context.Context, a store.Agent, sessionID string, p
 		if p.Message != "" || len(p.Data) > 0 {
 			return SignalResult{}, invalid("message", "a cancel signal takes only event_id (0 or absent: the turn in flight)")
 		}
+		if p.EventID < 0 {
+			return SignalResult{}, invalid("event_id", "event_id %d must be a positive event id (0 or absent: the turn in flight)", p.EventID)
+		}
+		if p.ForceAllocation {
+			return SignalResult{}, invalid("force_allocation", "a cancel signal allocates nothing: force_allocation is for signals that bring work or wake the session")
+		}
 	case SignalWake:
 		if p.Message != "" || len(p.Data) > 0 || p.EventID != 0 {
 			return SignalResult{}, invalid("message", "a wake signal takes no message, data or event_id")

@@ -80,6 +80,11 @@ func (s *Service) CreateToken(ctx context.Context, p CreateTokenParams) (NewToke
 	}
 	c := callerOf(ctx)
 	ns := p.Namespace
+	if named, _ := ctx.Value(namespaceKey{}).(string); named != "" && ns != "" && named != ns {
+		// Two namespaces named (?namespace= and the body's): which one the
+		// caller meant is not for the host to guess.
+		return NewToken{}, invalid("namespace", "the request names namespace %q and the token namespace %q: name one, or the same in both", named, ns)
+	}
 	if ns == "" {
 		ns = NamespaceOf(ctx)
 	}

@@ -30,13 +30,13 @@ func ParseCursor(id string) (Cursor, error) {
 	seqPart, chunkPart, chunked := strings.Cut(id, ".")
 	seq, ok := parseUint(seqPart)
 	if !ok {
-		return Cursor{}, fmt.Errorf("stream position %q: want \"<seq>\" or \"<seq>.<chunk>\" (non-negative integers)", id)
+		return Cursor{}, fmt.Errorf("stream position %q: want \"<seq>\" or \"<seq>.<chunk>\" (non-negative integers of at most 18 digits)", id)
 	}
 	c := Cursor{Seq: seq}
 	if chunked {
 		j, ok := parseUint(chunkPart)
 		if !ok || j > 1<<30 || seq == 0 {
-			return Cursor{}, fmt.Errorf("stream position %q: want \"<seq>\" or \"<seq>.<chunk>\" (non-negative integers, seq ≥ 1 with a chunk)", id)
+			return Cursor{}, fmt.Errorf("stream position %q: want \"<seq>\" or \"<seq>.<chunk>\" (non-negative integers of at most 18 digits, seq ≥ 1 with a chunk)", id)
 		}
 		c.Chunk, c.InFrame = int(j), true
 	}
