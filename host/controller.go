@@ -913,6 +913,13 @@ func (c *controller) fail(ctx context.Context, ref abi.TurnRef, attempt int, pol
 		n = c.notCharged
 	}
 	backoff := Backoff(n, pol.BackoffMin, pol.BackoffMax, rand.Float64())
+	if errors.Is(cause, errActivationStopped) && n == 1 {
+		// Never sent, given back by a stopping activation (a host's stop
+		// in a rolling restart): due at once for the next activation, as
+		// a turn a lost lease never sent is (store.LeaseLost), not after
+		// a retry's backoff. A second in a row backs off as usual.
+		backoff = 0
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	res, err := h.st.FailAttempt(ctx, store.FailAttemptParams{
