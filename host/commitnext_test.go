@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -346,6 +347,18 @@ type leaseLossStore struct {
 	store.Store
 	armed atomic.Bool
 	lost  chan struct{}
+	// failed records each uncounted failed attempt's error and backoff.
+	mu     sync.Mutex
+	failed []store.FailAttemptParams
+}
+
+func (s *leaseLossStore) FailAttempt(ctx context.Context, p store.FailAttemptParams) (store.FailResult, error) {
+	if !p.Counted {
+		s.mu.Lock()
+		s.failed = append(s.failed, p)
+		s.mu.Unlock()
+	}
+	return s.Store.FailAttempt(ctx, p)
 }
 
 func (s *leaseLossStore) RenewLeases(ctx context.Context, p store.RenewLeasesParams) ([]store.ActivationRef, error) {
@@ -402,6 +415,13 @@ func TestALeaseLostWithATakenTurnGivesItBackUncounted(t *testing.T) {
 		}
 		if n := testutil.ToFloat64(f.h.Metrics().FailedAttempts.WithLabelValues("not_sent")); n != 1 {
 			t.Errorf("%v turns given back unsent, want 1 (the taken one)", n)
+		}
+		// Never sent, it is due at once for the next activation, not after
+		// a retry's backoff.
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		if len(ls.failed) != 1 || ls.failed[0].Backoff != 0 || !strings.Contains(ls.failed[0].Error, "activation stopped before the turn was sent") {
+			t.Errorf("uncounted failures %+v, want the taken turn's alone, due at once", ls.failed)
 		}
 	})
 }
