@@ -156,9 +156,13 @@ func (g *guestLog) write(fd int, p []byte) {
 	}
 	buf := &g.partial[fd]
 	for len(p) > 0 {
-		nl := bytes.IndexByte(p, '\n')
+		// Only the rest of the current line's room is searched: a search
+		// of all of p for each line cut from a long one made a write
+		// without newlines quadratic (found in review: one 48 MiB write
+		// took 8.5 s of a core).
+		room := maxLogLine - buf.Len()
+		nl := bytes.IndexByte(p[:min(len(p), room+1)], '\n')
 		if nl < 0 {
-			room := maxLogLine - buf.Len()
 			if len(p) < room {
 				buf.Write(p)
 				return

@@ -19,6 +19,10 @@
 //	i32.sub
 //	global.set $fuel
 //
+// Before every call of an imported function (a host function, WASI's
+// among them), it spends the fuel (see spend): the fuel cannot see a host
+// function's work, so the guest yields at its next check.
+//
 // Before every bulk instruction (memory.fill, memory.copy, memory.init,
 // table.fill, table.copy, table.init, table.grow) it charges the fuel one
 // per KiB (or 1024 elements) of the instruction's size (see charge), since
@@ -163,7 +167,7 @@ func Instrument(wasm []byte, m Module, initialFuel int32) (out []byte, err error
 	yieldType := c.types
 	yield := c.importedFuncs // the new import's function index
 	fuel := c.globals()      // the new global's index
-	rn := renumber{c: c}
+	rn := renumber{c: c, escaped: new(bool)}
 	has := map[byte]bool{}
 	for i, s := range secs {
 		has[s.id] = true
@@ -185,7 +189,14 @@ func Instrument(wasm []byte, m Module, initialFuel int32) (out []byte, err error
 		case secElement:
 			content, err = rn.elements(s.content)
 		case secCode:
-			content, err = rn.code(s.content, instrumentation{check(fuel, yield), charge(fuel, fuel+1, yield), fuel + 1})
+			ins := instrumentation{check(fuel, yield), charge(fuel, fuel+1, yield), fuel + 1, spend(fuel), *rn.escaped}
+			content, err = rn.code(s.content, ins)
+			if err == nil && *rn.escaped && !ins.spendIndirect {
+				// A ref.func of an import in the code: again, with every
+				// call_indirect spending the fuel.
+				ins.spendIndirect = true
+				content, err = rn.code(s.content, ins)
+			}
 		case secCustom:
 			content, err = rn.custom(s.content)
 		default:
@@ -331,6 +342,28 @@ type instrumentation struct {
 	check  []byte // at function entries and loop heads
 	charge []byte // before bulk instructions
 	n      uint32 // the scratch global of charge
+	// spend is inserted before every call of an imported function (and,
+	// with spendIndirect, before every call_indirect): see spend.
+	spend         []byte
+	spendIndirect bool
+}
+
+// spend is the sequence inserted before a call of a host function:
+//
+//	i32.const 0
+//	global.set $fuel
+//
+// The fuel counts guest work; a host function's work it cannot see, and
+// one call can take a long time (a WASI random_get or fd_write of tens of
+// MiB: found in review, a guest looping over such calls ran past its
+// turn's deadline, its cancellation and the host's shutdown, since it
+// yielded once per 65,536 of them). With its fuel spent, the guest yields
+// at its next check, once per host call at most: a turn overruns its stop
+// by one host call. A module that puts an imported function in a table
+// (an element, a ref.func) could call it by call_indirect, so there every
+// call_indirect spends the fuel too.
+func spend(fuel uint32) []byte {
+	return append([]byte{0x41, 0x00, 0x24}, binary.AppendUvarint(nil, uint64(fuel))...)
 }
 
 // clamp is the sequence inserted before table.grow of table (after its
@@ -441,7 +474,13 @@ func countImports(content []byte) (funcs, globals uint32, err error) {
 
 // renumber rewrites function indices (≥ importedFuncs: +1) and refuses
 // indices outside the original index spaces.
-type renumber struct{ c counts }
+type renumber struct {
+	c counts
+	// escaped is set when an imported function's index is taken as a
+	// value (an element segment, ref.func): the function can then be
+	// called through a table, by call_indirect.
+	escaped *bool
+}
 
 // fn maps an original function index to the instrumented module's.
 func (rn renumber) fn(idx uint32) (uint32, error) {
@@ -466,6 +505,15 @@ func (rn renumber) copyFunc(r *wasmbin.Reader, w []byte) []byte {
 		return w
 	}
 	return binary.AppendUvarint(w, uint64(n))
+}
+
+// copyFuncRef is copyFunc for an index taken as a value (an element, a
+// ref.func): an imported function's sets rn.escaped.
+func (rn renumber) copyFuncRef(r *wasmbin.Reader, w []byte) []byte {
+	if idx, n := binary.Uvarint(r.B); n > 0 && idx < uint64(rn.c.importedFuncs) {
+		*rn.escaped = true
+	}
+	return rn.copyFunc(r, w)
 }
 
 // copyGlobal copies one global index from r to w, refusing one outside
@@ -498,7 +546,7 @@ func (rn renumber) constExpr(r *wasmbin.Reader, w []byte) []byte {
 		case 0xd0: // ref.null heaptype
 			w = r.CopyLEB(w)
 		case 0xd2: // ref.func
-			w = rn.copyFunc(r, w)
+			w = rn.copyFuncRef(r, w)
 		case 0x6a, 0x6b, 0x6c, 0x7c, 0x7d, 0x7e: // extended-const add/sub/mul
 		case 0xfd: // v128.const
 			sub := r.U32()
@@ -653,7 +701,7 @@ func (rn renumber) elements(content []byte) ([]byte, error) {
 			if exprs {
 				w = rn.constExpr(r, w)
 			} else {
-				w = rn.copyFunc(r, w)
+				w = rn.copyFuncRef(r, w)
 			}
 		}
 	}
@@ -796,9 +844,19 @@ func (rn renumber) body(r *wasmbin.Reader, w []byte, ins instrumentation) ([]byt
 			w = append(w, ins.check...)
 		case op == 0x02, op == 0x04: // block, if: blocktype
 			w = r.CopyBlockType(w)
-		case op == 0x10, op == 0x12, op == 0xd2: // call, return_call, ref.func
+		case op == 0x10, op == 0x12: // call, return_call
+			if idx, n := binary.Uvarint(r.B); n > 0 && idx < uint64(rn.c.importedFuncs) {
+				// A host function: the fuel is spent, so that the next
+				// check yields (see spend).
+				w = append(append(w[:len(w)-1], ins.spend...), op)
+			}
 			w = rn.copyFunc(r, w)
+		case op == 0xd2: // ref.func
+			w = rn.copyFuncRef(r, w)
 		case op == 0x11, op == 0x13: // call_indirect, return_call_indirect: type, table
+			if ins.spendIndirect {
+				w = append(append(w[:len(w)-1], ins.spend...), op)
+			}
 			w = r.CopyLEB(w)
 			w = r.CopyLEB(w)
 		case op == 0x0c, op == 0x0d, op == 0x20, op == 0x21, op == 0x22, op == 0x25, op == 0x26,

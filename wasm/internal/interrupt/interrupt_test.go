@@ -543,3 +543,62 @@ func TestInstrumentRefusesHugeLocalCounts(t *testing.T) {
 		t.Errorf("50,000 locals: %v", err)
 	}
 }
+
+// TestACallOfAHostFunctionSpendsTheFuel: a host function's work is not
+// counted by the fuel, and one call can be long (a WASI random_get or
+// fd_write of tens of MiB: found in review, a guest looping over such
+// calls ran past its deadline, since it yielded once per 65,536 of
+// them). So every call of an imported function — directly, or by
+// call_indirect when an import is in a table — spends the fuel, and the
+// guest yields at its next check: at least once per host call.
+func TestACallOfAHostFunctionSpendsTheFuel(t *testing.T) {
+	const n = 1000
+	types := section(1, vec([]byte{0x60, 0, 0}, []byte{0x60, 1, i32, 0}))
+	imports := section(2, vec(cat(name("env"), name("slow"), []byte{0x00}, uleb(0))))
+	funcs := section(3, vec(uleb(1)))
+	exports := section(7, vec(cat(name("loop"), []byte{0x00}, uleb(1))))
+	// loop(n): while n != 0 { <call>; n-- }
+	loop := func(call []byte) []byte {
+		return section(10, vec(body(vec(),
+			[]byte{0x02, 0x40, 0x03, 0x40},
+			[]byte{0x20, 0, 0x45, 0x0d, 1},
+			call,
+			[]byte{0x20, 0, 0x41, 1, 0x6b, 0x21, 0},
+			[]byte{0x0c, 0, 0x0b, 0x0b})))
+	}
+	direct := cat([]byte("\x00asm\x01\x00\x00\x00"), types, imports, funcs, exports, loop([]byte{0x10, 0}))
+	table := section(4, vec([]byte{0x70, 0x00, 1}))
+	elements := section(9, vec(cat([]byte{0x00, 0x41, 0x00, 0x0b}, vec(uleb(0))))) // table[0] = the import
+	indirect := cat([]byte("\x00asm\x01\x00\x00\x00"), types, imports, funcs, table, exports, elements,
+		loop([]byte{0x41, 0, 0x11, 0, 0})) // call_indirect type 0, table 0
+	for name, wasm := range map[string][]byte{"call": direct, "call_indirect": indirect} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			rt := wazero.NewRuntime(ctx)
+			defer rt.Close(ctx)
+			yields, calls := 0, 0
+			if _, err := rt.NewHostModuleBuilder(yieldImport.Import).NewFunctionBuilder().
+				WithFunc(func() int32 { yields++; return 1 << 16 }).Export(yieldImport.Name).Instantiate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := rt.NewHostModuleBuilder("env").NewFunctionBuilder().
+				WithFunc(func() { calls++ }).Export("slow").Instantiate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			out, err := interrupt.Instrument(wasm, yieldImport, 1<<16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mod, err := rt.Instantiate(ctx, out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := mod.ExportedFunction("loop").Call(ctx, n); err != nil {
+				t.Fatal(err)
+			}
+			if calls != n || yields < n {
+				t.Errorf("%d host calls made %d yields, want one at least per call", calls, yields)
+			}
+		})
+	}
+}
