@@ -31,26 +31,36 @@ func (r *Runtime) cacheFiles() map[string]bool {
 	return files
 }
 
-// evictNew removes the cache files that are not in before: the artefacts a
-// compilation made for a module refused after compiling (its start failed,
-// or it speaks another ABI version), which would otherwise stay in the
-// cache for ever (wazero's CompilationCache has no per-module delete). The
-// caller holds compileMu, so no other compilation of this Runtime wrote a
-// new artefact. Files still being written ("*.tmp": wazero writes a temp
-// file and renames it) are left alone: they belong to a compilation in
-// another Runtime or process sharing the directory, whose rename would
-// fail, and with it that compilation, if the file vanished. A finished
-// artefact of such a compilation removed here costs it only a recompile
-// on its next cold load.
-func (r *Runtime) evictNew(before map[string]bool) {
+// newFiles lists the cache files that are not in before: the artefacts
+// a compilation made (nil without a cache). The caller holds compileMu, so
+// no other compilation of this Runtime wrote one meanwhile. Files still
+// being written ("*.tmp": wazero writes a temp file and renames it) are
+// left out: they belong to a compilation in another Runtime or process
+// sharing the directory, whose rename would fail, and with it that
+// compilation, if the file vanished.
+func (r *Runtime) newFiles(before map[string]bool) []string {
 	if before == nil {
-		return
+		return nil
 	}
+	var made []string
 	for p := range r.cacheFiles() {
 		if !before[p] && !strings.HasSuffix(p, ".tmp") {
-			if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
-				r.log.Warn("wasm: evict a refused module's compiled artefact", "path", p, "err", err)
-			}
+			made = append(made, p)
+		}
+	}
+	return made
+}
+
+// evict removes the cache files made for a module refused after compiling
+// (its start failed, or it speaks another ABI version), which would
+// otherwise stay in the cache for ever (wazero's CompilationCache has no
+// per-module delete). A finished artefact of another process's
+// compilation listed here costs it only a recompile on its next cold
+// load.
+func (r *Runtime) evict(made []string) {
+	for _, p := range made {
+		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+			r.log.Warn("wasm: evict a refused module's compiled artefact", "path", p, "err", err)
 		}
 	}
 }

@@ -35,7 +35,7 @@ func TestEvictNewSparesFilesBeingWritten(t *testing.T) {
 	before := r.cacheFiles()
 	refused := write("bbbb")
 	inFlight := write("cccc.123456.tmp")
-	r.evictNew(before)
+	r.evict(r.newFiles(before))
 	for p, want := range map[string]bool{old: true, refused: false, inFlight: true} {
 		_, err := os.Stat(p)
 		if got := err == nil; got != want {

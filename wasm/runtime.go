@@ -208,7 +208,7 @@ type Runtime struct {
 
 	// compileMu serialises compilations when there is a compilation cache,
 	// so that the artefacts of a module refused after compiling are known
-	// and evicted (evictNew).
+	// and evicted (newFiles, evict).
 	compileMu sync.Mutex
 
 	mu      sync.Mutex
@@ -411,19 +411,8 @@ func (r *Runtime) compile(ctx context.Context, digest string, wasm []byte) (waze
 		merr.Digest = digest
 		return nil, info, merr
 	}
-	var before map[string]bool
-	if r.cache != nil {
-		r.compileMu.Lock()
-		defer r.compileMu.Unlock()
-		before = r.cacheFiles()
-	}
 	start := time.Now()
-	instrumented, err := interrupt.Instrument(wasm, interruptModule(), fuelPerYield)
-	if err != nil {
-		return nil, info, &ModuleError{Digest: digest, Reason: ReasonInvalidWasm, Err: err}
-	}
-	workers := min(runtime.GOMAXPROCS(0), 4)
-	compiled, err := r.wz.CompileModule(experimental.WithCompilationWorkers(ctx, workers), instrumented)
+	compiled, made, err := r.compileOnly(ctx, wasm)
 	info.CompileTime = time.Since(start)
 	if err != nil {
 		if r.isClosed() {
@@ -431,22 +420,49 @@ func (r *Runtime) compile(ctx context.Context, digest string, wasm []byte) (waze
 		}
 		return nil, info, &ModuleError{Digest: digest, Reason: ReasonInvalidWasm, Err: err}
 	}
+	// The probe runs the guest's start (bounded only by the init timeout)
+	// outside compileMu: held across it, a few modules whose start spins
+	// stalled every other load of the host, of every namespace, for their
+	// init timeouts (found in review: a harmless upload took 88 s).
 	v, err := r.probeVersion(ctx, digest, compiled)
 	if err != nil {
 		_ = compiled.Close(ctx)
-		r.evictNew(before)
+		r.evict(made)
 		return nil, info, err
 	}
 	info.ABIVersion = v
 	if v != abi.Version {
 		_ = compiled.Close(ctx)
-		r.evictNew(before)
+		r.evict(made)
 		return nil, info, &ModuleError{Digest: digest, Reason: ReasonABIVersion, ABIVersion: v}
 	}
 	r.log.LogAttrs(ctx, slog.LevelInfo, "wasm module loaded",
 		slog.String("module", digest), slog.Int("size", len(wasm)),
 		slog.Duration("compile_time", info.CompileTime))
 	return compiled, info, nil
+}
+
+// compileOnly instruments and compiles wasm; made lists the compilation
+// cache's files the compilation wrote (nil without a cache), which evict
+// removes if the module is refused after compiling. Compilations are
+// serialised by compileMu, so that those files are known.
+func (r *Runtime) compileOnly(ctx context.Context, wasm []byte) (wazero.CompiledModule, []string, error) {
+	var before map[string]bool
+	if r.cache != nil {
+		r.compileMu.Lock()
+		defer r.compileMu.Unlock()
+		before = r.cacheFiles()
+	}
+	instrumented, err := interrupt.Instrument(wasm, interruptModule(), fuelPerYield)
+	if err != nil {
+		return nil, nil, err
+	}
+	workers := min(runtime.GOMAXPROCS(0), 4)
+	compiled, err := r.wz.CompileModule(experimental.WithCompilationWorkers(ctx, workers), instrumented)
+	if err != nil {
+		return nil, nil, err
+	}
+	return compiled, r.newFiles(before), nil
 }
 
 // probeVersion instantiates compiled once, in the sandbox and within
