@@ -3,6 +3,8 @@ package pluginhost_test
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -217,6 +219,61 @@ func TestRegistrationErrors(t *testing.T) {
 	if names := m.Names(); len(names) != 0 {
 		t.Fatalf("registered %v after refusals", names)
 	}
+}
+
+// TestAPluginWhoseChildHoldsItsStdoutIsRefusedAndReaped: a plugin that
+// forks a child and never answers the handshake — the child holding its
+// stdout, so the pipe never ends — is refused within the start timeout,
+// and the child is killed with it (its process group): found in review, a
+// registration hung for 11 minutes and the child outlived the host.
+func TestAPluginWhoseChildHoldsItsStdoutIsRefusedAndReaped(t *testing.T) {
+	t.Parallel()
+	m, _ := newManager(t, pluginhost.Options{StartTimeout: 700 * time.Millisecond, KillTimeout: time.Second})
+	const marker = "987654"
+	script := filepath.Join(t.TempDir(), "forks.sh")
+	body := []byte("#!/bin/sh\nsleep " + marker + "\n")
+	if err := os.WriteFile(script, body, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(body)
+	done := make(chan error, 1)
+	go func() {
+		done <- m.Register(context.Background(), pluginhost.Config{Name: "forks", Path: script, SHA256: hex.EncodeToString(sum[:])})
+	}()
+	select {
+	case err := <-done:
+		turnError(t, err, pluginhost.KindStart)
+	case <-time.After(time.Minute):
+		t.Fatal("the registration has not returned after a minute")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		pids := sleeping(marker)
+		if len(pids) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the plugin's child still runs: pids %v", pids)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// sleeping lists the pids of processes running "sleep arg".
+func sleeping(arg string) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && string(cmdline) == "sleep\x00"+arg+"\x00" {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // TestChecksumVerifiedOnEveryStart: a binary replaced after registration

@@ -192,7 +192,7 @@ func (p *process) start() error {
 		w.procs = slices.DeleteFunc(w.procs, func(q *process) bool { return q == p })
 		w.mu.Unlock()
 		close(p.ready)
-		p.stop(false)
+		p.stop(true) // no handshake, nothing to shut down gracefully
 		log.LogAttrs(context.Background(), slog.LevelWarn, "plugin process start failed",
 			slog.Int("pid", p.pid), slog.String("error", p.err.Error()))
 		return p.err
@@ -340,6 +340,7 @@ func (p *process) signalKill() {
 	}
 	if p.cmd != nil && p.cmd.Process != nil {
 		_ = p.cmd.Process.Kill()
+		killGroup(p.cmd.Process.Pid)
 	}
 }
 
