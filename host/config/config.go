@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"reflect"
@@ -644,6 +645,7 @@ func Load(src Sources) (Config, error) {
 		Tag: "koanf",
 		DecoderConfig: &mapstructure.DecoderConfig{
 			DecodeHook: mapstructure.ComposeDecodeHookFunc(
+				strictNumbers,
 				mapstructure.StringToTimeDurationHookFunc(),
 				mapstructure.TextUnmarshallerHookFunc(),
 			),
@@ -660,6 +662,50 @@ func Load(src Sources) (Config, error) {
 		return Config{}, err
 	}
 	return cfg, nil
+}
+
+// strictNumbers refuses what WeaklyTypedInput would turn into another
+// value without a word (found in review; the same values from the
+// environment were refused): a bare number for a duration (YAML's 30
+// became 30 ns), a number with a fraction for an integer (2.5 became 2),
+// and an integer outside its key's type (4294968320 pages became 1024, -1
+// became 4294967295).
+func strictNumbers(from, to reflect.Type, data any) (any, error) {
+	v := reflect.ValueOf(data)
+	if !v.IsValid() || from == to {
+		return data, nil // the defaults, typed already
+	}
+	var f float64
+	switch from.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		f = float64(v.Int())
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		f = float64(v.Uint())
+	case reflect.Float32, reflect.Float64:
+		f = v.Float()
+	default:
+		return data, nil
+	}
+	if to == reflect.TypeFor[time.Duration]() {
+		return nil, fmt.Errorf("%v is a bare number: a duration needs its unit, such as 30s, 500ms or 2m", data)
+	}
+	var lo, hi float64
+	switch to.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		bits := to.Bits()
+		lo, hi = -math.Pow(2, float64(bits-1)), math.Pow(2, float64(bits-1))-1
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		lo, hi = 0, math.Pow(2, float64(to.Bits()))-1
+	default:
+		return data, nil
+	}
+	if f != math.Trunc(f) {
+		return nil, fmt.Errorf("%v is not a whole number", data)
+	}
+	if f < lo || f > hi {
+		return nil, fmt.Errorf("%v is out of range (%.0f to %.0f)", data, lo, hi)
+	}
+	return data, nil
 }
 
 // decodeErrors turns mapstructure's errors into KeyErrors that also show

@@ -125,6 +125,12 @@ func TestBadConfigIsRefusedNamingKeyValueAndReason(t *testing.T) {
 		{"heartbeat timeout too short", "fabric:\n  heartbeat_interval: 2s\n  heartbeat_timeout: 3s\n", nil, []string{"fabric.heartbeat_timeout", "twice"}},
 		{"public listen without token", "listen: 0.0.0.0:8080\n", nil, []string{"auth_token", "required"}},
 		{"bad env value", "", []string{"PADDOCK_POLICY__MAX_ATTEMPTS=lots"}, []string{"max_attempts", "lots"}},
+		// Found in review: YAML numbers were turned into other values.
+		{"duration without a unit", "policy:\n  turn_timeout: 30\n", nil, []string{"policy.turn_timeout", "30 is a bare number", "needs its unit"}},
+		{"agent duration without a unit", "agents:\n  - name: a\n    policy:\n      backoff_min: 5\n", nil, []string{"agents[0].policy.backoff_min", "bare number"}},
+		{"integer with a fraction", "policy:\n  max_attempts: 2.5\n", nil, []string{"policy.max_attempts", "2.5 is not a whole number"}},
+		{"integer out of its range", "wasm:\n  memory_limit_pages: 4294968320\n", nil, []string{"wasm.memory_limit_pages", "out of range"}},
+		{"negative for an unsigned", "wasm:\n  memory_limit_pages: -1\n", nil, []string{"wasm.memory_limit_pages", "-1 is out of range"}},
 		{"unknown env key", "", []string{"PADDOCK_NOPE=1"}, []string{"nope", "unknown key"}},
 	}
 	for _, c := range cases {
