@@ -882,6 +882,10 @@ func (c Config) Validate() error {
 	if c.AuthToken != strings.TrimSpace(c.AuthToken) {
 		// HTTP trims a header's value: such a token could never match.
 		bad("auth_token", "(not shown)", "begins or ends with white space, which an Authorization header cannot carry")
+	} else if strings.ContainsFunc(c.AuthToken, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		// Found in review: a token with a newline was taken, and no
+		// request could carry it — the admin locked out.
+		bad("auth_token", "(not shown)", "holds a control character, which an Authorization header cannot carry")
 	}
 	if c.DataDir == "" {
 		bad("data_dir", `""`, "must not be empty")
