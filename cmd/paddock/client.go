@@ -321,7 +321,10 @@ func newPluginCmd(c *client) *cobra.Command {
 					return fmt.Errorf("--sha256 not given and the binary cannot be read to compute it: %w", err)
 				}
 			}
-			in := apiclient.PluginRegistration{Name: args[0], Path: path, SHA256: sum, Processes: max(processes, 0)}
+			if processes < 0 {
+				return fmt.Errorf("--processes %d: want a positive number of processes (0 or absent: 1)", processes)
+			}
+			in := apiclient.PluginRegistration{Name: args[0], Path: path, SHA256: sum, Processes: processes}
 			if len(env) > 0 {
 				in.Env = map[string]string{}
 				for _, kv := range env {
@@ -523,6 +526,11 @@ func newSignalCmd(c *client) *cobra.Command {
 	send := &cobra.Command{
 		Use: "send AGENT SESSION MESSAGE", Short: "Send a message; prints the accepted event id", Args: cobra.ExactArgs(3),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// Checked before the send: refused after it, a retry would send
+			// the signal twice (found in review).
+			if waitFor < 0 || (waitFor == 0 && wait) {
+				return fmt.Errorf("--wait-timeout %s: want a positive duration (0 only with --stream: never give up)", waitFor)
+			}
 			in := apiclient.Signal{Kind: kind, Message: args[2], IdempotencyKey: idem, ForceAllocation: force, MidTurn: midTurn}
 			if data != "" {
 				if err := checkDataFlag(data); err != nil {

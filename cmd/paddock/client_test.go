@@ -185,6 +185,11 @@ func TestClientCommandsAgainstTheRealAPI(t *testing.T) {
 		{[]string{"--server", "127.0.0.1:1", "agent", "list"}, `--server "127.0.0.1:1" (or PADDOCK_SERVER): want the API's URL, such as http://127.0.0.1:8080`},
 		{[]string{"--server", "localhost:1", "agent", "list"}, `--server "localhost:1" (or PADDOCK_SERVER): want the API's URL`},
 		{[]string{"signal", "send", "notes", "s1"}, `accepts 3 arg(s), received 2; usage: paddock signal send AGENT SESSION MESSAGE`},
+		// Refused before the send (a session that does not exist would
+		// answer 404): refused after it, a retry sent the signal twice.
+		{[]string{"signal", "send", "notes", "nosuch", "x", "--wait", "--wait-timeout", "-5s"}, `--wait-timeout -5s: want a positive duration`},
+		{[]string{"signal", "send", "notes", "nosuch", "x", "--wait", "--wait-timeout", "0s"}, `--wait-timeout 0s: want a positive duration`},
+		{[]string{"plugin", "register", "p", "--path", "/bin/true", "--sha256", strings.Repeat("0", 64), "--processes", "-5"}, `--processes -5: want a positive number`},
 	} {
 		_, err := run(c.args...)
 		if err == nil || !strings.HasPrefix(err.Error(), c.want) {
