@@ -553,7 +553,10 @@ func ctxError(w *worker, ctx context.Context) *TurnError {
 		return w.errorf(KindClosed, "turn", "the plugin manager closed")
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		dl, _ := ctx.Deadline()
-		return w.errorf(KindTimeout, "turn", "turn exceeded its deadline (%s; turn timeout %s): %w",
+		// The deadline is the agent's turn_timeout's or, when sooner, the
+		// manager's cap: which one, ctx does not say (the message named the
+		// cap, which misled when the agent's applied: found in review).
+		return w.errorf(KindTimeout, "turn", "turn exceeded its deadline of %s (the agent's turn_timeout, or the plugin manager's cap of %s if that was sooner): %w",
 			dl.Format("15:04:05.000"), w.m.opts.TurnTimeout, ctx.Err())
 	default:
 		return w.errorf(KindCanceled, "turn", "turn cancelled: %w", context.Cause(ctx))
