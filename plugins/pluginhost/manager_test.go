@@ -259,6 +259,29 @@ func TestAPluginWhoseChildHoldsItsStdoutIsRefusedAndReaped(t *testing.T) {
 	}
 }
 
+// TestAPluginWhoseHandshakeNamesNoServerIsRefused: a handshake only names
+// an address; a plugin whose address has no server is refused at
+// registration (found in review: it was "registered and verified", and
+// every turn then failed uncounted, for ever).
+func TestAPluginWhoseHandshakeNamesNoServerIsRefused(t *testing.T) {
+	t.Parallel()
+	m, _ := newManager(t, pluginhost.Options{StartTimeout: 5 * time.Second, KillTimeout: time.Second})
+	script := filepath.Join(t.TempDir(), "nohost.sh")
+	body := fmt.Appendf(nil, "#!/bin/sh\necho '1|%d|unix|%s|grpc|'\nsleep 987655\n", abi.Version, filepath.Join(t.TempDir(), "none.sock"))
+	if err := os.WriteFile(script, body, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(body)
+	err := m.Register(context.Background(), pluginhost.Config{Name: "nohost", Path: script, SHA256: hex.EncodeToString(sum[:])})
+	turnError(t, err, pluginhost.KindProtocol)
+	if !strings.Contains(err.Error(), "no gRPC server answers") {
+		t.Errorf("refusal %v, want it to say no server answers", err)
+	}
+	if names := m.Names(); len(names) != 0 {
+		t.Errorf("registered %v", names)
+	}
+}
+
 // sleeping lists the pids of processes running "sleep arg".
 func sleeping(arg string) []int {
 	var pids []int

@@ -169,6 +169,16 @@ func (p *process) start() error {
 	p.startDur = time.Since(p.started)
 	var conn *grpc.ClientConn
 	if err == nil {
+		// The handshake only names an address: a health check proves a
+		// server answers there (found in review: a plugin whose handshake
+		// named a socket that did not exist was "registered and
+		// verified", and each of its turns then failed uncounted, for
+		// ever).
+		if perr := rpc.Ping(); perr != nil {
+			err = &TurnError{Kind: KindProtocol, Err: fmt.Errorf("the plugin's handshake named an address where no gRPC server answers: %w", perr)}
+		}
+	}
+	if err == nil {
 		var raw any
 		raw, err = rpc.Dispense(wire.PluginName)
 		if err == nil {
