@@ -243,6 +243,10 @@ func (p *process) startError(err error) *TurnError {
 		}
 		te.Err = fmt.Errorf("the plugin speaks ABI version %s, this host speaks ABI version %d "+
 			"(rebuild the plugin against paddock abi v%d): %w", theirs, abi.Version, abi.Version, err)
+	case strings.Contains(msg, "Failed to read any lines from plugin's stdout"):
+		te.Kind = KindProtocol
+		te.Err = fmt.Errorf("the plugin exited, or closed its stdout, without writing the go-plugin handshake "+
+			"(is it a Paddock plugin calling plugins.Serve?): %w", err)
 	case strings.Contains(msg, "Unrecognized remote plugin message"):
 		te.Kind = KindProtocol
 		te.Err = fmt.Errorf("the plugin wrote something other than the go-plugin handshake to stdout "+
