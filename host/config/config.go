@@ -708,6 +708,21 @@ func strictNumbers(from, to reflect.Type, data any) (any, error) {
 	return data, nil
 }
 
+// valueAt is the value at mapstructure's name of a key: a map's entry
+// (pools[default].capacity) is koanf's pools.default.capacity; inside a
+// list (agents[0].name) koanf has no path, and the value is not shown.
+func valueAt(k *koanf.Koanf, name string) any {
+	path := mapEntryRE.ReplaceAllString(name, ".$1")
+	if strings.Contains(path, "[") {
+		return "…"
+	}
+	return k.Get(path)
+}
+
+// mapEntryRE matches a map entry's key in mapstructure's names: [default],
+// not a list index such as [0].
+var mapEntryRE = regexp.MustCompile(`\[([^\]0-9][^\]]*)\]`)
+
 // decodeErrors turns mapstructure's errors into KeyErrors that also show
 // the offending value.
 func decodeErrors(k *koanf.Koanf, err error) error {
@@ -726,7 +741,7 @@ func decodeErrors(k *koanf.Koanf, err error) error {
 				// The decoder's reason quotes the value.
 				reason = "a value of the wrong type (not shown: the key may hold a secret)"
 			}
-			out = append(out, &KeyError{Key: de.Name(), Value: k.Get(de.Name()), Reason: reason})
+			out = append(out, &KeyError{Key: de.Name(), Value: valueAt(k, de.Name()), Reason: reason})
 			return
 		}
 		if j, ok := e.(interface{ Unwrap() []error }); ok {
@@ -787,13 +802,21 @@ func sensitiveKey(key string) bool {
 func checkKeys(k *koanf.Koanf) error {
 	known := knownKeys(reflect.TypeOf(Config{}), "")
 	var unknown []string
+	var sections []error
 	for _, key := range k.Keys() {
-		if !slices.Contains(known, key) && !underList(key, known) {
-			unknown = append(unknown, key)
+		if slices.Contains(known, key) || underList(key, known) {
+			continue
 		}
+		if k.Get(key) == nil && slices.ContainsFunc(known, func(kk string) bool { return strings.HasPrefix(kk, key+".") }) {
+			// "policy:" with nothing under it (YAML's null) is a section
+			// left empty, not an unknown key (found in review).
+			sections = append(sections, &KeyError{Key: key, Value: "null", Reason: "a section with no keys: give it keys or leave it out"})
+			continue
+		}
+		unknown = append(unknown, key)
 	}
 	if len(unknown) == 0 {
-		return nil
+		return errors.Join(sections...)
 	}
 	sort.Strings(unknown)
 	errs := make([]error, 0, len(unknown))
@@ -807,7 +830,7 @@ func checkKeys(k *koanf.Koanf) error {
 		// like configuration (PADDOCK_OPENAI_KEY=sk-… in the environment).
 		errs = append(errs, &KeyError{Key: key, Value: "…", Reason: reason})
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(sections, errs...)...)
 }
 
 // underList reports whether key is inside a list-valued key (agents), whose

@@ -132,6 +132,8 @@ func TestBadConfigIsRefusedNamingKeyValueAndReason(t *testing.T) {
 		{"integer out of its range", "wasm:\n  memory_limit_pages: 4294968320\n", nil, []string{"wasm.memory_limit_pages", "out of range"}},
 		{"negative for an unsigned", "wasm:\n  memory_limit_pages: -1\n", nil, []string{"wasm.memory_limit_pages", "-1 is out of range"}},
 		{"unknown env key", "", []string{"PADDOCK_NOPE=1"}, []string{"nope", "unknown key"}},
+		{"a section left empty", "policy:\nlisten: 127.0.0.1:1\n", nil, []string{"policy = null", "a section with no keys"}},
+		{"a map entry's value of the wrong type", "pools:\n  default:\n    capacity: abc\n", nil, []string{"pools[default].capacity = abc"}},
 		{"auth_token with a newline", "", []string{"PADDOCK_AUTH_TOKEN=abc\ndef"}, []string{"auth_token", "control character"}},
 	}
 	for _, c := range cases {
