@@ -190,6 +190,8 @@ func TestClientCommandsAgainstTheRealAPI(t *testing.T) {
 		{[]string{"signal", "send", "notes", "nosuch", "x", "--wait", "--wait-timeout", "-5s"}, `--wait-timeout -5s: want a positive duration`},
 		{[]string{"signal", "send", "notes", "nosuch", "x", "--wait", "--wait-timeout", "0s"}, `--wait-timeout 0s: want a positive duration`},
 		{[]string{"plugin", "register", "p", "--path", "/bin/true", "--sha256", strings.Repeat("0", 64), "--processes", "-5"}, `--processes -5: want a positive number`},
+		{[]string{"module", "upload", "/bin/true", "--max-module-bytes", "-1"}, `--max-module-bytes -1: want 0`},
+		{[]string{"secret", "set", "bad-name!"}, `secret name "bad-name!": 1 to`},
 	} {
 		_, err := run(c.args...)
 		if err == nil || !strings.HasPrefix(err.Error(), c.want) {

@@ -15,6 +15,7 @@ import (
 
 	apiclient "github.com/paddock-dev/paddock/host/api/client"
 	"github.com/paddock-dev/paddock/host/service"
+	"github.com/paddock-dev/paddock/store"
 )
 
 // The client commands of host calls: secrets, an agent's capabilities and
@@ -152,6 +153,10 @@ func newSecretCmd(c *client) *cobra.Command {
 			"  printf %s \"$TOKEN\" | paddock secret set API_KEY\n  paddock secret set API_KEY --from-file token.txt\n  paddock secret set API_KEY --from-env TOKEN",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// The name first: a bad one should not cost typing the value.
+			if err := store.CheckSecretName(args[0]); err != nil {
+				return fmt.Errorf("secret name %q: 1 to %d characters of A-Z, a-z, 0-9, '_', '.', '-'", args[0], store.MaxSecretNameLen)
+			}
 			value, err := secretValue(cmd, fromFile, fromEnv)
 			if err != nil {
 				return err

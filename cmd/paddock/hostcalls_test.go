@@ -126,7 +126,7 @@ func TestSecretCommands(t *testing.T) {
 		{"", []string{"secret", "set", "EMPTY"}, "the secret's value is empty"},
 		{"", []string{"secret", "set", "X", "--from-env", "PADDOCK_TEST_UNSET_VAR"}, "--from-env PADDOCK_TEST_UNSET_VAR: the variable is not set"},
 		{"", []string{"secret", "set", "X", planted}, "accepts 1 arg(s)"},
-		{"v", []string{"secret", "set", "bad name"}, "invalid_parameter (HTTP 400)"},
+		{"v", []string{"secret", "set", "bad name"}, `secret name "bad name": 1 to 128 characters`}, // refused before the value is read
 	} {
 		out, err := run(c.stdin, c.args...)
 		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error()+out, planted) {

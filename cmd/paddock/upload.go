@@ -75,6 +75,9 @@ func openRegular(path string) (*os.File, int64, error) {
 // file must be a regular file of at most --max-module-bytes; it is
 // streamed, not read into memory.
 func (c *client) upload(ctx context.Context, file string, opts ...apiclient.CallOption) (apiclient.Module, error) {
+	if c.maxModule < 0 {
+		return apiclient.Module{}, fmt.Errorf("--max-module-bytes %d: want 0 (no limit here) or a positive size", c.maxModule)
+	}
 	f, size, err := openRegular(file)
 	if err != nil {
 		return apiclient.Module{}, err
