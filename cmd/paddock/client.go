@@ -924,11 +924,11 @@ func firstLines(s string, n int) string {
 }
 
 // countedText says whether a failed attempt counted against the agent's
-// max_attempts: only one the worker had accepted does (docs/DESIGN.md
-// "What counts as an attempt").
+// max_attempts (docs/DESIGN.md "What counts as an attempt": why one did
+// not — never sent, a shutdown, a hold — is its error's to say).
 func countedText(counted bool) string {
 	if counted {
 		return "counted against max_attempts"
 	}
-	return "not counted: the worker never accepted the turn"
+	return "not counted against max_attempts"
 }

@@ -687,6 +687,9 @@ func strictNumbers(from, to reflect.Type, data any) (any, error) {
 		return data, nil
 	}
 	if to == reflect.TypeFor[time.Duration]() {
+		if f == 0 {
+			return time.Duration(0), nil // 0 needs no unit (promote_after's "off", an approval that waits for ever)
+		}
 		return nil, fmt.Errorf("%v is a bare number: a duration needs its unit, such as 30s, 500ms or 2m", data)
 	}
 	var lo, hi float64
@@ -905,10 +908,10 @@ func (c Config) Validate() error {
 	if c.AuthToken != strings.TrimSpace(c.AuthToken) {
 		// HTTP trims a header's value: such a token could never match.
 		bad("auth_token", "(not shown)", "begins or ends with white space, which an Authorization header cannot carry")
-	} else if strings.ContainsFunc(c.AuthToken, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+	} else if strings.ContainsFunc(c.AuthToken, func(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }) {
 		// Found in review: a token with a newline was taken, and no
 		// request could carry it — the admin locked out.
-		bad("auth_token", "(not shown)", "holds a control character, which an Authorization header cannot carry")
+		bad("auth_token", "(not shown)", "holds a control character other than tab, which an Authorization header cannot carry")
 	}
 	if c.DataDir == "" {
 		bad("data_dir", `""`, "must not be empty")

@@ -342,3 +342,16 @@ func TestTracingIsOffByDefaultAndChecked(t *testing.T) {
 		t.Errorf("a header of the wrong type: error %v, want one that does not show the value", err)
 	}
 }
+
+// TestAZeroDurationNeedsNoUnit: a bare 0 is a duration (promote_after's
+// "off", an approval that waits for ever), while other bare numbers are
+// refused (TestBadConfigIsRefusedNamingKeyValueAndReason).
+func TestAZeroDurationNeedsNoUnit(t *testing.T) {
+	cfg, err := Load(Sources{File: writeFile(t, "runtime:\n  promote_after: 0\ncapabilities:\n  approval:\n    timeout: 0\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Runtime.PromoteAfter != 0 {
+		t.Errorf("promote_after: %s, want 0", cfg.Runtime.PromoteAfter)
+	}
+}

@@ -169,16 +169,6 @@ func (p *process) start() error {
 	p.startDur = time.Since(p.started)
 	var conn *grpc.ClientConn
 	if err == nil {
-		// The handshake only names an address: a health check proves a
-		// server answers there (found in review: a plugin whose handshake
-		// named a socket that did not exist was "registered and
-		// verified", and each of its turns then failed uncounted, for
-		// ever).
-		if perr := rpc.Ping(); perr != nil {
-			err = &TurnError{Kind: KindProtocol, Err: fmt.Errorf("the plugin's handshake named an address where no gRPC server answers: %w", perr)}
-		}
-	}
-	if err == nil {
 		var raw any
 		raw, err = rpc.Dispense(wire.PluginName)
 		if err == nil {
@@ -189,6 +179,22 @@ func (p *process) start() error {
 		}
 		if err != nil {
 			err = &TurnError{Kind: KindProtocol, Err: fmt.Errorf("the plugin does not serve Paddock's turn service: %w", err)}
+		}
+	}
+	if err == nil {
+		// The handshake only names an address: a health check, within
+		// HealthTimeout, proves a server answers there (found in review:
+		// a plugin whose handshake named a socket that did not exist was
+		// "registered and verified", and each of its turns then failed
+		// uncounted, for ever).
+		hctx, cancel := context.WithTimeout(context.Background(), opts.HealthTimeout)
+		resp, herr := healthpb.NewHealthClient(conn).Check(hctx, &healthpb.HealthCheckRequest{Service: plugin.GRPCServiceName})
+		cancel()
+		switch {
+		case herr != nil:
+			err = &TurnError{Kind: KindProtocol, Err: fmt.Errorf("the plugin's handshake named an address where no gRPC server answers a health check within %s: %w", opts.HealthTimeout, herr)}
+		case resp.GetStatus() != healthpb.HealthCheckResponse_SERVING:
+			err = &TurnError{Kind: KindProtocol, Err: fmt.Errorf("the plugin's health check answers %s, not SERVING", resp.GetStatus())}
 		}
 	}
 	p.client, p.cmd, p.conn = client, cmd, conn
@@ -354,7 +360,14 @@ func (p *process) signalKill() {
 	}
 	if p.cmd != nil && p.cmd.Process != nil {
 		_ = p.cmd.Process.Kill()
-		killGroup(p.cmd.Process.Pid)
+		// The group only while go-plugin has not reaped its leader: until
+		// then the pid cannot be reused, so -pid is still this plugin's
+		// group (a child holding its pipes keeps it unreaped). Once
+		// reaped, the pipes ended, and the number may be another
+		// process's.
+		if p.client == nil || !p.client.Exited() {
+			killGroup(p.cmd.Process.Pid)
+		}
 	}
 }
 
