@@ -160,10 +160,16 @@ func TestFireDueAlarmsRaceAcrossHosts(t *testing.T) {
 	for _, err := range errs {
 		must(t, err, "FireDueAlarms")
 	}
+	// A racing call that claimed a session's alarms while another call
+	// held the session's row skips them (SKIP LOCKED: they fire in a later
+	// sweep, by design), and both callers may then have seen an empty
+	// call and stopped (a CI run left one session so). So the later
+	// sweep runs here, alone; a second finds nothing.
 	left, err := stores[0].FireDueAlarms(ctx, 1000)
-	must(t, err, "FireDueAlarms (drain)")
-	if len(left) != 0 {
-		t.Fatalf("drain fired for %d sessions, want none left", len(left))
+	must(t, err, "FireDueAlarms (the later sweep)")
+	t.Logf("the later sweep fired alarms of %d sessions", len(left))
+	if again, err := stores[0].FireDueAlarms(ctx, 1000); err != nil || len(again) != 0 {
+		t.Fatalf("a second sweep alone fired for %v (%v), want none left", again, err)
 	}
 	t.Logf("%d FireDueAlarms calls; keys returned per store: %d %d %d %d", calls.Load(),
 		len(returned[0]), len(returned[1]), len(returned[2]), len(returned[3]))
