@@ -1,9 +1,7 @@
 package api
 
 import (
-	"maps"
 	"net/http"
-	"slices"
 	"strings"
 
 	"github.com/paddock-dev/paddock/host/service"
@@ -27,12 +25,17 @@ func (s *Server) namespace(next http.Handler) http.Handler {
 		}
 		q := r.URL.Query()
 		// No /v1 parameter takes several values: one given twice would be
-		// read as its first and the other dropped silently.
-		for _, name := range slices.Sorted(maps.Keys(q)) {
-			if n := len(q[name]); n > 1 {
-				s.writeError(w, r, badRequest("invalid_parameter", name, "%s is given %d times; give it once", name, n))
-				return
+		// read as its first and the other dropped silently. (Of several,
+		// the first by name is reported; no allocation on every request.)
+		dup := ""
+		for name, vs := range q {
+			if len(vs) > 1 && (dup == "" || name < dup) {
+				dup = name
 			}
+		}
+		if dup != "" {
+			s.writeError(w, r, badRequest("invalid_parameter", dup, "%s is given %d times; give it once", dup, len(q[dup])))
+			return
 		}
 		if _, named := q["namespace"]; !named {
 			next.ServeHTTP(w, r)

@@ -187,14 +187,8 @@ func (p *process) start() error {
 		// a plugin whose handshake named a socket that did not exist was
 		// "registered and verified", and each of its turns then failed
 		// uncounted, for ever).
-		hctx, cancel := context.WithTimeout(context.Background(), opts.HealthTimeout)
-		resp, herr := healthpb.NewHealthClient(conn).Check(hctx, &healthpb.HealthCheckRequest{Service: plugin.GRPCServiceName})
-		cancel()
-		switch {
-		case herr != nil:
-			err = &TurnError{Kind: KindProtocol, Err: fmt.Errorf("the plugin's handshake named an address where no gRPC server answers a health check within %s: %w", opts.HealthTimeout, herr)}
-		case resp.GetStatus() != healthpb.HealthCheckResponse_SERVING:
-			err = &TurnError{Kind: KindProtocol, Err: fmt.Errorf("the plugin's health check answers %s, not SERVING", resp.GetStatus())}
+		if herr := checkHealth(context.Background(), conn, opts.HealthTimeout); herr != nil {
+			err = &TurnError{Kind: KindProtocol, Err: fmt.Errorf("the plugin's handshake named an address where no gRPC server answers a health check with SERVING within %s: %w", opts.HealthTimeout, herr)}
 		}
 	}
 	p.client, p.cmd, p.conn = client, cmd, conn
@@ -275,7 +269,6 @@ func (p *process) supervise() {
 	opts := p.w.m.opts
 	tick := time.NewTicker(exitPoll)
 	defer tick.Stop()
-	health := healthpb.NewHealthClient(p.conn)
 	next := time.Now().Add(opts.HealthInterval)
 	for {
 		select {
@@ -292,21 +285,29 @@ func (p *process) supervise() {
 		if time.Now().Before(next) {
 			continue
 		}
-		hctx, cancel := context.WithTimeout(p.ctx, opts.HealthTimeout)
-		resp, err := health.Check(hctx, &healthpb.HealthCheckRequest{Service: plugin.GRPCServiceName})
-		cancel()
+		err := checkHealth(p.ctx, p.conn, opts.HealthTimeout)
 		next = time.Now().Add(opts.HealthInterval)
 		if p.ctx.Err() != nil || p.client.Exited() {
 			continue // the loop reports both
-		}
-		if err == nil && resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-			err = fmt.Errorf("health status %s", resp.GetStatus())
 		}
 		if err != nil {
 			p.fail(KindUnresponsive, fmt.Errorf("no answer to a health check within %s: %w", opts.HealthTimeout, err))
 			return
 		}
 	}
+}
+
+// checkHealth asks the plugin's go-plugin health service on conn, within
+// timeout: an error unless it answers SERVING. The start's check and the
+// supervisor's.
+func checkHealth(ctx context.Context, conn *grpc.ClientConn, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: plugin.GRPCServiceName})
+	if err == nil && resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		err = fmt.Errorf("health status %s", resp.GetStatus())
+	}
+	return err
 }
 
 // exitStatus describes how an exited process ended.
